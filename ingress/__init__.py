@@ -1,0 +1,1 @@
+"""Public ingress service: API keys, usage accounting, rate limits, dashboard (later issue)."""

@@ -1,0 +1,1 @@
+"""Roofline serving simulator, event-driven serving simulation and placement."""

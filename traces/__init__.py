@@ -1,0 +1,1 @@
+"""Trace formats, generators and replay (later issue)."""
