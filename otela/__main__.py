@@ -1,0 +1,3 @@
+from otela.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""The node's HTTP API: OpenAI-compatible routing and read-only registry inspection."""

@@ -1,0 +1,153 @@
+"""The node's HTTP API (FastAPI, served by hypercorn on trio).
+
+- OpenAI-compatible routing on any node: ``POST /v1/chat/completions``,
+  ``POST /v1/completions``, ``GET /v1/models`` (aggregated over the federation).
+- Read-only inspection: ``GET /v1/health``, ``/v1/registry/nodes``, ``/v1/registry/models``.
+  No endpoint writes registry state: records change only through signed gossip.
+- ``POST /v1/engine/v1/...``: the hop ingress nodes use to reach this node's own engine.
+  It never re-routes, so a request cannot bounce between nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from otela import __version__
+from otela.api.errors import (
+    APIError,
+    error_response,
+    install_error_handlers,
+    read_json_object,
+    require_model,
+)
+from otela.registry.records import Lifecycle, NodeRecord
+from otela.registry.store import Registry
+from otela.routing.forward import (
+    NOT_DELIVERED_HEADER,
+    UpstreamUnreachable,
+    forward,
+    request_headers,
+)
+from otela.routing.router import Router
+
+# Engine paths the node relays for its peers; anything else (engine admin APIs) stays private.
+ENGINE_PATHS = frozenset({"v1/chat/completions", "v1/completions", "v1/embeddings"})
+
+
+class NodeView(Protocol):
+    """What the HTTP layer needs from the running node."""
+
+    registry: Registry
+    router: Router
+    client: httpx.AsyncClient
+
+    def health(self) -> dict[str, Any]: ...
+
+    def serving_engine_url(self) -> str | None:
+        """The local engine's URL while this node is SERVING, else ``None``."""
+        ...
+
+
+def _session_summary(record: NodeRecord) -> dict[str, Any]:
+    return {
+        "session_id": record.session_id,
+        "peer_id": record.peer_id,
+        "provider_id": record.provider_id,
+        "state": record.state.name,
+        "http_url": record.http_url,
+        "hardware": record.hardware.to_dict(),
+        "engine": record.engine,
+    }
+
+
+def create_app(node: NodeView) -> FastAPI:
+    app = FastAPI(
+        title="otela node",
+        version=__version__,
+        description="OpenAI-compatible routing and read-only registry inspection.",
+    )
+    install_error_handlers(app)
+
+    @app.get("/v1/health")
+    async def health() -> dict[str, Any]:
+        return node.health()
+
+    @app.get("/v1/registry/nodes")
+    async def registry_nodes() -> dict[str, Any]:
+        nodes = [r.to_dict() for r in node.registry.snapshot()]
+        return {"nodes": nodes, "count": len(nodes)}
+
+    @app.get("/v1/registry/models")
+    async def registry_models() -> dict[str, Any]:
+        return {
+            "models": [
+                {
+                    "id": entry.model_id,
+                    "serving_count": len(entry.serving()),
+                    "sessions": [_session_summary(r) for r in entry.sessions],
+                }
+                for entry in node.registry.models()
+            ]
+        }
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        data = []
+        for entry in node.registry.models():
+            serving = entry.serving()
+            if not serving:
+                continue
+            contexts = [
+                m.max_context for r in serving for m in r.models
+                if m.id == entry.model_id and m.max_context
+            ]
+            data.append(
+                {
+                    "id": entry.model_id,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": ",".join(sorted({r.provider_id for r in serving})),
+                    "max_model_len": max(contexts) if contexts else None,
+                    "serving_nodes": len(serving),
+                }
+            )
+        return {"object": "list", "data": data}
+
+    async def route(request: Request, path: str) -> Response:
+        body = await read_json_object(request)
+        model = require_model(body)
+        raw = await request.body()
+        return await node.router.route(model, path, raw, request.headers)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await route(request, "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await route(request, "/v1/completions")
+
+    @app.post("/v1/engine/{path:path}")
+    async def engine_proxy(path: str, request: Request) -> Response:
+        if path not in ENGINE_PATHS:
+            raise APIError(404, f"/{path} is not relayed to engines", code="not_found")
+        engine_url = node.serving_engine_url()
+        if engine_url is None:
+            raise APIError(503, "this node is not serving", code="node_not_serving")
+        await read_json_object(request)  # reject malformed bodies here, not in the engine
+        headers = request_headers(request.headers, {})
+        try:
+            return await forward(
+                node.client, f"{engine_url}/{path}", await request.body(), headers, {}
+            )
+        except UpstreamUnreachable as exc:
+            return error_response(
+                502, f"engine unreachable: {exc}", code="engine_unreachable",
+                headers={NOT_DELIVERED_HEADER: "1"},
+            )
+
+    return app

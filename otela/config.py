@@ -1,0 +1,48 @@
+"""A node's settings, resolved once at start from flags and ``OTELA_*`` environment."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_HTTP_PORT = 8092
+DEFAULT_P2P_PORT = 43905
+
+
+@dataclass
+class NodeConfig:
+    home: Path
+    listen_host: str = "0.0.0.0"
+    public_host: str | None = None
+    http_port: int = DEFAULT_HTTP_PORT
+    p2p_port: int = DEFAULT_P2P_PORT
+    bootstrap: list[str] = field(default_factory=list)
+    provider_id: str | None = None
+    process: str | None = None
+    engine_url: str | None = None
+    ingress: bool = False
+    ready_timeout: float = 1800.0
+    engine_stop_grace: float = 10.0
+    leave_linger: float = 2.0
+    anti_entropy_interval: float = 5.0
+    status_file: Path | None = None
+
+    def advertised_host(self) -> str:
+        """The address other nodes use to reach us (never a wildcard)."""
+        if self.public_host:
+            return self.public_host
+        if self.listen_host not in ("0.0.0.0", ""):
+            return self.listen_host
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+
+
+def split_addresses(values: list[str]) -> list[str]:
+    """Flatten repeated flags and comma/space separated env values into one list."""
+    out: list[str] = []
+    for value in values:
+        out.extend(part for part in value.replace(",", " ").split() if part)
+    return out

@@ -1,0 +1,232 @@
+"""One otela node: a libp2p host, a registry replica, an HTTP API and, optionally, an engine.
+
+Everything runs in one trio process under one nursery. The node walks its lifecycle
+JOIN -> SERVING -> DOWN -> LEFT and announces every step: its own record is the only
+one it writes, each change bumps the record's version and is signed, gossiped, and (for
+DOWN and LEFT, after which the node exits) pushed to every connected peer directly.
+
+Exit codes: 0 after a clean stop (SIGTERM/SIGINT), 3 when the engine failed (fail-stop).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+import httpx
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+from libp2p.tools.anyio_service import background_trio_service
+
+from otela import __version__, hardware
+from otela.api.app import create_app
+from otela.config import NodeConfig
+from otela.engine.command import EngineCommand, parse_engine_command
+from otela.engine.supervisor import EngineFailed, EngineProcess
+from otela.identity import Identity, load_or_create
+from otela.mesh.bootstrap import keep_connected, parse_bootstrap
+from otela.mesh.host import advertised_addrs, build_host
+from otela.mesh.replication import Replicator
+from otela.registry.records import Lifecycle, NodeRecord
+from otela.registry.store import Registry
+from otela.registry.wire import sign_record
+from otela.routing.router import Router
+
+log = logging.getLogger("otela.node")
+
+EXIT_OK = 0
+EXIT_ENGINE_FAILED = 3
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.identity: Identity = load_or_create(config.home)
+        self.session_id = uuid.uuid4().hex
+        self.provider_id = config.provider_id or self.identity.default_provider_id
+        self.registry = Registry()
+        self.engine_command: EngineCommand | None = (
+            parse_engine_command(config.process, config.engine_url) if config.process else None
+        )
+        self.bootstrap_peers = [parse_bootstrap(a) for a in config.bootstrap]
+        self.mesh = build_host(self.identity, config.listen_host, config.p2p_port)
+        self.replicator = Replicator(self.mesh, self.registry, config.anti_entropy_interval)
+        self.record: NodeRecord | None = None
+        self.addrs: list[str] = []
+        self.http_url = ""
+        self.exit_code = EXIT_OK
+        self._stop = trio.Event()
+        self._stopping = False
+        self.client: httpx.AsyncClient
+        self.router: Router
+        self._nursery: trio.Nursery
+
+    # -- NodeView (read by the HTTP layer) --------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        record = self.record
+        return {
+            "status": "ok",
+            "version": __version__,
+            "peer_id": self.identity.peer_id.to_base58(),
+            "session_id": self.session_id,
+            "provider_id": self.provider_id,
+            "state": record.state.name if record else Lifecycle.JOIN.name,
+            "addrs": self.addrs,
+            "http_url": self.http_url,
+            "ingress": self.config.ingress,
+            "engine": self.engine_command.kind if self.engine_command else None,
+            "models": [m.id for m in record.models] if record else [],
+            "connected_peers": len(self.replicator.connected_peers()),
+            "registry_size": len(self.registry),
+            "replication": dict(self.replicator.stats),
+        }
+
+    def serving_engine_url(self) -> str | None:
+        if self.engine_command and self.record and self.record.state is Lifecycle.SERVING:
+            return self.engine_command.url
+        return None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def announce(self, *, push: bool = False, **changes: Any) -> None:
+        """Write our own next record version, merge it locally, and spread it."""
+        assert self.record is not None
+        self.record = self.record.evolve(now=time.time(), **changes)
+        signed = sign_record(self.record, self.identity.key_pair.private_key)
+        self.registry.merge(self.record, signed)
+        log.info("announced %s (version %d)", self.record.state.name, self.record.version)
+        await self.replicator.publish(signed)
+        if push:
+            await self.replicator.push_to_all(self.config.leave_linger)
+
+    def request_stop(self, exit_code: int) -> None:
+        if not self._stopping:
+            self._stopping = True
+            self.exit_code = exit_code
+            self._stop.set()
+
+    async def run(self) -> int:
+        config = self.config
+        self.replicator.install()
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64)
+        timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=30.0)
+        async with (
+            httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client,
+            self.mesh.host.run(listen_addrs=[self.mesh.listen_addr]),
+            background_trio_service(self.mesh.pubsub),
+            background_trio_service(self.mesh.gossipsub),
+        ):
+            self.client = client
+            self.router = Router(
+                self.registry,
+                client,
+                self.session_id,
+                self.engine_command.url if self.engine_command else None,
+            )
+            await self.mesh.pubsub.wait_until_ready()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._watch_signals)
+                await nursery.start(self.replicator.run)
+                binds = await nursery.start(serve, create_app(self), self._http_config())
+                self.http_url = self._public_http_url(binds[0])
+                self.addrs = advertised_addrs(self.mesh.host, config.advertised_host())
+                self.record = NodeRecord(
+                    session_id=self.session_id,
+                    peer_id=self.identity.peer_id.to_base58(),
+                    provider_id=self.provider_id,
+                    state=Lifecycle.JOIN,
+                    version=0,
+                    http_url=self.http_url,
+                    addrs=tuple(self.addrs),
+                    hardware=hardware.discover(),
+                    ingress=config.ingress,
+                    engine=self.engine_command.kind if self.engine_command else None,
+                )
+                await self.announce()
+                self._report_started()
+                for peer in self.bootstrap_peers:
+                    nursery.start_soon(keep_connected, self.mesh, self.replicator, peer)
+                engine = None
+                if self.engine_command:
+                    engine = EngineProcess(self.engine_command, config.home / "logs" / "engine.log")
+                    nursery.start_soon(self._supervise_engine, engine)
+                await self._stop.wait()
+                await self._shutdown(engine)
+                nursery.cancel_scope.cancel()
+        return self.exit_code
+
+    async def _shutdown(self, engine: EngineProcess | None) -> None:
+        with trio.CancelScope(shield=True):
+            final = Lifecycle.LEFT if self.exit_code == EXIT_OK else Lifecycle.DOWN
+            await self.announce(state=final, push=True)
+            if engine is not None:
+                await engine.stop(self.config.engine_stop_grace)
+
+    async def _supervise_engine(self, engine: EngineProcess) -> None:
+        try:
+            await engine.start()
+        except EngineFailed as exc:
+            log.error("%s", exc)
+            self.request_stop(EXIT_ENGINE_FAILED)
+            return
+        self._nursery.start_soon(engine.watch)
+        log.info("engine started (pid %s), waiting for %s", engine.pid, engine.command.url)
+        try:
+            models = await engine.wait_ready(self.client, self.config.ready_timeout)
+        except EngineFailed as exc:
+            log.error("%s", exc)
+            self.request_stop(EXIT_ENGINE_FAILED)
+            return
+        await self.announce(state=Lifecycle.SERVING, models=tuple(models))
+        print(f"otela: serving {', '.join(m.id for m in models)}", flush=True)
+        code = await engine.wait()
+        if not self._stopping:
+            log.error("engine exited with code %s; announcing DOWN (fail-stop)", code)
+            self.request_stop(EXIT_ENGINE_FAILED)
+
+    async def _watch_signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if self._stopping:
+                    log.warning("second %s: exiting now", signal.Signals(signum).name)
+                    os._exit(self.exit_code or 1)
+                log.info("%s received: leaving the federation", signal.Signals(signum).name)
+                self.request_stop(EXIT_OK)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _http_config(self) -> HypercornConfig:
+        config = HypercornConfig()
+        config.bind = [f"{self.config.listen_host}:{self.config.http_port}"]
+        config.accesslog = None
+        config.errorlog = logging.getLogger("otela.http")
+        config.graceful_timeout = 1.0
+        return config
+
+    def _public_http_url(self, bind: str) -> str:
+        port = bind.rsplit(":", 1)[1]
+        return f"http://{self.config.advertised_host()}:{port}"
+
+    def _report_started(self) -> None:
+        peer_id = self.identity.peer_id.to_base58()
+        print(f"otela: node {peer_id} provider={self.provider_id} session={self.session_id}",
+              flush=True)
+        for addr in self.addrs:
+            print(f"otela: p2p {addr}", flush=True)
+        print(f"otela: http {self.http_url}", flush=True)
+        if self.config.status_file is not None:
+            status = {"peer_id": peer_id, "session_id": self.session_id,
+                      "provider_id": self.provider_id, "addrs": self.addrs,
+                      "http_url": self.http_url, "pid": os.getpid()}
+            tmp = self.config.status_file.with_suffix(".tmp")
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(status, indent=2))
+            tmp.replace(self.config.status_file)

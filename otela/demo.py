@@ -1,0 +1,149 @@
+"""``otela demo``: a whole federation on this machine, driven by the official openai client.
+
+One ingress/bootstrap node and three serving nodes, each a separate OS process wrapping
+the echo engine (two serve the same model, from different providers). Requests go
+through the ingress only; the response headers say which node served each one.
+"""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from openai import OpenAI
+from rich.console import Console
+from rich.table import Table
+
+from otela.localfed import (
+    FederationError,
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
+
+SERVING_NODES = [  # (name, provider, model)
+    ("node-a", "lab-alpha", "echo-small"),
+    ("node-b", "lab-beta", "echo-small"),
+    ("node-c", "lab-gamma", "echo-large"),
+]
+
+
+def run_demo(requests_per_model: int = 6, timeout: float = 60.0) -> int:
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="otela-demo-") as tmp:
+        federation = LocalFederation(Path(tmp))
+        try:
+            _run(console, federation, requests_per_model, timeout)
+            return 0
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted: shutting the federation down[/]")
+            return 130
+        except FederationError as exc:
+            console.print(f"[red]demo failed:[/] {exc}")
+            for node in federation.nodes:
+                console.print(f"[dim]--- {node.name} log ---\n{node.log_tail(15)}[/]")
+            return 1
+        finally:
+            # Ctrl-C also reached the children (same process group); stop them cleanly.
+            with _ignoring_sigint():
+                codes = _shutdown(console, federation)
+            if codes and any(code != 0 for code in codes.values()):
+                console.print(f"[red]unclean exits:[/] {codes}")
+
+
+def _run(console: Console, federation: LocalFederation, n_requests: int, timeout: float) -> None:
+    with console.status("starting the ingress node"):
+        ingress = federation.start_node("ingress", ingress=True, provider_id="demo-ingress")
+    console.print(f"ingress  [bold]{ingress.http_url}[/]  {ingress.multiaddr}")
+    nodes: dict[str, LocalNode] = {}
+    with console.status("starting serving nodes (each wraps an echo engine)"):
+        for name, provider, model in SERVING_NODES:
+            command = echo_engine_command(free_port(), [model], "--token-delay", "0.05")
+            nodes[name] = federation.start_node(
+                name, bootstrap=[ingress], process=command, provider_id=provider
+            )
+    with console.status("waiting until the ingress sees every node SERVING"):
+        started = time.monotonic()
+        wait_for(
+            lambda: _all_serving(ingress, list(nodes.values())), timeout, "all nodes SERVING"
+        )
+    console.print(f"federation converged in {time.monotonic() - started:.1f}s")
+    _print_registry(console, ingress)
+
+    names = {node.session_id: name for name, node in nodes.items()}
+    client = OpenAI(base_url=f"{ingress.http_url}/v1", api_key="otela-demo", max_retries=0)
+    console.print(f"models via the ingress: {[m.id for m in client.models.list().data]}")
+    served: Counter[str] = Counter()
+    for i in range(n_requests):
+        for model in ("echo-small", "echo-large"):
+            raw = client.chat.completions.with_raw_response.create(
+                model=model, messages=[{"role": "user", "content": f"hello federation #{i}"}]
+            )
+            reply = raw.parse()
+            who = names.get(raw.headers.get("x-otela-session-id", ""), "?")
+            served[who] += 1
+            console.print(f"  {model:<11} -> {who} ({raw.headers.get('x-otela-provider-id')}): "
+                          f"{reply.choices[0].message.content!r}")
+
+    console.print("streaming through the ingress:")
+    raw_stream = client.chat.completions.with_raw_response.create(
+        model="echo-small", stream=True,
+        messages=[{"role": "user", "content": "tokens arrive one by one over SSE"}],
+    )
+    who = names.get(raw_stream.headers.get("x-otela-session-id", ""), "?")
+    console.print(f"  echo-small  -> {who}: ", end="")
+    chunks = 0
+    for chunk in raw_stream.parse():
+        if chunk.choices and chunk.choices[0].delta.content:
+            chunks += 1
+            console.print(chunk.choices[0].delta.content, end="")
+    console.print(f"  [dim]({chunks} chunks)[/]")
+    served[who] += 1
+
+    table = Table(title="requests served per node")
+    table.add_column("node")
+    table.add_column("provider")
+    table.add_column("model")
+    table.add_column("requests", justify="right")
+    for name, provider, model in SERVING_NODES:
+        table.add_row(name, provider, model, str(served[name]))
+    console.print(table)
+
+
+def _all_serving(ingress: LocalNode, nodes: list[LocalNode]) -> bool:
+    states = ingress.states()
+    return all(states.get(node.session_id) == "SERVING" for node in nodes)
+
+
+def _print_registry(console: Console, ingress: LocalNode) -> None:
+    table = Table(title=f"registry replica on the ingress ({ingress.http_url}/v1/registry/nodes)")
+    for column in ("session", "provider", "state", "version", "models", "http"):
+        table.add_column(column)
+    for node in ingress.get("/v1/registry/nodes")["nodes"]:
+        table.add_row(
+            node["session_id"][:8], node["provider_id"], node["state"], str(node["version"]),
+            ", ".join(m["id"] for m in node["models"]) or "-", node["http_url"],
+        )
+    console.print(table)
+
+
+def _shutdown(console: Console, federation: LocalFederation) -> dict[str, int]:
+    if not federation.nodes:
+        return {}
+    with console.status("stopping nodes (each announces LEFT)"):
+        codes = {node.name: federation.stop_node(node) for node in reversed(federation.nodes)}
+    console.print(f"stopped {len(codes)} nodes: exit codes {codes}")
+    return codes
+
+
+class _ignoring_sigint:
+    def __enter__(self) -> None:
+        self._previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)

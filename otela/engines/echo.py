@@ -1,0 +1,260 @@
+"""The echo engine: a small, real OpenAI-compatible server that answers deterministically.
+
+It is a stand-in for vLLM/SGLang so the demo and the tests need no GPU and no weights:
+it speaks the same HTTP API (``/v1/models``, ``/health``, chat and text completions,
+streaming and not, token usage), but its "model" echoes the prompt back one
+whitespace-delimited token at a time. It can be told to be slow (``--token-delay``,
+``--startup-delay``) or to fail (``--fail-every``, ``--exit-after``) so tests can
+exercise otela's behaviour under slow and failing engines.
+
+Run: ``python -m otela.engines.echo --port 8000 --model echo-small``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from otela.api.errors import (
+    APIError,
+    error_response,
+    install_error_handlers,
+    read_json_object,
+    require_model,
+)
+
+DEFAULT_MAX_CONTEXT = 4096
+
+
+@dataclass
+class EchoSettings:
+    models: tuple[str, ...]
+    max_context: int = DEFAULT_MAX_CONTEXT
+    token_delay: float = 0.0
+    fail_every: int = 0
+    fail_status: int = 500
+    exit_after: int = 0
+
+
+def tokenize(text: str) -> list[str]:
+    """Split into tokens that concatenate back to ``text`` (each word keeps its leading space)."""
+    tokens: list[str] = []
+    for i, word in enumerate(text.split()):
+        tokens.append(word if i == 0 else " " + word)
+    return tokens
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # multi-part content: keep the text parts
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "'messages' must be a non-empty list", param="messages")
+    texts = [_content_text(m.get("content")) for m in messages if isinstance(m, dict)]
+    users = [
+        _content_text(m.get("content"))
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "user"
+    ]
+    prompt_tokens = sum(len(tokenize(t)) for t in texts)
+    return (users[-1] if users else texts[-1]), prompt_tokens
+
+
+def _text_prompt(body: dict[str, Any]) -> tuple[str, int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = " ".join(str(p) for p in prompt)
+    if not isinstance(prompt, str):
+        raise APIError(400, "'prompt' must be a string", param="prompt")
+    return prompt, len(tokenize(prompt))
+
+
+def _answer(prompt: str, body: dict[str, Any]) -> tuple[list[str], str]:
+    tokens = tokenize(f"echo: {prompt}")
+    limit = body.get("max_tokens") or body.get("max_completion_tokens")
+    if isinstance(limit, int) and 0 < limit < len(tokens):
+        return tokens[:limit], "length"
+    return tokens, "stop"
+
+
+def create_app(settings: EchoSettings) -> FastAPI:
+    app = FastAPI(title="otela echo engine", docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    created = int(time.time())
+    counter = {"requests": 0}
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": m,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "otela-echo",
+                    "max_model_len": settings.max_context,
+                }
+                for m in settings.models
+            ],
+        }
+
+    async def complete(request: Request, chat: bool) -> Response:
+        body = await read_json_object(request)
+        model = require_model(body)
+        if model not in settings.models:
+            raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found")
+        counter["requests"] += 1
+        n = counter["requests"]
+        if settings.exit_after and n > settings.exit_after:
+            os._exit(17)  # simulate an engine crash: no cleanup, like a real fault
+        if settings.fail_every and n % settings.fail_every == 0:
+            return error_response(settings.fail_status, f"echo engine: injected failure #{n}")
+        prompt, prompt_tokens = _chat_prompt(body) if chat else _text_prompt(body)
+        tokens, finish = _answer(prompt, body)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(tokens),
+            "total_tokens": prompt_tokens + len(tokens),
+        }
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            events = _stream(rid, model, chat, tokens, finish, usage if include_usage else None)
+            return StreamingResponse(events, media_type="text/event-stream")
+        text = "".join(tokens)
+        if settings.token_delay:
+            await trio.sleep(settings.token_delay * len(tokens))
+        choice: dict[str, Any] = (
+            {"index": 0, "message": {"role": "assistant", "content": text}}
+            if chat
+            else {"index": 0, "text": text, "logprobs": None}
+        )
+        choice["finish_reason"] = finish
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+
+    async def _stream(
+        rid: str,
+        model: str,
+        chat: bool,
+        tokens: list[str],
+        finish: str,
+        usage: dict[str, int] | None,
+    ) -> AsyncIterator[bytes]:
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        created_at = int(time.time())
+
+        def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+            payload = {"id": rid, "object": obj, "created": created_at, "model": model,
+                       "choices": choices, **extra}
+            return f"data: {json.dumps(payload)}\n\n".encode()
+
+        if chat:
+            yield event([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                          "finish_reason": None}])
+        for token in tokens:
+            if settings.token_delay:
+                await trio.sleep(settings.token_delay)
+            delta = {"delta": {"content": token}} if chat else {"text": token}
+            yield event([{"index": 0, **delta, "finish_reason": None}])
+        last = {"delta": {}} if chat else {"text": ""}
+        yield event([{"index": 0, **last, "finish_reason": finish}])
+        if usage is not None:
+            yield event([], usage=usage)
+        yield b"data: [DONE]\n\n"
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await complete(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await complete(request, chat=False)
+
+    return app
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, EchoSettings]:
+    parser = argparse.ArgumentParser(
+        prog="python -m otela.engines.echo",
+        description="otela's stand-in OpenAI-compatible engine: echoes prompts deterministically.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", action="append", required=True,
+                        help="model id to serve (repeatable)")
+    parser.add_argument("--max-context", type=int, default=DEFAULT_MAX_CONTEXT)
+    parser.add_argument("--token-delay", type=float, default=0.0,
+                        help="seconds between generated tokens (be slow)")
+    parser.add_argument("--startup-delay", type=float, default=0.0,
+                        help="seconds before the server starts listening (slow load)")
+    parser.add_argument("--fail-every", type=int, default=0,
+                        help="every N-th completion request fails with --fail-status")
+    parser.add_argument("--fail-status", type=int, default=500)
+    parser.add_argument("--exit-after", type=int, default=0,
+                        help="crash (exit 17) on the completion request after the N-th")
+    args = parser.parse_args(argv)
+    settings = EchoSettings(
+        models=tuple(args.model),
+        max_context=args.max_context,
+        token_delay=args.token_delay,
+        fail_every=args.fail_every,
+        fail_status=args.fail_status,
+        exit_after=args.exit_after,
+    )
+    return args, settings
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    args, settings = parse_args(argv)
+    config = Config()
+    config.bind = [f"{args.host}:{args.port}"]
+    config.accesslog = None
+    config.errorlog = "-"
+    config.loglevel = "WARNING"
+
+    async def run() -> None:
+        if args.startup_delay:
+            await trio.sleep(args.startup_delay)
+        await serve(create_app(settings), config)  # type: ignore[arg-type]
+
+    try:
+        trio.run(run)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

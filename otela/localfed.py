@@ -1,0 +1,190 @@
+"""Launch and observe a federation of otela nodes on this machine, as separate OS processes.
+
+Used by ``otela demo`` and by the integration tests: both need to start nodes (each
+with its own home, ports picked by the OS, optionally wrapping an echo engine), wait
+for conditions the nodes report over HTTP, and stop everything, even on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+T = TypeVar("T")
+
+
+class FederationError(RuntimeError):
+    """A node failed to start or a condition was not met in time."""
+
+
+def free_port() -> int:
+    """A TCP port free right now (for engines, whose command line must name a port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def echo_engine_command(port: int, models: list[str], *extra: str) -> str:
+    args = [sys.executable, "-m", "otela.engines.echo", "--port", str(port)]
+    for model in models:
+        args += ["--model", model]
+    return shlex.join([*args, *extra])
+
+
+@dataclass
+class LocalNode:
+    name: str
+    home: Path
+    process: subprocess.Popen[bytes]
+    status: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def http_url(self) -> str:
+        return str(self.status["http_url"])
+
+    @property
+    def multiaddr(self) -> str:
+        return str(self.status["addrs"][0])
+
+    @property
+    def session_id(self) -> str:
+        return str(self.status["session_id"])
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "node.log"
+
+    def get(self, path: str, timeout: float = 5.0) -> Any:
+        response = httpx.get(f"{self.http_url}{path}", timeout=timeout, trust_env=False)
+        response.raise_for_status()
+        return response.json()
+
+    def states(self) -> dict[str, str]:
+        """session id -> lifecycle state, as this node's registry replica says."""
+        return {n["session_id"]: n["state"] for n in self.get("/v1/registry/nodes")["nodes"]}
+
+    def engine_pids(self) -> list[int]:
+        """PIDs of this node's engine process group (its direct children)."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        try:
+            return [int(p) for p in children.read_text().split()]
+        except OSError:
+            return []
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def wait_for(
+    condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1
+) -> T:
+    """Poll ``condition`` until it returns something truthy; raise after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = condition()
+            if result:
+                return result
+        except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
+            last_error = exc
+        time.sleep(interval)
+    detail = f" (last error: {last_error})" if last_error else ""
+    raise FederationError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+
+
+class LocalFederation:
+    """Nodes under one temporary directory; ``close()`` stops them all."""
+
+    def __init__(self, root: Path, python: str = sys.executable) -> None:
+        self.root = root
+        self.python = python
+        self.nodes: list[LocalNode] = []
+
+    def __enter__(self) -> LocalFederation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start_node(
+        self,
+        name: str,
+        *,
+        bootstrap: list[LocalNode] | None = None,
+        process: str | None = None,
+        provider_id: str | None = None,
+        ingress: bool = False,
+        extra_args: list[str] | None = None,
+        wait: bool = True,
+        timeout: float = 30.0,
+    ) -> LocalNode:
+        home = self.root / name
+        home.mkdir(parents=True, exist_ok=True)
+        status_file = home / "status.json"
+        status_file.unlink(missing_ok=True)
+        argv = [
+            self.python, "-m", "otela", "start",
+            "--home", str(home), "--host", "127.0.0.1",
+            "--http-port", "0", "--p2p-port", "0",
+            "--status-file", str(status_file),
+        ]
+        for peer in bootstrap or []:
+            argv += ["--bootstrap", peer.multiaddr]
+        if process:
+            argv += ["--process", process]
+        if provider_id:
+            argv += ["--provider-id", provider_id]
+        if ingress:
+            argv.append("--ingress")
+        argv += extra_args or []
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTELA_")}
+        with open(home / "node.log", "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    stdin=subprocess.DEVNULL)
+        node = LocalNode(name=name, home=home, process=proc)
+        self.nodes.append(node)
+        if wait:
+            self.wait_started(node, status_file, timeout)
+        return node
+
+    def wait_started(self, node: LocalNode, status_file: Path, timeout: float) -> None:
+        def started() -> dict[str, Any] | None:
+            if node.process.poll() is not None:
+                raise FederationError(
+                    f"node {node.name} exited with {node.process.returncode}:\n{node.log_tail()}"
+                )
+            return json.loads(status_file.read_text()) if status_file.exists() else None
+
+        node.status = wait_for(started, timeout, f"node {node.name} to start")
+
+    def stop_node(self, node: LocalNode, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        if node.process.poll() is None:
+            node.process.send_signal(sig)
+        try:
+            return node.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            node.process.kill()
+            return node.process.wait()
+
+    def close(self) -> None:
+        for node in self.nodes:
+            if node.process.poll() is None:
+                node.process.send_signal(signal.SIGTERM)
+        for node in self.nodes:
+            self.stop_node(node)

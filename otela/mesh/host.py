@@ -1,0 +1,71 @@
+"""Build a py-libp2p host tuned for otela (see docs/mesh.md for why each setting).
+
+Workarounds for py-libp2p 0.8.1, measured on these machines (../shared/reference):
+- B1: every dial waited a 250 ms happy-eyeballs delay, even with one address.
+- B3: spam protection silently dropped bursts over 10 msg/s per peer and topic.
+- B4/B5: GossipSub v1.2's per-message IDONTWANT doubled gossip latency; speak 1.1/1.0.
+- B7: the heartbeat defaulted to 120 s, so meshes formed slowly; use 1 s like go/js.
+- B8: some libp2p loggers are noisy on normal stream closes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import libp2p.network.swarm as _swarm
+import multiaddr
+from libp2p import new_host
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+
+from otela.identity import Identity
+
+_swarm._HAPPY_EYEBALLS_DELAY = 0.0
+
+GOSSIP_DEGREE = 6
+GOSSIP_DEGREE_LOW = 4
+GOSSIP_DEGREE_HIGH = 12
+GOSSIP_HEARTBEAT_S = 1
+
+
+def quiet_libp2p_logs(level: int = logging.ERROR) -> None:
+    logging.getLogger("libp2p").setLevel(level)
+    logging.getLogger("multiaddr").setLevel(level)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
+
+
+@dataclass
+class MeshHost:
+    host: Any  # libp2p IHost (untyped library)
+    pubsub: Pubsub
+    gossipsub: GossipSub
+    listen_addr: multiaddr.Multiaddr
+
+
+def build_host(identity: Identity, listen_host: str, port: int) -> MeshHost:
+    """A TCP + Noise + Yamux host with GossipSub, not yet running."""
+    listen = multiaddr.Multiaddr(f"/ip4/{listen_host}/tcp/{port}")
+    host = new_host(key_pair=identity.key_pair, listen_addrs=[listen])
+    gossipsub = GossipSub(
+        [PROTOCOL_ID_V11, PROTOCOL_ID],
+        degree=GOSSIP_DEGREE,
+        degree_low=GOSSIP_DEGREE_LOW,
+        degree_high=GOSSIP_DEGREE_HIGH,
+        heartbeat_interval=GOSSIP_HEARTBEAT_S,
+        spam_protection_enabled=False,
+    )
+    pubsub = Pubsub(host, gossipsub)
+    return MeshHost(host=host, pubsub=pubsub, gossipsub=gossipsub, listen_addr=listen)
+
+
+def advertised_addrs(host: Any, public_host: str) -> list[str]:
+    """The host's listen addresses with wildcard IPs replaced by the advertised host."""
+    out = []
+    for addr in host.get_addrs():
+        text = str(addr)
+        if "/ip4/0.0.0.0/" in text:
+            text = text.replace("/ip4/0.0.0.0/", f"/ip4/{public_host}/")
+        out.append(text)
+    return out

@@ -1,0 +1,147 @@
+"""Node records: what one node says about itself, and the order in which its updates win.
+
+A record is owned by exactly one node session. The owner is the only writer: every
+change bumps ``version``; replicas keep the record with the highest (version, state)
+pair, so duplicated, reordered or late gossip converges to the owner's latest word.
+This module is pure (no I/O, no clock reads): callers pass times in.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+class Lifecycle(enum.IntEnum):
+    """Node lifecycle, strictly ordered: a node only ever moves forward (paper §3.4)."""
+
+    JOIN = 0
+    SERVING = 1
+    DOWN = 2
+    LEFT = 3
+
+    @classmethod
+    def parse(cls, name: str) -> Lifecycle:
+        return cls[name.upper()]
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """A summary of what the node contributes; enough for routing and placement to read."""
+
+    cpus: int = 0
+    memory_bytes: int = 0
+    gpus: tuple[GPU, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cpus": self.cpus,
+            "memory_bytes": self.memory_bytes,
+            "gpus": [g.to_dict() for g in self.gpus],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Hardware:
+        return cls(
+            cpus=int(data.get("cpus", 0)),
+            memory_bytes=int(data.get("memory_bytes", 0)),
+            gpus=tuple(GPU.from_dict(g) for g in data.get("gpus", ())),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GPU:
+    name: str
+    memory_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "memory_bytes": self.memory_bytes}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GPU:
+        return cls(name=str(data["name"]), memory_bytes=int(data.get("memory_bytes", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """One model id served by a node, as its engine reports it."""
+
+    id: str
+    max_context: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "max_context": self.max_context}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelInfo:
+        ctx = data.get("max_context")
+        return cls(id=str(data["id"]), max_context=None if ctx is None else int(ctx))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """Everything the federation knows about one node session.
+
+    ``session_id`` is new on every start, so a restarted node is a new entry and never
+    resurrects an old one; ``peer_id`` is the persistent libp2p identity whose key signs
+    the record.
+    """
+
+    session_id: str
+    peer_id: str
+    provider_id: str
+    state: Lifecycle
+    version: int
+    http_url: str
+    addrs: tuple[str, ...] = ()
+    hardware: Hardware = field(default_factory=Hardware)
+    models: tuple[ModelInfo, ...] = ()
+    ingress: bool = False
+    engine: str | None = None
+    updated_at: float = 0.0
+
+    def precedence(self) -> tuple[int, int]:
+        """The key by which replicas pick between two versions of this record."""
+        return (self.version, int(self.state))
+
+    def evolve(self, *, now: float, **changes: Any) -> NodeRecord:
+        """The owner's next version of this record, with ``changes`` applied."""
+        return replace(self, version=self.version + 1, updated_at=now, **changes)
+
+    def serves(self, model_id: str) -> bool:
+        return any(m.id == model_id for m in self.models)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "peer_id": self.peer_id,
+            "provider_id": self.provider_id,
+            "state": self.state.name,
+            "version": self.version,
+            "http_url": self.http_url,
+            "addrs": list(self.addrs),
+            "hardware": self.hardware.to_dict(),
+            "models": [m.to_dict() for m in self.models],
+            "ingress": self.ingress,
+            "engine": self.engine,
+            "updated_at": self.updated_at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeRecord:
+        """Parse a record; raises ``KeyError``/``ValueError``/``TypeError`` on bad input."""
+        return cls(
+            session_id=str(data["session_id"]),
+            peer_id=str(data["peer_id"]),
+            provider_id=str(data["provider_id"]),
+            state=Lifecycle.parse(str(data["state"])),
+            version=int(data["version"]),
+            http_url=str(data["http_url"]),
+            addrs=tuple(str(a) for a in data.get("addrs", ())),
+            hardware=Hardware.from_dict(dict(data.get("hardware") or {})),
+            models=tuple(ModelInfo.from_dict(dict(m)) for m in data.get("models", ())),
+            ingress=bool(data.get("ingress", False)),
+            engine=None if data.get("engine") is None else str(data["engine"]),
+            updated_at=float(data.get("updated_at", 0.0)),
+        )

@@ -1,0 +1,79 @@
+"""The ingress side of routing: pick a serving node and forward, trying another on failure.
+
+Only failures where the request provably never reached an engine (connection refused or
+timed out) are retried, so no request is ever executed twice; transparent retry of
+failed responses comes with the retry policies of a later issue.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Mapping
+
+import httpx
+from fastapi.responses import Response
+
+from otela.api.errors import APIError
+from otela.registry.records import NodeRecord
+from otela.registry.store import Registry
+from otela.routing.forward import UpstreamUnreachable, forward, request_headers
+from otela.routing.policy import candidates_for, pick_random
+
+log = logging.getLogger("otela.routing")
+
+MAX_ATTEMPTS = 3
+ENGINE_PROXY_PREFIX = "/v1/engine"
+
+
+class Router:
+    def __init__(
+        self,
+        registry: Registry,
+        client: httpx.AsyncClient,
+        self_session_id: str,
+        local_engine_url: str | None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.registry = registry
+        self.client = client
+        self.self_session_id = self_session_id
+        self.local_engine_url = local_engine_url
+        self.rng = rng or random.Random()
+
+    def target_url(self, node: NodeRecord, path: str) -> str:
+        """Where to send ``path`` for ``node``: our own engine directly, others via their node."""
+        if node.session_id == self.self_session_id and self.local_engine_url:
+            return f"{self.local_engine_url}{path}"
+        return f"{node.http_url}{ENGINE_PROXY_PREFIX}{path}"
+
+    async def route(
+        self, model_id: str, path: str, body: bytes, incoming_headers: Mapping[str, str]
+    ) -> Response:
+        candidates = candidates_for(self.registry, model_id)
+        request_id = incoming_headers.get("x-otela-request-id") or uuid.uuid4().hex
+        headers = request_headers(incoming_headers, {"x-otela-request-id": request_id})
+        tried: list[str] = []
+        while len(tried) < MAX_ATTEMPTS:
+            node = pick_random(candidates, self.rng, exclude=tried)
+            if node is None:
+                break
+            tried.append(node.session_id)
+            served_by = {
+                "x-otela-request-id": request_id,
+                "x-otela-session-id": node.session_id,
+                "x-otela-peer-id": node.peer_id,
+                "x-otela-provider-id": node.provider_id,
+            }
+            try:
+                return await forward(
+                    self.client, self.target_url(node, path), body, headers, served_by
+                )
+            except UpstreamUnreachable as exc:
+                log.warning("node %s unreachable, trying another: %s", node.session_id, exc)
+        raise APIError(
+            502,
+            f"All {len(tried)} candidate node(s) for `{model_id}` were unreachable.",
+            code="all_nodes_unreachable",
+        )
