@@ -36,36 +36,51 @@ def _setup_logging(level: str) -> None:
 @app.command()
 def start(
     process: str | None = typer.Option(
-        None, "--process", envvar="OTELA_PROCESS",
+        None,
+        "--process",
+        envvar="OTELA_PROCESS",
         help='Engine command to launch and supervise, e.g. "vllm serve Qwen/Qwen3-8B --port 8000". '
         "Without it the node joins as idle capacity.",
     ),
     engine_url: str | None = typer.Option(
-        None, "--engine-url", envvar="OTELA_ENGINE_URL",
+        None,
+        "--engine-url",
+        envvar="OTELA_ENGINE_URL",
         help="Engine base URL, when it cannot be read from the command's --port/--host.",
     ),
     bootstrap: list[str] = typer.Option(
-        [], "--bootstrap", "-b", envvar="OTELA_BOOTSTRAP",
+        [],
+        "--bootstrap",
+        "-b",
+        envvar="OTELA_BOOTSTRAP",
         help="Multiaddr of a peer to join through (repeatable; the env var takes a comma or "
         "space separated list).",
     ),
     provider_id: str | None = typer.Option(
-        None, "--provider-id", envvar="OTELA_PROVIDER_ID",
+        None,
+        "--provider-id",
+        envvar="OTELA_PROVIDER_ID",
         help="Who contributes this node; users allowlist providers. Default: derived from the key.",
     ),
     ingress: bool = typer.Option(
-        False, "--ingress", envvar="OTELA_INGRESS",
+        False,
+        "--ingress",
+        envvar="OTELA_INGRESS",
         help="Mark this node as an ingress (public entry point). Every node routes requests.",
     ),
     home: Path = typer.Option(
-        None, "--home", envvar="OTELA_HOME",
+        None,
+        "--home",
+        envvar="OTELA_HOME",
         help="Node home: identity key and logs. Default: $XDG_CONFIG_HOME/otela/node.",
     ),
     host: str = typer.Option(
         "0.0.0.0", "--host", envvar="OTELA_HOST", help="Address to listen on (HTTP and libp2p)."
     ),
     public_host: str | None = typer.Option(
-        None, "--public-host", envvar="OTELA_PUBLIC_HOST",
+        None,
+        "--public-host",
+        envvar="OTELA_PUBLIC_HOST",
         help="Address other nodes reach us at. Default: --host, or this host's address.",
     ),
     http_port: int = typer.Option(
@@ -75,11 +90,16 @@ def start(
         DEFAULT_P2P_PORT, "--p2p-port", envvar="OTELA_P2P_PORT", help="libp2p TCP port (0: any)."
     ),
     ready_timeout: float = typer.Option(
-        1800.0, "--ready-timeout", envvar="OTELA_READY_TIMEOUT",
-        help="Seconds to wait for the engine to answer before giving up (large models load slowly).",
+        1800.0,
+        "--ready-timeout",
+        envvar="OTELA_READY_TIMEOUT",
+        help="Seconds to wait for the engine to answer before giving up "
+        "(large models load slowly).",
     ),
     status_file: Path | None = typer.Option(
-        None, "--status-file", envvar="OTELA_STATUS_FILE",
+        None,
+        "--status-file",
+        envvar="OTELA_STATUS_FILE",
         help="Write this node's peer id, addresses and HTTP URL as JSON here once listening "
         "(handy for Slurm scripts that bootstrap other jobs from it).",
     ),
@@ -147,7 +167,7 @@ def version() -> None:
 
 def _mount_optional_apps() -> None:
     try:
-        from simulator.cli import app as sim_app
+        from simulator.cli import app as sim_app  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return
     app.add_typer(sim_app, name="sim", help="Roofline serving simulator: analyze and run.")

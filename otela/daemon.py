@@ -217,15 +217,22 @@ class Node:
 
     def _report_started(self) -> None:
         peer_id = self.identity.peer_id.to_base58()
-        print(f"otela: node {peer_id} provider={self.provider_id} session={self.session_id}",
-              flush=True)
+        print(
+            f"otela: node {peer_id} provider={self.provider_id} session={self.session_id}",
+            flush=True,
+        )
         for addr in self.addrs:
             print(f"otela: p2p {addr}", flush=True)
         print(f"otela: http {self.http_url}", flush=True)
         if self.config.status_file is not None:
-            status = {"peer_id": peer_id, "session_id": self.session_id,
-                      "provider_id": self.provider_id, "addrs": self.addrs,
-                      "http_url": self.http_url, "pid": os.getpid()}
+            status = {
+                "peer_id": peer_id,
+                "session_id": self.session_id,
+                "provider_id": self.provider_id,
+                "addrs": self.addrs,
+                "http_url": self.http_url,
+                "pid": os.getpid(),
+            }
             tmp = self.config.status_file.with_suffix(".tmp")
             tmp.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(status, indent=2))

@@ -69,9 +69,7 @@ def _run(console: Console, federation: LocalFederation, n_requests: int, timeout
             )
     with console.status("waiting until the ingress sees every node SERVING"):
         started = time.monotonic()
-        wait_for(
-            lambda: _all_serving(ingress, list(nodes.values())), timeout, "all nodes SERVING"
-        )
+        wait_for(lambda: _all_serving(ingress, list(nodes.values())), timeout, "all nodes SERVING")
     console.print(f"federation converged in {time.monotonic() - started:.1f}s")
     _print_registry(console, ingress)
 
@@ -87,12 +85,15 @@ def _run(console: Console, federation: LocalFederation, n_requests: int, timeout
             reply = raw.parse()
             who = names.get(raw.headers.get("x-otela-session-id", ""), "?")
             served[who] += 1
-            console.print(f"  {model:<11} -> {who} ({raw.headers.get('x-otela-provider-id')}): "
-                          f"{reply.choices[0].message.content!r}")
+            console.print(
+                f"  {model:<11} -> {who} ({raw.headers.get('x-otela-provider-id')}): "
+                f"{reply.choices[0].message.content!r}"
+            )
 
     console.print("streaming through the ingress:")
     raw_stream = client.chat.completions.with_raw_response.create(
-        model="echo-small", stream=True,
+        model="echo-small",
+        stream=True,
         messages=[{"role": "user", "content": "tokens arrive one by one over SSE"}],
     )
     who = names.get(raw_stream.headers.get("x-otela-session-id", ""), "?")
@@ -126,8 +127,12 @@ def _print_registry(console: Console, ingress: LocalNode) -> None:
         table.add_column(column)
     for node in ingress.get("/v1/registry/nodes")["nodes"]:
         table.add_row(
-            node["session_id"][:8], node["provider_id"], node["state"], str(node["version"]),
-            ", ".join(m["id"] for m in node["models"]) or "-", node["http_url"],
+            node["session_id"][:8],
+            node["provider_id"],
+            node["state"],
+            str(node["version"]),
+            ", ".join(m["id"] for m in node["models"]) or "-",
+            node["http_url"],
         )
     console.print(table)
 

@@ -30,7 +30,10 @@ def _nvidia_gpus() -> tuple[GPU, ...]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return ()

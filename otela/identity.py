@@ -36,7 +36,9 @@ def load_or_create(home: Path) -> Identity:
     if path.exists():
         seed = path.read_bytes()
         if len(seed) != 32:
-            raise ValueError(f"{path} is not a 32-byte Ed25519 seed; move it away to make a new one")
+            raise ValueError(
+                f"{path} is not a 32-byte Ed25519 seed; move it away to create a new identity"
+            )
         private = Ed25519PrivateKey.from_bytes(seed)
     else:
         private = Ed25519PrivateKey.new()

@@ -139,10 +139,20 @@ class LocalFederation:
         status_file = home / "status.json"
         status_file.unlink(missing_ok=True)
         argv = [
-            self.python, "-m", "otela", "start",
-            "--home", str(home), "--host", "127.0.0.1",
-            "--http-port", "0", "--p2p-port", "0",
-            "--status-file", str(status_file),
+            self.python,
+            "-m",
+            "otela",
+            "start",
+            "--home",
+            str(home),
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--p2p-port",
+            "0",
+            "--status-file",
+            str(status_file),
         ]
         for peer in bootstrap or []:
             argv += ["--bootstrap", peer.multiaddr]
@@ -155,8 +165,9 @@ class LocalFederation:
         argv += extra_args or []
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTELA_")}
         with open(home / "node.log", "ab") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
+            )
         node = LocalNode(name=name, home=home, process=proc)
         self.nodes.append(node)
         if wait:

@@ -24,7 +24,7 @@ from otela.api.errors import (
     read_json_object,
     require_model,
 )
-from otela.registry.records import Lifecycle, NodeRecord
+from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
 from otela.routing.forward import (
     NOT_DELIVERED_HEADER,
@@ -102,7 +102,9 @@ def create_app(node: NodeView) -> FastAPI:
             if not serving:
                 continue
             contexts = [
-                m.max_context for r in serving for m in r.models
+                m.max_context
+                for r in serving
+                for m in r.models
                 if m.id == entry.model_id and m.max_context
             ]
             data.append(
@@ -146,7 +148,9 @@ def create_app(node: NodeView) -> FastAPI:
             )
         except UpstreamUnreachable as exc:
             return error_response(
-                502, f"engine unreachable: {exc}", code="engine_unreachable",
+                502,
+                f"engine unreachable: {exc}",
+                code="engine_unreachable",
                 headers={NOT_DELIVERED_HEADER: "1"},
             )
 

@@ -5,6 +5,7 @@ Shape: ``{"error": {"message", "type", "param", "code"}}`` with the matching HTT
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -59,7 +60,7 @@ def error_response(
     *,
     code: str | None = None,
     param: str | None = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     return JSONResponse(
         error_body(status, message, code=code, param=param), status_code=status, headers=headers

@@ -12,6 +12,7 @@ pidfd, so no thread sits blocked in ``waitpid``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -33,10 +34,8 @@ class EngineFailed(RuntimeError):
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def parse_models(payload: Any) -> list[ModelInfo]:
@@ -45,7 +44,8 @@ def parse_models(payload: Any) -> list[ModelInfo]:
     for item in (payload or {}).get("data", []):
         if isinstance(item, dict) and isinstance(item.get("id"), str):
             ctx = item.get("max_model_len") or item.get("context_length")
-            models.append(ModelInfo(id=item["id"], max_context=ctx if isinstance(ctx, int) else None))
+            max_context = ctx if isinstance(ctx, int) else None
+            models.append(ModelInfo(id=item["id"], max_context=max_context))
     return models
 
 
@@ -140,7 +140,5 @@ class EngineProcess:
 
     def _signal_group(self, sig: int) -> None:
         assert self._process is not None
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self._process.pid, sig)
-        except ProcessLookupError:
-            pass

@@ -13,6 +13,7 @@ Run: ``python -m otela.engines.echo --port 8000 --model echo-small``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -174,19 +175,26 @@ def create_app(settings: EchoSettings) -> FastAPI:
         created_at = int(time.time())
 
         def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-            payload = {"id": rid, "object": obj, "created": created_at, "model": model,
-                       "choices": choices, **extra}
+            payload = {
+                "id": rid,
+                "object": obj,
+                "created": created_at,
+                "model": model,
+                "choices": choices,
+                **extra,
+            }
             return f"data: {json.dumps(payload)}\n\n".encode()
 
         if chat:
-            yield event([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                          "finish_reason": None}])
+            yield event(
+                [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+            )
         for token in tokens:
             if settings.token_delay:
                 await trio.sleep(settings.token_delay)
-            delta = {"delta": {"content": token}} if chat else {"text": token}
+            delta: dict[str, Any] = {"delta": {"content": token}} if chat else {"text": token}
             yield event([{"index": 0, **delta, "finish_reason": None}])
-        last = {"delta": {}} if chat else {"text": ""}
+        last: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
         yield event([{"index": 0, **last, "finish_reason": finish}])
         if usage is not None:
             yield event([], usage=usage)
@@ -210,18 +218,32 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model", action="append", required=True,
-                        help="model id to serve (repeatable)")
+    parser.add_argument(
+        "--model", action="append", required=True, help="model id to serve (repeatable)"
+    )
     parser.add_argument("--max-context", type=int, default=DEFAULT_MAX_CONTEXT)
-    parser.add_argument("--token-delay", type=float, default=0.0,
-                        help="seconds between generated tokens (be slow)")
-    parser.add_argument("--startup-delay", type=float, default=0.0,
-                        help="seconds before the server starts listening (slow load)")
-    parser.add_argument("--fail-every", type=int, default=0,
-                        help="every N-th completion request fails with --fail-status")
+    parser.add_argument(
+        "--token-delay", type=float, default=0.0, help="seconds between generated tokens (be slow)"
+    )
+    parser.add_argument(
+        "--startup-delay",
+        type=float,
+        default=0.0,
+        help="seconds before the server starts listening (slow load)",
+    )
+    parser.add_argument(
+        "--fail-every",
+        type=int,
+        default=0,
+        help="every N-th completion request fails with --fail-status",
+    )
     parser.add_argument("--fail-status", type=int, default=500)
-    parser.add_argument("--exit-after", type=int, default=0,
-                        help="crash (exit 17) on the completion request after the N-th")
+    parser.add_argument(
+        "--exit-after",
+        type=int,
+        default=0,
+        help="crash (exit 17) on the completion request after the N-th",
+    )
     args = parser.parse_args(argv)
     settings = EchoSettings(
         models=tuple(args.model),
@@ -250,10 +272,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             await trio.sleep(args.startup_delay)
         await serve(create_app(settings), config)  # type: ignore[arg-type]
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         trio.run(run)
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

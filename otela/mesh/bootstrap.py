@@ -34,8 +34,8 @@ def parse_bootstrap(addr: str) -> PeerInfo:
         return info_from_p2p_addr(multiaddr.Multiaddr(addr))
     except Exception as exc:
         raise BootstrapAddressError(
-            f"bad bootstrap address {addr!r}: expected e.g. /ip4/10.0.0.1/tcp/43905/p2p/12D3KooW... "
-            f"({exc})"
+            f"bad bootstrap address {addr!r}: expected e.g. "
+            f"/ip4/10.0.0.1/tcp/43905/p2p/12D3KooW... ({exc})"
         ) from exc
 
 
@@ -62,8 +62,14 @@ async def keep_connected(mesh: MeshHost, replicator: Replicator, peer: PeerInfo)
             failures += 1
             sleep, delay = next_backoff(delay, rng)
             level = logging.WARNING if failures in (1, 5) or failures % 20 == 0 else logging.DEBUG
-            log.log(level, "bootstrap %s unreachable (attempt %d, retry in %.1fs): %s",
-                    peer.peer_id, failures, sleep, exc)
+            log.log(
+                level,
+                "bootstrap %s unreachable (attempt %d, retry in %.1fs): %s",
+                peer.peer_id,
+                failures,
+                sleep,
+                exc,
+            )
             await trio.sleep(sleep)
             continue
         log.info("connected to bootstrap peer %s", peer.peer_id)

@@ -14,6 +14,7 @@ dropped and counted, never raised into the daemon.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from collections import Counter
@@ -23,7 +24,7 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from otela.mesh.framing import FrameError, read_frame, write_frame
+from otela.mesh.framing import read_frame, write_frame
 from otela.mesh.host import MeshHost
 from otela.registry.store import Registry
 from otela.registry.wire import SignedRecord, WireError, decode_records, encode_records
@@ -48,7 +49,7 @@ class Replicator:
         self.mesh.host.set_stream_handler(SYNC_PROTOCOL, self._handle_sync)
         self.mesh.pubsub.set_topic_validator(REGISTRY_TOPIC, self._validate_gossip, False)
 
-    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         subscription = await self.mesh.pubsub.subscribe(REGISTRY_TOPIC)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_gossip, subscription)
@@ -76,7 +77,7 @@ class Replicator:
                 self._merge(reply, "sync")
                 self.stats["sync_completed"] += 1
                 return True
-            except (FrameError, WireError, Exception) as exc:  # network errors vary by transport
+            except Exception as exc:  # frame/wire errors, and network errors of every transport
                 self.stats["sync_failed"] += 1
                 log.debug("sync with %s failed: %s", peer_id, exc)
                 return False
@@ -135,14 +136,12 @@ class Replicator:
                 request = await read_frame(stream)
                 self._merge(request, "sync")
                 await write_frame(stream, self._snapshot_message())
-            except (FrameError, WireError, Exception) as exc:
+            except Exception as exc:  # a misbehaving peer must never take the handler down
                 self.stats["sync_failed"] += 1
                 log.debug("inbound sync failed: %s", exc)
             finally:
-                try:
+                with contextlib.suppress(Exception):
                     await stream.close()
-                except Exception:
-                    pass
 
     async def _anti_entropy(self) -> None:
         while True:

@@ -15,9 +15,19 @@ from fastapi.responses import Response, StreamingResponse
 # which the relaying server recomputes.
 _HOP_HEADERS = frozenset(
     {
-        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-        "trailer", "transfer-encoding", "upgrade", "content-length", "content-encoding",
-        "host", "date", "server",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "content-encoding",
+        "host",
+        "date",
+        "server",
     }
 )
 FORWARDED_REQUEST_HEADERS = ("content-type", "accept", "user-agent", "x-otela-request-id")
