@@ -1,0 +1,55 @@
+"""The README's quick start: exactly two commands, and both do what they promise."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def quickstart_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(?:sh|bash)?\n(.*?)```", section, flags=re.S)
+    return [line.strip() for block in blocks for line in block.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def test_quickstart_has_exactly_the_demo_and_test_commands():
+    assert quickstart_commands() == ["./scripts/demo", "./scripts/test"]
+    for script in ("scripts/demo", "scripts/test", "scripts/bootstrap", ".ci/run"):
+        assert os.access(ROOT / script, os.X_OK), f"{script} is not executable"
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci/run").read_text()
+    assert "./scripts/test" in ci.split("exec", 1)[1]
+
+
+def test_setup_installs_into_its_own_virtualenv():
+    bootstrap = (ROOT / "scripts/bootstrap").read_text()
+    assert "-m venv" in bootstrap and "pip install" in bootstrap
+    for script in ("scripts/demo", "scripts/test"):
+        assert "scripts/bootstrap" in (ROOT / script).read_text()
+
+
+@pytest.mark.slow
+def test_demo_runs_a_federation_and_shuts_it_down():
+    # The same entry point as ./scripts/demo, minus the (already done) environment setup.
+    result = subprocess.run(
+        [sys.executable, "-m", "otela", "demo", "--requests", "2"],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert re.search(r"echo-small\s+-> node-[ab]", out)
+    assert re.search(r"echo-large\s+-> node-c", out)
+    assert "chunks)" in out
+    assert re.search(r"exit codes \{.*'ingress': 0\}", out)

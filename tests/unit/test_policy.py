@@ -1,0 +1,46 @@
+import random
+from collections import Counter
+
+import pytest
+
+from otela.api.errors import APIError
+from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
+from otela.registry.store import Registry
+from otela.routing.policy import candidates_for, pick_random
+
+
+def node(session, state, models=("m",)):
+    return NodeRecord(session, f"peer-{session}", "p", state, 1, f"http://{session}",
+                      models=tuple(ModelInfo(m) for m in models))
+
+
+def test_unknown_model_is_404():
+    with pytest.raises(APIError) as err:
+        candidates_for(Registry(), "ghost")
+    assert err.value.status == 404
+    assert err.value.code == "model_not_found"
+
+
+def test_known_model_without_serving_node_is_503():
+    reg = Registry()
+    reg.merge(node("a", Lifecycle.DOWN))
+    with pytest.raises(APIError) as err:
+        candidates_for(reg, "m")
+    assert err.value.status == 503
+
+
+def test_only_serving_nodes_are_candidates():
+    reg = Registry()
+    for s, state in [("a", Lifecycle.SERVING), ("b", Lifecycle.DOWN), ("c", Lifecycle.SERVING)]:
+        reg.merge(node(s, state))
+    assert {r.session_id for r in candidates_for(reg, "m")} == {"a", "c"}
+
+
+def test_random_pick_is_uniform_and_respects_exclusions():
+    cands = [node(s, Lifecycle.SERVING) for s in "abcd"]
+    rng = random.Random(1)
+    counts = Counter(pick_random(cands, rng).session_id for _ in range(4000))
+    assert set(counts) == set("abcd")
+    assert all(800 < c < 1200 for c in counts.values())
+    assert {pick_random(cands, rng, exclude={"a", "b", "c"}).session_id for _ in range(20)} == {"d"}
+    assert pick_random(cands, rng, exclude=set("abcd")) is None
