@@ -49,8 +49,7 @@ def run_demo(requests_per_model: int = 6, timeout: float = 60.0) -> int:
                 console.print(f"[dim]--- {node.name} log ---\n{node.log_tail(15)}[/]")
             return 1
         finally:
-            # Ctrl-C also reached the children (same process group); stop them cleanly.
-            with _ignoring_sigint():
+            with _ignoring_sigint():  # a second Ctrl-C must not cut the clean shutdown short
                 codes = _shutdown(console, federation)
             if codes and any(code != 0 for code in codes.values()):
                 console.print(f"[red]unclean exits:[/] {codes}")

@@ -165,8 +165,15 @@ class LocalFederation:
         argv += extra_args or []
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTELA_")}
         with open(home / "node.log", "ab") as log:
+            # A session of its own: a terminal's Ctrl-C reaches only the driver, which then
+            # stops each node with exactly one SIGTERM (a second signal forces a node out).
             proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         node = LocalNode(name=name, home=home, process=proc)
         self.nodes.append(node)

@@ -53,3 +53,44 @@ def test_demo_runs_a_federation_and_shuts_it_down():
     assert re.search(r"echo-large\s+-> node-c", out)
     assert "chunks)" in out
     assert re.search(r"exit codes \{.*'ingress': 0\}", out)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_demo_and_every_node_cleanly(tmp_path):
+    import signal
+    import time
+
+    env = {**os.environ, "COLUMNS": "120", "TMPDIR": str(tmp_path)}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "otela", "demo", "--requests", "100000"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+        start_new_session=True,  # its own process group, like a terminal's foreground job
+    )
+    assert demo.stdout is not None
+    output = []
+    for line in demo.stdout:  # wait until requests are flowing
+        output.append(line)
+        if "-> node-" in line:
+            break
+    os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    rest, _ = demo.communicate(timeout=60)
+    text = "".join(output) + rest
+    assert demo.returncode == 130, text
+    assert re.search(r"exit codes \{'node-c': 0, 'node-b': 0, 'node-a': 0, 'ingress': 0\}",
+                     text.replace("\n", "")), text
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_mentioning(str(tmp_path)) == []
+
+
+def _processes_mentioning(fragment: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if fragment in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(proc.name))
+            except OSError:
+                pass
+    return pids
