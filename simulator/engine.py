@@ -1,0 +1,507 @@
+"""Event-driven simulation of continuous-batching LLM replicas behind a router.
+
+Each replica mimics a vLLM/SGLang scheduler at iteration granularity: a token budget per
+step, decode-first continuous batching, optional chunked prefill, paged KV blocks admitted
+FIFO (requests wait, never vanish, when memory is full), preempt-and-recompute of the
+newest request when a running one needs a block that does not exist, and an optional
+prefix cache keyed by trace prefix hashes.
+
+Speed comes from "macro-steps": between two events (arrival, completion, block exhaustion)
+a pure-decode batch repeats the same step with context growing by one token per sequence,
+so its step times form an arithmetic series that is summed (and inverted) in closed form.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator.memory import MemoryPlan
+from simulator.roofline import StepCost
+from simulator.router import Router, make_router
+from simulator.workload import Workload
+
+INF = float("inf")
+
+# request status codes
+WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Scheduler knobs of one replica (defaults follow vLLM V1)."""
+
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 8192
+    chunked_prefill: bool = True
+    prefix_caching: bool = False
+    watermark: float = 0.01  # fraction of blocks kept free when admitting (vLLM V0 default)
+
+
+@dataclass
+class RequestTable:
+    """Per-request state and results as parallel arrays (index = request id)."""
+
+    n: int
+    arrival: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+    prefix_hash: np.ndarray
+    prefix_len: np.ndarray
+    sent: np.ndarray = field(init=False)
+    first_sched: np.ndarray = field(init=False)
+    first_token: np.ndarray = field(init=False)
+    finish: np.ndarray = field(init=False)
+    replica: np.ndarray = field(init=False)
+    preemptions: np.ndarray = field(init=False)
+    cached_tokens: np.ndarray = field(init=False)
+    status: np.ndarray = field(init=False)
+    target: np.ndarray = field(init=False)
+    computed: np.ndarray = field(init=False)
+    generated: np.ndarray = field(init=False)
+    kv_len: np.ndarray = field(init=False)
+    blocks: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = self.n
+        self.sent = self.arrival.astype(float).copy()
+        for name in ("first_sched", "first_token", "finish"):
+            setattr(self, name, np.full(n, np.nan))
+        for name in (
+            "replica",
+            "preemptions",
+            "cached_tokens",
+            "status",
+            "computed",
+            "generated",
+            "kv_len",
+            "blocks",
+        ):
+            setattr(self, name, np.zeros(n, np.int64))
+        self.replica[:] = -1
+        self.target = self.input_len.astype(np.int64).copy()
+
+    @classmethod
+    def from_workload(cls, w: Workload) -> RequestTable:
+        return cls(len(w), w.arrival, w.input_len, w.output_len, w.prefix_hash, w.prefix_len)
+
+
+class Replica:
+    """One model replica (a TP x PP group of GPUs) with its own scheduler and KV pool."""
+
+    def __init__(
+        self, idx: int, cost: StepCost, plan: MemoryPlan, cfg: EngineConfig, req: RequestTable
+    ):
+        self.idx = idx
+        self.cost = cost
+        self.plan = plan
+        self.cfg = cfg
+        self.req = req
+        self.bs = cfg.block_size
+        self.total_blocks = plan.kv_blocks
+        self.free_blocks = plan.kv_blocks
+        self.watermark_blocks = int(cfg.watermark * plan.kv_blocks)
+        self.waiting: deque[int] = deque()
+        self.running: list[int] = []
+        self.prefix_cache: OrderedDict[int, list[int]] = OrderedDict()  # hash -> [blocks, refs]
+        self.evictable = 0
+        self.prefix_owner: dict[int, int] = {}  # request -> prefix hash it references
+        self.clock = 0.0
+        self.busy = 0.0
+        self.steps = 0
+        self.timeline: list[tuple[float, int]] = []
+        self.finished: list[int] = []
+        self.window = cost.model.sliding_window
+
+    # ---- queries used by routers ------------------------------------------------------
+    @property
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    @property
+    def kv_free_fraction(self) -> float:
+        return (self.free_blocks + self.evictable) / max(1, self.total_blocks)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- block management ---------------------------------------------------------------
+    def _available(self) -> int:
+        return self.free_blocks + self.evictable
+
+    def _take(self, n: int) -> bool:
+        """Allocate n blocks, evicting unreferenced cached prefixes (LRU) if needed."""
+        if n <= 0:
+            return True
+        if n > self.free_blocks + self.evictable:
+            return False
+        while n > self.free_blocks:
+            for h, (nb, refs) in self.prefix_cache.items():
+                if refs == 0:
+                    del self.prefix_cache[h]
+                    self.evictable -= nb
+                    self.free_blocks += nb
+                    break
+        self.free_blocks -= n
+        return True
+
+    def _release(self, r: int) -> None:
+        req = self.req
+        self.free_blocks += int(req.blocks[r])
+        req.blocks[r] = 0
+        h = self.prefix_owner.pop(r, None)
+        if h is not None and h in self.prefix_cache:
+            ent = self.prefix_cache[h]
+            ent[1] -= 1
+            if ent[1] == 0:
+                self.evictable += ent[0]
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def enqueue(self, r: int, t: float) -> None:
+        if not self.has_work:
+            self.clock = max(self.clock, t)
+        self.req.replica[r] = self.idx
+        self.waiting.append(r)
+
+    def _preempt(self, r: int) -> None:
+        req = self.req
+        self._release(r)
+        self.running.remove(r)
+        req.preemptions[r] += 1
+        req.target[r] = req.input_len[r] + req.generated[r]
+        req.computed[r] = 0
+        req.kv_len[r] = 0
+        req.status[r] = WAITING
+        self.waiting.appendleft(r)
+
+    def _try_admit(self, r: int) -> bool:
+        """Reserve blocks for the whole prompt (minus a cached prefix) of waiting request r."""
+        req = self.req
+        target = int(req.target[r])
+        cached_blocks = 0
+        h = int(req.prefix_hash[r])
+        if self.cfg.prefix_caching and h >= 0 and h in self.prefix_cache:
+            nb = self.prefix_cache[h][0]
+            cached_blocks = min(nb, (target - 1) // self.bs)
+        need = math.ceil(target / self.bs) - cached_blocks
+        if need > self._available() - self.watermark_blocks and self.running:
+            return False
+        if cached_blocks:
+            ent = self.prefix_cache[h]
+            if ent[1] == 0:
+                self.evictable -= ent[0]
+            ent[1] += 1
+            self.prefix_cache.move_to_end(h)
+            self.prefix_owner[r] = h
+        if not self._take(need):
+            if cached_blocks:
+                self._release_ref_only(r)
+            return False
+        req.blocks[r] = need
+        req.computed[r] = cached_blocks * self.bs
+        req.kv_len[r] = cached_blocks * self.bs
+        if req.preemptions[r] == 0:
+            req.cached_tokens[r] = cached_blocks * self.bs
+        req.status[r] = RUNNING
+        if np.isnan(req.first_sched[r]):
+            req.first_sched[r] = self.clock
+        self.running.append(r)
+        return True
+
+    def _release_ref_only(self, r: int) -> None:
+        h = self.prefix_owner.pop(r, None)
+        if h is not None:
+            ent = self.prefix_cache[h]
+            ent[1] -= 1
+            if ent[1] == 0:
+                self.evictable += ent[0]
+
+    def _register_prefix(self, r: int) -> None:
+        """After r's prefill, hand its prefix blocks to the cache so later requests hit."""
+        req = self.req
+        h = int(req.prefix_hash[r])
+        if h < 0 or h in self.prefix_cache or r in self.prefix_owner:
+            return
+        nb = min(int(req.prefix_len[r]) // self.bs, int(req.blocks[r]))
+        if nb <= 0:
+            return
+        req.blocks[r] -= nb
+        self.prefix_cache[h] = [nb, 1]
+        self.prefix_owner[r] = h
+
+    def _finish(self, r: int) -> None:
+        req = self.req
+        req.finish[r] = self.clock
+        req.status[r] = DONE
+        self._release(r)
+        self.finished.append(r)
+
+    # ---- one scheduler iteration ------------------------------------------------------------
+    def _grow_decodes(self, decoding: list[int]) -> list[int]:
+        """Give each decoding request room for one more token; preempt newest on shortage."""
+        req = self.req
+        out: list[int] = []
+        for r in decoding:
+            if req.status[r] != RUNNING:
+                continue  # preempted as a victim earlier in this loop
+            need = (int(req.kv_len[r]) + 1 + self.bs - 1) // self.bs - int(req.blocks[r])
+            while need > 0 and not self._take(need):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim == r:
+                    break
+            if req.status[r] == RUNNING:
+                if need > 0:
+                    req.blocks[r] += need
+                out.append(r)
+        return out
+
+    def step(self, t_until: float) -> None:
+        """Run one iteration, or a closed-form run of identical decode iterations."""
+        req = self.req
+        cfg = self.cfg
+        decoding = [r for r in self.running if req.computed[r] >= req.target[r]]
+        prefilling = [r for r in self.running if req.computed[r] < req.target[r]]
+        if (
+            not prefilling
+            and decoding
+            and self._waiting_blocked()
+            and self._macro_step(decoding, t_until)
+        ):
+            return
+        budget = cfg.max_batched_tokens
+        chunks: list[tuple[int, int, int]] = []  # (request, chunk, prior)
+        if cfg.chunked_prefill:
+            decoding = self._grow_decodes(decoding)
+            budget -= len(decoding)
+            for r in prefilling:
+                if budget <= 0:
+                    break
+                if req.status[r] != RUNNING:
+                    continue
+                c = min(int(req.target[r] - req.computed[r]), budget)
+                chunks.append((r, c, int(req.computed[r])))
+                budget -= c
+            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+                r = self.waiting[0]
+                if not self._try_admit(r):
+                    break
+                self.waiting.popleft()
+                c = min(int(req.target[r] - req.computed[r]), budget)
+                chunks.append((r, c, int(req.computed[r])))
+                budget -= c
+        else:
+            # vLLM V0 without chunking: a prefill-only iteration whenever a prompt can start
+            while self.waiting and len(self.running) < cfg.max_num_seqs:
+                r = self.waiting[0]
+                c = int(req.target[r])
+                if chunks and c > budget:
+                    break
+                if not self._try_admit(r):
+                    break
+                self.waiting.popleft()
+                c = int(req.target[r] - req.computed[r])
+                chunks.append((r, c, int(req.computed[r])))
+                budget -= c
+            decoding = [] if chunks else self._grow_decodes(decoding)
+        if not chunks and not decoding:
+            if self.waiting and not self.running:
+                # head request can never fit: reject it rather than spin forever
+                r = self.waiting.popleft()
+                req.status[r] = REJECTED
+            return
+        if decoding:
+            kv = req.kv_len[decoding]
+            ctx_sum = float(kv.sum()) + len(decoding)
+            sw = float(np.minimum(kv + 1, self.window).sum()) if self.window else 0.0
+        else:
+            ctx_sum = sw = 0.0
+        dt = self.cost.step_time(
+            len(decoding),
+            ctx_sum,
+            [(c, p) for _, c, p in chunks],
+            sampled=len(decoding) + sum(1 for r, c, p in chunks if p + c >= req.target[r]),
+            sliding_ctx_sum=sw,
+        )
+        self.clock += dt
+        self.busy += dt
+        self.steps += 1
+        for r in decoding:
+            req.generated[r] += 1
+            req.kv_len[r] += 1
+            if req.generated[r] >= req.output_len[r]:
+                self.running.remove(r)
+                self._finish(r)
+        for r, c, _ in chunks:
+            req.computed[r] += c
+            req.kv_len[r] += c
+            if req.computed[r] >= req.target[r]:
+                if cfg.prefix_caching:
+                    self._register_prefix(r)
+                req.generated[r] += 1
+                if np.isnan(req.first_token[r]):
+                    req.first_token[r] = self.clock
+                if req.generated[r] >= req.output_len[r]:
+                    self.running.remove(r)
+                    self._finish(r)
+        self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))
+
+    def _waiting_blocked(self) -> bool:
+        """True when no waiting request can start before something finishes."""
+        if not self.waiting:
+            return True
+        if len(self.running) >= self.cfg.max_num_seqs:
+            return True
+        r = self.waiting[0]
+        need = math.ceil(int(self.req.target[r]) / self.bs)
+        return need > self._available() - self.watermark_blocks
+
+    def _macro_step(self, decoding: list[int], t_until: float) -> bool:
+        """Advance K identical decode iterations at once; False if K would be < 2."""
+        req = self.req
+        idx = np.asarray(decoding, dtype=np.int64)
+        kv = req.kv_len[idx]
+        held = req.blocks[idx]
+        b = len(idx)
+        k_fin = int((req.output_len[idx] - req.generated[idx]).min())
+        if k_fin < 2:
+            return False
+        avail = self._available()
+
+        def extra_blocks(k: int) -> int:
+            return int(np.maximum(0, (kv + k + self.bs - 1) // self.bs - held).sum())
+
+        k_cap = k_fin
+        if extra_blocks(k_cap) > avail:
+            lo, hi = 0, k_cap  # largest k with extra_blocks(k) <= avail
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if extra_blocks(mid) <= avail:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k_cap = lo
+        if k_cap < 2:
+            return False
+        cost = self.cost
+        a0 = cost.tokens_time(b) + cost.head_time(b) + cost.fixed_overhead + cost.attn_per_seq * b
+        s0 = float(kv.sum()) + b
+        if self.window:
+            a0 += cost.attn_slope_sliding * float(np.minimum(kv + 1, self.window).sum())
+        slope = cost.attn_slope
+        # step j (1-based) costs a0 + slope*(s0 + (j-1)*b);
+        # cum(k) = k*a0 + slope*(k*s0 + b*k(k-1)/2)
+        k = k_cap
+        if t_until < INF:
+            delta = t_until - self.clock
+            qa = slope * b / 2
+            qb = a0 + slope * s0 - qa
+            kt = (-qb + math.sqrt(qb * qb + 4 * qa * delta)) / (2 * qa) if qa > 0 else delta / qb
+            k = max(1, min(k_cap, math.ceil(kt - 1e-9)))
+        if k < 2:
+            return False
+        dt = k * a0 + slope * (k * s0 + b * k * (k - 1) / 2)
+        new_kv = kv + k
+        need = (new_kv + self.bs - 1) // self.bs - held
+        grow = int(np.maximum(0, need).sum())
+        self._take(grow)
+        req.blocks[idx] = np.maximum(held, held + need)
+        req.kv_len[idx] = new_kv
+        req.generated[idx] += k
+        self.clock += dt
+        self.busy += dt
+        self.steps += k
+        done = idx[req.generated[idx] >= req.output_len[idx]]
+        for r in done.tolist():
+            self.running.remove(r)
+            self._finish(r)
+        self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))
+        return True
+
+    def advance(self, t_until: float) -> None:
+        """Run iterations that start before `t_until` (a step in flight may end after it)."""
+        while self.has_work and self.clock < t_until:
+            self.step(t_until)
+
+    def advance_to_completion(self) -> None:
+        """Run until at least one request finishes (closed-loop clients)."""
+        n = len(self.finished)
+        while self.has_work and len(self.finished) == n:
+            self.step(INF)
+
+
+@dataclass
+class SimOutput:
+    """Raw simulation results handed to `report.summarize`."""
+
+    req: RequestTable
+    replicas: list[Replica]
+    makespan: float
+
+
+def simulate(
+    workload: Workload,
+    cost: StepCost,
+    plan: MemoryPlan,
+    cfg: EngineConfig | None = None,
+    replicas: int = 1,
+    router: str | Router = "least_outstanding",
+    max_concurrency: int | None = None,
+    seed: int = 0,
+) -> SimOutput:
+    """Serve `workload` on `replicas` identical replicas behind `router`.
+
+    `max_concurrency` turns the client closed-loop (like `vllm bench serve
+    --max-concurrency`): a request is sent at max(its arrival, the moment an in-flight slot
+    frees); latencies count from the send time.
+    """
+    cfg = cfg or EngineConfig()
+    if not plan.fits:
+        raise ValueError(f"configuration does not fit: {plan.reason}")
+    req = RequestTable.from_workload(workload)
+    reps = [Replica(i, cost, plan, cfg, req) for i in range(replicas)]
+    route = make_router(router, seed) if isinstance(router, str) else router
+    too_long = (req.input_len + req.output_len) > plan.max_context
+    req.status[too_long] = REJECTED
+    inflight = 0
+    done_seen = 0
+    t_client = 0.0  # a closed-loop client sends in order: never before the previous send
+    for r in range(req.n):
+        if too_long[r]:
+            continue
+        t = float(req.arrival[r])
+        if max_concurrency is not None:
+            t = max(t, t_client)
+            while inflight >= max_concurrency:
+                busy = [x for x in reps if x.has_work]
+                if not busy:
+                    break
+                # the replica that finishes something first frees the slot
+                for x in busy:
+                    x.advance_to_completion()
+                total = sum(len(x.finished) for x in reps)
+                inflight -= total - done_seen
+                done_seen = total
+                t = max(t, min(float(req.finish[x.finished[-1]]) for x in busy if x.finished))
+            req.sent[r] = t
+            t_client = t
+        for x in reps:
+            x.advance(t)
+        if max_concurrency is not None:
+            total = sum(len(x.finished) for x in reps)
+            inflight -= total - done_seen
+            done_seen = total
+        target = reps[route.choose(reps, r)]
+        target.enqueue(r, t)
+        inflight += 1
+    for x in reps:
+        x.advance(INF)
+        while x.waiting:  # anything left can never be admitted on an empty replica
+            x.step(INF)
+    makespan = max([x.clock for x in reps] + [float(req.sent.max()) if req.n else 0.0])
+    return SimOutput(req=req, replicas=reps, makespan=makespan)
