@@ -1,0 +1,329 @@
+"""`otela sim` command line: `analyze` (operator roofline) and `run` (serving simulation).
+
+Mounted by the main CLI as `otela sim`; also runnable as `python -m simulator.cli`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from simulator.api import DEFAULT_STEP_OVERHEAD_S, Deployment, analyze, run
+from simulator.engine import EngineConfig
+from simulator.hardware import list_gpus
+from simulator.models import list_models
+from simulator.report import SLO
+from simulator.roofline import Precision
+from simulator.router import ROUTERS
+from simulator.workload import load_trace, synthetic
+
+app = typer.Typer(help="Roofline serving simulator for heterogeneous GPUs.", no_args_is_help=True)
+console = Console()
+
+
+def _fmt_t(s: float) -> str:
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "-"
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def _si(x: float, unit: str) -> str:
+    for scale, p in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {p}{unit}"
+    return f"{x:.0f} {unit}"
+
+
+def _dump(obj: Any) -> str:
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(obj), indent=2)
+
+
+def _deployment(
+    model: str,
+    gpu: str,
+    tp: int,
+    pp: int,
+    weight_bits: float,
+    act_bits: float,
+    kv_bits: float,
+    engine: EngineConfig | None = None,
+    mem_util: float = 0.9,
+    kv_pool_gb: float | None = None,
+    overhead_ms: float = DEFAULT_STEP_OVERHEAD_S * 1e3,
+) -> Deployment:
+    try:
+        return Deployment(
+            model=model if not Path(model).exists() else _load_path(model),
+            gpu=gpu,
+            tp=tp,
+            pp=pp,
+            precision=Precision(weight_bits, act_bits, kv_bits),
+            engine=engine or EngineConfig(),
+            gpu_memory_utilization=mem_util,
+            kv_pool_gb=kv_pool_gb,
+            step_overhead_s=overhead_ms / 1e3,
+        )
+    except KeyError as e:
+        console.print(f"[red]{e.args[0]}[/red]")
+        raise typer.Exit(2) from e
+
+
+def _load_path(p: str) -> Any:
+    from simulator.models import load_hf_config
+
+    return load_hf_config(p)
+
+
+@app.command("analyze")
+def analyze_cmd(
+    model: str = typer.Option(..., "--model", "-m", help="catalog name, HF id or config.json path"),
+    gpu: str = typer.Option(..., "--gpu", "-g", help="catalog GPU (see `list`)"),
+    tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
+    pp: int = typer.Option(1, "--pp", help="pipeline-parallel degree"),
+    batch: int = typer.Option(1, "--batch", "-b"),
+    input_len: int = typer.Option(1024, "--input", "-i", help="prompt tokens"),
+    output_len: int = typer.Option(128, "--output", "-o", help="generated tokens"),
+    weight_bits: float = typer.Option(16, "--weight-bits"),
+    act_bits: float = typer.Option(16, "--act-bits"),
+    kv_bits: float = typer.Option(16, "--kv-bits"),
+    as_json: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
+) -> None:
+    """Per-operator roofline breakdown (time, FLOPs, bytes, bound) for prefill and decode."""
+    dep = _deployment(model, gpu, tp, pp, weight_bits, act_bits, kv_bits)
+    res = analyze(dep, batch, input_len, output_len)
+    if as_json:
+        sys.stdout.write(_dump(res) + "\n")
+        return
+    mem = res["memory"]
+    title = (
+        f"{res['model']} on {res['gpu']} TP={tp} PP={pp}, batch {batch}, "
+        f"in {input_len} / out {output_len}"
+    )
+    for phase, label in (
+        ("prefill", "prefill"),
+        ("decode", f"decode @ ctx {res['decode']['context']}"),
+    ):
+        t = Table(title=f"{title}: {label}")
+        for c in ("operator", "time", "share", "FLOPs", "bytes", "bound"):
+            t.add_column(c, justify="left" if c in ("operator", "bound") else "right")
+        total = res[phase]["time_s"]
+        for o in res[phase]["ops"]:
+            t.add_row(
+                o["op"],
+                _fmt_t(o["time_s"]),
+                f"{100 * o['time_s'] / total:.1f}%",
+                _si(o["flops"], "FLOP"),
+                _si(o["bytes"], "B"),
+                o["bound"],
+            )
+        t.add_row("[b]total[/b]", f"[b]{_fmt_t(total)}[/b]", "100%", "", "", "")
+        console.print(t)
+    tot = res["totals"]
+    s = Table(title="totals")
+    s.add_column("metric")
+    s.add_column("value", justify="right")
+    s.add_row("TTFT", _fmt_t(tot["ttft_s"]))
+    s.add_row("TPOT (mean)", _fmt_t(tot["tpot_s"]))
+    s.add_row("end-to-end", _fmt_t(tot["e2e_s"]))
+    s.add_row("output tokens/s", f"{tot['output_tokens_per_s']:.1f}")
+    s.add_row("decode floor (weights / peak BW)", _fmt_t(tot["decode_floor_s"]))
+    s.add_row("weights per GPU", f"{mem['weight_bytes'] / 2**30:.2f} GiB")
+    s.add_row(
+        "KV cache per GPU", f"{mem['kv_pool_bytes'] / 2**30:.2f} GiB ({mem['kv_tokens']} tokens)"
+    )
+    s.add_row("max batch at this length", str(mem["max_batch_at_context"]))
+    s.add_row("max context", str(mem["max_context"]))
+    s.add_row("fits", "yes" if mem["fits"] else f"[red]no: {mem['reason']}[/red]")
+    eff = res["efficiency"]
+    s.add_row(
+        "efficiency factors",
+        f"{eff['class']}: compute {eff['compute']}, memory {eff['memory']}, comm {eff['comm']}",
+    )
+    console.print(s)
+
+
+@app.command("run")
+def run_cmd(
+    model: str = typer.Option(..., "--model", "-m"),
+    gpu: str = typer.Option(..., "--gpu", "-g"),
+    tp: int = typer.Option(1, "--tp"),
+    pp: int = typer.Option(1, "--pp"),
+    replicas: int = typer.Option(1, "--replicas", "-r"),
+    trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL trace file"),
+    rate: float | None = typer.Option(None, "--rate", help="requests per second (generator)"),
+    duration: float = typer.Option(300.0, "--duration", help="seconds of generated arrivals"),
+    cv: float = typer.Option(1.0, "--cv", help="arrival CV: 1 = Poisson, else Gamma"),
+    input_dist: str = typer.Option(
+        "normal:764,561",
+        "--input-dist",
+        help="fixed:N | normal:M,S | uniform:A,B | lognormal:M,S | exp:M",
+    ),
+    output_dist: str = typer.Option("normal:674,412", "--output-dist"),
+    max_concurrency: int | None = typer.Option(
+        None, "--max-concurrency", help="closed-loop client"
+    ),
+    router: str = typer.Option("least_outstanding", "--router", help=" | ".join(ROUTERS)),
+    chunked_prefill: bool = typer.Option(True, "--chunked-prefill/--no-chunked-prefill"),
+    prefix_caching: bool = typer.Option(False, "--prefix-caching/--no-prefix-caching"),
+    max_num_seqs: int = typer.Option(256, "--max-num-seqs"),
+    max_batched_tokens: int = typer.Option(8192, "--max-batched-tokens"),
+    mem_util: float = typer.Option(0.9, "--gpu-memory-utilization"),
+    kv_pool_gb: float | None = typer.Option(None, "--kv-pool-gb", help="force KV pool size"),
+    weight_bits: float = typer.Option(16, "--weight-bits"),
+    act_bits: float = typer.Option(16, "--act-bits"),
+    kv_bits: float = typer.Option(16, "--kv-bits"),
+    slo_ttft: float = typer.Option(10.0, "--slo-ttft", help="seconds"),
+    slo_tpot: float = typer.Option(0.1, "--slo-tpot", help="seconds"),
+    seed: int = typer.Option(0, "--seed"),
+    out: Path = typer.Option(Path("sim-run.json"), "--out", help="where to write the JSON report"),
+    per_request: bool = typer.Option(
+        True, "--per-request/--no-per-request", help="per-request rows in JSON"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print the JSON report instead of tables"),
+) -> None:
+    """Simulate serving a trace or generated workload; print a report and write JSON."""
+    if (trace is None) == (rate is None):
+        console.print("[red]give exactly one of --trace FILE or --rate X[/red]")
+        raise typer.Exit(2)
+    engine = EngineConfig(
+        max_num_seqs=max_num_seqs,
+        max_batched_tokens=max_batched_tokens,
+        chunked_prefill=chunked_prefill,
+        prefix_caching=prefix_caching,
+    )
+    dep = _deployment(
+        model, gpu, tp, pp, weight_bits, act_bits, kv_bits, engine, mem_util, kv_pool_gb
+    )
+    wl = (
+        load_trace(trace)
+        if trace is not None
+        else synthetic(
+            rate or 0.0,
+            duration=duration,
+            input_dist=input_dist,
+            output_dist=output_dist,
+            cv=cv,
+            seed=seed,
+        )
+    )
+    res = run(
+        dep,
+        wl,
+        replicas=replicas,
+        router=router,
+        slo=SLO(slo_ttft, slo_tpot),
+        max_concurrency=max_concurrency,
+        include_requests=per_request,
+        seed=seed,
+    )
+    text = _dump(res)
+    out.write_text(text + "\n")
+    if as_json:
+        sys.stdout.write(text + "\n")
+        return
+    if not res.get("fits"):
+        console.print(f"[red]does not fit: {res['reason']}[/red]")
+        raise typer.Exit(1)
+    d = res["deployment"]
+    t = Table(title=f"{d['model']} on {replicas} x {d['gpu']} (TP={tp}, PP={pp}), router {router}")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row(
+        "requests (completed / rejected)",
+        f"{res['requests']} ({res['completed']} / {res['rejected']})",
+    )
+    t.add_row("simulated span", f"{res['duration_s']:.1f} s")
+    t.add_row("throughput", f"{res['throughput_rps']:.2f} req/s")
+    t.add_row("output tokens/s", f"{res['output_tokens_per_s']:.0f}")
+    t.add_row("total tokens/s", f"{res['total_tokens_per_s']:.0f}")
+    t.add_row(f"goodput (TTFT<={slo_ttft}s, TPOT<={slo_tpot}s)", f"{res['goodput_rps']:.2f} req/s")
+    t.add_row("SLO attainment", f"{100 * res['slo_attainment']:.1f}%")
+    t.add_row("GPU busy (mean over replicas)", f"{100 * res['utilization_mean']:.1f}%")
+    t.add_row("KV occupancy (time mean)", f"{100 * res['kv_occupancy_mean']:.1f}%")
+    t.add_row("preemptions", str(res["preemptions"]))
+    t.add_row(
+        "prefix-cache hit tokens",
+        f"{res['prefix_hit_tokens']} ({100 * res['prefix_hit_rate']:.1f}%)",
+    )
+    t.add_row("cost", f"${d['cost_per_hour']:.2f}/h")
+    console.print(t)
+    lt = Table(title="latency")
+    for c in ("metric", "mean", "p50", "p90", "p99"):
+        lt.add_column(c, justify="right" if c != "metric" else "left")
+    for key, label in (
+        ("queueing_s", "queueing"),
+        ("ttft_s", "TTFT"),
+        ("tpot_s", "TPOT"),
+        ("e2e_s", "end-to-end"),
+    ):
+        v = res[key]
+        lt.add_row(label, *(_fmt_t(v[p]) for p in ("mean", "p50", "p90", "p99")))
+    console.print(lt)
+    console.print(f"JSON report written to {out}")
+
+
+@app.command("list")
+def list_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
+    """List catalog GPUs and models."""
+    gpus = [
+        {
+            "gpu": g.key,
+            "name": g.name,
+            "fp16_tflops": g.fp16_flops / 1e12,
+            "fp8_tflops": g.fp8_flops / 1e12,
+            "mem_gb": g.mem_bytes / 1e9,
+            "mem_bw_gbs": g.mem_bw / 1e9,
+            "interconnect_gbs": g.interconnect_bw / 1e9,
+            "cost_per_hour": g.cost_per_hour,
+            "efficiency_class": g.efficiency.name,
+        }
+        for g in list_gpus()
+    ]
+    models = [
+        {
+            "model": m.name,
+            "params_b": m.total_params / 1e9,
+            "active_b": m.active_params / 1e9,
+            "source": m.source,
+        }
+        for m in list_models()
+    ]
+    if as_json:
+        sys.stdout.write(_dump({"gpus": gpus, "models": models}) + "\n")
+        return
+    t = Table(title="GPUs")
+    for c in gpus[0]:
+        t.add_column(c)
+    for g in gpus:
+        t.add_row(*(f"{v:g}" if isinstance(v, float) else str(v) for v in g.values()))
+    console.print(t)
+    mt = Table(title="models")
+    for c in models[0]:
+        mt.add_column(c)
+    for m in models:
+        mt.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in m.values()))
+    console.print(mt)
+
+
+if __name__ == "__main__":
+    app()
