@@ -40,6 +40,11 @@ class EngineConfig:
     chunked_prefill: bool = True
     prefix_caching: bool = False
     watermark: float = 0.01  # fraction of blocks kept free when admitting (vLLM V0 default)
+    # SGLang-style conservative admission: reserve this fraction of every running and new
+    # request's remaining output tokens before admitting (SGLang's init_new_token_ratio=0.7);
+    # 0 = vLLM behaviour (reserve the prompt only, preempt when decode growth overflows).
+    reserve_output_ratio: float = 0.0
+    macro_steps: bool = True  # closed-form runs of identical decode steps (exact; for speed)
 
 
 @dataclass
@@ -189,7 +194,7 @@ class Replica:
             nb = self.prefix_cache[h][0]
             cached_blocks = min(nb, (target - 1) // self.bs)
         need = math.ceil(target / self.bs) - cached_blocks
-        if need > self._available() - self.watermark_blocks and self.running:
+        if need + self._reserve(r) > self._available() - self.watermark_blocks and self.running:
             return False
         if cached_blocks:
             ent = self.prefix_cache[h]
@@ -212,6 +217,16 @@ class Replica:
             req.first_sched[r] = self.clock
         self.running.append(r)
         return True
+
+    def _reserve(self, r: int) -> int:
+        """Blocks held back for future decode tokens (0 unless reserve_output_ratio > 0)."""
+        ratio = self.cfg.reserve_output_ratio
+        if ratio <= 0:
+            return 0
+        req = self.req
+        idx = np.asarray([*self.running, r], dtype=np.int64)
+        left = np.maximum(req.output_len[idx] - req.generated[idx], 0)
+        return math.ceil(ratio * float(left.sum()) / self.bs)
 
     def _release_ref_only(self, r: int) -> None:
         h = self.prefix_owner.pop(r, None)
@@ -268,7 +283,8 @@ class Replica:
         decoding = [r for r in self.running if req.computed[r] >= req.target[r]]
         prefilling = [r for r in self.running if req.computed[r] < req.target[r]]
         if (
-            not prefilling
+            cfg.macro_steps
+            and not prefilling
             and decoding
             and self._waiting_blocked()
             and self._macro_step(decoding, t_until)
@@ -358,7 +374,7 @@ class Replica:
         if len(self.running) >= self.cfg.max_num_seqs:
             return True
         r = self.waiting[0]
-        need = math.ceil(int(self.req.target[r]) / self.bs)
+        need = math.ceil(int(self.req.target[r]) / self.bs) + self._reserve(r)
         return need > self._available() - self.watermark_blocks
 
     def _macro_step(self, decoding: list[int], t_until: float) -> bool:
