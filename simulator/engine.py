@@ -74,6 +74,8 @@ class RequestTable:
     def __post_init__(self) -> None:
         n = self.n
         self.sent = self.arrival.astype(float).copy()
+        self.max_itl = np.zeros(n)  # longest gap between two consecutive output tokens
+        self.last_token = np.zeros(n)
         for name in ("first_sched", "first_token", "finish"):
             setattr(self, name, np.full(n, np.nan))
         for name in (
@@ -347,6 +349,10 @@ class Replica:
         self.clock += dt
         self.busy += dt
         self.steps += 1
+        if decoding:
+            di = np.asarray(decoding, dtype=np.int64)
+            req.max_itl[di] = np.maximum(req.max_itl[di], self.clock - req.last_token[di])
+            req.last_token[di] = self.clock
         for r in decoding:
             req.generated[r] += 1
             req.kv_len[r] += 1
@@ -362,6 +368,9 @@ class Replica:
                 req.generated[r] += 1
                 if np.isnan(req.first_token[r]):
                     req.first_token[r] = self.clock
+                else:  # re-prefill after preemption: the user saw a stall
+                    req.max_itl[r] = max(req.max_itl[r], self.clock - req.last_token[r])
+                req.last_token[r] = self.clock
                 if req.generated[r] >= req.output_len[r]:
                     self.running.remove(r)
                     self._finish(r)
@@ -422,6 +431,10 @@ class Replica:
         if k < 2:
             return False
         dt = k * a0 + slope * (k * s0 + b * k * (k - 1) / 2)
+        first_gap = self.clock + a0 + slope * s0 - req.last_token[idx]
+        last_gap = a0 + slope * (s0 + (k - 1) * b)
+        req.max_itl[idx] = np.maximum(req.max_itl[idx], np.maximum(first_gap, last_gap))
+        req.last_token[idx] = self.clock + dt
         new_kv = kv + k
         need = (new_kv + self.bs - 1) // self.bs - held
         grow = int(np.maximum(0, need).sum())
