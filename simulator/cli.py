@@ -72,7 +72,7 @@ def _deployment(
     overhead_ms: float = DEFAULT_STEP_OVERHEAD_S * 1e3,
 ) -> Deployment:
     try:
-        return Deployment(
+        dep = Deployment(
             model=model if not Path(model).exists() else _load_path(model),
             gpu=gpu,
             tp=tp,
@@ -83,6 +83,8 @@ def _deployment(
             kv_pool_gb=kv_pool_gb,
             step_overhead_s=overhead_ms / 1e3,
         )
+        _ = dep.model_spec, dep.gpu_spec  # resolve names now: clean error, not a traceback
+        return dep
     except KeyError as e:
         console.print(f"[red]{e.args[0]}[/red]")
         raise typer.Exit(2) from e
