@@ -97,6 +97,39 @@ class RequestTable:
         return cls(len(w), w.arrival, w.input_len, w.output_len, w.prefix_hash, w.prefix_len)
 
 
+@dataclass
+class _Plan:
+    """A run of identical decode iterations: step j (1-based) costs a0 + slope*(s0 + (j-1)*b)."""
+
+    idx: np.ndarray
+    kv: np.ndarray
+    held: np.ndarray
+    b: int
+    k_cap: int
+    a0: float
+    s0: float
+    slope: float
+    start: float
+    end: float
+
+    def cum(self, k: int) -> float:
+        """Duration of the first k iterations (closed form of the arithmetic series)."""
+        return k * self.a0 + self.slope * (k * self.s0 + self.b * k * (k - 1) / 2)
+
+    def steps_before(self, t: float) -> int:
+        """Number of iterations that START before t (>= 1 when t > start)."""
+        delta = t - self.start
+        qa = self.slope * self.b / 2
+        qb = self.a0 + self.slope * self.s0 - qa
+        kt = (-qb + math.sqrt(qb * qb + 4 * qa * delta)) / (2 * qa) if qa > 0 else delta / qb
+        k = max(1, min(self.k_cap, math.ceil(kt - 1e-9)))
+        while k > 1 and self.cum(k - 1) >= delta:  # guard float error in the root
+            k -= 1
+        while k < self.k_cap and self.cum(k) < delta:
+            k += 1
+        return k
+
+
 class Replica:
     """One model replica (a TP x PP group of GPUs) with its own scheduler and KV pool."""
 
@@ -123,6 +156,7 @@ class Replica:
         self.timeline: list[tuple[float, int]] = []
         self.finished: list[int] = []
         self.window = cost.model.sliding_window
+        self.pending: _Plan | None = None
 
     # ---- queries used by routers ------------------------------------------------------
     @property
@@ -170,6 +204,7 @@ class Replica:
 
     # ---- lifecycle ----------------------------------------------------------------------
     def enqueue(self, r: int, t: float) -> None:
+        self.settle(t)
         if not self.has_work:
             self.clock = max(self.clock, t)
         self.req.replica[r] = self.idx
@@ -278,20 +313,12 @@ class Replica:
                 out.append(r)
         return out
 
-    def step(self, t_until: float) -> None:
+    def step(self) -> None:
         """Run one iteration, or a closed-form run of identical decode iterations."""
         req = self.req
         cfg = self.cfg
         decoding = [r for r in self.running if req.computed[r] >= req.target[r]]
         prefilling = [r for r in self.running if req.computed[r] < req.target[r]]
-        if (
-            cfg.macro_steps
-            and not prefilling
-            and decoding
-            and self._waiting_blocked()
-            and self._macro_step(decoding, t_until)
-        ):
-            return
         budget = cfg.max_batched_tokens
         chunks: list[tuple[int, int, int]] = []  # (request, chunk, prior)
         if cfg.chunked_prefill:
@@ -386,22 +413,22 @@ class Replica:
         need = math.ceil(int(self.req.target[r]) / self.bs) + self._reserve(r)
         return need > self._available() - self.watermark_blocks
 
-    def _macro_step(self, decoding: list[int], t_until: float) -> bool:
-        """Advance K identical decode iterations at once; False if K would be < 2."""
+    def _plan_macro(self, decoding: list[int]) -> _Plan | None:
+        """Plan the longest run of identical decode iterations (until the first completion or
+        the KV pool runs out); None if it would be shorter than 2 iterations."""
         req = self.req
         idx = np.asarray(decoding, dtype=np.int64)
         kv = req.kv_len[idx]
         held = req.blocks[idx]
         b = len(idx)
-        k_fin = int((req.output_len[idx] - req.generated[idx]).min())
-        if k_fin < 2:
-            return False
+        k_cap = int((req.output_len[idx] - req.generated[idx]).min())
+        if k_cap < 2:
+            return None
         avail = self._available()
 
         def extra_blocks(k: int) -> int:
             return int(np.maximum(0, (kv + k + self.bs - 1) // self.bs - held).sum())
 
-        k_cap = k_fin
         if extra_blocks(k_cap) > avail:
             lo, hi = 0, k_cap  # largest k with extra_blocks(k) <= avail
             while lo < hi:
@@ -412,37 +439,31 @@ class Replica:
                     hi = mid - 1
             k_cap = lo
         if k_cap < 2:
-            return False
+            return None
         cost = self.cost
         a0 = cost.tokens_time(b) + cost.head_time(b) + cost.fixed_overhead + cost.attn_per_seq * b
         s0 = float(kv.sum()) + b
         if self.window:
             a0 += cost.attn_slope_sliding * float(np.minimum(kv + 1, self.window).sum())
-        slope = cost.attn_slope
-        # step j (1-based) costs a0 + slope*(s0 + (j-1)*b);
-        # cum(k) = k*a0 + slope*(k*s0 + b*k(k-1)/2)
-        k = k_cap
-        if t_until < INF:
-            delta = t_until - self.clock
-            qa = slope * b / 2
-            qb = a0 + slope * s0 - qa
-            kt = (-qb + math.sqrt(qb * qb + 4 * qa * delta)) / (2 * qa) if qa > 0 else delta / qb
-            k = max(1, min(k_cap, math.ceil(kt - 1e-9)))
-        if k < 2:
-            return False
-        dt = k * a0 + slope * (k * s0 + b * k * (k - 1) / 2)
-        first_gap = self.clock + a0 + slope * s0 - req.last_token[idx]
-        last_gap = a0 + slope * (s0 + (k - 1) * b)
+        plan = _Plan(idx, kv, held, b, k_cap, a0, s0, cost.attn_slope, self.clock, 0.0)
+        plan.end = self.clock + plan.cum(k_cap)
+        return plan
+
+    def _commit(self, p: _Plan, k: int) -> None:
+        """Apply the first k iterations of plan p (1 <= k <= p.k_cap)."""
+        req, idx = self.req, p.idx
+        dt = p.cum(k)
+        first_gap = p.start + p.a0 + p.slope * p.s0 - req.last_token[idx]
+        last_gap = p.a0 + p.slope * (p.s0 + (k - 1) * p.b)
         req.max_itl[idx] = np.maximum(req.max_itl[idx], np.maximum(first_gap, last_gap))
-        req.last_token[idx] = self.clock + dt
-        new_kv = kv + k
-        need = (new_kv + self.bs - 1) // self.bs - held
-        grow = int(np.maximum(0, need).sum())
-        self._take(grow)
-        req.blocks[idx] = np.maximum(held, held + need)
+        req.last_token[idx] = p.start + dt
+        new_kv = p.kv + k
+        need = (new_kv + self.bs - 1) // self.bs - p.held
+        self._take(int(np.maximum(0, need).sum()))
+        req.blocks[idx] = np.maximum(p.held, p.held + need)
         req.kv_len[idx] = new_kv
         req.generated[idx] += k
-        self.clock += dt
+        self.clock = p.start + dt
         self.busy += dt
         self.steps += k
         done = idx[req.generated[idx] >= req.output_len[idx]]
@@ -450,18 +471,66 @@ class Replica:
             self.running.remove(r)
             self._finish(r)
         self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))
-        return True
+
+    def _macro_ready(self) -> list[int] | None:
+        """Decoding requests if the next iterations are pure, repeatable decode steps."""
+        if not self.cfg.macro_steps or not self.running:
+            return None
+        req = self.req
+        decoding = [r for r in self.running if req.computed[r] >= req.target[r]]
+        if len(decoding) != len(self.running) or not self._waiting_blocked():
+            return None
+        return decoding
+
+    def settle(self, t: float) -> None:
+        """Commit the part of a pending decode run that starts before t (before routing a
+        request here, so it joins at the next iteration boundary after t)."""
+        p = self.pending
+        if p is None:
+            return
+        self.pending = None
+        if t >= p.end:
+            self._commit(p, p.k_cap)
+        elif t > p.start:
+            self._commit(p, p.steps_before(t))
 
     def advance(self, t_until: float) -> None:
-        """Run iterations that start before `t_until` (a step in flight may end after it)."""
+        """Run iterations that start before `t_until` (a step in flight may end after it).
+
+        A pure-decode run that would cross `t_until` is planned but left pending: other
+        replicas' arrivals do not change it, so it is only cut if a request is routed here.
+        """
         while self.has_work and self.clock < t_until:
-            self.step(t_until)
+            if self.pending is None:
+                decoding = self._macro_ready()
+                plan = self._plan_macro(decoding) if decoding else None
+                if plan is None:
+                    self.step()
+                    continue
+                self.pending = plan
+            p = self.pending
+            if p.end <= t_until:
+                self.pending = None
+                self._commit(p, p.k_cap)
+                continue
+            return
 
     def advance_to_completion(self) -> None:
         """Run until at least one request finishes (closed-loop clients)."""
         n = len(self.finished)
         while self.has_work and len(self.finished) == n:
-            self.step(INF)
+            self._advance_one()
+
+    def _advance_one(self) -> None:
+        if self.pending is not None:
+            self.settle(INF)
+            return
+        decoding = self._macro_ready()
+        plan = self._plan_macro(decoding) if decoding else None
+        if plan is None:
+            self.step()
+        else:
+            self._commit(plan, plan.k_cap)
 
 
 @dataclass
@@ -531,6 +600,6 @@ def simulate(
     for x in reps:
         x.advance(INF)
         while x.waiting:  # anything left can never be admitted on an empty replica
-            x.step(INF)
+            x.step()
     makespan = max([x.clock for x in reps] + [float(req.sent.max()) if req.n else 0.0])
     return SimOutput(req=req, replicas=reps, makespan=makespan)
