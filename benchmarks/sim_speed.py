@@ -48,15 +48,13 @@ def main() -> None:
     )
     print(f"generate workload     {t1 - t0:8.3f} s")
     print(f"build operator tables {t2 - t1:8.3f} s")
-    print(
-        f"simulate (best of {a.repeat})   {min(walls):8.3f} s   (all: {', '.join(f'{w:.2f}' for w in walls)})"
-    )
+    every = ", ".join(f"{w:.2f}" for w in walls)
+    print(f"simulate (best of {a.repeat})   {min(walls):8.3f} s   (all: {every})")
     print(f"engine iterations simulated: {steps} ({steps / min(walls) / 1e3:.0f} k/s wall)")
     print(f"simulated-time / wall-time: {res['duration_s'] / min(walls):.0f}x")
-    print(
-        f"result: {res['completed']} completed, {res['throughput_rps']:.2f} req/s, "
-        f"TTFT p50 {res['ttft_s']['p50'] * 1e3:.1f} ms, TPOT p50 {res['tpot_s']['p50'] * 1e3:.2f} ms"
-    )
+    ttft, tpot = res["ttft_s"]["p50"] * 1e3, res["tpot_s"]["p50"] * 1e3
+    print(f"result: {res['completed']} completed, {res['throughput_rps']:.2f} req/s, ")
+    print(f"        TTFT p50 {ttft:.1f} ms, TPOT p50 {tpot:.2f} ms")
 
 
 if __name__ == "__main__":
