@@ -277,6 +277,7 @@ def run_cmd(
         ("ttft_s", "TTFT"),
         ("tpot_s", "TPOT"),
         ("e2e_s", "end-to-end"),
+        ("max_itl_s", "worst token gap"),
     ):
         v = res[key]
         lt.add_row(label, *(_fmt_t(v[p]) for p in ("mean", "p50", "p90", "p99")))
