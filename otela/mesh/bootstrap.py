@@ -3,6 +3,11 @@
 On HPC clusters the bootstrap node may start after the workers, or be briefly
 unreachable; a node keeps retrying until it gets through (paper §3.2), and syncs the
 full registry with the bootstrap peer every time it (re)connects.
+
+py-libp2p 0.8.1 refuses, for 60 s, to redial a peer whose addresses all failed once
+(its "negative cache"); left alone, that turns our backoff schedule into a silent
+minute-long outage after the bootstrap peer comes back. We own the retry schedule, so
+each deliberate redial first lifts that block.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ async def keep_connected(mesh: MeshHost, replicator: Replicator, peer: PeerInfo)
         if peer.peer_id in host.get_connected_peers():
             await trio.sleep(CHECK_INTERVAL_S)
             continue
+        host.get_network().unblock_peer(peer.peer_id)
         try:
             with trio.fail_after(DIAL_TIMEOUT_S):
                 await host.connect(peer)

@@ -6,6 +6,8 @@ Workarounds for py-libp2p 0.8.1, measured on these machines (../shared/reference
 - B4/B5: GossipSub v1.2's per-message IDONTWANT doubled gossip latency; speak 1.1/1.0.
 - B7: the heartbeat defaulted to 120 s, so meshes formed slowly; use 1 s like go/js.
 - B8: some libp2p loggers are noisy on normal stream closes.
+- Security: ``new_host`` also offers secio and *plaintext* when a peer asks for them;
+  otela offers Noise only, and Yamux only, so every connection is encrypted.
 """
 
 from __future__ import annotations
@@ -17,8 +19,14 @@ from typing import Any
 import libp2p.network.swarm as _swarm
 import multiaddr
 from libp2p import new_host
+from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
+from libp2p.custom_types import TProtocol
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from otela.identity import Identity
 
@@ -47,7 +55,15 @@ class MeshHost:
 def build_host(identity: Identity, listen_host: str, port: int) -> MeshHost:
     """A TCP + Noise + Yamux host with GossipSub, not yet running."""
     listen = multiaddr.Multiaddr(f"/ip4/{listen_host}/tcp/{port}")
-    host = new_host(key_pair=identity.key_pair, listen_addrs=[listen])
+    noise = NoiseTransport(
+        identity.key_pair, noise_privkey=create_x25519_key_pair().private_key
+    )
+    host = new_host(
+        key_pair=identity.key_pair,
+        listen_addrs=[listen],
+        sec_opt={NOISE_PROTOCOL_ID: noise},
+        muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
+    )
     gossipsub = GossipSub(
         [PROTOCOL_ID_V11, PROTOCOL_ID],
         degree=GOSSIP_DEGREE,

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from otela.localfed import wait_for
+from otela.mesh.bootstrap import BACKOFF_MAX_S, DIAL_TIMEOUT_S
 
 from .helpers import CONVERGE_S, chat, serving_node, wait_state
 
@@ -177,7 +178,8 @@ def test_node_retries_until_its_bootstrap_peer_appears(federation):
     revived = federation.start_node("first", extra_args=["--p2p-port", port])
     assert revived.home == home and revived.status["peer_id"] == first.status["peer_id"]
     assert revived.session_id != first.session_id  # a restart is a new session
-    wait_for(lambda: revived.session_id in joiner.states(), CONVERGE_S,
+    # The joiner redials on its backoff schedule, so allow one full backoff period plus a dial.
+    wait_for(lambda: revived.session_id in joiner.states(), BACKOFF_MAX_S + DIAL_TIMEOUT_S,
              "the joiner to reach the revived bootstrap peer")
 
 
