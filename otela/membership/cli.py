@@ -115,6 +115,11 @@ def init(dir: Path = typer.Option(None, "--dir", help=_DIR_HELP)) -> None:
     try:
         public = init_authority(directory)
     except MembershipError as exc:
+        try:
+            existing = format_authority(load_authority_public(directory))
+            err_console.print(f"existing authority: {existing}")
+        except MembershipError:
+            pass
         _fail(str(exc))
     console.print(f"[green]Created membership authority[/] in {escape(str(directory))}")
     _field("private key", str(directory / KEY_FILE) + "  (mode 0600; keep it secret)")
