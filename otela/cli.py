@@ -9,7 +9,13 @@ from pathlib import Path
 import typer
 
 from otela import __version__
-from otela.config import DEFAULT_HTTP_PORT, DEFAULT_P2P_PORT, NodeConfig, split_addresses
+from otela.config import (
+    DEFAULT_HTTP_PORT,
+    DEFAULT_P2P_PORT,
+    NodeConfig,
+    parse_duration,
+    split_addresses,
+)
 from otela.paths import default_home
 
 app = typer.Typer(
@@ -103,6 +109,24 @@ def start(
         help="Write this node's peer id, addresses and HTTP URL as JSON here once listening "
         "(handy for Slurm scripts that bootstrap other jobs from it).",
     ),
+    authority: str | None = typer.Option(
+        None, "--authority", envvar="OTELA_AUTHORITY",
+        help="Membership authority (the string `otela membership init` prints, or a file "
+        "holding it). With it, only nodes holding a valid certificate join. Without: open.",
+    ),
+    certificate: Path | None = typer.Option(
+        None, "--certificate", envvar="OTELA_CERTIFICATE",
+        help="This node's membership certificate. Default: <home>/certificate.cert.",
+    ),
+    registry_retention: str = typer.Option(
+        "24h", "--registry-retention", envvar="OTELA_REGISTRY_RETENTION",
+        help="How long LEFT nodes stay visible in the registry views.",
+    ),
+    registry_horizon: str = typer.Option(
+        "48h", "--registry-horizon", envvar="OTELA_REGISTRY_HORIZON",
+        help="How long after its last signed update an entry is compacted away "
+        "(live nodes re-sign every horizon/8). Must be at least the retention.",
+    ),
     log_level: str = typer.Option("INFO", "--log-level", envvar="OTELA_LOG_LEVEL"),
 ) -> None:
     """Run a node: join the mesh, replicate the registry, route requests, and optionally
@@ -117,6 +141,11 @@ def start(
     from otela.mesh.bootstrap import BootstrapAddressError
 
     _setup_logging(log_level)
+    try:
+        retention, horizon = parse_duration(registry_retention), parse_duration(registry_horizon)
+    except ValueError as exc:
+        typer.echo(f"otela: {exc}", err=True)
+        raise typer.Exit(2) from None
     config = NodeConfig(
         home=home or default_home(),
         listen_host=host,
@@ -130,6 +159,10 @@ def start(
         ingress=ingress,
         ready_timeout=ready_timeout,
         status_file=status_file,
+        authority=authority,
+        certificate=certificate,
+        registry_retention=retention,
+        registry_horizon=horizon,
     )
     try:
         node = Node(config)
@@ -166,6 +199,12 @@ def version() -> None:
 
 
 def _mount_optional_apps() -> None:
+    from otela.membership.cli import app as membership_app
+
+    app.add_typer(
+        membership_app, name="membership",
+        help="Membership authority: create it, sign and revoke node certificates.",
+    )
     try:
         from simulator.cli import app as sim_app  # type: ignore[import-not-found,unused-ignore]
     except ImportError:

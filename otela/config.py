@@ -27,6 +27,10 @@ class NodeConfig:
     leave_linger: float = 2.0
     anti_entropy_interval: float = 5.0
     status_file: Path | None = None
+    authority: str | None = None
+    certificate: Path | None = None
+    registry_retention: float = 24 * 3600.0
+    registry_horizon: float = 48 * 3600.0
 
     def advertised_host(self) -> str:
         """The address other nodes use to reach us (never a wildcard)."""
@@ -38,6 +42,23 @@ class NodeConfig:
             return socket.gethostbyname(socket.gethostname())
         except OSError:
             return "127.0.0.1"
+
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``15m``, ``24h`` or ``7d``; ``ValueError`` otherwise."""
+    value = text.strip().lower()
+    unit = _DURATION_UNITS.get(value[-1:]) if value else None
+    number = value[:-1] if unit else value
+    try:
+        seconds = float(number) * (unit or 1.0)
+    except ValueError:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 15m, 24h, 7d)") from None
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive: {text!r}")
+    return seconds
 
 
 def split_addresses(values: list[str]) -> list[str]:

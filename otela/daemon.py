@@ -32,10 +32,9 @@ from otela.engine.supervisor import EngineFailed, EngineProcess
 from otela.identity import Identity, load_or_create
 from otela.mesh.bootstrap import keep_connected, parse_bootstrap
 from otela.mesh.host import advertised_addrs, build_host
-from otela.mesh.replication import Replicator
+from otela.registry.crdt import GCPolicy
 from otela.registry.records import Lifecycle, NodeRecord
-from otela.registry.store import Registry
-from otela.registry.wire import sign_record
+from otela.replica import LocalReplica, MembershipConfigError, load_authority, load_own_certificate
 from otela.routing.router import Router
 
 log = logging.getLogger("otela.node")
@@ -49,15 +48,35 @@ class Node:
         self.config = config
         self.identity: Identity = load_or_create(config.home)
         self.session_id = uuid.uuid4().hex
-        self.provider_id = config.provider_id or self.identity.default_provider_id
-        self.registry = Registry()
+        authority = load_authority(config.authority)
+        certificate, cert = load_own_certificate(
+            self.identity, config.home, config.certificate, authority, time.time()
+        )
+        if cert is not None and config.provider_id not in (None, cert.provider_id):
+            raise MembershipConfigError(
+                f"--provider-id {config.provider_id!r} differs from the certified provider "
+                f"{cert.provider_id!r}"
+            )
+        self.provider_id = (
+            cert.provider_id if cert else config.provider_id or self.identity.default_provider_id
+        )
         self.engine_command: EngineCommand | None = (
             parse_engine_command(config.process, config.engine_url) if config.process else None
         )
         self.bootstrap_peers = [parse_bootstrap(a) for a in config.bootstrap]
         self.mesh = build_host(self.identity, config.listen_host, config.p2p_port)
-        self.replicator = Replicator(self.mesh, self.registry, config.anti_entropy_interval)
-        self.record: NodeRecord | None = None
+        self.replica = LocalReplica(
+            self.identity,
+            self.mesh,
+            config.home,
+            policy=GCPolicy(retention=config.registry_retention, horizon=config.registry_horizon),
+            authority=authority,
+            certificate=certificate,
+            anti_entropy_interval=config.anti_entropy_interval,
+        )
+        self.registry = self.replica.registry
+        self.replicator = self.replica.replicator
+        self.replica.on_rejoin = self._rejoined
         self.addrs: list[str] = []
         self.http_url = ""
         self.exit_code = EXIT_OK
@@ -68,6 +87,10 @@ class Node:
         self._nursery: trio.Nursery
 
     # -- NodeView (read by the HTTP layer) --------------------------------------------
+
+    @property
+    def record(self) -> NodeRecord | None:
+        return self.replica.record
 
     def health(self) -> dict[str, Any]:
         record = self.record
@@ -86,6 +109,7 @@ class Node:
             "connected_peers": len(self.replicator.connected_peers()),
             "registry_size": len(self.registry),
             "replication": dict(self.replicator.stats),
+            "membership": "open" if self.replica.admission.open else "authority",
         }
 
     def serving_engine_url(self) -> str | None:
@@ -96,15 +120,14 @@ class Node:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def announce(self, *, push: bool = False, **changes: Any) -> None:
-        """Write our own next record version, merge it locally, and spread it."""
-        assert self.record is not None
-        self.record = self.record.evolve(now=time.time(), **changes)
-        signed = sign_record(self.record, self.identity.key_pair.private_key)
-        self.registry.merge(self.record, signed)
-        log.info("announced %s (version %d)", self.record.state.name, self.record.version)
-        await self.replicator.publish(signed)
+        """Sign and spread our next record version; ``push`` waits for peers to have it."""
+        await self.replica.announce(**changes)
         if push:
             await self.replicator.push_to_all(self.config.leave_linger)
+
+    def _rejoined(self, record: NodeRecord) -> None:
+        self.session_id = record.session_id
+        self.router.self_session_id = record.session_id
 
     def request_stop(self, exit_code: int) -> None:
         if not self._stopping:
@@ -114,7 +137,7 @@ class Node:
 
     async def run(self) -> int:
         config = self.config
-        self.replicator.install()
+        self.replica.install(self.mesh.host)
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64)
         timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=30.0)
         async with (
@@ -134,11 +157,11 @@ class Node:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._watch_signals)
-                await nursery.start(self.replicator.run)
+                await nursery.start(self.replica.run, self.mesh.host)
                 binds = await nursery.start(serve, create_app(self), self._http_config())
                 self.http_url = self._public_http_url(binds[0])
                 self.addrs = advertised_addrs(self.mesh.host, config.advertised_host())
-                self.record = NodeRecord(
+                await self.replica.start(NodeRecord(
                     session_id=self.session_id,
                     peer_id=self.identity.peer_id.to_base58(),
                     provider_id=self.provider_id,
@@ -149,8 +172,7 @@ class Node:
                     hardware=hardware.discover(),
                     ingress=config.ingress,
                     engine=self.engine_command.kind if self.engine_command else None,
-                )
-                await self.announce()
+                ))
                 self._report_started()
                 for peer in self.bootstrap_peers:
                     nursery.start_soon(keep_connected, self.mesh, self.replicator, peer)

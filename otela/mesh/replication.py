@@ -1,91 +1,166 @@
-"""Registry replication: gossip for changes, full-state exchange for joins and repair.
+"""Registry replication: delta gossip for changes, anti-entropy for joins and repair.
 
-Two paths, because GossipSub alone loses messages while its mesh forms and never tells
-a late joiner what happened before it arrived:
-- gossip: an owner publishes its own signed record on every change (small, fast);
-- sync: a request/response stream where both sides send their signed snapshot and
-  merge the other's. It runs when we connect to a peer (so a joiner gets the full
-  state at once), periodically with a random peer (anti-entropy repairs what gossip
-  missed), and to every peer when we announce DOWN or LEFT (so the news is not lost
-  when we exit right after).
-Every record is verified against its owner's key before it is merged; bad input is
-dropped and counted, never raised into the daemon.
+- Gossip: a node publishes each of its own changes as a small delta (one signed
+  envelope); the topic validator accepts an envelope only from its signer (the owner
+  for a record, the evictor for an eviction; revocations are authority-signed and may
+  come from anyone) and only when forwarded by an admitted peer.
+- Anti-entropy (``/otela/registry/ae/1.0.0``): the digest exchange of
+  ``otela.registry.antientropy``, run when we connect to a bootstrap peer (so a joiner
+  gets the whole state in one exchange), periodically with a random peer (repairing
+  what gossip lost), and with every peer when we announce DOWN or LEFT before exiting.
+Every envelope is verified (signature, certificate, revocation, GC horizon) before it
+touches the registry; bad input is dropped and counted in ``stats``, never raised.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
+import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
+from otela.mesh.admission import Admission
 from otela.mesh.framing import read_frame, write_frame
 from otela.mesh.host import MeshHost
+from otela.registry import antientropy
+from otela.registry.crdt import Entry, Rejected
 from otela.registry.store import Registry
-from otela.registry.wire import SignedRecord, WireError, decode_records, encode_records
+from otela.registry.wire import Trust, WireError, decode, encode, signer_of, verify
 
 log = logging.getLogger("otela.mesh")
 
 REGISTRY_TOPIC = "otela/registry/1"
-SYNC_PROTOCOL = TProtocol("/otela/registry/sync/1.0.0")
-SYNC_TIMEOUT_S = 5.0
+AE_PROTOCOL = TProtocol("/otela/registry/ae/1.0.0")
+AE_TIMEOUT_S = 10.0
 
 
 class Replicator:
-    def __init__(self, mesh: MeshHost, registry: Registry, anti_entropy_interval: float) -> None:
+    def __init__(
+        self,
+        mesh: MeshHost,
+        registry: Registry,
+        admission: Admission,
+        anti_entropy_interval: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.mesh = mesh
         self.registry = registry
+        self.admission = admission
         self.anti_entropy_interval = anti_entropy_interval
+        self.clock = clock
         self.stats: Counter[str] = Counter()
         self._self_id: ID = mesh.host.get_id()
 
+    @property
+    def trust(self) -> Trust:
+        return self.admission.trust(self.registry)
+
     def install(self) -> None:
-        """Register the sync handler and the gossip validator (before the host runs)."""
-        self.mesh.host.set_stream_handler(SYNC_PROTOCOL, self._handle_sync)
+        """Register the stream handler and the gossip validator (before the host runs)."""
+        self.mesh.host.set_stream_handler(AE_PROTOCOL, self._handle_anti_entropy)
         self.mesh.pubsub.set_topic_validator(REGISTRY_TOPIC, self._validate_gossip, False)
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         subscription = await self.mesh.pubsub.subscribe(REGISTRY_TOPIC)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_gossip, subscription)
-            nursery.start_soon(self._anti_entropy)
+            nursery.start_soon(self._anti_entropy_loop)
             task_status.started()
 
-    async def publish(self, signed: dict[str, Any]) -> None:
-        """Gossip one of our own signed records."""
+    # -- ingest ------------------------------------------------------------------------
+
+    def ingest(self, envelopes: list[Any], source: str) -> int:
+        """Verify and apply envelopes; return how many changed the registry."""
+        now = self.clock()
+        trust = self.trust
+        changed = 0
+        for envelope in envelopes:
+            try:
+                item = verify(envelope, trust, now)
+                if isinstance(item, Entry):
+                    changed += self.registry.apply(item, now)
+                elif self.registry.add_revocation(item[0], item[1], now):
+                    changed += 1
+                    self.admission.on_revocation(item[0])
+            except (WireError, Rejected) as exc:
+                self.stats[f"{source}_rejected"] += 1
+                log.debug("rejected %s envelope: %s", source, exc)
+        self.stats[f"{source}_applied"] += changed
+        return changed
+
+    # -- gossip ------------------------------------------------------------------------
+
+    async def publish(self, envelope: dict[str, Any]) -> None:
+        """Gossip one delta: an envelope we signed (our record, or our eviction verdict)."""
         try:
-            await self.mesh.pubsub.publish(REGISTRY_TOPIC, encode_records("gossip", [signed]))
+            await self.mesh.pubsub.publish(
+                REGISTRY_TOPIC, encode({"kind": "delta", "entries": [envelope]})
+            )
             self.stats["gossip_published"] += 1
         except Exception as exc:  # publishing with no peers yet is not an error
             log.debug("gossip publish failed: %s", exc)
 
-    async def sync_with(self, peer_id: ID) -> bool:
-        """Exchange full snapshots with ``peer_id``; return whether it completed."""
-        with trio.move_on_after(SYNC_TIMEOUT_S):
+    def _validate_gossip(self, forwarder: ID, message: Any) -> bool:
+        if not self.admission.is_admitted(forwarder):
+            self.stats["gossip_unadmitted"] += 1
+            return False
+        try:
+            delta = decode(message.data)
+            source = ID(message.from_id).to_base58()
+            envelopes = delta["entries"]
+            ok = isinstance(envelopes, list) and all(
+                isinstance(e, dict) and (e.get("t") == "revoke" or signer_of(e) == source)
+                for e in envelopes
+            )
+        except Exception:
+            ok = False
+        if not ok:
+            self.stats["gossip_invalid"] += 1
+        return ok
+
+    async def _receive_gossip(self, subscription: Any) -> None:
+        while True:
+            message = await subscription.get()
+            if ID(message.from_id) == self._self_id:
+                continue  # pubsub delivers our own publishes back to us
             try:
-                stream = await self.mesh.host.new_stream(peer_id, [SYNC_PROTOCOL])
+                self.ingest(decode(message.data)["entries"], "gossip")
+            except (WireError, KeyError, TypeError):
+                self.stats["gossip_invalid"] += 1
+
+    # -- anti-entropy ------------------------------------------------------------------
+
+    async def sync_with(self, peer_id: ID) -> bool:
+        """Run one anti-entropy exchange with ``peer_id`` as initiator."""
+        if not self.admission.is_admitted(peer_id) and not await self.admission.handshake(
+            self.mesh.host, peer_id
+        ):
+            self.stats["ae_unadmitted"] += 1
+            return False
+        with trio.move_on_after(AE_TIMEOUT_S):
+            try:
+                stream = await self.mesh.host.new_stream(peer_id, [AE_PROTOCOL])
                 try:
-                    await write_frame(stream, self._snapshot_message())
-                    reply = await read_frame(stream)
+                    await self._initiate(stream)
                 finally:
                     await stream.close()
-                self._merge(reply, "sync")
-                self.stats["sync_completed"] += 1
+                self.stats["ae_completed"] += 1
                 return True
-            except Exception as exc:  # frame/wire errors, and network errors of every transport
-                self.stats["sync_failed"] += 1
-                log.debug("sync with %s failed: %s", peer_id, exc)
+            except Exception as exc:  # wire errors and every transport's network errors
+                self.stats["ae_failed"] += 1
+                log.debug("anti-entropy with %s failed: %s", peer_id, exc)
                 return False
-        self.stats["sync_failed"] += 1
+        self.stats["ae_failed"] += 1
         return False
 
     async def push_to_all(self, timeout: float) -> None:
-        """Sync with every connected peer at once, giving up after ``timeout`` seconds."""
+        """Anti-entropy with every connected peer at once, for at most ``timeout`` seconds."""
         with trio.move_on_after(timeout):
             async with trio.open_nursery() as nursery:
                 for peer_id in self.connected_peers():
@@ -94,58 +169,59 @@ class Replicator:
     def connected_peers(self) -> list[ID]:
         return [p for p in self.mesh.host.get_connected_peers() if p != self._self_id]
 
-    def _snapshot_message(self) -> bytes:
-        return encode_records("snapshot", self.registry.signed_snapshot())
+    async def _send(self, stream: Any, message: dict[str, Any]) -> None:
+        data = encode(message)
+        self.stats["ae_bytes_sent"] += len(data)
+        await write_frame(stream, data)
 
-    def _merge(self, data: bytes, kind: str) -> None:
-        expected = "gossip" if kind == "gossip" else "snapshot"
-        records, dropped = decode_records(data, expected)
-        self.stats[f"{kind}_dropped"] += dropped
-        self.stats[f"{kind}_merged"] += self._merge_records(records)
+    async def _receive(self, stream: Any) -> dict[str, Any]:
+        data = await read_frame(stream)
+        self.stats["ae_bytes_received"] += len(data)
+        return decode(data)
 
-    def _merge_records(self, records: list[SignedRecord]) -> int:
-        return sum(1 for record, signed in records if self.registry.merge(record, signed))
+    async def _initiate(self, stream: Any) -> None:
+        registry = self.registry
+        await self._send(stream, antientropy.opening(registry))
+        answer = await self._receive(stream)
+        self.ingest(list(answer.get("revocations") or []), "ae")
+        request = antientropy.digests(registry, answer)
+        if request is None:
+            await self._send(stream, {"kind": "ae-done"})
+            return
+        await self._send(stream, request)
+        reply = await self._receive(stream)
+        self.ingest(list(reply.get("entries") or []), "ae")
+        await self._send(stream, antientropy.entries(registry, list(reply.get("want") or [])))
 
-    def _validate_gossip(self, forwarder: ID, message: Any) -> bool:
-        """Accept gossip only when every record is signed by, and published by, its owner."""
-        try:
-            records, dropped = decode_records(message.data, "gossip")
-            source = ID(message.from_id).to_base58()
-        except (WireError, Exception):
-            self.stats["gossip_rejected"] += 1
-            return False
-        if dropped or any(record.peer_id != source for record, _ in records):
-            self.stats["gossip_rejected"] += 1
-            return False
-        return True
-
-    async def _receive_gossip(self, subscription: Any) -> None:
-        while True:
-            message = await subscription.get()
-            if ID(message.from_id) == self._self_id:
-                continue  # pubsub delivers our own publishes back to us
+    async def _handle_anti_entropy(self, stream: Any) -> None:
+        peer = stream.muxed_conn.peer_id
+        with trio.move_on_after(AE_TIMEOUT_S):
             try:
-                self._merge(message.data, "gossip")
-            except WireError as exc:
-                self.stats["gossip_dropped"] += 1
-                log.debug("dropped gossip: %s", exc)
-
-    async def _handle_sync(self, stream: Any) -> None:
-        with trio.move_on_after(SYNC_TIMEOUT_S):
-            try:
-                request = await read_frame(stream)
-                self._merge(request, "sync")
-                await write_frame(stream, self._snapshot_message())
+                if not self.admission.is_admitted(peer):
+                    self.stats["ae_unadmitted"] += 1
+                    return
+                registry = self.registry
+                opening = await self._receive(stream)
+                await self._send(stream, antientropy.answer_opening(registry, opening))
+                request = await self._receive(stream)
+                if request.get("kind") == "ae-done":
+                    return
+                self.ingest(list(request.get("revocations") or []), "ae")
+                await self._send(stream, antientropy.answer_digests(registry, request))
+                final = await self._receive(stream)
+                self.ingest(list(final.get("entries") or []), "ae")
             except Exception as exc:  # a misbehaving peer must never take the handler down
-                self.stats["sync_failed"] += 1
-                log.debug("inbound sync failed: %s", exc)
+                self.stats["ae_failed"] += 1
+                log.debug("inbound anti-entropy from %s failed: %s", peer, exc)
             finally:
-                with contextlib.suppress(Exception):
+                try:
                     await stream.close()
+                except Exception:
+                    log.debug("closing anti-entropy stream failed", exc_info=True)
 
-    async def _anti_entropy(self) -> None:
+    async def _anti_entropy_loop(self) -> None:
         while True:
             await trio.sleep(self.anti_entropy_interval * random.uniform(0.7, 1.3))
-            peers = self.connected_peers()
+            peers = [p for p in self.connected_peers() if self.admission.is_admitted(p)]
             if peers:
                 await self.sync_with(random.choice(peers))

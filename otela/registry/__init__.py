@@ -1,6 +1,17 @@
-"""The federation registry: node records, their merge rule, and the views routing reads."""
+"""The federation registry: a CRDT of node records, its wire format, and its views."""
 
+from otela.registry.crdt import Entry, GCPolicy, GMap
 from otela.registry.records import Hardware, Lifecycle, ModelInfo, NodeRecord
-from otela.registry.store import Registry
+from otela.registry.store import ModelEntry, Registry
 
-__all__ = ["Hardware", "Lifecycle", "ModelInfo", "NodeRecord", "Registry"]
+__all__ = [
+    "Entry",
+    "GCPolicy",
+    "GMap",
+    "Hardware",
+    "Lifecycle",
+    "ModelEntry",
+    "ModelInfo",
+    "NodeRecord",
+    "Registry",
+]

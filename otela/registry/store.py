@@ -1,21 +1,30 @@
-"""The local registry replica: merge incoming records, and answer routing's questions.
+"""The local registry replica: the CRDT map, plus the two views routing and operators read.
 
-Pure and synchronous: the mesh layer feeds it records, the HTTP layer reads it. The
-model index is rebuilt on every accepted change, so a routing lookup is one dict read.
+- Node view: every session's record (state from the map), minus LEFT sessions past the
+  retention window and nodes whose membership certificate was revoked or has expired.
+- Model view: model id -> sessions listing it. Routing's lookup of SERVING candidates
+  is one dict read returning a cached tuple; the cache is rebuilt per model, only
+  when an entry touching that model changes.
+Pure and synchronous: the mesh layer feeds it verified entries, the HTTP layer reads it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from otela.membership.certificate import Revocation
+from otela.registry.crdt import Entry, GCPolicy, GMap, Rejected
 from otela.registry.records import Lifecycle, NodeRecord
+
+__all__ = ["ModelEntry", "Registry", "Rejected"]
 
 
 @dataclass(frozen=True, slots=True)
 class ModelEntry:
-    """One model id and every known session that lists it, in any lifecycle state."""
+    """One model id and every visible session that lists it, in any lifecycle state."""
 
     model_id: str
     sessions: tuple[NodeRecord, ...]
@@ -25,66 +34,121 @@ class ModelEntry:
 
 
 class Registry:
-    """One record per session; the record with the highest precedence wins."""
+    def __init__(self, policy: GCPolicy | None = None) -> None:
+        self.map = GMap(policy)
+        self.revocations: dict[str, tuple[Revocation, dict[str, Any]]] = {}
+        self._visible: dict[str, NodeRecord] = {}
+        self._by_model: dict[str, dict[str, NodeRecord]] = {}
+        self._serving: dict[str, tuple[NodeRecord, ...]] = {}
 
-    def __init__(self) -> None:
-        self._records: dict[str, NodeRecord] = {}
-        self._signed: dict[str, Any] = {}
-        self._models: dict[str, ModelEntry] = {}
+    @property
+    def policy(self) -> GCPolicy:
+        return self.map.policy
 
-    def __len__(self) -> int:
-        return len(self._records)
+    # -- writes ----------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[NodeRecord]:
-        return iter(self._records.values())
+    def apply(self, entry: Entry, now: float) -> bool:
+        """Merge a verified entry; return whether the map changed. Raises ``Rejected``."""
+        changed, _ = self.map.merge(entry, now)
+        if changed:
+            self._refresh_view(entry.key, now)
+        return changed
 
-    def get(self, session_id: str) -> NodeRecord | None:
-        return self._records.get(session_id)
-
-    def merge(self, record: NodeRecord, signed: Any = None) -> bool:
-        """Keep ``record`` if it is newer than what we hold; return whether anything changed.
-
-        Commutative, associative and idempotent per session, so replicas that see the
-        same records in any order, any number of times, hold the same state. ``signed``
-        is the record's opaque signed form, kept so it can be relayed to other replicas.
-        """
-        current = self._records.get(record.session_id)
-        if current is not None and current.precedence() >= record.precedence():
+    def add_revocation(self, revocation: Revocation, proof: dict[str, Any], now: float) -> bool:
+        """Record a certificate revocation (grow-only) and hide the revoked node's sessions."""
+        if revocation.serial in self.revocations:
             return False
-        self._records[record.session_id] = record
-        if signed is None:
-            self._signed.pop(record.session_id, None)
-        else:
-            self._signed[record.session_id] = signed
-        self._reindex()
+        self.revocations[revocation.serial] = (revocation, proof)
+        for entry in list(self.map):
+            if entry.cert_serial == revocation.serial:
+                self._refresh_view(entry.key, now)
         return True
 
-    def snapshot(self) -> list[NodeRecord]:
-        return sorted(self._records.values(), key=lambda r: r.session_id)
+    def revoked_serials(self) -> set[str]:
+        return set(self.revocations)
 
-    def signed_snapshot(self) -> list[Any]:
-        """The signed form of every record that has one, for full-state exchange."""
-        return [self._signed[sid] for sid in sorted(self._signed)]
+    def maintain(self, now: float) -> list[Entry]:
+        """Periodic GC: compact expired entries, hide LEFT past retention and expired certs."""
+        dropped = self.map.compact(now)
+        for entry in dropped:
+            self._hide(entry.key)
+        for key in list(self._visible):
+            self._refresh_view(key, now)
+        return dropped
+
+    # -- reads -----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._visible)
+
+    def __iter__(self) -> Iterator[NodeRecord]:
+        return iter(self._visible.values())
+
+    def get(self, session_id: str) -> NodeRecord | None:
+        return self._visible.get(session_id)
+
+    def entry(self, session_id: str) -> Entry | None:
+        return self.map.get(session_id)
+
+    def snapshot(self) -> list[NodeRecord]:
+        return sorted(self._visible.values(), key=lambda r: r.session_id)
 
     def model(self, model_id: str) -> ModelEntry | None:
-        return self._models.get(model_id)
+        sessions = self._by_model.get(model_id)
+        if not sessions:
+            return None
+        return ModelEntry(model_id, tuple(sessions[k] for k in sorted(sessions)))
 
     def models(self) -> list[ModelEntry]:
-        return [self._models[k] for k in sorted(self._models)]
+        return [m for m in (self.model(k) for k in sorted(self._by_model)) if m is not None]
 
     def serving_candidates(self, model_id: str) -> tuple[NodeRecord, ...]:
-        """The sessions routing may pick for ``model_id``: SERVING ones that list it."""
-        entry = self._models.get(model_id)
-        return () if entry is None else entry.serving()
+        """SERVING sessions for ``model_id``: the routing hot path, one dict lookup."""
+        cached = self._serving.get(model_id)
+        if cached is None:
+            sessions = self._by_model.get(model_id, {})
+            cached = tuple(r for r in sessions.values() if r.state is Lifecycle.SERVING)
+            self._serving[model_id] = cached
+        return cached
 
-    def _reindex(self) -> None:
-        by_model: dict[str, list[NodeRecord]] = {}
-        for record in self._records.values():
-            if record.state is Lifecycle.LEFT:
-                continue
+    def signed_entries(self) -> list[Any]:
+        return [e.proof for e in self.map if e.proof is not None]
+
+    # -- views -----------------------------------------------------------------------
+
+    def _is_visible(self, entry: Entry, now: float) -> bool:
+        if entry.state is Lifecycle.LEFT and entry.updated_at < now - self.policy.retention:
+            return False
+        if entry.cert_serial is not None and entry.cert_serial in self.revocations:
+            return False
+        return entry.cert_expires_at is None or entry.cert_expires_at > now
+
+    def _refresh_view(self, key: str, now: float) -> None:
+        entry = self.map.get(key)
+        if entry is None or not self._is_visible(entry, now):
+            self._hide(key)
+            return
+        record = entry.record
+        if record.state is not entry.state:
+            record = dataclasses.replace(record, state=entry.state)
+        previous = self._visible.get(key)
+        if previous == record:
+            return
+        self._hide(key)
+        self._visible[key] = record
+        if entry.state is not Lifecycle.LEFT:
             for model in record.models:
-                by_model.setdefault(model.id, []).append(record)
-        self._models = {
-            model_id: ModelEntry(model_id, tuple(sorted(recs, key=lambda r: r.session_id)))
-            for model_id, recs in by_model.items()
-        }
+                self._by_model.setdefault(model.id, {})[key] = record
+                self._serving.pop(model.id, None)
+
+    def _hide(self, key: str) -> None:
+        previous = self._visible.pop(key, None)
+        if previous is None:
+            return
+        for model in previous.models:
+            sessions = self._by_model.get(model.id)
+            if sessions is not None:
+                sessions.pop(key, None)
+                if not sessions:
+                    del self._by_model[model.id]
+            self._serving.pop(model.id, None)

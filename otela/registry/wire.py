@@ -1,92 +1,235 @@
-"""Wire format for registry records: versioned msgpack, signed by the record's owner.
+"""Wire format of registry entries: versioned msgpack envelopes, signed, size-limited.
 
-A signed record is ``{"v": 1, "body": <msgpack of the record dict>, "sig": <ed25519>}``.
-The signature covers the exact body bytes, and the body names the owner's ``peer_id``;
-for Ed25519 the peer id embeds the public key, so a receiver verifies with nothing but
-the record itself. Anything malformed, oversized, unsigned or forged raises
-``WireError``: callers drop it and count it, they never crash on it.
+Three kinds of envelope travel between replicas:
+- ``rec``: a node's own record, signed by the node's Ed25519 identity key. An Ed25519
+  peer id embeds the public key, so any replica verifies a record from the record alone,
+  including records relayed by third parties. In a federation with a membership
+  authority the envelope also carries the owner's certificate, which must bind the
+  record's peer id to its provider id, be unexpired and unrevoked.
+- ``evict``: a member's signed statement that another session is LEFT (the failure
+  detector's verdict). It embeds the evictee's last signed record, so the tombstone is
+  self-describing, and it is accepted only from an admitted member.
+- ``revoke``: the authority's signed revocation of a certificate.
+Each signature covers a domain-separation prefix plus the exact body bytes, so no
+signature can be replayed as another kind. Anything malformed, oversized, unsigned,
+forged or unauthorised raises ``WireError``: callers drop it and count it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from libp2p.crypto.keys import PrivateKey
+from libp2p.crypto.keys import PrivateKey, PublicKey
 from libp2p.peer.id import ID
 
-from otela.registry.records import NodeRecord
+from otela.membership.certificate import (
+    Certificate,
+    MembershipError,
+    Revocation,
+    verify_certificate,
+    verify_revocation,
+)
+from otela.registry.crdt import Entry, tiebreak_of
+from otela.registry.records import Lifecycle, NodeRecord
 
 WIRE_VERSION = 1
 MAX_RECORD_BYTES = 64 * 1024
-MAX_BATCH_BYTES = 8 * 1024 * 1024
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+RECORD_DOMAIN = b"otela/registry/record/v1\0"
+EVICTION_DOMAIN = b"otela/registry/eviction/v1\0"
 
 
 class WireError(ValueError):
     """A message that must be dropped: malformed, oversized, or failing verification."""
 
 
-def sign_record(record: NodeRecord, key: PrivateKey) -> dict[str, Any]:
+@dataclass
+class Trust:
+    """What a replica checks entries against; ``now`` and membership change over time."""
+
+    authority: PublicKey | None = None  # None: an open federation (demos, tests)
+    revoked_serials: Collection[str] = field(default_factory=set)
+    is_member: Callable[[str], bool] = lambda peer_id: True  # evictors in open mode
+
+
+def _public_key(peer_id: str) -> PublicKey:
+    try:
+        key = ID.from_base58(peer_id).extract_public_key()
+    except Exception as exc:
+        raise WireError(f"not an Ed25519 peer id: {peer_id!r}") from exc
+    if key is None:
+        raise WireError(f"peer id {peer_id!r} does not embed its public key")
+    return key
+
+
+def _check_certificate(
+    cert: Any, peer_id: str, provider_id: str | None, trust: Trust, now: float
+) -> Certificate | None:
+    if trust.authority is None:
+        return None
+    if not isinstance(cert, bytes):
+        raise WireError(f"{peer_id} presented no membership certificate")
+    try:
+        certificate = verify_certificate(
+            cert, trust.authority, now=now, revoked_serials=trust.revoked_serials
+        )
+    except MembershipError as exc:
+        raise WireError(f"certificate of {peer_id} rejected: {exc}") from exc
+    if certificate.peer_id != peer_id:
+        raise WireError(f"certificate is for {certificate.peer_id}, not {peer_id}")
+    if provider_id is not None and certificate.provider_id != provider_id:
+        raise WireError(
+            f"{peer_id} claims provider {provider_id!r}, certified for {certificate.provider_id!r}"
+        )
+    return certificate
+
+
+def sign_record(record: NodeRecord, key: PrivateKey, cert: bytes | None = None) -> dict[str, Any]:
     """The signed envelope of ``record``; ``key`` must be the owner's identity key."""
     body = msgpack.packb(record.to_dict(), use_bin_type=True)
     if len(body) > MAX_RECORD_BYTES:
         raise WireError(f"record of {len(body)} bytes exceeds {MAX_RECORD_BYTES}")
-    return {"v": WIRE_VERSION, "body": body, "sig": key.sign(body)}
+    return {"v": WIRE_VERSION, "t": "rec", "body": body, "sig": key.sign(RECORD_DOMAIN + body),
+            "cert": cert}
 
 
-def verify_record(envelope: Any) -> NodeRecord:
-    """Parse and verify one envelope; the signer must be the peer the record names."""
+def sign_eviction(
+    target: Entry, *, evictor_key: PrivateKey, evictor_peer_id: str, reason: str, now: float,
+    cert: bytes | None = None,
+) -> dict[str, Any]:
+    """A signed statement that ``target``'s session is LEFT, by member ``evictor_peer_id``."""
+    last = target.proof if target.proof is not None and target.evicted_by is None else None
+    if last is None:
+        raise WireError("can only evict a session whose own signed record we hold")
+    body = msgpack.packb(
+        {"session_id": target.key, "evictor": evictor_peer_id, "reason": reason[:200],
+         "at": now, "last": last},
+        use_bin_type=True,
+    )
+    return {"v": WIRE_VERSION, "t": "evict", "body": body,
+            "sig": evictor_key.sign(EVICTION_DOMAIN + body), "cert": cert}
+
+
+def verify(envelope: Any, trust: Trust, now: float) -> Entry | tuple[Revocation, dict[str, Any]]:
+    """Verify one envelope of any kind; an ``Entry`` for the map, or a revocation."""
     if not isinstance(envelope, dict) or envelope.get("v") != WIRE_VERSION:
-        raise WireError("not a version-1 record envelope")
+        raise WireError("not a version-1 envelope")
+    kind = envelope.get("t")
+    if kind == "rec":
+        return verify_record(envelope, trust, now)
+    if kind == "evict":
+        return _verify_eviction(envelope, trust, now)
+    if kind == "revoke":
+        return _verify_revocation(envelope, trust), envelope
+    raise WireError(f"unknown envelope kind {kind!r}")
+
+
+def signer_of(envelope: dict[str, Any]) -> str | None:
+    """Who must have published this envelope in gossip (the owner, or the evictor)."""
+    try:
+        body = msgpack.unpackb(envelope["body"], raw=False)
+        return str(body["peer_id"] if envelope["t"] == "rec" else body["evictor"])
+    except Exception:
+        return None
+
+
+def _unpack_body(envelope: dict[str, Any]) -> tuple[bytes, bytes, dict[str, Any]]:
     body, sig = envelope.get("body"), envelope.get("sig")
     if not isinstance(body, bytes) or not isinstance(sig, bytes):
         raise WireError("envelope lacks body or signature bytes")
     if len(body) > MAX_RECORD_BYTES:
-        raise WireError(f"record of {len(body)} bytes exceeds {MAX_RECORD_BYTES}")
+        raise WireError(f"body of {len(body)} bytes exceeds {MAX_RECORD_BYTES}")
     try:
-        record = NodeRecord.from_dict(msgpack.unpackb(body, raw=False))
-        public_key = ID.from_base58(record.peer_id).extract_public_key()
-    except Exception as exc:  # any parse failure is the sender's fault, not ours
+        data = msgpack.unpackb(body, raw=False)
+    except Exception as exc:
+        raise WireError(f"undecodable body: {exc}") from exc
+    if not isinstance(data, dict):
+        raise WireError("body is not a map")
+    return body, sig, data
+
+
+def verify_record(
+    envelope: dict[str, Any], trust: Trust, now: float, *, check_membership: bool = True
+) -> Entry:
+    body, sig, data = _unpack_body(envelope)
+    try:
+        record = NodeRecord.from_dict(data)
+    except (KeyError, ValueError, TypeError) as exc:
         raise WireError(f"malformed record: {exc}") from exc
-    if public_key is None or not public_key.verify(body, sig):
+    if not _public_key(record.peer_id).verify(RECORD_DOMAIN + body, sig):
         raise WireError(f"bad signature on record of session {record.session_id}")
-    return record
+    certificate = (
+        _check_certificate(envelope.get("cert"), record.peer_id, record.provider_id, trust, now)
+        if check_membership else None
+    )
+    return Entry(
+        key=record.session_id, state=record.state, version=record.version,
+        updated_at=record.updated_at, tiebreak=tiebreak_of(sig), record=record, proof=envelope,
+        cert_serial=certificate.serial if certificate else None,
+        cert_expires_at=certificate.expires_at if certificate else None,
+    )
+
+
+def _verify_eviction(envelope: dict[str, Any], trust: Trust, now: float) -> Entry:
+    body, sig, data = _unpack_body(envelope)
+    try:
+        session_id, evictor = str(data["session_id"]), str(data["evictor"])
+        at, last = float(data["at"]), data["last"]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise WireError(f"malformed eviction: {exc}") from exc
+    if not _public_key(evictor).verify(EVICTION_DOMAIN + body, sig):
+        raise WireError(f"bad signature on eviction of {session_id}")
+    if trust.authority is not None:
+        _check_certificate(envelope.get("cert"), evictor, None, trust, now)
+    elif not trust.is_member(evictor):
+        raise WireError(f"eviction of {session_id} by {evictor}, who is not a member")
+    previous = verify_record(last, trust, now, check_membership=False)
+    if previous.key != session_id:
+        raise WireError("eviction embeds a record of another session")
+    if evictor == previous.record.peer_id:
+        raise WireError("a node leaves by announcing LEFT itself, not by evicting itself")
+    return Entry(
+        key=session_id, state=Lifecycle.LEFT, version=previous.version, updated_at=at,
+        tiebreak=tiebreak_of(sig),
+        record=dataclasses.replace(previous.record, state=Lifecycle.LEFT),
+        proof=envelope, evicted_by=evictor,
+    )
+
+
+def _verify_revocation(envelope: dict[str, Any], trust: Trust) -> Revocation:
+    if trust.authority is None:
+        raise WireError("revocation received, but this federation has no membership authority")
+    data = envelope.get("data")
+    if not isinstance(data, bytes):
+        raise WireError("revocation envelope lacks data")
+    try:
+        return verify_revocation(data, trust.authority)
+    except MembershipError as exc:
+        raise WireError(f"revocation rejected: {exc}") from exc
+
+
+def revocation_envelope(data: bytes) -> dict[str, Any]:
+    return {"v": WIRE_VERSION, "t": "revoke", "data": data}
 
 
 def encode(message: dict[str, Any]) -> bytes:
     return msgpack.packb({"v": WIRE_VERSION, **message}, use_bin_type=True)
 
 
-def decode(data: bytes, *, limit: int = MAX_BATCH_BYTES) -> dict[str, Any]:
+def decode(data: bytes, *, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any]:
     """Decode a top-level message, enforcing the size limit before parsing."""
     if len(data) > limit:
         raise WireError(f"message of {len(data)} bytes exceeds {limit}")
     try:
-        message = msgpack.unpackb(data, raw=False, max_bin_len=limit, max_str_len=limit)
+        message = msgpack.unpackb(
+            data, raw=False, max_bin_len=limit, max_str_len=limit, strict_map_key=False
+        )
     except Exception as exc:
         raise WireError(f"undecodable message: {exc}") from exc
     if not isinstance(message, dict) or message.get("v") != WIRE_VERSION:
         raise WireError("not a version-1 message")
     return message
-
-
-def encode_records(kind: str, envelopes: list[dict[str, Any]]) -> bytes:
-    return encode({"kind": kind, "records": envelopes})
-
-
-SignedRecord = tuple[NodeRecord, dict[str, Any]]
-
-
-def decode_records(data: bytes, kind: str) -> tuple[list[SignedRecord], int]:
-    """Verified (record, envelope) pairs of a ``kind`` message, and how many were dropped."""
-    message = decode(data)
-    if message.get("kind") != kind or not isinstance(message.get("records"), list):
-        raise WireError(f"expected a {kind!r} message")
-    records: list[SignedRecord] = []
-    dropped = 0
-    for envelope in message["records"]:
-        try:
-            records.append((verify_record(envelope), envelope))
-        except WireError:
-            dropped += 1
-    return records, dropped

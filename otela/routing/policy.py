@@ -16,6 +16,9 @@ from otela.registry.store import Registry
 
 def candidates_for(registry: Registry, model_id: str) -> tuple[NodeRecord, ...]:
     """SERVING sessions for ``model_id``; 404 if no live node lists it, 503 if none serves it."""
+    serving = registry.serving_candidates(model_id)  # the hot path: one cached lookup
+    if serving:
+        return serving
     entry = registry.model(model_id)
     if entry is None:
         raise APIError(
@@ -24,15 +27,12 @@ def candidates_for(registry: Registry, model_id: str) -> tuple[NodeRecord, ...]:
             code="model_not_found",
             param="model",
         )
-    serving = entry.serving()
-    if not serving:
-        raise APIError(
-            503,
-            f"No node is serving `{model_id}` right now "
-            f"({len(entry.sessions)} known, none SERVING); retry later.",
-            code="no_serving_node",
-        )
-    return serving
+    raise APIError(
+        503,
+        f"No node is serving `{model_id}` right now "
+        f"({len(entry.sessions)} known, none SERVING); retry later.",
+        code="no_serving_node",
+    )
 
 
 def pick_random(

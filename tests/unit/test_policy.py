@@ -4,14 +4,17 @@ from collections import Counter
 import pytest
 
 from otela.api.errors import APIError
-from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
+from otela.registry.records import Lifecycle
 from otela.registry.store import Registry
 from otela.routing.policy import candidates_for, pick_random
 
+from .registry_helpers import entry, record
 
-def node(session, state, models=("m",)):
-    return NodeRecord(session, f"peer-{session}", "p", state, 1, f"http://{session}",
-                      models=tuple(ModelInfo(m) for m in models))
+NOW = 1000.0
+
+
+def node(session, state):
+    return record(session, 1, state)
 
 
 def test_unknown_model_is_404():
@@ -23,7 +26,7 @@ def test_unknown_model_is_404():
 
 def test_known_model_without_serving_node_is_503():
     reg = Registry()
-    reg.merge(node("a", Lifecycle.DOWN))
+    reg.apply(entry("a", 1, Lifecycle.DOWN), NOW)
     with pytest.raises(APIError) as err:
         candidates_for(reg, "m")
     assert err.value.status == 503
@@ -32,7 +35,7 @@ def test_known_model_without_serving_node_is_503():
 def test_only_serving_nodes_are_candidates():
     reg = Registry()
     for s, state in [("a", Lifecycle.SERVING), ("b", Lifecycle.DOWN), ("c", Lifecycle.SERVING)]:
-        reg.merge(node(s, state))
+        reg.apply(entry(s, 1, state), NOW)
     assert {r.session_id for r in candidates_for(reg, "m")} == {"a", "c"}
 
 

@@ -1,97 +1,132 @@
-import itertools
-import random
+"""The registry replica: lattice merge, views, routing lookups, and garbage collection."""
 
-from otela.registry.records import GPU, Hardware, Lifecycle, ModelInfo, NodeRecord
+import pytest
+
+from otela.registry.crdt import GCPolicy, GMap, Rejected, join
+from otela.registry.records import Lifecycle
 from otela.registry.store import Registry
 
+from .registry_helpers import entry
 
-def record(session: str, version: int, state: Lifecycle = Lifecycle.JOIN, models=("m",)):
-    return NodeRecord(
-        session_id=session,
-        peer_id=f"peer-{session}",
-        provider_id="p",
-        state=state,
-        version=version,
-        http_url=f"http://{session}",
-        models=tuple(ModelInfo(m) for m in models),
-    )
+NOW = 1000.0
+J, S, D, L = Lifecycle.JOIN, Lifecycle.SERVING, Lifecycle.DOWN, Lifecycle.LEFT
 
 
-def test_newer_version_wins_and_older_is_ignored():
+def test_higher_state_wins_even_with_a_lower_version():
+    assert join(entry("a", 9, S), entry("a", 1, D)).state is D
+    assert join(entry("a", 1, D), entry("a", 9, S)).state is D
+
+
+def test_within_a_state_the_higher_version_wins_and_ties_break_deterministically():
+    assert join(entry("a", 2, S), entry("a", 3, S)).version == 3
+    x, y = entry("a", 2, S, salt="x"), entry("a", 2, S, salt="y")
+    assert join(x, y) is join(y, x)
+
+
+def test_left_is_final():
     reg = Registry()
-    assert reg.merge(record("a", 2, Lifecycle.SERVING))
-    assert not reg.merge(record("a", 1, Lifecycle.JOIN))
-    assert reg.get("a").state is Lifecycle.SERVING
-    assert reg.merge(record("a", 3, Lifecycle.DOWN))
-    assert reg.get("a").state is Lifecycle.DOWN
+    reg.apply(entry("a", 5, L), NOW)
+    for newer in (entry("a", 99, S), entry("a", 99, D), entry("a", 6, J)):
+        assert not reg.apply(newer, NOW)
+    assert reg.entry("a").state is L and reg.entry("a").version == 5
 
 
-def test_merge_is_idempotent():
+def test_views_follow_state_and_routing_sees_only_serving():
     reg = Registry()
-    r = record("a", 1)
-    assert reg.merge(r)
-    assert not reg.merge(r)
-    assert len(reg) == 1
-
-
-def test_any_delivery_order_converges_to_the_same_state():
-    updates = [
-        record(s, v, state)
-        for s in ("a", "b", "c")
-        for v, state in enumerate((Lifecycle.JOIN, Lifecycle.SERVING, Lifecycle.DOWN), start=1)
-    ]
-    rng = random.Random(7)
-    expected = None
-    for _ in range(50):
-        shuffled = updates + rng.sample(updates, 4)  # duplicates too
-        rng.shuffle(shuffled)
-        reg = Registry()
-        for u in shuffled:
-            reg.merge(u)
-        state = [(r.session_id, r.version, r.state) for r in reg.snapshot()]
-        expected = expected or state
-        assert state == expected
-    assert all(s is Lifecycle.DOWN for _, _, s in expected)
-
-
-def test_model_view_lists_sessions_and_routing_sees_only_serving():
-    reg = Registry()
-    reg.merge(record("a", 2, Lifecycle.SERVING, models=("m1", "m2")))
-    reg.merge(record("b", 2, Lifecycle.DOWN, models=("m1",)))
-    reg.merge(record("c", 1, Lifecycle.JOIN, models=()))
-    assert [e.model_id for e in reg.models()] == ["m1", "m2"]
+    reg.apply(entry("a", 2, S, models=("m1", "m2")), NOW)
+    reg.apply(entry("b", 2, D, models=("m1",)), NOW)
+    reg.apply(entry("c", 1, J, models=()), NOW)
+    assert [m.model_id for m in reg.models()] == ["m1", "m2"]
     assert {r.session_id for r in reg.model("m1").sessions} == {"a", "b"}
     assert [r.session_id for r in reg.serving_candidates("m1")] == ["a"]
-    assert reg.serving_candidates("unknown") == ()
+    reg.apply(entry("a", 3, D, models=("m1", "m2")), NOW)
+    assert reg.serving_candidates("m1") == ()
+    assert reg.serving_candidates("nope") == ()
 
 
-def test_left_sessions_leave_the_model_view():
+def test_candidate_lookup_is_cached_until_the_model_changes():
     reg = Registry()
-    reg.merge(record("a", 2, Lifecycle.SERVING))
-    reg.merge(record("a", 3, Lifecycle.LEFT))
+    reg.apply(entry("a", 1, S), NOW)
+    first = reg.serving_candidates("m")
+    assert reg.serving_candidates("m") is first  # no allocation on the hot path
+    reg.apply(entry("b", 1, S), NOW)
+    assert {r.session_id for r in reg.serving_candidates("m")} == {"a", "b"}
+
+
+def test_left_entries_leave_model_views_at_once_and_node_views_after_retention():
+    reg = Registry(GCPolicy(retention=100, horizon=200))
+    reg.apply(entry("a", 2, S), NOW)
+    reg.apply(entry("a", 3, L, updated_at=NOW), NOW)
     assert reg.model("m") is None
-    assert reg.get("a").state is Lifecycle.LEFT  # still in the node view
+    assert reg.get("a").state is L
+    reg.maintain(NOW + 99)
+    assert reg.get("a") is not None
+    reg.maintain(NOW + 101)
+    assert reg.get("a") is None and reg.entry("a") is not None  # tombstone kept
+    reg.maintain(NOW + 201)
+    assert reg.entry("a") is None  # compacted
 
 
-def test_signed_form_travels_with_the_winning_record():
-    reg = Registry()
-    reg.merge(record("a", 1), signed={"sig": 1})
-    reg.merge(record("a", 2), signed={"sig": 2})
-    reg.merge(record("a", 1), signed={"sig": "stale"})
-    assert reg.signed_snapshot() == [{"sig": 2}]
+def test_compacted_sessions_cannot_be_resurrected_by_replayed_gossip():
+    reg = Registry(GCPolicy(retention=100, horizon=200))
+    old = entry("a", 2, S, updated_at=NOW)
+    reg.apply(old, NOW)
+    reg.apply(entry("a", 3, L, updated_at=NOW + 10), NOW + 10)
+    reg.maintain(NOW + 300)
+    assert reg.entry("a") is None
+    for replay in (old, entry("a", 3, L, updated_at=NOW + 10)):
+        with pytest.raises(Rejected):
+            reg.apply(replay, NOW + 300)
+    assert reg.entry("a") is None and reg.get("a") is None
 
 
-def test_record_dict_round_trip():
-    r = NodeRecord(
-        session_id="s", peer_id="p", provider_id="prov", state=Lifecycle.SERVING, version=4,
-        http_url="http://h:1", addrs=("/ip4/1.2.3.4/tcp/1",),
-        hardware=Hardware(8, 1 << 30, (GPU("H100", 80 << 30),)),
-        models=(ModelInfo("m", 8192),), ingress=True, engine="vllm", updated_at=12.5,
-    )
-    assert NodeRecord.from_dict(r.to_dict()) == r
+def test_entries_signed_in_the_future_are_refused():
+    with pytest.raises(Rejected, match="future"):
+        Registry().apply(entry("a", 1, S, updated_at=NOW + 3600), NOW)
 
 
-def test_lifecycle_is_strictly_ordered():
-    assert list(Lifecycle) == sorted(Lifecycle)
-    for a, b in itertools.pairwise(["JOIN", "SERVING", "DOWN", "LEFT"]):
-        assert Lifecycle.parse(a) < Lifecycle.parse(b)
+def test_bucket_digests_track_the_content_incrementally():
+    a, b = GMap(), GMap()
+    for e in (entry("x", 1, S), entry("y", 1, J), entry("x", 2, S)):
+        a.merge(e, NOW)
+    for e in (entry("x", 2, S), entry("y", 1, J)):
+        b.merge(e, NOW)
+    assert a.digest_root() == b.digest_root()
+    b.merge(entry("y", 2, S), NOW)
+    assert a.digest_root() != b.digest_root()
+    assert sum(x != y for x, y in zip(a.bucket_hashes(), b.bucket_hashes(), strict=True)) == 1
+    a.compact(NOW + GCPolicy().horizon + 1)
+    assert a.digest_root() == GMap().digest_root()
+
+
+def test_policy_rejects_retention_longer_than_horizon():
+    with pytest.raises(ValueError):
+        GCPolicy(retention=10, horizon=5)
+
+
+def test_ten_thousand_sessions_over_simulated_days_stay_bounded():
+    """Sessions join, serve and leave for 7 simulated days: the map holds the live set plus
+    what changed within the horizon, never the whole history."""
+    policy = GCPolicy(retention=6 * 3600, horizon=12 * 3600)
+    reg = Registry(policy)
+    live: dict[str, int] = {}  # session -> version; about 300 sessions alive at any time
+    t, peak = 0.0, 0
+    step = 7 * 86400 / 10_000  # 10,000 sessions start over 7 days (one every ~60 s)
+    left_within_horizon = policy.horizon / step  # at most one session leaves per step
+    for i in range(10_000):
+        t += step
+        reg.apply(entry(f"s{i}", 1, S, updated_at=t), t)
+        live[f"s{i}"] = 1
+        if len(live) > 300:  # the oldest job hits its wall time
+            leaving, version = next(iter(live.items()))
+            del live[leaving]
+            reg.apply(entry(leaving, version + 1, L, updated_at=t), t)
+        if i % 50 == 0:  # live owners refresh their lease; replicas run maintenance
+            for key in live:
+                live[key] += 1
+                reg.apply(entry(key, live[key], S, updated_at=t), t)
+            reg.maintain(t)
+            assert len(reg.map) <= len(live) + left_within_horizon + 50
+            assert len(reg) <= len(live) + policy.retention / step + 50  # the views
+            peak = max(peak, len(reg.map))
+    assert peak < 1_200  # the live set plus ~12 h of departures, not 10,000 sessions

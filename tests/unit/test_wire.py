@@ -1,79 +1,178 @@
+"""Signed registry envelopes: what a replica accepts, and everything it must refuse."""
+
 import msgpack
 import pytest
-from libp2p.crypto.ed25519 import create_new_key_pair
-from libp2p.peer.id import ID
+from libp2p.crypto.ed25519 import Ed25519PrivateKey
 
-from otela.registry.records import Lifecycle, NodeRecord
+from otela.membership.certificate import issue_certificate, issue_revocation
+from otela.registry.crdt import Entry
+from otela.registry.records import Lifecycle
 from otela.registry.wire import (
     MAX_RECORD_BYTES,
+    Trust,
     WireError,
     decode,
-    decode_records,
     encode,
-    encode_records,
+    revocation_envelope,
+    sign_eviction,
     sign_record,
+    signer_of,
+    verify,
     verify_record,
 )
 
+from .registry_helpers import new_node, record
 
-def owned_record(key_pair, **changes):
-    fields = dict(
-        session_id="s1", peer_id=ID.from_pubkey(key_pair.public_key).to_base58(),
-        provider_id="p", state=Lifecycle.SERVING, version=1, http_url="http://x",
-    )
-    fields.update(changes)
-    return NodeRecord(**fields)
+NOW = 1_800_000_000.0
+OPEN = Trust()
 
 
-def test_signed_record_verifies_from_the_peer_id_alone():
-    kp = create_new_key_pair()
-    r = owned_record(kp)
-    assert verify_record(sign_record(r, kp.private_key)) == r
+def signed(node, session="s1", state=Lifecycle.SERVING, provider="lab", cert=None, **kw):
+    rec = record(session, 3, state, peer_id=node.peer_id, provider=provider, updated_at=NOW, **kw)
+    return sign_record(rec, node.keys.private_key, cert)
 
 
-def test_tampered_body_is_rejected():
-    kp = create_new_key_pair()
-    env = sign_record(owned_record(kp), kp.private_key)
+@pytest.fixture
+def authority():
+    return Ed25519PrivateKey.new()
+
+
+def certify(authority, node, provider="lab", expires_at=NOW + 3600, serial=None):
+    return issue_certificate(authority, peer_id=node.peer_id, provider_id=provider,
+                             expires_at=expires_at, now=NOW - 60, serial=serial)
+
+
+def test_a_record_verifies_from_its_peer_id_alone():
+    node = new_node()
+    entry = verify(signed(node), OPEN, NOW)
+    assert isinstance(entry, Entry)
+    assert (entry.key, entry.state, entry.version) == ("s1", Lifecycle.SERVING, 3)
+    assert signer_of(entry.proof) == node.peer_id
+
+
+def test_tampered_and_forged_records_are_refused():
+    victim, attacker = new_node(), new_node()
+    env = signed(victim)
     body = msgpack.unpackb(env["body"])
-    body["state"] = "LEFT"
+    body["provider_id"] = "evil"
     with pytest.raises(WireError, match="bad signature"):
-        verify_record({**env, "body": msgpack.packb(body)})
+        verify({**env, "body": msgpack.packb(body)}, OPEN, NOW)
+    forged = sign_record(record("s1", 9, Lifecycle.LEFT, peer_id=victim.peer_id,
+                                updated_at=NOW), attacker.keys.private_key)
+    with pytest.raises(WireError, match="bad signature"):
+        verify(forged, OPEN, NOW)
 
 
-def test_a_node_cannot_sign_a_record_for_another_peer():
-    victim, attacker = create_new_key_pair(), create_new_key_pair()
-    forged = sign_record(owned_record(victim), attacker.private_key)
+def test_an_eviction_signature_cannot_be_replayed_as_a_record():
+    member, target = new_node(), new_node()
+    target_entry = verify(signed(target), OPEN, NOW)
+    eviction = sign_eviction(target_entry, evictor_key=member.keys.private_key,
+                             evictor_peer_id=member.peer_id, reason="dead", now=NOW)
     with pytest.raises(WireError):
-        verify_record(forged)
+        verify({**eviction, "t": "rec"}, OPEN, NOW)
 
 
-def test_batch_drops_bad_envelopes_and_keeps_good_ones():
-    kp = create_new_key_pair()
-    good = sign_record(owned_record(kp), kp.private_key)
-    data = encode_records("snapshot", [good, {**good, "sig": b"\0" * 64}, {"v": 9}, "junk"])
-    records, dropped = decode_records(data, "snapshot")
-    assert [r for r, _ in records] == [verify_record(good)]
-    assert dropped == 3
-
-
-@pytest.mark.parametrize(
-    "data",
-    [b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"v": 2, "kind": "snapshot"})],
-)
-def test_malformed_messages_raise_wire_error(data):
+@pytest.mark.parametrize("junk", [None, [], {"v": 2}, {"v": 1, "t": "nope"},
+                                  {"v": 1, "t": "rec", "body": "str", "sig": b""},
+                                  {"v": 1, "t": "rec", "body": b"\xc1", "sig": b"x"}])
+def test_malformed_envelopes_are_refused(junk):
     with pytest.raises(WireError):
-        decode(data)
+        verify(junk, OPEN, NOW)
 
 
-def test_oversized_messages_are_refused_before_parsing():
+def test_oversized_records_and_messages_are_refused():
+    node = new_node()
+    with pytest.raises(WireError, match="exceeds"):
+        signed(node, provider="x" * (MAX_RECORD_BYTES + 1))
     with pytest.raises(WireError, match="exceeds"):
         decode(b"\0" * 100, limit=10)
-    kp = create_new_key_pair()
-    huge = owned_record(kp, provider_id="x" * (MAX_RECORD_BYTES + 1))
-    with pytest.raises(WireError, match="exceeds"):
-        sign_record(huge, kp.private_key)
+    for data in (b"", b"\xc1", msgpack.packb([1]), encode({})[:-1] + b"\x02"):
+        with pytest.raises(WireError):
+            decode(data)
 
 
-def test_wrong_kind_is_rejected():
+def test_with_an_authority_records_need_a_valid_certificate(authority):
+    node = new_node()
+    trust = Trust(authority=authority.get_public_key())
+    with pytest.raises(WireError, match="no membership certificate"):
+        verify(signed(node), trust, NOW)
+    entry = verify(signed(node, cert=certify(authority, node)), trust, NOW)
+    assert entry.cert_expires_at == NOW + 3600 and entry.cert_serial
+
+
+def test_certificates_must_match_peer_and_provider_and_be_current(authority):
+    node, other = new_node(), new_node()
+    trust = Trust(authority=authority.get_public_key())
+    cases = {
+        "other peer": signed(node, cert=certify(authority, other)),
+        "other provider": signed(node, provider="lab", cert=certify(authority, node, "rival")),
+        "expired": signed(node, cert=certify(authority, node, expires_at=NOW - 1)),
+        "other authority": signed(node, cert=certify(Ed25519PrivateKey.new(), node)),
+    }
+    for name, env in cases.items():
+        with pytest.raises(WireError):
+            verify(env, trust, NOW)
+        assert name
+
+
+def test_revoked_certificates_are_refused(authority):
+    node = new_node()
+    cert = certify(authority, node, serial="ab" * 8)
+    trust = Trust(authority=authority.get_public_key(), revoked_serials={"ab" * 8})
+    with pytest.raises(WireError, match="revoked"):
+        verify(signed(node, cert=cert), trust, NOW)
+
+
+def test_revocations_verify_only_against_the_authority(authority):
+    data = issue_revocation(authority, serial="cd" * 8, peer_id=new_node().peer_id, now=NOW)
+    revocation, _ = verify(revocation_envelope(data), Trust(authority.get_public_key()), NOW)
+    assert revocation.serial == "cd" * 8
     with pytest.raises(WireError):
-        decode_records(encode({"kind": "gossip", "records": []}), "snapshot")
+        verify(revocation_envelope(data), Trust(Ed25519PrivateKey.new().get_public_key()), NOW)
+    with pytest.raises(WireError, match="no membership authority"):
+        verify(revocation_envelope(data), OPEN, NOW)
+
+
+def test_a_member_eviction_is_a_left_tombstone_describing_the_session():
+    member, target = new_node(), new_node()
+    target_entry = verify(signed(target, models=("m",)), OPEN, NOW)
+    env = sign_eviction(target_entry, evictor_key=member.keys.private_key,
+                        evictor_peer_id=member.peer_id, reason="unreachable", now=NOW + 5)
+    entry = verify(env, Trust(is_member=lambda p: p == member.peer_id), NOW + 5)
+    assert entry.state is Lifecycle.LEFT and entry.evicted_by == member.peer_id
+    assert entry.record.provider_id == "lab" and entry.version == target_entry.version
+    assert signer_of(env) == member.peer_id
+
+
+def test_evictions_by_non_members_and_forged_evictions_are_refused(authority):
+    member, target, outsider = new_node(), new_node(), new_node()
+    target_entry = verify(signed(target), OPEN, NOW)
+    by_outsider = sign_eviction(target_entry, evictor_key=outsider.keys.private_key,
+                                evictor_peer_id=outsider.peer_id, reason="x", now=NOW)
+    with pytest.raises(WireError, match="not a member"):
+        verify(by_outsider, Trust(is_member=lambda p: p == member.peer_id), NOW)
+    with pytest.raises(WireError, match="certificate"):  # authority mode: evictor needs one
+        verify(by_outsider, Trust(authority=authority.get_public_key()), NOW)
+    claims_member = sign_eviction(target_entry, evictor_key=outsider.keys.private_key,
+                                  evictor_peer_id=member.peer_id, reason="x", now=NOW)
+    with pytest.raises(WireError, match="bad signature"):
+        verify(claims_member, OPEN, NOW)
+    self_eviction = sign_eviction(target_entry, evictor_key=target.keys.private_key,
+                                  evictor_peer_id=target.peer_id, reason="x", now=NOW)
+    with pytest.raises(WireError, match="itself"):
+        verify(self_eviction, OPEN, NOW)
+
+
+def test_eviction_needs_the_targets_own_signed_record():
+    member = new_node()
+    with pytest.raises(WireError, match="own signed record"):
+        sign_eviction(Entry("s", Lifecycle.SERVING, 1, NOW, b"t", record("s")),
+                      evictor_key=member.keys.private_key, evictor_peer_id=member.peer_id,
+                      reason="x", now=NOW)
+
+
+def test_record_signature_check_can_skip_membership_for_embedded_history(authority):
+    node = new_node()
+    env = signed(node)  # no certificate: fine only when membership is not checked
+    trust = Trust(authority=authority.get_public_key())
+    assert verify_record(env, trust, NOW, check_membership=False).key == "s1"

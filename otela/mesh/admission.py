@@ -1,0 +1,186 @@
+"""Membership admission: which connected peers we talk to.
+
+In an open federation (no authority configured: demos, tests, a single lab) every
+connected peer is admitted. With a membership authority, peers exchange certificates
+over ``/otela/admission/1.0.0`` right after connecting; a peer that does not present a
+valid, unexpired, unrevoked certificate for its own peer id within ``grace`` seconds
+is disconnected, and until admitted its gossip and anti-entropy are ignored. Records
+carry their owner's certificate too (see ``otela.registry.wire``), so a non-member's
+record never enters a registry even when an admitted peer relays it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from libp2p.crypto.keys import PublicKey
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+
+from otela.membership.certificate import (
+    Certificate,
+    MembershipError,
+    Revocation,
+    verify_certificate,
+)
+from otela.mesh.framing import read_frame, write_frame
+from otela.registry.records import Lifecycle
+from otela.registry.store import Registry
+from otela.registry.wire import Trust
+
+log = logging.getLogger("otela.mesh")
+
+ADMISSION_PROTOCOL = TProtocol("/otela/admission/1.0.0")
+HANDSHAKE_TIMEOUT_S = 5.0
+MAX_CERT_FRAME = 8 * 1024
+
+
+@dataclass
+class Refusal:
+    peer_id: str
+    reason: str
+    at: float
+
+
+class Admission:
+    def __init__(
+        self,
+        authority: PublicKey | None,
+        own_certificate: bytes | None,
+        clock: Callable[[], float] = time.time,
+        grace: float = 5.0,
+    ) -> None:
+        self.authority = authority
+        self.own_certificate = own_certificate
+        self.clock = clock
+        self.grace = grace
+        self._admitted: dict[ID, Certificate] = {}
+        self._first_seen: dict[ID, float] = {}
+        self.refusals: dict[str, Refusal] = {}
+        self._revoked: set[str] = set()
+
+    @property
+    def open(self) -> bool:
+        return self.authority is None
+
+    def trust(self, registry: Registry) -> Trust:
+        def is_member(peer_id: str) -> bool:
+            return any(r.peer_id == peer_id and r.state is not Lifecycle.LEFT for r in registry)
+
+        return Trust(self.authority, registry.revoked_serials(), is_member)
+
+    def is_admitted(self, peer: ID) -> bool:
+        if self.open:
+            return True
+        cert = self._admitted.get(peer)
+        if cert is None:
+            return False
+        if cert.expires_at <= self.clock() or cert.serial in self._revoked:
+            del self._admitted[peer]
+            self._refuse(peer, "certificate expired or revoked")
+            return False
+        return True
+
+    def on_revocation(self, revocation: Revocation) -> None:
+        self._revoked.add(revocation.serial)
+        for peer, cert in list(self._admitted.items()):
+            if cert.serial == revocation.serial:
+                del self._admitted[peer]
+                self._refuse(peer, f"certificate {cert.serial} revoked")
+
+    def _verify(self, peer: ID, data: bytes) -> Certificate:
+        assert self.authority is not None
+        cert = verify_certificate(
+            data, self.authority, now=self.clock(), revoked_serials=self._revoked
+        )
+        if cert.peer_id != peer.to_base58():
+            raise MembershipError(f"certificate is for {cert.peer_id}, presented by {peer}")
+        return cert
+
+    def _refuse(self, peer: ID, reason: str) -> None:
+        self.refusals[peer.to_base58()] = Refusal(peer.to_base58(), reason, self.clock())
+        log.warning("refusing peer %s: %s", peer, reason)
+
+    def _accept(self, peer: ID, data: bytes) -> bool:
+        try:
+            self._admitted[peer] = self._verify(peer, data)
+        except MembershipError as exc:
+            self._refuse(peer, str(exc))
+            return False
+        self.refusals.pop(peer.to_base58(), None)
+        return True
+
+    # -- protocol --------------------------------------------------------------------
+
+    def install(self, host: Any) -> None:
+        if not self.open:
+            host.set_stream_handler(ADMISSION_PROTOCOL, self._handle)
+
+    async def _handle(self, stream: Any) -> None:
+        peer = stream.muxed_conn.peer_id
+        with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+            try:
+                theirs = await read_frame(stream, MAX_CERT_FRAME)
+                await write_frame(stream, self.own_certificate or b"")
+                self._accept(peer, theirs)
+            except Exception as exc:  # whatever the peer sends, the handler survives
+                self._refuse(peer, f"admission handshake failed: {exc}")
+            finally:
+                try:
+                    await stream.close()
+                except Exception:
+                    log.debug("closing admission stream failed", exc_info=True)
+
+    async def handshake(self, host: Any, peer: ID) -> bool:
+        with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+            try:
+                stream = await host.new_stream(peer, [ADMISSION_PROTOCOL])
+                try:
+                    await write_frame(stream, self.own_certificate or b"")
+                    theirs = await read_frame(stream, MAX_CERT_FRAME)
+                finally:
+                    await stream.close()
+                return self._accept(peer, theirs)
+            except Exception as exc:
+                self._refuse(peer, f"admission handshake failed: {exc}")
+                return False
+        self._refuse(peer, "admission handshake timed out")
+        return False
+
+    async def enforce(self, host: Any, interval: float = 0.5) -> None:
+        """Handshake with new peers; disconnect those not admitted within ``grace``."""
+        if self.open:
+            return
+        attempted: set[ID] = set()
+        async with trio.open_nursery() as nursery:
+            while True:
+                now = self.clock()
+                connected = set(host.get_connected_peers())
+                for peer in connected:
+                    if self.is_admitted(peer):
+                        continue
+                    first = self._first_seen.setdefault(peer, now)
+                    if peer not in attempted:
+                        attempted.add(peer)
+                        nursery.start_soon(self.handshake, host, peer)
+                    elif now - first > self.grace or peer.to_base58() in self.refusals:
+                        log.info("disconnecting unadmitted peer %s", peer)
+                        nursery.start_soon(_disconnect, host, peer)
+                        attempted.discard(peer)
+                        self._first_seen.pop(peer, None)
+                for peer in set(self._first_seen) - connected:
+                    self._first_seen.pop(peer, None)
+                    attempted.discard(peer)
+                await trio.sleep(interval)
+
+
+async def _disconnect(host: Any, peer: ID) -> None:
+    try:
+        await host.disconnect(peer)
+    except Exception:
+        log.debug("disconnecting %s failed", peer, exc_info=True)

@@ -1,0 +1,183 @@
+"""The registry CRDT: a grow-only map from session id to a lifecycle-lattice value.
+
+Each value is an ``Entry``: a lifecycle state (JOIN < SERVING < DOWN < LEFT), the owner's
+version counter within that session, and the signed proof it arrived with. Merge is the
+lattice join on ``rank() = (state, version, tiebreak)``: the higher lifecycle state wins,
+then the higher version, then the larger tiebreak (a hash of the signed bytes, so every
+replica breaks the same tie the same way). A total order's max is commutative,
+associative and idempotent, so replicas that see the same entries in any order, with
+duplicates, converge; and because LEFT is the top state, a LEFT entry can only ever be
+replaced by another LEFT statement about the same session, never revived.
+
+Garbage collection (two tiers, see docs/registry.md):
+- LEFT entries leave the application views ``retention`` seconds after they were signed;
+- every entry is compacted (dropped from the map) ``horizon`` seconds after its signer's
+  ``updated_at``. Live owners re-sign their entry well within the horizon (a lease, not a
+  heartbeat), and ``admit`` rejects anything signed before ``now - horizon``: so late or
+  replayed gossip about a compacted session is refused instead of resurrecting it.
+Pure: no I/O, no clock reads; callers pass ``now``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from otela.registry.records import Lifecycle, NodeRecord
+
+BUCKETS = 256
+_HASH_BYTES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One G-Map value. ``record`` is the payload views show (its ``state`` is the entry's)."""
+
+    key: str
+    state: Lifecycle
+    version: int
+    updated_at: float
+    tiebreak: bytes
+    record: NodeRecord
+    # The signed envelope, relayed verbatim to other replicas; not part of the value's identity.
+    proof: Any = field(default=None, compare=False, repr=False)
+    evicted_by: str | None = None
+    cert_serial: str | None = None  # the owner's membership certificate, when there is one
+    cert_expires_at: float | None = None
+
+    def rank(self) -> tuple[int, int, bytes]:
+        return (int(self.state), self.version, self.tiebreak)
+
+    def digest_item(self) -> tuple[int, int, bytes]:
+        """What anti-entropy compares: enough to tell which of two entries wins."""
+        return (int(self.state), self.version, self.tiebreak[:8])
+
+    def fingerprint(self) -> bytes:
+        item = f"{self.key}|{int(self.state)}|{self.version}|".encode() + self.tiebreak
+        return hashlib.blake2b(item, digest_size=_HASH_BYTES).digest()
+
+
+def tiebreak_of(signed_bytes: bytes) -> bytes:
+    return hashlib.blake2b(signed_bytes, digest_size=_HASH_BYTES).digest()
+
+
+def join(a: Entry, b: Entry) -> Entry:
+    """The lattice join of two values for the same key."""
+    return a if a.rank() >= b.rank() else b
+
+
+def bucket_of(key: str) -> int:
+    return hashlib.blake2b(key.encode(), digest_size=1).digest()[0]
+
+
+def _xor(a: bytes, b: bytes) -> bytes:
+    return (int.from_bytes(a, "big") ^ int.from_bytes(b, "big")).to_bytes(_HASH_BYTES, "big")
+
+
+class Rejected(Exception):
+    """An entry the map refuses (stale, from the future); the caller counts it."""
+
+
+@dataclass(frozen=True)
+class GCPolicy:
+    retention: float = 24 * 3600.0  # LEFT entries visible in views this long
+    horizon: float = 48 * 3600.0  # every entry compacted this long after its signature
+    max_clock_skew: float = 600.0  # entries signed further in the future are refused
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retention <= self.horizon:
+            raise ValueError("need 0 < retention <= horizon")
+
+    @property
+    def refresh_interval(self) -> float:
+        """How often a live owner re-signs its entry so it never nears the horizon."""
+        return self.horizon / 8
+
+
+class GMap:
+    """The map itself, with incrementally maintained bucket digests for anti-entropy."""
+
+    def __init__(self, policy: GCPolicy | None = None) -> None:
+        self.policy = policy or GCPolicy()
+        self._entries: dict[str, Entry] = {}
+        self._buckets: list[bytes] = [bytes(_HASH_BYTES)] * BUCKETS
+        self._bucket_keys: list[set[str]] = [set() for _ in range(BUCKETS)]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries.values())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def get(self, key: str) -> Entry | None:
+        return self._entries.get(key)
+
+    def admit(self, entry: Entry, now: float) -> None:
+        """Raise ``Rejected`` for entries no replica may accept at ``now``."""
+        if entry.updated_at < now - self.policy.horizon:
+            raise Rejected(f"entry for {entry.key} is older than the compaction horizon")
+        if entry.updated_at > now + self.policy.max_clock_skew:
+            raise Rejected(f"entry for {entry.key} is signed in the future")
+
+    def merge(self, entry: Entry, now: float) -> tuple[bool, Entry | None]:
+        """Join ``entry``; return (whether the map changed, the value it replaced)."""
+        self.admit(entry, now)
+        current = self._entries.get(entry.key)
+        if current is not None and join(current, entry) is current:
+            return False, None
+        self._store(entry, current)
+        return True, current
+
+    def digest_root(self) -> bytes:
+        return hashlib.blake2b(b"".join(self._buckets), digest_size=_HASH_BYTES).digest()
+
+    def bucket_hashes(self) -> list[bytes]:
+        return list(self._buckets)
+
+    def bucket_digest(self, bucket: int) -> dict[str, tuple[int, int, bytes]]:
+        return {k: self._entries[k].digest_item() for k in self._bucket_keys[bucket]}
+
+    def newer_than(self, remote: dict[str, tuple[int, int, bytes]], buckets: Iterable[int]
+                   ) -> tuple[list[Entry], list[str]]:
+        """Given a peer's digest of ``buckets``: our entries it lacks or holds older, and the
+        keys where it holds something we lack or hold older (to ask it for)."""
+        send: list[Entry] = []
+        want: list[str] = []
+        for bucket in buckets:
+            for key in self._bucket_keys[bucket]:
+                theirs = remote.get(key)
+                if theirs is None or tuple(theirs) < self._entries[key].digest_item():
+                    send.append(self._entries[key])
+        for key, theirs in remote.items():
+            ours = self._entries.get(key)
+            if ours is None or ours.digest_item() < tuple(theirs):
+                want.append(key)
+        return send, want
+
+    def compact(self, now: float) -> list[Entry]:
+        """Drop every entry signed before ``now - horizon``; return what was dropped."""
+        cutoff = now - self.policy.horizon
+        dropped = [e for e in self._entries.values() if e.updated_at < cutoff]
+        for entry in dropped:
+            self._remove(entry)
+        return dropped
+
+    def _store(self, entry: Entry, current: Entry | None) -> None:
+        bucket = bucket_of(entry.key)
+        h = entry.fingerprint()
+        if current is not None:
+            h = _xor(h, current.fingerprint())
+        self._buckets[bucket] = _xor(self._buckets[bucket], h)
+        self._bucket_keys[bucket].add(entry.key)
+        self._entries[entry.key] = entry
+
+    def _remove(self, entry: Entry) -> None:
+        bucket = bucket_of(entry.key)
+        self._buckets[bucket] = _xor(self._buckets[bucket], entry.fingerprint())
+        self._bucket_keys[bucket].discard(entry.key)
+        del self._entries[entry.key]
