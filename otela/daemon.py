@@ -110,6 +110,9 @@ class Node:
             "registry_size": len(self.registry),
             "replication": dict(self.replicator.stats),
             "membership": "open" if self.replica.admission.open else "authority",
+            "refused_peers": {
+                peer: refusal.reason for peer, refusal in self.replica.admission.refusals.items()
+            },
         }
 
     def serving_engine_url(self) -> str | None:

@@ -52,7 +52,8 @@ class NodeView(Protocol):
         ...
 
 
-def _session_summary(record: NodeRecord) -> dict[str, Any]:
+def _session_summary(record: NodeRecord, model_id: str) -> dict[str, Any]:
+    model = next((m for m in record.models if m.id == model_id), None)
     return {
         "session_id": record.session_id,
         "peer_id": record.peer_id,
@@ -61,6 +62,7 @@ def _session_summary(record: NodeRecord) -> dict[str, Any]:
         "http_url": record.http_url,
         "hardware": record.hardware.to_dict(),
         "engine": record.engine,
+        "model": model.to_dict() if model else None,
     }
 
 
@@ -78,7 +80,10 @@ def create_app(node: NodeView) -> FastAPI:
 
     @app.get("/v1/registry/nodes")
     async def registry_nodes() -> dict[str, Any]:
-        nodes = [r.to_dict() for r in node.registry.snapshot()]
+        nodes = []
+        for record in node.registry.snapshot():
+            entry = node.registry.entry(record.session_id)
+            nodes.append({**record.to_dict(), "evicted_by": entry.evicted_by if entry else None})
         return {"nodes": nodes, "count": len(nodes)}
 
     @app.get("/v1/registry/models")
@@ -88,7 +93,7 @@ def create_app(node: NodeView) -> FastAPI:
                 {
                     "id": entry.model_id,
                     "serving_count": len(entry.serving()),
-                    "sessions": [_session_summary(r) for r in entry.sessions],
+                    "sessions": [_session_summary(r, entry.model_id) for r in entry.sessions],
                 }
                 for entry in node.registry.models()
             ]

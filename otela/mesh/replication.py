@@ -136,28 +136,39 @@ class Replicator:
 
     # -- anti-entropy ------------------------------------------------------------------
 
-    async def sync_with(self, peer_id: ID) -> bool:
-        """Run one anti-entropy exchange with ``peer_id`` as initiator."""
+    async def sync_with(self, peer_id: ID, max_rounds: int = 20) -> bool:
+        """Anti-entropy with ``peer_id`` as initiator, repeated while batches come back full
+        (a joiner to a federation larger than one batch); return whether it succeeded."""
+        for _ in range(max_rounds):
+            received = await self._sync_once(peer_id)
+            if received is None:
+                return False
+            if received < antientropy.MAX_ENTRIES_PER_MESSAGE:
+                return True
+        return True
+
+    async def _sync_once(self, peer_id: ID) -> int | None:
+        """One exchange; the number of entries received, or ``None`` if it failed."""
         if not self.admission.is_admitted(peer_id) and not await self.admission.handshake(
             self.mesh.host, peer_id
         ):
             self.stats["ae_unadmitted"] += 1
-            return False
+            return None
         with trio.move_on_after(AE_TIMEOUT_S):
             try:
                 stream = await self.mesh.host.new_stream(peer_id, [AE_PROTOCOL])
                 try:
-                    await self._initiate(stream)
+                    received = await self._initiate(stream)
                 finally:
                     await stream.close()
                 self.stats["ae_completed"] += 1
-                return True
+                return received
             except Exception as exc:  # wire errors and every transport's network errors
                 self.stats["ae_failed"] += 1
                 log.debug("anti-entropy with %s failed: %s", peer_id, exc)
-                return False
+                return None
         self.stats["ae_failed"] += 1
-        return False
+        return None
 
     async def push_to_all(self, timeout: float) -> None:
         """Anti-entropy with every connected peer at once, for at most ``timeout`` seconds."""
@@ -179,7 +190,7 @@ class Replicator:
         self.stats["ae_bytes_received"] += len(data)
         return decode(data)
 
-    async def _initiate(self, stream: Any) -> None:
+    async def _initiate(self, stream: Any) -> int:
         registry = self.registry
         await self._send(stream, antientropy.opening(registry))
         answer = await self._receive(stream)
@@ -187,11 +198,13 @@ class Replicator:
         request = antientropy.digests(registry, answer)
         if request is None:
             await self._send(stream, {"kind": "ae-done"})
-            return
+            return 0
         await self._send(stream, request)
         reply = await self._receive(stream)
-        self.ingest(list(reply.get("entries") or []), "ae")
+        received = list(reply.get("entries") or [])
+        self.ingest(received, "ae")
         await self._send(stream, antientropy.entries(registry, list(reply.get("want") or [])))
+        return len(received)
 
     async def _handle_anti_entropy(self, stream: Any) -> None:
         peer = stream.muxed_conn.peer_id

@@ -24,6 +24,11 @@ from otela.registry.store import Registry
 
 Message = dict[str, Any]
 
+# Entries per message (~450 B each): keeps every frame far below the 8 MiB limit. A joiner
+# to a larger federation receives the rest in the next exchanges (the initiator repeats
+# while it keeps receiving full batches).
+MAX_ENTRIES_PER_MESSAGE = 5000
+
 
 def opening(registry: Registry) -> Message:
     return {"kind": "ae-open", "root": registry.map.digest_root(),
@@ -68,7 +73,8 @@ def answer_digests(registry: Registry, message: Message) -> Message:
     for items in per_bucket.values():
         remote.update({k: tuple(v) for k, v in items.items()})
     send, want = registry.map.newer_than(remote, (int(b) for b in per_bucket))
-    return {"kind": "ae-entries", "entries": [e.proof for e in send], "want": want}
+    return {"kind": "ae-entries", "entries": [e.proof for e in send[:MAX_ENTRIES_PER_MESSAGE]],
+            "want": want[:MAX_ENTRIES_PER_MESSAGE]}
 
 
 def entries(registry: Registry, keys: list[str]) -> Message:

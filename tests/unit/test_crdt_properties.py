@@ -149,3 +149,18 @@ def test_a_joiner_receives_everything_in_one_exchange():
     joiner.apply(entry("mine", 1, Lifecycle.JOIN), NOW)
     _exchange(joiner, big)
     assert state_of(joiner.map) == state_of(big.map)
+
+
+def test_a_joiner_larger_than_one_batch_converges_over_several_exchanges(monkeypatch):
+    monkeypatch.setattr(antientropy, "MAX_ENTRIES_PER_MESSAGE", 40)
+    big, joiner = Registry(), Registry()
+    for i in range(150):
+        big.apply(entry(f"s{i}", 1, Lifecycle.SERVING), NOW)
+    rounds = 0
+    while state_of(joiner.map) != state_of(big.map):
+        before = len(joiner.map)
+        _exchange(joiner, big)
+        rounds += 1
+        assert len(joiner.map) - before <= 40  # never more than one batch per message
+        assert rounds < 10
+    assert rounds == 4
