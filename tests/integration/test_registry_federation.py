@@ -186,3 +186,32 @@ def test_a_late_joiner_converges_after_200_changes_through_anti_entropy(federati
     replication = late.get("/v1/health")["replication"]
     assert replication.get("ae_applied", 0) >= 1
     assert replication.get("ae_bytes_received", 0) > 50 * 300  # ~50 signed records
+
+
+def test_malformed_and_oversized_wire_messages_are_dropped_and_counted(federation, tmp_path):
+    from otela.mesh.replication import AE_PROTOCOL, REGISTRY_TOPIC
+
+    node = federation.start_node("node")
+    failed_before = node.get("/v1/health")["replication"].get("ae_failed", 0)
+
+    async def garbage() -> None:
+        async with running_peer(tmp_path / "garbage") as peer:
+            node_id = await connect(peer, node.multiaddr)
+            host = peer.replicator.mesh.host
+            for payload in (
+                b"\xff\xff\xff\xff",  # announces a 4 GiB frame
+                b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1",  # a frame of undecodable msgpack
+                b"\x00\x00\x00\x03abc",  # valid frame, not a message
+            ):
+                stream = await host.new_stream(node_id, [AE_PROTOCOL])
+                await stream.write(payload)
+                await stream.close()
+            await peer.replicator.mesh.pubsub.publish(REGISTRY_TOPIC, b"\xc1 not msgpack")
+            await trio.sleep(1.0)
+
+    trio.run(garbage)
+    wait_for(lambda: node.get("/v1/health")["replication"].get("ae_failed", 0)
+             >= failed_before + 3, CONVERGE_S, "the three bad streams to be counted")
+    health = node.get("/v1/health")
+    assert health["status"] == "ok" and node.process.poll() is None
+    assert set(node.states()) == {node.session_id}

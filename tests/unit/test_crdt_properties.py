@@ -44,7 +44,7 @@ def state_of(gmap: GMap) -> dict[str, tuple]:
     return {e.key: e.rank() for e in gmap}
 
 
-@settings(max_examples=500)
+@settings(max_examples=1500)
 @given(st.lists(entries, max_size=40), st.randoms(use_true_random=False))
 def test_any_order_with_duplicates_converges(updates, rnd):
     reference = GMap()
@@ -59,7 +59,7 @@ def test_any_order_with_duplicates_converges(updates, rnd):
     assert other.digest_root() == reference.digest_root()
 
 
-@settings(max_examples=500)
+@settings(max_examples=1500)
 @given(st.lists(entries, max_size=40))
 def test_lifecycle_never_regresses(updates):
     gmap = GMap()
@@ -89,7 +89,7 @@ def _apply_all(registry: Registry, proofs) -> None:
         registry.apply(proof, NOW)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(st.lists(entries, min_size=1, max_size=60), st.randoms(use_true_random=False))
 def test_five_replicas_with_lost_and_duplicated_deltas_converge_after_anti_entropy(updates, rnd):
     replicas = [Registry() for _ in range(5)]
@@ -115,7 +115,7 @@ def test_five_replicas_with_lost_and_duplicated_deltas_converge_after_anti_entro
         assert replica.map.digest_root() == reference.digest_root()
 
 
-@settings(max_examples=300)
+@settings(max_examples=1000)
 @given(st.lists(entries, min_size=1, max_size=30), st.floats(0, 1000))
 def test_a_compacted_left_entry_is_never_resurrected(updates, replay_delay):
     policy = GCPolicy(retention=50, horizon=100)
