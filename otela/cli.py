@@ -127,6 +127,15 @@ def start(
         help="How long after its last signed update an entry is compacted away "
         "(live nodes re-sign every horizon/8). Must be at least the retention.",
     ),
+    probe_interval: str = typer.Option(
+        "1s", "--probe-interval", envvar="OTELA_PROBE_INTERVAL",
+        help="Failure detector: how often this node probes one other member.",
+    ),
+    suspicion_timeout: str = typer.Option(
+        "6s", "--suspicion-timeout", envvar="OTELA_SUSPICION_TIMEOUT",
+        help="Failure detector: how long a suspected node has to refute before it is "
+        "evicted (LEFT). Suspected nodes get no traffic meanwhile.",
+    ),
     log_level: str = typer.Option("INFO", "--log-level", envvar="OTELA_LOG_LEVEL"),
 ) -> None:
     """Run a node: join the mesh, replicate the registry, route requests, and optionally
@@ -143,6 +152,7 @@ def start(
     _setup_logging(log_level)
     try:
         retention, horizon = parse_duration(registry_retention), parse_duration(registry_horizon)
+        probe_s, suspicion_s = parse_duration(probe_interval), parse_duration(suspicion_timeout)
     except ValueError as exc:
         typer.echo(f"otela: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -163,6 +173,8 @@ def start(
         certificate=certificate,
         registry_retention=retention,
         registry_horizon=horizon,
+        probe_interval=probe_s,
+        suspicion_timeout=suspicion_s,
     )
     try:
         node = Node(config)

@@ -31,6 +31,8 @@ class NodeConfig:
     certificate: Path | None = None
     registry_retention: float = 24 * 3600.0
     registry_horizon: float = 48 * 3600.0
+    probe_interval: float = 1.0
+    suspicion_timeout: float = 6.0
 
     def advertised_host(self) -> str:
         """The address other nodes use to reach us (never a wildcard)."""

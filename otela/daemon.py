@@ -30,6 +30,7 @@ from otela.config import NodeConfig
 from otela.engine.command import EngineCommand, parse_engine_command
 from otela.engine.supervisor import EngineFailed, EngineProcess
 from otela.identity import Identity, load_or_create
+from otela.liveness.swim import DetectorConfig, FailureDetector
 from otela.mesh.bootstrap import keep_connected, parse_bootstrap
 from otela.mesh.host import advertised_addrs, build_host
 from otela.registry.crdt import GCPolicy
@@ -77,6 +78,17 @@ class Node:
         self.registry = self.replica.registry
         self.replicator = self.replica.replicator
         self.replica.on_rejoin = self._rejoined
+        self.detector = FailureDetector(
+            self.identity,
+            self.mesh.host,
+            self.replica,
+            DetectorConfig(
+                probe_interval=config.probe_interval,
+                probe_timeout=config.probe_interval,
+                stale_window=3 * config.probe_interval,
+                suspicion_timeout=config.suspicion_timeout,
+            ),
+        )
         self.addrs: list[str] = []
         self.http_url = ""
         self.exit_code = EXIT_OK
@@ -110,6 +122,8 @@ class Node:
             "registry_size": len(self.registry),
             "replication": dict(self.replicator.stats),
             "membership": "open" if self.replica.admission.open else "authority",
+            "suspected_peers": sorted(self.detector.suspected()),
+            "liveness": dict(self.detector.stats),
             "refused_peers": {
                 peer: refusal.reason for peer, refusal in self.replica.admission.refusals.items()
             },
@@ -141,6 +155,7 @@ class Node:
     async def run(self) -> int:
         config = self.config
         self.replica.install(self.mesh.host)
+        self.detector.install()
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64)
         timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=30.0)
         async with (
@@ -155,6 +170,7 @@ class Node:
                 client,
                 self.session_id,
                 self.engine_command.url if self.engine_command else None,
+                suspected=self.detector.suspected,
             )
             await self.mesh.pubsub.wait_until_ready()
             async with trio.open_nursery() as nursery:
@@ -177,6 +193,7 @@ class Node:
                     engine=self.engine_command.kind if self.engine_command else None,
                 ))
                 self._report_started()
+                nursery.start_soon(self.detector.run)
                 for peer in self.bootstrap_peers:
                     nursery.start_soon(keep_connected, self.mesh, self.replicator, peer)
                 engine = None

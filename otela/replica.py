@@ -187,7 +187,24 @@ class LocalReplica:
             if dropped:
                 log.info("compacted %d registry entries past the GC horizon", len(dropped))
             await self._rejoin_if_evicted()
+            await self._retire_old_sessions()
             await trio.sleep(MAINTENANCE_INTERVAL_S)
+
+    async def _retire_old_sessions(self) -> None:
+        """Announce LEFT for earlier sessions of this node (same key) that never said so,
+        e.g. after a crash: we are their owner, so nobody has to detect and evict them."""
+        if self.record is None:
+            return
+        me, current = self.record.peer_id, self.record.session_id
+        for entry in list(self.registry.map):
+            old = entry.record
+            if old.peer_id == me and entry.key != current and entry.state is not Lifecycle.LEFT:
+                retired = old.evolve(now=self.clock(), state=Lifecycle.LEFT)
+                envelope = sign_record(retired, self.identity.key_pair.private_key,
+                                       self.certificate)
+                if self.replicator.ingest([envelope], "local"):
+                    log.info("retired earlier session %s of this node", entry.key)
+                    await self.replicator.publish(envelope)
 
     async def _rejoin_if_evicted(self) -> None:
         record = self.record

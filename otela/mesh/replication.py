@@ -56,6 +56,9 @@ class Replicator:
         self.clock = clock
         self.stats: Counter[str] = Counter()
         self._self_id: ID = mesh.host.get_id()
+        # Called with a peer id whenever that peer itself sent us something (the failure
+        # detector counts it as recent contact).
+        self.on_heard: Callable[[str], None] = lambda peer_id: None
 
     @property
     def trust(self) -> Trust:
@@ -127,8 +130,10 @@ class Replicator:
     async def _receive_gossip(self, subscription: Any) -> None:
         while True:
             message = await subscription.get()
-            if ID(message.from_id) == self._self_id:
+            origin = ID(message.from_id)
+            if origin == self._self_id:
                 continue  # pubsub delivers our own publishes back to us
+            self.on_heard(origin.to_base58())
             try:
                 self.ingest(decode(message.data)["entries"], "gossip")
             except (WireError, KeyError, TypeError):
@@ -213,6 +218,7 @@ class Replicator:
                 if not self.admission.is_admitted(peer):
                     self.stats["ae_unadmitted"] += 1
                     return
+                self.on_heard(peer.to_base58())
                 registry = self.registry
                 opening = await self._receive(stream)
                 await self._send(stream, antientropy.answer_opening(registry, opening))

@@ -14,9 +14,14 @@ from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
 
 
-def candidates_for(registry: Registry, model_id: str) -> tuple[NodeRecord, ...]:
-    """SERVING sessions for ``model_id``; 404 if no live node lists it, 503 if none serves it."""
+def candidates_for(
+    registry: Registry, model_id: str, suspected: Collection[str] = frozenset()
+) -> tuple[NodeRecord, ...]:
+    """SERVING sessions for ``model_id`` on peers not under suspicion; 404 if no live node
+    lists the model, 503 if none can serve it now."""
     serving = registry.serving_candidates(model_id)  # the hot path: one cached lookup
+    if serving and suspected:
+        serving = tuple(r for r in serving if r.peer_id not in suspected)
     if serving:
         return serving
     entry = registry.model(model_id)
@@ -26,6 +31,12 @@ def candidates_for(registry: Registry, model_id: str) -> tuple[NodeRecord, ...]:
             f"The model `{model_id}` does not exist in this federation.",
             code="model_not_found",
             param="model",
+        )
+    if registry.serving_candidates(model_id):
+        raise APIError(
+            503,
+            f"Every node serving `{model_id}` is suspected unreachable right now; retry later.",
+            code="no_serving_node",
         )
     raise APIError(
         503,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import httpx
 from fastapi.responses import Response
@@ -35,12 +35,14 @@ class Router:
         self_session_id: str,
         local_engine_url: str | None,
         rng: random.Random | None = None,
+        suspected: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         self.registry = registry
         self.client = client
         self.self_session_id = self_session_id
         self.local_engine_url = local_engine_url
         self.rng = rng or random.Random()
+        self.suspected = suspected  # peers the failure detector currently suspects
 
     def target_url(self, node: NodeRecord, path: str) -> str:
         """Where to send ``path`` for ``node``: our own engine directly, others via their node."""
@@ -51,7 +53,7 @@ class Router:
     async def route(
         self, model_id: str, path: str, body: bytes, incoming_headers: Mapping[str, str]
     ) -> Response:
-        candidates = candidates_for(self.registry, model_id)
+        candidates = candidates_for(self.registry, model_id, self.suspected())
         request_id = incoming_headers.get("x-otela-request-id") or uuid.uuid4().hex
         headers = request_headers(incoming_headers, {"x-otela-request-id": request_id})
         tried: list[str] = []

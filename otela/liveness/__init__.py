@@ -1,0 +1,1 @@
+"""Failure detection: SWIM-style probing with suspicion, kept out of the registry CRDT."""

@@ -1,0 +1,171 @@
+"""The failure detector's state, pure: who is alive or suspected, and what to tell others.
+
+Liveness never enters the registry CRDT (a few probe messages per node per period, not
+mesh-wide writes). Each peer has an *incarnation* number only it may raise. The paper's
+two-stage policy (§3.4):
+1. a peer whose direct probe, indirect probes and recent-contact check all failed becomes
+   SUSPECT: routing drops it at once, nothing irreversible happens;
+2. a SUSPECT that does not refute (announce a higher incarnation) within
+   ``suspicion_timeout`` is *confirmed*: the caller then evicts its sessions (LEFT).
+Updates (``suspect P@i``, ``alive P@i``) ride on probe messages; each is retransmitted a
+bounded number of times (SWIM's λ·log N), so dissemination costs nothing extra.
+Pure: no I/O, no clock reads.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+
+class Status(enum.Enum):
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    CONFIRMED = "confirmed"
+
+
+@dataclass
+class Member:
+    peer_id: str
+    incarnation: int = 0
+    status: Status = Status.ALIVE
+    suspected_at: float | None = None
+    last_heard: float = 0.0
+
+
+@dataclass(frozen=True)
+class Update:
+    """One piece of liveness news; ``proof`` (signed by the peer) is required for ``alive``."""
+
+    peer_id: str
+    status: Status
+    incarnation: int
+    proof: bytes | None = None
+
+
+@dataclass
+class LivenessTable:
+    self_id: str
+    suspicion_timeout: float
+    retransmit_multiplier: float = 3.0
+    incarnation: int = 0
+    members: dict[str, Member] = field(default_factory=dict)
+    _outbox: dict[str, tuple[Update, int]] = field(default_factory=dict)
+    refute_needed: bool = False
+
+    # -- membership ------------------------------------------------------------------
+
+    def sync_members(self, peer_ids: set[str], now: float) -> None:
+        """Track exactly the peers the registry lists as not LEFT (ourselves excluded)."""
+        for peer_id in peer_ids - set(self.members) - {self.self_id}:
+            self.members[peer_id] = Member(peer_id, last_heard=now)
+        for peer_id in set(self.members) - peer_ids:
+            del self.members[peer_id]
+            self._outbox.pop(peer_id, None)
+
+    def suspected(self) -> frozenset[str]:
+        return frozenset(
+            m.peer_id for m in self.members.values() if m.status is not Status.ALIVE
+        )
+
+    # -- observations ------------------------------------------------------------------
+
+    def heard_from(self, peer_id: str, now: float) -> None:
+        """Any authenticated message from the peer itself (probe, ack, gossip, sync)."""
+        member = self.members.get(peer_id)
+        if member is not None:
+            member.last_heard = max(member.last_heard, now)
+
+    def heard_recently(self, peer_id: str, now: float, window: float) -> bool:
+        member = self.members.get(peer_id)
+        return member is not None and now - member.last_heard <= window
+
+    def probe_failed(self, peer_id: str, now: float) -> bool:
+        """All three probe paths failed: suspect the peer. Returns whether it is new news."""
+        member = self.members.get(peer_id)
+        if member is None or member.status is not Status.ALIVE:
+            return False
+        member.status, member.suspected_at = Status.SUSPECT, now
+        self._enqueue(Update(peer_id, Status.SUSPECT, member.incarnation))
+        return True
+
+    def apply(self, update: Update, now: float, proof_valid: bool = False) -> bool:
+        """Merge news from another member; return whether it changed our view."""
+        if update.peer_id == self.self_id:
+            if update.status is not Status.ALIVE and update.incarnation >= self.incarnation:
+                self.incarnation = update.incarnation + 1  # refute: outbid the suspicion
+                self.refute_needed = True
+            return False
+        member = self.members.get(update.peer_id)
+        if member is None or member.status is Status.CONFIRMED:
+            return False
+        if update.status is Status.ALIVE:
+            if not proof_valid or update.incarnation <= member.incarnation:
+                return False
+            member.incarnation, member.status, member.suspected_at = (
+                update.incarnation, Status.ALIVE, None
+            )
+            member.last_heard = max(member.last_heard, now)
+            self._enqueue(update)
+            return True
+        if update.status is Status.SUSPECT:
+            if update.incarnation < member.incarnation or member.status is Status.SUSPECT:
+                return False
+            member.incarnation, member.status, member.suspected_at = (
+                update.incarnation, Status.SUSPECT, now
+            )
+            self._enqueue(update)
+            return True
+        if update.incarnation >= member.incarnation:  # CONFIRMED by another member
+            member.status, member.suspected_at = Status.CONFIRMED, now
+            self._enqueue(update)
+            return True
+        return False
+
+    def overdue_confirmations(self, now: float) -> list[str]:
+        """Peers confirmed dead (by us or others) over a timeout ago: evict them (again).
+
+        Normally the confirming member's eviction arrives well before; this is the backup
+        for a confirmer that died before its eviction spread.
+        """
+        return [
+            m.peer_id for m in self.members.values()
+            if m.status is Status.CONFIRMED and m.suspected_at is not None
+            and now - m.suspected_at >= 2 * self.suspicion_timeout
+        ]
+
+    def expired_suspicions(self, now: float) -> list[str]:
+        """Suspects whose grace period ran out: mark them confirmed and return them."""
+        confirmed = []
+        for member in self.members.values():
+            if (member.status is Status.SUSPECT and member.suspected_at is not None
+                    and now - member.suspected_at >= self.suspicion_timeout):
+                member.status, member.suspected_at = Status.CONFIRMED, now
+                self._enqueue(Update(member.peer_id, Status.CONFIRMED, member.incarnation))
+                confirmed.append(member.peer_id)
+        return confirmed
+
+    # -- dissemination -------------------------------------------------------------------
+
+    def announce_alive(self, proof: bytes) -> Update:
+        update = Update(self.self_id, Status.ALIVE, self.incarnation, proof)
+        self._enqueue(update)
+        self.refute_needed = False
+        return update
+
+    def piggyback(self, limit: int = 8) -> list[Update]:
+        """Updates to attach to the next outgoing message, newest news first."""
+        budget = max(1, math.ceil(self.retransmit_multiplier * math.log2(len(self.members) + 2)))
+        chosen = sorted(self._outbox.items(), key=lambda kv: kv[1][1])[:limit]
+        out = []
+        for key, (update, sent) in chosen:
+            out.append(update)
+            if sent + 1 >= budget:
+                del self._outbox[key]
+            else:
+                self._outbox[key] = (update, sent + 1)
+        return out
+
+    def _enqueue(self, update: Update) -> None:
+        self._outbox[update.peer_id] = (update, 0)

@@ -1,0 +1,116 @@
+"""Two-stage failure detection between real daemons: suspicion, refutation, eviction."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from otela.localfed import LocalFederation, LocalNode, wait_for
+
+from .helpers import CONVERGE_S, chat, serving_node, wait_state
+
+pytestmark = pytest.mark.slow
+
+FAST = ["--probe-interval", "0.5s", "--suspicion-timeout", "3s"]
+
+
+def mesh(fed: LocalFederation, n: int, extra: list[str]) -> list[LocalNode]:
+    boot = fed.start_node("boot", extra_args=extra)
+    nodes = [boot] + [
+        fed.start_node(f"n{i}", bootstrap=[boot], extra_args=extra) for i in range(n - 1)
+    ]
+    everyone = {x.session_id for x in nodes}
+    for node in nodes:
+        wait_for(
+            lambda node=node: set(node.states()) == everyone,
+            CONVERGE_S,
+            f"{node.name} to see all {n} nodes",
+        )
+    return nodes
+
+
+def excluded(observer: LocalNode, victim: LocalNode) -> bool:
+    health = observer.get("/v1/health")
+    return (
+        victim.status["peer_id"] in health["suspected_peers"]
+        or observer.states().get(victim.session_id) == "LEFT"
+    )
+
+
+def test_a_killed_node_is_suspected_everywhere_then_evicted(federation):
+    nodes = mesh(federation, 5, FAST)
+    victim, observers = nodes[-1], nodes[:-1]
+    os.kill(victim.process.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    seen_suspected: set[str] = set()
+
+    def all_excluded() -> bool:
+        for o in observers:
+            if o.status["peer_id"] not in seen_suspected and excluded(o, victim):
+                seen_suspected.add(o.status["peer_id"])
+        return len(seen_suspected) == len(observers)
+
+    wait_for(all_excluded, 15.0, "every node to stop routing to the killed node")
+    suspected_after = time.monotonic() - killed_at
+    for o in observers:
+        wait_state(o, victim, "LEFT")
+    left_after = time.monotonic() - killed_at
+    # Bounds: detection needs a probe round (0.5 s period, 0.5 s timeout, indirect probes,
+    # 1.5 s without contact); eviction adds the 3 s suspicion timeout plus dissemination.
+    assert suspected_after < 10.0
+    assert left_after < 15.0
+    evicted = [
+        n
+        for n in observers[0].get("/v1/registry/nodes")["nodes"]
+        if n["session_id"] == victim.session_id
+    ]
+    assert evicted[0]["evicted_by"] in {o.status["peer_id"] for o in observers}
+
+
+def test_a_briefly_paused_node_refutes_and_is_not_evicted(federation):
+    nodes = mesh(federation, 4, ["--probe-interval", "0.5s", "--suspicion-timeout", "6s"])
+    paused, observers = nodes[-1], nodes[:-1]
+    os.kill(paused.process.pid, signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: any(
+                paused.status["peer_id"] in o.get("/v1/health")["suspected_peers"]
+                for o in observers
+            ),
+            5.0,
+            "someone to suspect the paused node",
+        )
+    finally:
+        os.kill(paused.process.pid, signal.SIGCONT)
+    for o in observers:
+        wait_for(
+            lambda o=o: paused.status["peer_id"] not in o.get("/v1/health")["suspected_peers"],
+            10.0,
+            f"{o.name} to accept the refutation",
+        )
+    time.sleep(6.5)  # past the suspicion timeout: a wrongly kept suspicion would evict now
+    for o in [*observers, paused]:
+        assert o.states()[paused.session_id] == "JOIN"
+    assert paused.get("/v1/health")["liveness"]["probes"] > 0
+
+
+def test_routing_skips_a_suspected_node_before_it_is_evicted(federation):
+    ingress = federation.start_node("ingress", extra_args=[*FAST[:2], "--suspicion-timeout", "30s"])
+    doomed = serving_node(federation, "doomed", ingress, "m")
+    survivor = serving_node(federation, "survivor", ingress, "m")
+    for node in (doomed, survivor):
+        wait_state(ingress, node, "SERVING")
+    os.kill(doomed.process.pid, signal.SIGKILL)  # the daemon; its engine dies with it
+    wait_for(
+        lambda: doomed.status["peer_id"] in ingress.get("/v1/health")["suspected_peers"],
+        15.0,
+        "the ingress to suspect the killed node",
+    )
+    assert ingress.states()[doomed.session_id] == "SERVING"  # not evicted yet (30 s grace)
+    for _ in range(10):
+        response = chat(ingress, "m")
+        assert response.status_code == 200
+        assert response.headers["x-otela-session-id"] == survivor.session_id

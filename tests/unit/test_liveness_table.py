@@ -1,0 +1,72 @@
+"""The failure detector's pure state machine."""
+
+from otela.liveness.table import LivenessTable, Status, Update
+
+
+def table(*peers: str, timeout: float = 5.0) -> LivenessTable:
+    t = LivenessTable("me", suspicion_timeout=timeout)
+    t.sync_members(set(peers) | {"me"}, now=0.0)
+    return t
+
+
+def test_members_follow_the_registry_and_exclude_ourselves():
+    t = table("a", "b")
+    assert set(t.members) == {"a", "b"}
+    t.sync_members({"b", "c"}, now=1.0)
+    assert set(t.members) == {"b", "c"}
+
+
+def test_failed_probes_suspect_and_the_timeout_confirms():
+    t = table("a", timeout=5.0)
+    assert t.probe_failed("a", now=10.0)
+    assert not t.probe_failed("a", now=11.0)  # already suspected: no new news
+    assert t.suspected() == {"a"}
+    assert t.expired_suspicions(now=14.9) == []
+    assert t.expired_suspicions(now=15.0) == ["a"]
+    assert t.members["a"].status is Status.CONFIRMED
+    assert t.overdue_confirmations(now=20.0) == []
+    assert t.overdue_confirmations(now=25.0) == ["a"]
+
+
+def test_only_a_proven_higher_incarnation_refutes():
+    t = table("a")
+    t.probe_failed("a", now=0.0)
+    assert not t.apply(Update("a", Status.ALIVE, 1), now=1.0, proof_valid=False)
+    assert not t.apply(Update("a", Status.ALIVE, 0, b"sig"), now=1.0, proof_valid=True)
+    assert t.apply(Update("a", Status.ALIVE, 1, b"sig"), now=1.0, proof_valid=True)
+    assert t.suspected() == frozenset()
+    assert not t.apply(Update("a", Status.SUSPECT, 0), now=2.0)  # stale suspicion
+
+
+def test_hearing_our_own_suspicion_raises_our_incarnation():
+    t = table("a")
+    t.apply(Update("me", Status.SUSPECT, 0), now=1.0)
+    assert t.refute_needed and t.incarnation == 1
+    update = t.announce_alive(b"proof")
+    assert update == Update("me", Status.ALIVE, 1, b"proof") and not t.refute_needed
+
+
+def test_recent_contact_counts_as_alive_evidence():
+    t = table("a")
+    t.heard_from("a", now=10.0)
+    assert t.heard_recently("a", now=12.0, window=3.0)
+    assert not t.heard_recently("a", now=14.0, window=3.0)
+
+
+def test_news_is_piggybacked_a_bounded_number_of_times():
+    t = table(*[f"p{i}" for i in range(14)])  # 14 members: budget ceil(3 * log2(16)) = 12
+    t.probe_failed("p1", now=0.0)
+    sends = 0
+    while t.piggyback():
+        sends += 1
+        assert sends < 100
+    assert sends == 12
+
+
+def test_confirmation_from_others_is_final_until_the_member_leaves():
+    t = table("a")
+    assert t.apply(Update("a", Status.CONFIRMED, 0), now=1.0)
+    assert not t.apply(Update("a", Status.ALIVE, 5, b"sig"), now=2.0, proof_valid=True)
+    t.sync_members({"me"}, now=3.0)  # evicted: gone from the registry
+    t.sync_members({"me", "a"}, now=4.0)  # rejoined under a new session
+    assert t.members["a"].status is Status.ALIVE
