@@ -131,6 +131,7 @@ class LocalFederation:
         provider_id: str | None = None,
         ingress: bool = False,
         extra_args: list[str] | None = None,
+        extra_env: dict[str, str] | None = None,
         wait: bool = True,
         timeout: float = 30.0,
     ) -> LocalNode:
@@ -164,6 +165,9 @@ class LocalFederation:
             argv.append("--ingress")
         argv += extra_args or []
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTELA_")}
+        # Nodes never read the developer's own config file.
+        env["XDG_CONFIG_HOME"] = str(self.root / "xdg-config")
+        env.update(extra_env or {})
         with open(home / "node.log", "ab") as log:
             # A session of its own: a terminal's Ctrl-C reaches only the driver, which then
             # stops each node with exactly one SIGTERM (a second signal forces a node out).
