@@ -28,7 +28,8 @@ DEFAULT_P2P_PORT = 43905
 # Engine log lines after which the engine cannot be trusted to answer correctly again
 # (paper §7.1: fail-stop rather than attempt recovery). Case-insensitive regexes.
 DEFAULT_FATAL_PATTERNS: tuple[str, ...] = (
-    r"NCCL.*(timeout|timed out|Watchdog caught collective operation timeout)",
+    r"NCCL.*(timeout|timed out|timing out)",
+    r"Watchdog caught collective operation timeout",
     r"CUDA out of memory",
     r"torch\.(cuda\.)?OutOfMemoryError",
     r"CUDA error: an illegal memory access",

@@ -43,6 +43,59 @@ def echo_engine_command(port: int, models: list[str], *extra: str) -> str:
     return shlex.join([*args, *extra])
 
 
+# The vLLM CPU build lives in its own virtual environment (scripts/setup-vllm).
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+
+
+def vllm_python(explicit: Path | None = None) -> Path:
+    """The interpreter that has vLLM: ``explicit``, ``$OTELA_VLLM_PYTHON`` or .venv-vllm."""
+    candidate = explicit or Path(
+        os.environ.get("OTELA_VLLM_PYTHON") or PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
+    )
+    if not candidate.exists():
+        raise FederationError(
+            f"no vLLM interpreter at {candidate}: run scripts/setup-vllm (or set OTELA_VLLM_PYTHON)"
+        )
+    return candidate
+
+
+def build_tiny_model(python: Path, target: Path) -> Path:
+    """Build the tiny random-weight Llama (``otela.engines.tiny_model``) with ``python``."""
+    result = subprocess.run(
+        [str(python), "-m", "otela.engines.tiny_model", str(target)],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+    )
+    if result.returncode != 0:
+        raise FederationError(f"building the tiny model failed:\n{result.stderr[-2000:]}")
+    return target
+
+
+def vllm_engine_command(python: Path, model_dir: Path, name: str, port: int) -> str:
+    """The real vLLM OpenAI server, sized for a CPU (see docs/engines.md)."""
+    return shlex.join(
+        [
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            name,
+            "--port",
+            str(port),
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "512",
+            "--gpu-memory-utilization",
+            "0.3",
+        ]
+    )
+
+
 @dataclass
 class LocalNode:
     name: str
