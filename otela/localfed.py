@@ -248,8 +248,15 @@ class LocalFederation:
 
         node.status = wait_for(started, timeout, f"node {node.name} to start")
 
-    def stop_node(self, node: LocalNode, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
-        if node.process.poll() is None:
+    def stop_node(
+        self,
+        node: LocalNode,
+        sig: int = signal.SIGTERM,
+        timeout: float = 20.0,
+        signal_it: bool = True,
+    ) -> int:
+        # Exactly one signal: a second one tells a draining node to exit at once.
+        if signal_it and node.process.poll() is None:
             node.process.send_signal(sig)
         try:
             return node.process.wait(timeout)
@@ -262,4 +269,4 @@ class LocalFederation:
             if node.process.poll() is None:
                 node.process.send_signal(signal.SIGTERM)
         for node in self.nodes:
-            self.stop_node(node)
+            self.stop_node(node, signal_it=False)
