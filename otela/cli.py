@@ -169,7 +169,7 @@ def start(
             "drain_grace",
             "On SIGTERM, seconds in-flight requests get to finish; "
             "keep drain grace + engine stop grace below Slurm's KillWait "
-            "[default: 20].",
+            "[default: 15].",
         ),
     ),
     engine_stop_grace: float | None = typer.Option(

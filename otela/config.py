@@ -66,8 +66,10 @@ class NodeConfig:
     log_max_bytes: int = 50 * 1024 * 1024
     log_backups: int = 5
     log_sink: Path | None = None
-    drain_grace: float = 20.0
-    engine_stop_grace: float = 10.0
+    # Together below Slurm's default KillWait (30 s), so the engine is never SIGKILLed
+    # by Slurm mid-drain.
+    drain_grace: float = 15.0
+    engine_stop_grace: float = 8.0
     slurm_drain_margin: float = 300.0
     slurm_poll_interval: float = 30.0
     hw_cpus: int | None = None

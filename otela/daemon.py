@@ -44,7 +44,7 @@ from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
 from otela.registry.store import Registry
 from otela.registry.wire import sign_record
 from otela.routing.router import Router
-from otela.slurm import job_from_env, watch_wall_time
+from otela.slurm import job_from_env, watch_wall_time, with_end_time
 
 log = logging.getLogger("otela.node")
 
@@ -156,6 +156,8 @@ class Node:
                 binds = await nursery.start(serve, create_app(self), self._http_config())
                 self.http_url = self._public_http_url(binds[0])
                 self.addrs = advertised_addrs(self.mesh.host, config.advertised_host())
+                if self.slurm_job is not None:
+                    self.slurm_job = await with_end_time(self.slurm_job)
                 self.record = NodeRecord(
                     session_id=self.session_id,
                     peer_id=self.identity.peer_id.to_base58(),

@@ -13,6 +13,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 
 import trio
 
@@ -87,25 +88,28 @@ async def query_time_left(job_id: str) -> float | None:
     return parse_time_left(result.stdout.decode(errors="replace"))
 
 
+async def with_end_time(job: SlurmJob) -> SlurmJob:
+    """``job`` with its end time (unix seconds) filled in, if squeue can tell."""
+    left = await query_time_left(job.job_id)
+    return job if left is None else replace(job, end_time=round(time.time() + left))
+
+
 async def watch_wall_time(
     job_id: str,
     margin: float,
     poll_interval: float,
     on_drain: Callable[[float], None],
-    on_end_time: Callable[[float], None] | None = None,
     query: Callable[[str], Awaitable[float | None]] | None = None,
 ) -> None:
     """Call ``on_drain(seconds_left)`` once the job has at most ``margin`` seconds left.
 
     Re-reads the time left every ``poll_interval`` seconds, and wakes up exactly at the
-    drain point in between. ``on_end_time`` gets the job's end (unix time) when known.
+    drain point in between.
     """
     ask = query or query_time_left
     while True:
         left = await ask(job_id)
         if left is not None:
-            if on_end_time is not None:
-                on_end_time(time.time() + left)
             if left <= margin:
                 log.info("Slurm job %s has %.0fs left: draining", job_id, left)
                 on_drain(left)

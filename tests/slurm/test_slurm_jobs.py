@@ -81,9 +81,10 @@ def test_job_drains_before_its_time_limit_and_no_request_fails(federation, tmp_p
     engine = echo_engine_command(free_port(), ["limited"], "--token-delay", "0.05")
     # --time=2 (minutes) with a 100 s margin: the node must drain ~20 s into the job.
     env = job_env(ingress, tmp_path, ENGINE_COMMAND=engine, OTELA_SLURM_DRAIN_MARGIN="100")
-    started = time.monotonic()
+    started, submitted_at = time.monotonic(), time.time()
     job = submit("vllm.sbatch", env, tmp_path, "--time=2")
     node = wait_job_node(ingress, job, "SERVING", JOIN_S, tmp_path)
+    assert abs(node["slurm"]["end_time"] - (submitted_at + 120)) < 15  # from squeue %L
 
     failures: list[str] = []
     served_by: set[str] = set()
