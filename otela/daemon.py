@@ -5,6 +5,11 @@ JOIN -> SERVING -> DOWN -> LEFT and announces every step: its own record is the 
 one it writes, each change bumps the record's version and is signed, gossiped, and (for
 DOWN and LEFT, after which the node exits) pushed to every connected peer directly.
 
+A clean stop (SIGTERM/SIGINT, or a Slurm job nearing its wall time) drains: DOWN first,
+so no new requests arrive; in-flight ones get ``drain_grace`` seconds; then the engine is
+stopped and the node announces LEFT. Engine supervision lives in ``otela.engine``, Slurm
+awareness in ``otela.slurm``.
+
 Exit codes: 0 after a clean stop (SIGTERM/SIGINT), 3 when the engine failed (fail-stop).
 """
 
@@ -27,16 +32,19 @@ from libp2p.tools.anyio_service import background_trio_service
 from otela import __version__, hardware
 from otela.api.app import create_app
 from otela.config import NodeConfig
-from otela.engine.command import EngineCommand, parse_engine_command
-from otela.engine.supervisor import EngineFailed, EngineProcess
+from otela.engine.command import EngineCommand, attached_engine, parse_engine_command
+from otela.engine.drain import Inflight
+from otela.engine.metadata import split_overrides
+from otela.engine.supervision import Supervisor
 from otela.identity import Identity, load_or_create
 from otela.liveness.swim import DetectorConfig, FailureDetector
 from otela.mesh.bootstrap import keep_connected, parse_bootstrap
 from otela.mesh.host import advertised_addrs, build_host
 from otela.registry.crdt import GCPolicy
-from otela.registry.records import Lifecycle, NodeRecord
+from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
 from otela.replica import LocalReplica, MembershipConfigError, load_authority, load_own_certificate
 from otela.routing.router import Router
+from otela.slurm import job_from_env, watch_wall_time, with_end_time
 
 log = logging.getLogger("otela.node")
 
@@ -61,9 +69,16 @@ class Node:
         self.provider_id = (
             cert.provider_id if cert else config.provider_id or self.identity.default_provider_id
         )
-        self.engine_command: EngineCommand | None = (
-            parse_engine_command(config.process, config.engine_url) if config.process else None
-        )
+        self.engine_command: EngineCommand | None = None
+        if config.process:
+            self.engine_command = parse_engine_command(config.process, config.engine_url)
+        elif config.engine_url:
+            self.engine_command = attached_engine(config.engine_url)
+        split_overrides(config.model_meta)  # reject bad --model-meta before starting
+        self.hardware = hardware.discover(config.hw_cpus, config.hw_memory_gb, config.hw_gpus)
+        self.slurm_job = job_from_env(os.environ)
+        self.inflight = Inflight()
+        self.supervisor: Supervisor | None = None
         self.bootstrap_peers = [parse_bootstrap(a) for a in config.bootstrap]
         self.mesh = build_host(self.identity, config.listen_host, config.p2p_port)
         self.replica = LocalReplica(
@@ -118,6 +133,9 @@ class Node:
             "ingress": self.config.ingress,
             "engine": self.engine_command.kind if self.engine_command else None,
             "models": [m.id for m in record.models] if record else [],
+            "in_flight": self.inflight.count,
+            "slurm": self.slurm_job.to_dict() if self.slurm_job else None,
+            "engine_failure": self.supervisor.failure if self.supervisor else None,
             "connected_peers": len(self.replicator.connected_peers()),
             "registry_size": len(self.registry),
             "replication": dict(self.replicator.stats),
@@ -180,6 +198,8 @@ class Node:
                 binds = await nursery.start(serve, create_app(self), self._http_config())
                 self.http_url = self._public_http_url(binds[0])
                 self.addrs = advertised_addrs(self.mesh.host, config.advertised_host())
+                if self.slurm_job is not None:
+                    self.slurm_job = await with_end_time(self.slurm_job)
                 await self.replica.start(NodeRecord(
                     session_id=self.session_id,
                     peer_id=self.identity.peer_id.to_base58(),
@@ -188,51 +208,72 @@ class Node:
                     version=0,
                     http_url=self.http_url,
                     addrs=tuple(self.addrs),
-                    hardware=hardware.discover(),
+                    hardware=self.hardware,
                     ingress=config.ingress,
                     engine=self.engine_command.kind if self.engine_command else None,
+                    idle=self.engine_command is None,
+                    slurm=self.slurm_job,
                 ))
                 self._report_started()
                 nursery.start_soon(self.detector.run)
                 for peer in self.bootstrap_peers:
                     nursery.start_soon(keep_connected, self.mesh, self.replicator, peer)
-                engine = None
                 if self.engine_command:
-                    engine = EngineProcess(self.engine_command, config.home / "logs" / "engine.log")
-                    nursery.start_soon(self._supervise_engine, engine)
+                    self.supervisor = Supervisor(
+                        self.engine_command,
+                        config,
+                        client,
+                        self._engine_ready,
+                        lambda reason: self.request_stop(EXIT_ENGINE_FAILED),
+                        self._stop,
+                    )
+                    nursery.start_soon(self.supervisor.run)
+                if self.slurm_job is not None:
+                    nursery.start_soon(self._watch_wall_time, self.slurm_job.job_id)
                 await self._stop.wait()
-                await self._shutdown(engine)
+                await self._shutdown()
                 nursery.cancel_scope.cancel()
         return self.exit_code
 
-    async def _shutdown(self, engine: EngineProcess | None) -> None:
+    async def _shutdown(self) -> None:
+        """Fail-stop: DOWN, stop the engine, keep its logs. Clean stop: drain, then LEFT."""
         with trio.CancelScope(shield=True):
-            final = Lifecycle.LEFT if self.exit_code == EXIT_OK else Lifecycle.DOWN
-            await self.announce(state=final, push=True)
-            if engine is not None:
-                await engine.stop(self.config.engine_stop_grace)
+            supervisor = self.supervisor
+            assert self.record is not None
+            if self.record.state < Lifecycle.DOWN:
+                await self.announce(state=Lifecycle.DOWN, push=True)
+            drained = self.exit_code != EXIT_OK or await self.inflight.wait_idle(
+                self.config.drain_grace
+            )
+            if not drained:
+                log.warning(
+                    "%d request(s) still in flight after the %.0fs drain grace",
+                    self.inflight.count,
+                    self.config.drain_grace,
+                )
+            if supervisor is not None:
+                await supervisor.stop(self.config.engine_stop_grace)
+            if self.exit_code == EXIT_OK:
+                await self.announce(state=Lifecycle.LEFT, push=True)
+            elif supervisor is not None:
+                where = supervisor.collect_logs(f"{self.provider_id}-{self.session_id[:12]}")
+                if where is not None:
+                    print(f"otela: engine logs copied to {where}", flush=True)
 
-    async def _supervise_engine(self, engine: EngineProcess) -> None:
-        try:
-            await engine.start()
-        except EngineFailed as exc:
-            log.error("%s", exc)
-            self.request_stop(EXIT_ENGINE_FAILED)
-            return
-        self._nursery.start_soon(engine.watch)
-        log.info("engine started (pid %s), waiting for %s", engine.pid, engine.command.url)
-        try:
-            models = await engine.wait_ready(self.client, self.config.ready_timeout)
-        except EngineFailed as exc:
-            log.error("%s", exc)
-            self.request_stop(EXIT_ENGINE_FAILED)
+    async def _engine_ready(self, models: list[ModelInfo]) -> None:
+        if self._stopping:
             return
         await self.announce(state=Lifecycle.SERVING, models=tuple(models))
         print(f"otela: serving {', '.join(m.id for m in models)}", flush=True)
-        code = await engine.wait()
-        if not self._stopping:
-            log.error("engine exited with code %s; announcing DOWN (fail-stop)", code)
-            self.request_stop(EXIT_ENGINE_FAILED)
+
+    async def _watch_wall_time(self, job_id: str) -> None:
+        def drain(left: float) -> None:
+            print(f"otela: Slurm job {job_id} ends in {left:.0f}s: draining", flush=True)
+            self.request_stop(EXIT_OK)
+
+        await watch_wall_time(
+            job_id, self.config.slurm_drain_margin, self.config.slurm_poll_interval, drain
+        )
 
     async def _watch_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

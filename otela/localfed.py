@@ -43,6 +43,59 @@ def echo_engine_command(port: int, models: list[str], *extra: str) -> str:
     return shlex.join([*args, *extra])
 
 
+# The vLLM CPU build lives in its own virtual environment (scripts/setup-vllm).
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+
+
+def vllm_python(explicit: Path | None = None) -> Path:
+    """The interpreter that has vLLM: ``explicit``, ``$OTELA_VLLM_PYTHON`` or .venv-vllm."""
+    candidate = explicit or Path(
+        os.environ.get("OTELA_VLLM_PYTHON") or PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
+    )
+    if not candidate.exists():
+        raise FederationError(
+            f"no vLLM interpreter at {candidate}: run scripts/setup-vllm (or set OTELA_VLLM_PYTHON)"
+        )
+    return candidate
+
+
+def build_tiny_model(python: Path, target: Path) -> Path:
+    """Build the tiny random-weight Llama (``otela.engines.tiny_model``) with ``python``."""
+    result = subprocess.run(
+        [str(python), "-m", "otela.engines.tiny_model", str(target)],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+    )
+    if result.returncode != 0:
+        raise FederationError(f"building the tiny model failed:\n{result.stderr[-2000:]}")
+    return target
+
+
+def vllm_engine_command(python: Path, model_dir: Path, name: str, port: int) -> str:
+    """The real vLLM OpenAI server, sized for a CPU (see docs/engines.md)."""
+    return shlex.join(
+        [
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            name,
+            "--port",
+            str(port),
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "512",
+            "--gpu-memory-utilization",
+            "0.3",
+        ]
+    )
+
+
 @dataclass
 class LocalNode:
     name: str
@@ -131,6 +184,7 @@ class LocalFederation:
         provider_id: str | None = None,
         ingress: bool = False,
         extra_args: list[str] | None = None,
+        extra_env: dict[str, str] | None = None,
         wait: bool = True,
         timeout: float = 30.0,
     ) -> LocalNode:
@@ -164,6 +218,9 @@ class LocalFederation:
             argv.append("--ingress")
         argv += extra_args or []
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTELA_")}
+        # Nodes never read the developer's own config file.
+        env["XDG_CONFIG_HOME"] = str(self.root / "xdg-config")
+        env.update(extra_env or {})
         with open(home / "node.log", "ab") as log:
             # A session of its own: a terminal's Ctrl-C reaches only the driver, which then
             # stops each node with exactly one SIGTERM (a second signal forces a node out).
@@ -191,8 +248,15 @@ class LocalFederation:
 
         node.status = wait_for(started, timeout, f"node {node.name} to start")
 
-    def stop_node(self, node: LocalNode, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
-        if node.process.poll() is None:
+    def stop_node(
+        self,
+        node: LocalNode,
+        sig: int = signal.SIGTERM,
+        timeout: float = 20.0,
+        signal_it: bool = True,
+    ) -> int:
+        # Exactly one signal: a second one tells a draining node to exit at once.
+        if signal_it and node.process.poll() is None:
             node.process.send_signal(sig)
         try:
             return node.process.wait(timeout)
@@ -205,4 +269,4 @@ class LocalFederation:
             if node.process.poll() is None:
                 node.process.send_signal(signal.SIGTERM)
         for node in self.nodes:
-            self.stop_node(node)
+            self.stop_node(node, signal_it=False)

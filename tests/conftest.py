@@ -28,3 +28,32 @@ def federation(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Local
         if report is not None and report.failed:
             for node in fed.nodes:
                 print(f"\n--- log of {node.name} ---\n{node.log_tail(40)}")
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The interpreter of the real vLLM CPU build, installed by scripts/setup-vllm if needed.
+
+    Never skipped: a machine that cannot install it fails these tests with pip's reason.
+    """
+    import subprocess
+
+    result = subprocess.run([str(ROOT / "scripts" / "setup-vllm")], capture_output=True,
+                            text=True, timeout=1800)
+    if result.returncode != 0:
+        pytest.fail(f"scripts/setup-vllm failed (vLLM CPU build not installable):\n"
+                    f"{result.stderr[-3000:]}")
+    from otela.localfed import vllm_python as find
+
+    return find()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-weight Llama, built locally by otela's helper (no downloads)."""
+    from otela.localfed import build_tiny_model
+
+    return build_tiny_model(vllm_python, tmp_path_factory.mktemp("models") / "tiny-llama")

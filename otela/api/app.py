@@ -24,6 +24,7 @@ from otela.api.errors import (
     read_json_object,
     require_model,
 )
+from otela.engine.drain import Inflight
 from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
 from otela.routing.forward import (
@@ -44,6 +45,7 @@ class NodeView(Protocol):
     registry: Registry
     router: Router
     client: httpx.AsyncClient
+    inflight: Inflight  # requests being relayed; a draining node waits for them
 
     def health(self) -> dict[str, Any]: ...
 
@@ -63,6 +65,7 @@ def _session_summary(record: NodeRecord, model_id: str) -> dict[str, Any]:
         "hardware": record.hardware.to_dict(),
         "engine": record.engine,
         "model": model.to_dict() if model else None,
+        "slurm": None if record.slurm is None else record.slurm.to_dict(),
     }
 
 
@@ -128,7 +131,13 @@ def create_app(node: NodeView) -> FastAPI:
         body = await read_json_object(request)
         model = require_model(body)
         raw = await request.body()
-        return await node.router.route(model, path, raw, request.headers)
+        node.inflight.begin()
+        try:
+            response = await node.router.route(model, path, raw, request.headers)
+        except BaseException:
+            node.inflight.end()
+            raise
+        return node.inflight.hold_until_sent(response)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -144,19 +153,32 @@ def create_app(node: NodeView) -> FastAPI:
             raise APIError(404, f"/{path} is not relayed to engines", code="not_found")
         engine_url = node.serving_engine_url()
         if engine_url is None:
-            raise APIError(503, "this node is not serving", code="node_not_serving")
+            # Draining or not yet ready: the request never ran, so the ingress may try
+            # another node instead of failing it.
+            return error_response(
+                503,
+                "this node is not serving",
+                code="node_not_serving",
+                headers={NOT_DELIVERED_HEADER: "1"},
+            )
         await read_json_object(request)  # reject malformed bodies here, not in the engine
         headers = request_headers(request.headers, {})
+        node.inflight.begin()
         try:
-            return await forward(
+            response = await forward(
                 node.client, f"{engine_url}/{path}", await request.body(), headers, {}
             )
         except UpstreamUnreachable as exc:
+            node.inflight.end()
             return error_response(
                 502,
                 f"engine unreachable: {exc}",
                 code="engine_unreachable",
                 headers={NOT_DELIVERED_HEADER: "1"},
             )
+        except BaseException:
+            node.inflight.end()
+            raise
+        return node.inflight.hold_until_sent(response)
 
     return app

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 # Where each engine listens when its command names no port (the engines' own defaults).
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "llama.cpp": 8080, "echo": 8000}
@@ -40,7 +41,7 @@ def engine_kind(argv: list[str]) -> str:
     return "openai-compatible"
 
 
-def _option(argv: list[str], names: tuple[str, ...]) -> str | None:
+def option_value(argv: list[str], names: tuple[str, ...]) -> str | None:
     """The value of the last occurrence of ``--name value`` or ``--name=value``."""
     found = None
     for i, arg in enumerate(argv):
@@ -62,8 +63,8 @@ def parse_engine_command(command: str, engine_url: str | None = None) -> EngineC
         raise EngineCommandError("engine command is empty")
     kind = engine_kind(argv)
     if engine_url:
-        return EngineCommand(tuple(argv), kind, engine_url.rstrip("/"))
-    port_text = _option(argv, ("--port",))
+        return EngineCommand(tuple(argv), kind, check_engine_url(engine_url))
+    port_text = option_value(argv, ("--port",))
     if port_text is None:
         if kind not in DEFAULT_PORTS:
             raise EngineCommandError(
@@ -78,9 +79,29 @@ def parse_engine_command(command: str, engine_url: str | None = None) -> EngineC
             raise EngineCommandError(f"engine --port is not a number: {port_text!r}") from exc
         if not 0 < port < 65536:
             raise EngineCommandError(f"engine --port out of range: {port}")
-    host = _option(argv, ("--host",)) or "127.0.0.1"
+    host = option_value(argv, ("--host",)) or "127.0.0.1"
     if host in _WILDCARD_HOSTS:
         host = "127.0.0.1"
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return EngineCommand(tuple(argv), kind, f"http://{host}:{port}")
+
+
+def check_engine_url(url: str) -> str:
+    """``url`` without a trailing slash, if it is an http(s) URL with a host."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise EngineCommandError(f"bad engine URL {url!r}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise EngineCommandError(f"bad engine URL {url!r}: expected http://HOST:PORT")
+    if parts.path not in ("", "/") and parts.path.rstrip("/").endswith("/v1"):
+        raise EngineCommandError(f"bad engine URL {url!r}: give the server's base URL, without /v1")
+    del port
+    return url.rstrip("/")
+
+
+def attached_engine(engine_url: str) -> EngineCommand:
+    """An engine otela does not launch (``--engine-url`` without ``--process``)."""
+    return EngineCommand((), "openai-compatible", check_engine_url(engine_url))

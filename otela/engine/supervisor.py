@@ -53,6 +53,7 @@ class EngineProcess:
     def __init__(self, command: EngineCommand, log_path: Path) -> None:
         self.command = command
         self.log_path = log_path
+        self.output: trio.lowlevel.FdStream | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._pidfd: int | None = None
         self.exited = trio.Event()
@@ -65,20 +66,23 @@ class EngineProcess:
     def returncode(self) -> int | None:
         return None if self._process is None else self._process.poll()
 
-    async def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            try:
-                self._process = subprocess.Popen(
-                    list(self.command.argv),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
-                )
-            except OSError as exc:
-                raise EngineFailed(f"cannot launch engine {self.command.argv[0]!r}: {exc}") from exc
+    async def start(self, env: dict[str, str] | None = None) -> None:
+        """Launch the engine; its combined stdout/stderr is then readable from ``output``."""
+        try:
+            self._process = subprocess.Popen(
+                list(self.command.argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                env=env,
+            )
+        except OSError as exc:
+            raise EngineFailed(f"cannot launch engine {self.command.argv[0]!r}: {exc}") from exc
+        assert self._process.stdout is not None
+        self.output = trio.lowlevel.FdStream(os.dup(self._process.stdout.fileno()))
+        self._process.stdout.close()
         self._pidfd = os.pidfd_open(self._process.pid)
 
     async def watch(self) -> None:
@@ -106,29 +110,17 @@ class EngineProcess:
 
         Fails fast if the child exits while we wait, instead of waiting out the timeout.
         """
-        url = f"{self.command.url}/v1/models"
-        with trio.move_on_after(timeout):
-            while True:
-                if self.returncode is not None:
-                    raise EngineFailed(
-                        f"engine exited with code {self.returncode} before becoming ready "
-                        f"(see {self.log_path})"
-                    )
-                try:
-                    response = await client.get(url, timeout=5.0)
-                    if response.status_code == 200:
-                        models = parse_models(response.json())
-                        if models:
-                            return models
-                except (httpx.HTTPError, ValueError):
-                    pass
-                await trio.sleep(poll_interval)
-        raise EngineFailed(f"engine not ready after {timeout:.0f}s at {url} (see {self.log_path})")
+        return await wait_ready(client, self.command, timeout, self, poll_interval)
 
     async def stop(self, grace: float) -> None:
         """SIGTERM the engine's process group, then SIGKILL it after ``grace`` seconds."""
         process = self._process
-        if process is None or process.poll() is not None:
+        if process is None:
+            return
+        if process.poll() is not None:
+            # The leader is gone; make sure no helper it spawned (vLLM's engine core,
+            # tensor-parallel workers) lingers on the GPU.
+            self._signal_group(signal.SIGKILL)
             return
         self._signal_group(signal.SIGTERM)
         with trio.move_on_after(grace):
@@ -142,3 +134,31 @@ class EngineProcess:
         assert self._process is not None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._process.pid, sig)
+
+
+async def wait_ready(
+    client: httpx.AsyncClient,
+    command: EngineCommand,
+    timeout: float,
+    process: EngineProcess | None = None,
+    poll_interval: float = 0.25,
+) -> list[ModelInfo]:
+    """Poll ``/v1/models`` until the engine lists a model (or its process exits)."""
+    url = f"{command.url}/v1/models"
+    where = f" (see {process.log_path})" if process is not None else ""
+    with trio.move_on_after(timeout):
+        while True:
+            if process is not None and process.returncode is not None:
+                raise EngineFailed(
+                    f"engine exited with code {process.returncode} before becoming ready{where}"
+                )
+            try:
+                response = await client.get(url, timeout=5.0)
+                if response.status_code == 200:
+                    models = parse_models(response.json())
+                    if models:
+                        return models
+            except (httpx.HTTPError, ValueError):
+                pass
+            await trio.sleep(poll_interval)
+    raise EngineFailed(f"engine not ready after {timeout:.0f}s at {url}{where}")

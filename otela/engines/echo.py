@@ -16,6 +16,8 @@ import argparse
 import contextlib
 import json
 import os
+import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -45,6 +47,7 @@ class EchoSettings:
     fail_every: int = 0
     fail_status: int = 500
     exit_after: int = 0
+    log_on_request: str = ""
 
 
 def tokenize(text: str) -> list[str]:
@@ -127,6 +130,8 @@ def create_app(settings: EchoSettings) -> FastAPI:
             raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found")
         counter["requests"] += 1
         n = counter["requests"]
+        if settings.log_on_request:  # lets tests make the engine print e.g. a CUDA OOM line
+            print(settings.log_on_request, file=sys.stderr, flush=True)
         if settings.exit_after and n > settings.exit_after:
             os._exit(17)  # simulate an engine crash: no cleanup, like a real fault
         if settings.fail_every and n % settings.fail_every == 0:
@@ -244,6 +249,17 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
         default=0,
         help="crash (exit 17) on the completion request after the N-th",
     )
+    parser.add_argument(
+        "--log-on-request",
+        default="",
+        help="print this line to stderr on every completion request (log-pattern tests)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, stop accepting and give in-flight requests this many seconds",
+    )
     args = parser.parse_args(argv)
     settings = EchoSettings(
         models=tuple(args.model),
@@ -252,6 +268,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
         fail_every=args.fail_every,
         fail_status=args.fail_status,
         exit_after=args.exit_after,
+        log_on_request=args.log_on_request,
     )
     return args, settings
 
@@ -266,11 +283,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     config.accesslog = None
     config.errorlog = "-"
     config.loglevel = "WARNING"
+    config.graceful_timeout = args.drain_timeout
+
+    async def stop_signal() -> None:
+        # Like vLLM's uvicorn: a stop signal stops accepting, in-flight requests finish.
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                return
 
     async def run() -> None:
         if args.startup_delay:
             await trio.sleep(args.startup_delay)
-        await serve(create_app(settings), config)  # type: ignore[arg-type]
+        await serve(create_app(settings), config, shutdown_trigger=stop_signal)  # type: ignore[arg-type]
 
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(run)

@@ -65,18 +65,83 @@ class GPU:
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
-    """One model id served by a node, as its engine reports it."""
+    """One model id served by a node, as its engine reports it.
+
+    Beyond the id, the execution details the OpenAI API hides (paper §7.1) so routing can
+    use them later: numeric format, quantization, tensor-parallel degree; ``meta`` holds
+    any further provider-declared ``key=value`` pairs (``--model-meta``).
+    """
 
     id: str
     max_context: int | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    tensor_parallel: int | None = None
+    meta: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "max_context": self.max_context}
+        return {
+            "id": self.id,
+            "max_context": self.max_context,
+            "dtype": self.dtype,
+            "quantization": self.quantization,
+            "tensor_parallel": self.tensor_parallel,
+            "meta": dict(self.meta),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelInfo:
         ctx = data.get("max_context")
-        return cls(id=str(data["id"]), max_context=None if ctx is None else int(ctx))
+        tp = data.get("tensor_parallel")
+        meta = data.get("meta") or {}
+        return cls(
+            id=str(data["id"]),
+            max_context=None if ctx is None else int(ctx),
+            dtype=None if data.get("dtype") is None else str(data["dtype"]),
+            quantization=None if data.get("quantization") is None else str(data["quantization"]),
+            tensor_parallel=None if tp is None else int(tp),
+            meta=tuple(sorted((str(k), str(v)) for k, v in dict(meta).items())),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmJob:
+    """The Slurm allocation a node runs in, so operators and placers can see it."""
+
+    job_id: str
+    partition: str | None = None
+    node_list: str | None = None
+    cpus: int | None = None
+    gpus: int | None = None
+    end_time: float | None = None  # unix seconds, when known
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "partition": self.partition,
+            "node_list": self.node_list,
+            "cpus": self.cpus,
+            "gpus": self.gpus,
+            "end_time": self.end_time,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SlurmJob:
+        def opt_int(key: str) -> int | None:
+            return None if data.get(key) is None else int(data[key])
+
+        def opt_str(key: str) -> str | None:
+            return None if data.get(key) is None else str(data[key])
+
+        end = data.get("end_time")
+        return cls(
+            job_id=str(data["job_id"]),
+            partition=opt_str("partition"),
+            node_list=opt_str("node_list"),
+            cpus=opt_int("cpus"),
+            gpus=opt_int("gpus"),
+            end_time=None if end is None else float(end),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +165,8 @@ class NodeRecord:
     ingress: bool = False
     engine: str | None = None
     updated_at: float = 0.0
+    idle: bool = False  # no engine: advertised as capacity for a placer to fill (paper §4)
+    slurm: SlurmJob | None = None
 
     def precedence(self) -> tuple[int, int]:
         """The key by which replicas pick between two versions of this record."""
@@ -126,6 +193,8 @@ class NodeRecord:
             "ingress": self.ingress,
             "engine": self.engine,
             "updated_at": self.updated_at,
+            "idle": self.idle,
+            "slurm": None if self.slurm is None else self.slurm.to_dict(),
         }
 
     @classmethod
@@ -144,4 +213,6 @@ class NodeRecord:
             ingress=bool(data.get("ingress", False)),
             engine=None if data.get("engine") is None else str(data["engine"]),
             updated_at=float(data.get("updated_at", 0.0)),
+            idle=bool(data.get("idle", False)),
+            slurm=None if not data.get("slurm") else SlurmJob.from_dict(dict(data["slurm"])),
         )
