@@ -127,3 +127,19 @@ def test_idle_template_advertises_the_allocation(federation, tmp_path):
     with StateWatcher(ingress, node["session_id"]) as watcher:
         subprocess.run(["scancel", job], check=True, timeout=30)
         wait_for(lambda: watcher.seen[-1:] == ["LEFT"], 20, "the idle node to leave")
+
+
+@pytest.mark.parametrize("template", ["sglang.sbatch", "vllm-tensor-parallel.sbatch"])
+def test_other_serving_templates_join_serve_and_leave(federation, tmp_path, template):
+    ingress = federation.start_node("ingress", ingress=True)
+    engine = echo_engine_command(free_port(), ["tpl-model"])
+    # The test node has 8 CPUs; the TP template asks for 32 by default.
+    job = submit(template, job_env(ingress, tmp_path, ENGINE_COMMAND=engine), tmp_path,
+                 "--cpus-per-task=2")
+    node = wait_job_node(ingress, job, "SERVING", JOIN_S, tmp_path)
+    assert node["slurm"]["job_id"] == job
+    assert chat(ingress, "tpl-model", "hi").json()["choices"][0]["message"]["content"] == "echo: hi"
+    with StateWatcher(ingress, node["session_id"]) as watcher:
+        subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True, timeout=30)
+        wait_for(lambda: watcher.seen[-1:] == ["LEFT"], 20, "the job's node to leave")
+    wait_for(lambda: job_state(job) == "COMPLETED", 60, "the job to complete")
