@@ -67,6 +67,7 @@ def test_scancel_drains_the_job_node_while_in_flight_requests_complete(federatio
         for thread in threads:
             thread.join(30)
     assert watcher.seen[-2:] == ["DOWN", "LEFT"], watcher.seen
+    print(f"scancel -> LEFT at the ingress after {left_after:.1f}s")
     assert left_after < 15
     assert [r.status_code for r in results] == [200, 200, 200]
     assert all(r.json()["choices"][0]["message"]["content"] == "echo: " + WORDS for r in results)
@@ -104,6 +105,7 @@ def test_job_drains_before_its_time_limit_and_no_request_fails(federation, tmp_p
         with StateWatcher(ingress, node["session_id"]) as watcher:
             wait_for(lambda: watcher.seen[-1:] == ["LEFT"], 110, "the job's node to leave")
         drained_after = time.monotonic() - started
+        print(f"job node LEFT {drained_after:.1f}s after sbatch (limit 120 s, margin 100 s)")
         wait_for(lambda: job_state(job) == "COMPLETED", 60, "the job to complete")
     finally:
         stop.set()
