@@ -225,7 +225,10 @@ class Node:
                 self._report_started()
                 nursery.start_soon(self.detector.run)
                 self.peering = Peering(
-                    self.mesh.host, self.registry, suspected=self.detector.suspected
+                    self.mesh.host,
+                    self.registry,
+                    suspected=self.detector.suspected,
+                    reconcile=self.replicator.sync_with,
                 )
                 nursery.start_soon(self.peering.run)
                 isolated = isolated_below(self.mesh, self.peering.low)

@@ -187,7 +187,11 @@ class LocalFederation:
         extra_env: dict[str, str] | None = None,
         wait: bool = True,
         timeout: float = 30.0,
+        host: str = "127.0.0.1",
+        netns: str | None = None,
     ) -> LocalNode:
+        """Start ``otela start`` as its own process (inside network namespace ``netns``,
+        listening on ``host``, when given) and, with ``wait``, until it is listening."""
         home = self.root / name
         home.mkdir(parents=True, exist_ok=True)
         status_file = home / "status.json"
@@ -200,7 +204,7 @@ class LocalFederation:
             "--home",
             str(home),
             "--host",
-            "127.0.0.1",
+            host,
             "--http-port",
             "0",
             "--p2p-port",
@@ -217,6 +221,8 @@ class LocalFederation:
         if ingress:
             argv.append("--ingress")
         argv += extra_args or []
+        if netns is not None:  # `ip netns exec` execs in place: same pid, same signals
+            argv = ["ip", "netns", "exec", netns, *argv]
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTELA_")}
         # Nodes never read the developer's own config file.
         env["XDG_CONFIG_HOME"] = str(self.root / "xdg-config")

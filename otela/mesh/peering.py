@@ -7,13 +7,19 @@ protocol has to run before a node can pick peers. Each node keeps between ``low`
 Random, bounded degree matters: when every node connects only to the bootstrap nodes,
 py-libp2p's GossipSub meshes flap and lose a large share of messages (measured 28-59 %),
 and the bootstrap nodes carry every connection.
+
+Healing partitions: after a partition each side evicts the other, and nothing in normal
+peering would ever contact an evicted peer again, so two large halves could stay apart.
+Every ``reconcile_interval`` a node therefore dials one random peer whose session was
+evicted (within the retention window) and runs anti-entropy with it; if the peer is alive,
+it learns of its eviction, rejoins under a new session, and the halves merge.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import multiaddr
@@ -40,6 +46,8 @@ class Peering:
         target: int = 6,
         high: int = 10,
         interval: float = 2.0,
+        reconcile: Callable[[ID], Awaitable[bool]] | None = None,
+        reconcile_interval: float = 10.0,
         rng: random.Random | None = None,
     ) -> None:
         self.host = host
@@ -49,6 +57,8 @@ class Peering:
         self.interval = interval
         self.rng = rng or random.Random()
         self.last_errors: dict[str, str] = {}
+        self.reconcile = reconcile
+        self.reconcile_interval = reconcile_interval
 
     def candidates(self) -> dict[ID, list[multiaddr.Multiaddr]]:
         """Peers we could connect to: registry members not LEFT, not us, not suspected."""
@@ -66,9 +76,38 @@ class Peering:
         return out
 
     async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            if self.reconcile is not None:
+                nursery.start_soon(self._reconcile_loop, self.reconcile)
+            while True:
+                await self.step()
+                await trio.sleep(self.interval * self.rng.uniform(0.8, 1.2))
+
+    def evicted_peers(self) -> dict[ID, list[multiaddr.Multiaddr]]:
+        """Peers whose sessions were all evicted (still within retention): maybe alive."""
+        live = {r.peer_id for r in self.registry if r.state is not Lifecycle.LEFT}
+        out: dict[ID, list[multiaddr.Multiaddr]] = {}
+        for record in self.registry:
+            entry = self.registry.entry(record.session_id)
+            if (entry is None or entry.evicted_by is None or record.peer_id in live
+                    or not record.addrs):
+                continue
+            try:
+                out[ID.from_base58(record.peer_id)] = [multiaddr.Multiaddr(a) for a in record.addrs]
+            except Exception:
+                continue
+        return out
+
+    async def _reconcile_loop(self, reconcile: Callable[[ID], Awaitable[bool]]) -> None:
         while True:
-            await self.step()
-            await trio.sleep(self.interval * self.rng.uniform(0.8, 1.2))
+            await trio.sleep(self.reconcile_interval * self.rng.uniform(0.8, 1.2))
+            evicted = list(self.evicted_peers().items())
+            if not evicted:
+                continue
+            peer_id, addrs = self.rng.choice(evicted)
+            await self._dial(peer_id, addrs)
+            if peer_id in self.host.get_connected_peers():
+                await reconcile(peer_id)
 
     async def step(self) -> None:
         connected = set(self.host.get_connected_peers())
