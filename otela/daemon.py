@@ -149,7 +149,7 @@ class Node:
             "replication": dict(self.replicator.stats),
             "membership": "open" if self.replica.admission.open else "authority",
             "suspected_peers": sorted(self.detector.suspected()),
-            "liveness": dict(self.detector.stats),
+            "liveness": {**self.detector.stats, "local_health": self.detector.local_health},
             "refused_peers": {
                 peer: refusal.reason for peer, refusal in self.replica.admission.refusals.items()
             },

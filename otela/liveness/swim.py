@@ -10,6 +10,13 @@ O(1) messages per node per period whatever the federation's size. A suspect that
 of its suspicion raises its incarnation and spreads a *signed* ``alive`` (no one else
 can refute on its behalf); a suspicion not refuted within ``suspicion_timeout`` is
 confirmed and this node signs an eviction of the peer's sessions (registry LEFT).
+
+Local health (Lifeguard's "local health multiplier"): a node starved of CPU or network
+makes *other* nodes look dead. So each node scores its own health: failed probes, being
+told it is suspected, and its event loop waking up late all raise the score; successful
+probes lower it. Probe timeouts, the recent-contact window and the suspicion timeout are
+multiplied by ``1 + score`` (at most 1 + ``max_local_health``), so an overloaded node
+waits longer before accusing anyone, instead of setting off a cascade of false evictions.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class DetectorConfig:
     indirect_probes: int = 3
     stale_window: float = 3.0
     suspicion_timeout: float = 6.0
+    max_local_health: int = 8
 
 
 def _alive_payload(peer_id: str, incarnation: int) -> bytes:
@@ -76,7 +84,17 @@ class FailureDetector:
         self.self_id = identity.peer_id.to_base58()
         self.table = LivenessTable(self.self_id, config.suspicion_timeout)
         self._order: list[str] = []
+        self._synced_generation = -1
         self.stats: dict[str, int] = {"probes": 0, "suspected": 0, "evicted": 0, "refuted": 0}
+        self.local_health = 0  # 0 = healthy; see the module docstring
+
+    @property
+    def multiplier(self) -> int:
+        return 1 + self.local_health
+
+    def _health(self, delta: int) -> None:
+        self.local_health = max(0, min(self.config.max_local_health, self.local_health + delta))
+        self.table.suspicion_timeout = self.config.suspicion_timeout * self.multiplier
 
     def install(self) -> None:
         self.host.set_stream_handler(SWIM_PROTOCOL, self._handle)
@@ -88,6 +106,7 @@ class FailureDetector:
     async def run(self) -> None:
         while True:
             started = self.clock()
+            interval = self.config.probe_interval * self.multiplier
             self._sync_members()
             target = self._next_target()
             if target is not None:
@@ -97,13 +116,18 @@ class FailureDetector:
                 now
             ):
                 await self._evict(peer_id)
-            await trio.sleep(max(0.0, self.config.probe_interval - (self.clock() - started)))
+            asked = max(0.0, interval - (self.clock() - started))
+            before = self.clock()
+            await trio.sleep(asked)
+            if self.clock() - before > asked + self.config.probe_interval:
+                self._health(+1)  # our own event loop is late: we are the slow one
 
     # -- one probe round ---------------------------------------------------------------
 
     async def _probe_round(self, target: str) -> None:
         self.stats["probes"] += 1
         if await self._ping(target):
+            self._health(-1)
             return
         helpers = [p for p in self.table.members if p != target
                    and self.table.members[p].status is Status.ALIVE]
@@ -120,7 +144,9 @@ class FailureDetector:
                 for helper in helpers:
                     nursery.start_soon(ask, helper)
             acked = any(results)
-        if acked or self.table.heard_recently(target, self.clock(), self.config.stale_window):
+        self._health(+1)  # the direct probe failed: maybe them, maybe us
+        window = self.config.stale_window * self.multiplier
+        if acked or self.table.heard_recently(target, self.clock(), window):
             return
         if self.table.probe_failed(target, self.clock()):
             self.stats["suspected"] += 1
@@ -128,12 +154,13 @@ class FailureDetector:
                         target, len(helpers))
 
     async def _ping(self, target: str) -> bool:
-        reply = await self._exchange(target, {"k": "ping"}, self.config.probe_timeout)
+        timeout = self.config.probe_timeout * self.multiplier
+        reply = await self._exchange(target, {"k": "ping"}, timeout)
         return reply is not None and reply.get("k") == "ack"
 
     async def _ping_req(self, helper: str, target: str) -> bool:
         reply = await self._exchange(
-            helper, {"k": "req", "target": target}, 2 * self.config.probe_timeout
+            helper, {"k": "req", "target": target}, 2 * self.config.probe_timeout * self.multiplier
         )
         return reply is not None and bool(reply.get("ok"))
 
@@ -155,7 +182,7 @@ class FailureDetector:
 
     async def _handle(self, stream: Any) -> None:
         peer = stream.muxed_conn.peer_id.to_base58()
-        with trio.move_on_after(3 * self.config.probe_timeout):
+        with trio.move_on_after(3 * self.config.probe_timeout * self.multiplier):
             try:
                 if not self.replica.admission.is_admitted(stream.muxed_conn.peer_id):
                     return
@@ -216,6 +243,7 @@ class FailureDetector:
         )
 
     def _refute(self) -> None:
+        self._health(+1)  # others could not reach us in time: we are probably slow
         incarnation = self.table.incarnation
         proof = self.identity.key_pair.private_key.sign(_alive_payload(self.self_id, incarnation))
         self.table.announce_alive(proof)
@@ -224,6 +252,11 @@ class FailureDetector:
     # -- members ---------------------------------------------------------------------------
 
     def _sync_members(self) -> None:
+        """Track the registry's non-LEFT peers; only when the registry changed (O(N) work
+        per change, not per probe period)."""
+        if self.replica.registry.generation == self._synced_generation:
+            return
+        self._synced_generation = self.replica.registry.generation
         peers: dict[str, tuple[str, ...]] = {}
         for record in self.replica.registry:
             if record.state is not Lifecycle.LEFT and record.peer_id != self.self_id:

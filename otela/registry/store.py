@@ -43,6 +43,8 @@ class Registry:
         # When this replica received the version it holds (local clock): operators read it
         # as "last update", the convergence benchmark as the apply time.
         self.received_at: dict[str, float] = {}
+        # Bumped on every change to the views: lets periodic readers skip unchanged state.
+        self.generation = 0
 
     @property
     def policy(self) -> GCPolicy:
@@ -141,6 +143,7 @@ class Registry:
             return
         self._hide(key)
         self._visible[key] = record
+        self.generation += 1
         if entry.state is not Lifecycle.LEFT:
             for model in record.models:
                 self._by_model.setdefault(model.id, {})[key] = record
@@ -150,6 +153,7 @@ class Registry:
         previous = self._visible.pop(key, None)
         if previous is None:
             return
+        self.generation += 1
         for model in previous.models:
             sessions = self._by_model.get(model.id)
             if sessions is not None:
