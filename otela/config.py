@@ -84,6 +84,8 @@ class NodeConfig:
     registry_horizon: float = 48 * 3600.0
     probe_interval: float = 1.0
     suspicion_timeout: float = 6.0
+    relay: bool = False
+    relay_reservations: int = 2
 
     def advertised_host(self) -> str:
         """The address other nodes use to reach us (never a wildcard)."""
@@ -348,6 +350,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("probe_interval", "liveness", "probe_interval", _as_duration, "probe period"),
     Setting(
         "suspicion_timeout", "liveness", "suspicion_timeout", _as_duration, "grace to refute"
+    ),
+)
+# NAT traversal (docs/nat.md); kept in its own block so the schema above merges cleanly.
+SETTINGS += (
+    Setting("relay", "nat", "relay", _as_bool, "offer circuit-relay reservations to NAT'd nodes"),
+    Setting(
+        "relay_reservations",
+        "nat",
+        "relay_reservations",
+        _as_positive_int,
+        "relays a NAT'd node reserves a slot on",
     ),
 )
 SETTINGS_BY_ATTR = {s.attr: s for s in SETTINGS}

@@ -40,11 +40,16 @@ from otela.identity import Identity, load_or_create
 from otela.liveness.swim import DetectorConfig, FailureDetector
 from otela.mesh.bootstrap import keep_connected, parse_bootstrap
 from otela.mesh.host import advertised_addrs, build_host
+from otela.mesh.nat import NatTraversal, known_relays
+from otela.mesh.netlog import NetLog
+from otela.netreport import network_report
 from otela.registry.crdt import GCPolicy
 from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
 from otela.replica import LocalReplica, MembershipConfigError, load_authority, load_own_certificate
 from otela.routing.router import Router
 from otela.slurm import job_from_env, watch_wall_time, with_end_time
+from otela.transport.client import EngineStreamClient
+from otela.transport.server import EngineStreamServer
 
 log = logging.getLogger("otela.node")
 
@@ -104,6 +109,19 @@ class Node:
                 suspicion_timeout=config.suspicion_timeout,
             ),
         )
+        self.netlog = NetLog()
+        self.nat = NatTraversal(
+            self.mesh.host,
+            offer_relay=config.relay,
+            relays=lambda: known_relays(self.registry, self.identity.peer_id.to_base58()),
+            publish=self._publish_reachability,
+            max_reservations=config.relay_reservations,
+            netlog=self.netlog,
+        )
+        self.engine_streams = EngineStreamServer(
+            self.serving_engine_url, lambda: self.client, self.inflight
+        )
+        self.p2p = EngineStreamClient(self.mesh.host, self.nat.connect)
         self.addrs: list[str] = []
         self.http_url = ""
         self.exit_code = EXIT_OK
@@ -147,6 +165,25 @@ class Node:
             },
         }
 
+    def network(self, peer: str | None = None) -> dict[str, Any]:
+        connected = {p.to_base58() for p in self.mesh.host.get_connected_peers()}
+        return network_report(
+            peer_id=self.identity.peer_id.to_base58(),
+            addrs=self.addrs,
+            nat=self.nat,
+            netlog=self.netlog,
+            registry=self.registry,
+            suspected=self.detector.suspected(),
+            bootstrap=self.netlog.bootstrap_report(connected),
+            connected=len(connected),
+            data_path={"served": self.engine_streams.served, "streams": self.p2p.stats()},
+            peer=peer,
+        )
+
+    async def _publish_reachability(self, reachability: str, circuits: tuple[str, ...]) -> None:
+        if not self._stopping:
+            await self.announce(reachability=reachability, circuit_addrs=circuits)
+
     def serving_engine_url(self) -> str | None:
         if self.engine_command and self.record and self.record.state is Lifecycle.SERVING:
             return self.engine_command.url
@@ -174,6 +211,8 @@ class Node:
         config = self.config
         self.replica.install(self.mesh.host)
         self.detector.install()
+        self.nat.install()
+        self.engine_streams.install(self.mesh.host)
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64)
         timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=30.0)
         async with (
@@ -189,6 +228,7 @@ class Node:
                 self.session_id,
                 self.engine_command.url if self.engine_command else None,
                 suspected=self.detector.suspected,
+                p2p=self.p2p,
             )
             await self.mesh.pubsub.wait_until_ready()
             async with trio.open_nursery() as nursery:
@@ -213,11 +253,16 @@ class Node:
                     engine=self.engine_command.kind if self.engine_command else None,
                     idle=self.engine_command is None,
                     slurm=self.slurm_job,
+                    relay=config.relay,
                 ))
                 self._report_started()
                 nursery.start_soon(self.detector.run)
+                await nursery.start(self.p2p.run)
+                await nursery.start(self.nat.run)
                 for peer in self.bootstrap_peers:
-                    nursery.start_soon(keep_connected, self.mesh, self.replicator, peer)
+                    nursery.start_soon(
+                        keep_connected, self.mesh, self.replicator, peer, self.netlog
+                    )
                 if self.engine_command:
                     self.supervisor = Supervisor(
                         self.engine_command,

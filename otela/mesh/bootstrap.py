@@ -20,6 +20,7 @@ import trio
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from otela.mesh.host import MeshHost
+from otela.mesh.netlog import NetLog
 from otela.mesh.replication import Replicator
 
 log = logging.getLogger("otela.mesh")
@@ -49,8 +50,12 @@ def next_backoff(current: float, rng: random.Random) -> tuple[float, float]:
     return current * rng.uniform(0.8, 1.2), min(current * 2, BACKOFF_MAX_S)
 
 
-async def keep_connected(mesh: MeshHost, replicator: Replicator, peer: PeerInfo) -> None:
+async def keep_connected(
+    mesh: MeshHost, replicator: Replicator, peer: PeerInfo, netlog: NetLog | None = None
+) -> None:
+    """Dial ``peer`` until connected, redial on loss; ``netlog`` records each outcome."""
     host = mesh.host
+    where = ",".join(str(a) for a in peer.addrs)
     if peer.peer_id == host.get_id():
         return  # our own address in a shared bootstrap list
     rng = random.Random()
@@ -66,6 +71,8 @@ async def keep_connected(mesh: MeshHost, replicator: Replicator, peer: PeerInfo)
                 await host.connect(peer)
         except Exception as exc:  # the library raises many types for one failed dial
             failures += 1
+            if netlog is not None:
+                netlog.bootstrap_attempt(where, peer.peer_id.to_base58(), f"{exc!r}")
             sleep, delay = next_backoff(delay, rng)
             level = logging.WARNING if failures in (1, 5) or failures % 20 == 0 else logging.DEBUG
             log.log(
@@ -79,5 +86,7 @@ async def keep_connected(mesh: MeshHost, replicator: Replicator, peer: PeerInfo)
             await trio.sleep(sleep)
             continue
         log.info("connected to bootstrap peer %s", peer.peer_id)
+        if netlog is not None:
+            netlog.bootstrap_attempt(where, peer.peer_id.to_base58(), None)
         failures, delay = 0, BACKOFF_INITIAL_S
         await replicator.sync_with(peer.peer_id)
