@@ -187,12 +187,17 @@ class LocalFederation:
         extra_env: dict[str, str] | None = None,
         wait: bool = True,
         timeout: float = 30.0,
+        host: str = "127.0.0.1",
+        p2p_port: int = 0,
+        prefix: list[str] | None = None,
     ) -> LocalNode:
+        """Start a node; ``prefix`` wraps the command (e.g. ``ip netns exec NS``)."""
         home = self.root / name
         home.mkdir(parents=True, exist_ok=True)
         status_file = home / "status.json"
         status_file.unlink(missing_ok=True)
         argv = [
+            *(prefix or []),
             self.python,
             "-m",
             "otela",
@@ -200,11 +205,11 @@ class LocalFederation:
             "--home",
             str(home),
             "--host",
-            "127.0.0.1",
+            host,
             "--http-port",
             "0",
             "--p2p-port",
-            "0",
+            str(p2p_port),
             "--status-file",
             str(status_file),
         ]

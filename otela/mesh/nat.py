@@ -87,7 +87,8 @@ def known_relays(registry: Any, own_peer_id: str) -> list[NodeRecord]:
 def connection_kinds(host: Any, peer_id: ID) -> set[str]:
     """``{"direct", "relayed"}`` subset describing our live connections to ``peer_id``."""
     kinds = set()
-    for conn in host.get_network().get_connections(peer_id):
+    conns = host.get_network().get_connections(peer_id)
+    for conn in conns if isinstance(conns, list) else [conns]:
         try:
             addrs = [str(a) for a in conn.get_transport_addresses()]
         except Exception:
@@ -152,14 +153,30 @@ class NatTraversal:
         self.dialback.install(self.host)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        async with (
-            background_trio_service(self.relay.protocol),
-            background_trio_service(self.dcutr),
-            trio.open_nursery() as nursery,
-        ):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._service, self.relay.protocol, "circuit relay")
+            await nursery.start(self._service, self.dcutr, "hole punching (DCUtR)")
             task_status.started()
             nursery.start_soon(self._watch_connections)
             await self._reachability_loop(nursery)
+
+    async def _service(
+        self, service: Any, name: str, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run a libp2p service in a task of its own.
+
+        When a py-libp2p service stops (it did, mid hole punch, in the NAT test), its manager
+        cancels the body of ``background_trio_service``; sharing that body with our loops
+        silently stopped them. Isolated, only the service stops, and we say so.
+        """
+        try:
+            async with background_trio_service(service) as manager:
+                task_status.started()
+                await manager.wait_finished()
+        except Exception as exc:
+            log.warning("%s stopped: %r", name, exc)
+            return
+        log.warning("%s stopped", name)
 
     async def _reachability_loop(self, nursery: trio.Nursery) -> None:
         next_check = 0.0
@@ -233,10 +250,15 @@ class NatTraversal:
         while True:
             now = time.time()
             current = set()
-            for peer in self.host.get_connected_peers():
+            for peer in list(self.host.get_connected_peers()):
                 name = peer.to_base58()
                 current.add(name)
-                self.netlog.observe_connections(name, connection_kinds(self.host, peer), now)
+                try:
+                    kinds = connection_kinds(self.host, peer)
+                except Exception as exc:  # library internals; never let this task die
+                    log.warning("cannot inspect connections to %s: %r", name, exc)
+                    kinds = set()
+                self.netlog.observe_connections(name, kinds, now)
             for gone in seen - current:
                 self.netlog.disconnected(gone)
             seen = current
