@@ -40,7 +40,7 @@ MAX_CONCURRENT_PROBES = 8
 _GREETING = b"/multistream/1.0.0\n"
 
 
-class DialBackError(Exception):
+class DialBackError(ValueError):
     """A dial-back exchange failed or the peer answered nonsense."""
 
 
@@ -143,7 +143,10 @@ def _is_circuit_stream(stream: Any) -> bool:
 def _parse_ports(request: Any) -> list[int]:
     if not isinstance(request, dict) or not isinstance(request.get("ports"), list):
         raise DialBackError("expected {'ports': [int, ...]}")
-    ports = [p for p in request["ports"] if isinstance(p, int) and 0 < p < 65536]
+    ports = [
+        p for p in request["ports"]
+        if isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536
+    ]
     return sorted(set(ports))[:MAX_PORTS]
 
 
