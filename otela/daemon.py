@@ -159,6 +159,7 @@ class Node:
             "replication": dict(self.replicator.stats),
             "membership": "open" if self.replica.admission.open else "authority",
             "suspected_peers": sorted(self.detector.suspected()),
+            "reachability": self.nat.state,
             "liveness": dict(self.detector.stats),
             "refused_peers": {
                 peer: refusal.reason for peer, refusal in self.replica.admission.refusals.items()

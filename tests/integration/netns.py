@@ -18,6 +18,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+from typing import Any
 
 PUBLIC = {"R": "10.99.0.10"}
 NAT_WAN = {"A": "10.99.0.2", "B": "10.99.0.3"}
@@ -109,7 +110,7 @@ class Topology:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         return [n for n in self.names if n in listed.split()]
 
-    def get_json(self, short: str, url: str) -> object:
+    def get_json(self, short: str, url: str) -> Any:
         """GET ``url`` from inside namespace ``short`` (the driver has no route in)."""
         import json
 

@@ -57,7 +57,7 @@ def start(fed: LocalFederation, topo: Topology, name: str, ip: str, **kw: Any) -
 
 def records(topo: Topology, where: str, node: LocalNode) -> dict[str, dict[str, Any]]:
     """peer id -> record, as ``node`` (in namespace ``where``) sees the registry."""
-    nodes = topo.get_json(where, f"{node.http_url}/v1/registry/nodes")["nodes"]  # type: ignore[index]
+    nodes = topo.get_json(where, f"{node.http_url}/v1/registry/nodes")["nodes"]
     return {n["peer_id"]: n for n in nodes}
 
 
