@@ -275,6 +275,16 @@ def start(
             "[default: 2].",
         ),
     ),
+    hole_punch: bool | None = typer.Option(
+        None,
+        "--hole-punch/--no-hole-punch",
+        help=_env_help(
+            "hole_punch",
+            "Try to upgrade relayed connections to direct ones (DCUtR) [default: on]. "
+            "Turn off to keep traffic on relays, e.g. to measure or debug them.",
+        ),
+        show_default=False,
+    ),
     log_level: str | None = typer.Option(
         None, "--log-level", help=_env_help("log_level", "Daemon log level [default: INFO].")
     ),
@@ -332,6 +342,7 @@ def start(
         "suspicion_timeout": suspicion_timeout,
         "relay": relay,
         "relay_reservations": relay_reservations,
+        "hole_punch": hole_punch,
     }
     try:
         flags = {k: v for k, v in given.items() if v is not None}

@@ -86,6 +86,7 @@ class NodeConfig:
     suspicion_timeout: float = 6.0
     relay: bool = False
     relay_reservations: int = 2
+    hole_punch: bool = True
 
     def advertised_host(self) -> str:
         """The address other nodes use to reach us (never a wildcard)."""
@@ -362,6 +363,7 @@ SETTINGS += (
         _as_positive_int,
         "relays a NAT'd node reserves a slot on",
     ),
+    Setting("hole_punch", "nat", "hole_punch", _as_bool, "upgrade relayed connections (DCUtR)"),
 )
 SETTINGS_BY_ATTR = {s.attr: s for s in SETTINGS}
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}

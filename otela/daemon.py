@@ -116,6 +116,7 @@ class Node:
             relays=lambda: known_relays(self.registry, self.identity.peer_id.to_base58()),
             publish=self._publish_reachability,
             max_reservations=config.relay_reservations,
+            hole_punch=config.hole_punch,
             netlog=self.netlog,
         )
         self.engine_streams = EngineStreamServer(

@@ -107,10 +107,11 @@ class NatTraversal:
         publish: Publish,
         max_reservations: int = 2,
         netlog: NetLog | None = None,
+        hole_punch: bool = True,
     ) -> None:
         self.host = host
         self.relay = Relay(host, offer=offer_relay)
-        self.dcutr = DCUtRProtocol(host, dial_timeout=DCUTR_DIAL_TIMEOUT_S)
+        self.dcutr = DCUtRProtocol(host, dial_timeout=DCUTR_DIAL_TIMEOUT_S) if hole_punch else None
         self.dialback = DialBackServer()
         self.relays = relays
         self.publish = publish
@@ -137,6 +138,7 @@ class NatTraversal:
         return {
             "reachability": self.state,
             "offers_relay": self.relay.offer,
+            "hole_punch": self.dcutr is not None,
             "dial_back": {
                 "checked_at": self.checked_at,
                 "listen_ports": listen_ports(self.host),
@@ -155,7 +157,8 @@ class NatTraversal:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(self._service, self.relay.protocol, "circuit relay")
-            await nursery.start(self._service, self.dcutr, "hole punching (DCUtR)")
+            if self.dcutr is not None:
+                await nursery.start(self._service, self.dcutr, "hole punching (DCUtR)")
             task_status.started()
             nursery.start_soon(self._watch_connections)
             await self._reachability_loop(nursery)
