@@ -25,7 +25,7 @@ from typing import Any
 import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
-from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes
+from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
 from otela.registry.records import PRIVATE_RELAYED, PUBLIC, UNKNOWN, UNREACHABLE
 
@@ -111,7 +111,7 @@ class DialBackServer:
     async def handle(self, stream: Any) -> None:
         try:
             with trio.fail_after(ASK_TIMEOUT_S):
-                request = json.loads(await read_varint_prefixed_bytes(stream))
+                request = json.loads(await read_varint_prefixed_bytes_limited(stream, MAX_MESSAGE))
                 ports = _parse_ports(request)
                 remote = stream.get_remote_address()
                 observed = remote[0] if remote else None
@@ -158,11 +158,9 @@ async def ask(host: Any, peer_id: ID, ports: list[int]) -> DialBackAnswer:
             stream = await host.new_stream(peer_id, [DIALBACK_PROTOCOL])
             try:
                 await stream.write(encode_varint_prefixed(json.dumps({"ports": ports}).encode()))
-                raw = await read_varint_prefixed_bytes(stream)
+                raw = await read_varint_prefixed_bytes_limited(stream, MAX_MESSAGE)
             finally:
                 await stream.close()
-        if len(raw) > MAX_MESSAGE:
-            raise DialBackError("answer too large")
         reply = json.loads(raw)
         observed = reply.get("observed")
         reachable = tuple(str(a) for a in reply.get("reachable", ()))
