@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python -m benchmarks.nat_datapath [--requests 200]
 
-Builds the namespace topology of tests/integration/netns.py (a public relay R, nodes A and
+Builds the namespace topology of tests/integration/nat_topology.py (a public relay R, nodes A and
 B each behind its own MASQUERADE NAT), starts one otela process per namespace, and prints
 JSON: how long each NAT'd node took to learn it is private, reserve on R and advertise its
 circuit address; the latency of the first request B -> A (includes the relayed dial); when
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
-from tests.integration.netns import PRIVATE, PUBLIC, Topology
+from tests.integration.nat_topology import PRIVATE, PUBLIC, Topology
 
 CLIENT = r"""
 import json, sys, time, httpx
