@@ -67,7 +67,7 @@ def main() -> int:
             topo.up()
 
             def start(name: str, ip: str, **kw: Any) -> LocalNode:
-                return fed.start_node(name, prefix=topo.exec_prefix(name), host=ip,
+                return fed.start_node(name, netns=topo.ns(name), host=ip,
                                       p2p_port=4001, timeout=60, **kw)
 
             relay = start("R", PUBLIC["R"], extra_args=["--relay"])

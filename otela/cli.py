@@ -299,8 +299,9 @@ def start(
     launch and supervise an engine, announcing it once healthy.
 
     Settings come from flags > OTELA_* environment > config file > defaults.
-    Exits 0 after SIGTERM/SIGINT (drains, then announces LEFT), 2 on bad configuration,
-    3 if the engine fails (announces DOWN, copies its logs to the log sink).
+
+    Exits 0 after SIGTERM/SIGINT (drains, then announces LEFT), 2 on bad configuration, 3 if
+    the engine fails (announces DOWN, copies its logs to the log sink).
     """
     import trio
 

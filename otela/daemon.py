@@ -38,10 +38,17 @@ from otela.engine.metadata import split_overrides
 from otela.engine.supervision import Supervisor
 from otela.identity import Identity, load_or_create
 from otela.liveness.swim import DetectorConfig, FailureDetector
-from otela.mesh.bootstrap import keep_connected, parse_bootstrap
+from otela.mesh.bootstrap import (
+    follow_bootstrap_list,
+    is_url,
+    isolated_below,
+    keep_connected,
+    parse_bootstrap,
+)
 from otela.mesh.host import advertised_addrs, build_host
 from otela.mesh.nat import NatTraversal, known_relays
 from otela.mesh.netlog import NetLog
+from otela.mesh.peering import Peering
 from otela.netreport import network_report
 from otela.registry.crdt import GCPolicy
 from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
@@ -84,7 +91,8 @@ class Node:
         self.slurm_job = job_from_env(os.environ)
         self.inflight = Inflight()
         self.supervisor: Supervisor | None = None
-        self.bootstrap_peers = [parse_bootstrap(a) for a in config.bootstrap]
+        self.bootstrap_peers = [parse_bootstrap(a) for a in config.bootstrap if not is_url(a)]
+        self.bootstrap_urls = [a for a in config.bootstrap if is_url(a)]
         self.mesh = build_host(self.identity, config.listen_host, config.p2p_port)
         self.replica = LocalReplica(
             self.identity,
@@ -261,9 +269,21 @@ class Node:
                 nursery.start_soon(self.detector.run)
                 await nursery.start(self.p2p.run)
                 await nursery.start(self.nat.run)
+                self.peering = Peering(
+                    self.mesh.host,
+                    self.registry,
+                    suspected=self.detector.suspected,
+                    reconcile=self.replicator.sync_with,
+                )
+                nursery.start_soon(self.peering.run)
+                isolated = isolated_below(self.mesh, self.peering.low)
+                for url in self.bootstrap_urls:
+                    nursery.start_soon(
+                        follow_bootstrap_list, url, self.mesh, self.replicator, client, isolated
+                    )
                 for peer in self.bootstrap_peers:
                     nursery.start_soon(
-                        keep_connected, self.mesh, self.replicator, peer, self.netlog
+                        keep_connected, self.mesh, self.replicator, peer, isolated, self.netlog
                     )
                 if self.engine_command:
                     self.supervisor = Supervisor(

@@ -188,16 +188,16 @@ class LocalFederation:
         wait: bool = True,
         timeout: float = 30.0,
         host: str = "127.0.0.1",
+        netns: str | None = None,
         p2p_port: int = 0,
-        prefix: list[str] | None = None,
     ) -> LocalNode:
-        """Start a node; ``prefix`` wraps the command (e.g. ``ip netns exec NS``)."""
+        """Start ``otela start`` as its own process (inside network namespace ``netns``,
+        listening on ``host``, when given) and, with ``wait``, until it is listening."""
         home = self.root / name
         home.mkdir(parents=True, exist_ok=True)
         status_file = home / "status.json"
         status_file.unlink(missing_ok=True)
         argv = [
-            *(prefix or []),
             self.python,
             "-m",
             "otela",
@@ -222,6 +222,8 @@ class LocalFederation:
         if ingress:
             argv.append("--ingress")
         argv += extra_args or []
+        if netns is not None:  # `ip netns exec` execs in place: same pid, same signals
+            argv = ["ip", "netns", "exec", netns, *argv]
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTELA_")}
         # Nodes never read the developer's own config file.
         env["XDG_CONFIG_HOME"] = str(self.root / "xdg-config")

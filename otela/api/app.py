@@ -99,7 +99,11 @@ def create_app(node: NodeView) -> FastAPI:
         nodes = []
         for record in node.registry.snapshot():
             entry = node.registry.entry(record.session_id)
-            nodes.append({**record.to_dict(), "evicted_by": entry.evicted_by if entry else None})
+            nodes.append({
+                **record.to_dict(),
+                "evicted_by": entry.evicted_by if entry else None,
+                "received_at": node.registry.received_at.get(record.session_id),
+            })
         return {"nodes": nodes, "count": len(nodes)}
 
     @app.get("/v1/registry/models")

@@ -246,6 +246,12 @@ class FailureDetector:
         return self._order.pop() if self._order else None
 
     async def _evict(self, peer_id: str) -> None:
+        # Drop the connection too: behind a silent partition (packets dropped, no RST) it
+        # would otherwise look established for minutes and block a fresh dial after healing.
+        try:
+            await self.host.disconnect(ID.from_base58(peer_id))
+        except Exception:
+            log.debug("disconnecting %s failed", peer_id, exc_info=True)
         sessions = [r.session_id for r in self.replica.registry
                     if r.peer_id == peer_id and r.state is not Lifecycle.LEFT]
         for session_id in sessions:

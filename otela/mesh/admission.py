@@ -29,7 +29,6 @@ from otela.membership.certificate import (
     verify_certificate,
 )
 from otela.mesh.framing import read_frame, write_frame
-from otela.registry.records import Lifecycle
 from otela.registry.store import Registry
 from otela.registry.wire import Trust
 
@@ -70,7 +69,10 @@ class Admission:
 
     def trust(self, registry: Registry) -> Trust:
         def is_member(peer_id: str) -> bool:
-            return any(r.peer_id == peer_id and r.state is not Lifecycle.LEFT for r in registry)
+            # In an open federation a member is a node the federation knows, in any state.
+            # Requiring a *live* evictor would deadlock after a partition: each side has
+            # evicted the other side's evictors and would reject their evictions forever.
+            return any(entry.record.peer_id == peer_id for entry in registry.map)
 
         return Trust(self.authority, registry.revoked_serials(), is_member)
 

@@ -12,9 +12,12 @@ each deliberate redial first lifts that block.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+from collections.abc import Callable
 
+import httpx
 import multiaddr
 import trio
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
@@ -29,6 +32,26 @@ DIAL_TIMEOUT_S = 10.0
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
 CHECK_INTERVAL_S = 2.0
+
+
+LIST_REFRESH_S = 300.0
+MAX_LIST_BYTES = 1024 * 1024
+
+
+def is_url(entry: str) -> bool:
+    return entry.startswith(("http://", "https://"))
+
+
+def parse_bootstrap_list(body: str) -> list[str]:
+    """Multiaddrs from a bootstrap list: a JSON list, ``{"peers": [...]}``, or one per line."""
+    text = body.strip()
+    if text.startswith(("[", "{")):
+        data = json.loads(text)
+        items = data.get("peers", []) if isinstance(data, dict) else data
+        if not isinstance(items, list) or not all(isinstance(a, str) for a in items):
+            raise ValueError("expected a JSON list of multiaddr strings")
+        return [a.strip() for a in items if a.strip()]
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
 class BootstrapAddressError(ValueError):
@@ -50,10 +73,22 @@ def next_backoff(current: float, rng: random.Random) -> tuple[float, float]:
     return current * rng.uniform(0.8, 1.2), min(current * 2, BACKOFF_MAX_S)
 
 
+def isolated_below(mesh: MeshHost, minimum: int) -> Callable[[], bool]:
+    """A check for "we hold fewer than ``minimum`` connections" (so we need a bootstrap)."""
+    return lambda: len(mesh.host.get_connected_peers()) < minimum
+
+
 async def keep_connected(
-    mesh: MeshHost, replicator: Replicator, peer: PeerInfo, netlog: NetLog | None = None
+    mesh: MeshHost,
+    replicator: Replicator,
+    peer: PeerInfo,
+    needs_bootstrap: Callable[[], bool] | None = None,
+    netlog: NetLog | None = None,
 ) -> None:
-    """Dial ``peer`` until connected, redial on loss; ``netlog`` records each outcome."""
+    """Join through ``peer``; later redial it only while ``needs_bootstrap()`` says we are
+    isolated. Bootstrap peers are for joining and rejoining, not permanent links: random
+    peering takes over, so bootstrap nodes do not become hubs. ``netlog`` records each
+    dial's outcome for ``otela doctor``."""
     host = mesh.host
     where = ",".join(str(a) for a in peer.addrs)
     if peer.peer_id == host.get_id():
@@ -61,8 +96,10 @@ async def keep_connected(
     rng = random.Random()
     delay = BACKOFF_INITIAL_S
     failures = 0
+    joined = False
     while True:
-        if peer.peer_id in host.get_connected_peers():
+        connected = peer.peer_id in host.get_connected_peers()
+        if connected or (joined and needs_bootstrap is not None and not needs_bootstrap()):
             await trio.sleep(CHECK_INTERVAL_S)
             continue
         host.get_network().unblock_peer(peer.peer_id)
@@ -89,4 +126,44 @@ async def keep_connected(
         if netlog is not None:
             netlog.bootstrap_attempt(where, peer.peer_id.to_base58(), None)
         failures, delay = 0, BACKOFF_INITIAL_S
-        await replicator.sync_with(peer.peer_id)
+        joined = await replicator.sync_with(peer.peer_id) or joined
+
+
+async def follow_bootstrap_list(
+    url: str,
+    mesh: MeshHost,
+    replicator: Replicator,
+    client: httpx.AsyncClient,
+    needs_bootstrap: Callable[[], bool],
+) -> None:
+    """Fetch a bootstrap list from ``url`` (with backoff until it answers), keep every
+    address in it connected, and re-read it every few minutes for new entries."""
+    rng = random.Random()
+    followed: set[str] = set()
+    delay = BACKOFF_INITIAL_S
+    async with trio.open_nursery() as nursery:
+        while True:
+            try:
+                response = await client.get(url, timeout=DIAL_TIMEOUT_S)
+                response.raise_for_status()
+                if len(response.content) > MAX_LIST_BYTES:
+                    raise ValueError(f"bootstrap list larger than {MAX_LIST_BYTES} bytes")
+                addrs = parse_bootstrap_list(response.text)
+            except (httpx.HTTPError, ValueError) as exc:
+                sleep, delay = next_backoff(delay, rng)
+                log.warning("bootstrap list %s unavailable (retry in %.1fs): %s", url, sleep, exc)
+                await trio.sleep(sleep)
+                continue
+            delay = BACKOFF_INITIAL_S
+            for addr in addrs:
+                if addr in followed:
+                    continue
+                try:
+                    peer = parse_bootstrap(addr)
+                except BootstrapAddressError as exc:
+                    log.warning("ignoring entry of bootstrap list %s: %s", url, exc)
+                    followed.add(addr)
+                    continue
+                followed.add(addr)
+                nursery.start_soon(keep_connected, mesh, replicator, peer, needs_bootstrap)
+            await trio.sleep(LIST_REFRESH_S)

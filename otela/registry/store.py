@@ -40,6 +40,9 @@ class Registry:
         self._visible: dict[str, NodeRecord] = {}
         self._by_model: dict[str, dict[str, NodeRecord]] = {}
         self._serving: dict[str, tuple[NodeRecord, ...]] = {}
+        # When this replica received the version it holds (local clock): operators read it
+        # as "last update", the convergence benchmark as the apply time.
+        self.received_at: dict[str, float] = {}
 
     @property
     def policy(self) -> GCPolicy:
@@ -51,6 +54,7 @@ class Registry:
         """Merge a verified entry; return whether the map changed. Raises ``Rejected``."""
         changed, _ = self.map.merge(entry, now)
         if changed:
+            self.received_at[entry.key] = now
             self._refresh_view(entry.key, now)
         return changed
 
@@ -72,6 +76,7 @@ class Registry:
         dropped = self.map.compact(now)
         for entry in dropped:
             self._hide(entry.key)
+            self.received_at.pop(entry.key, None)
         for key in list(self._visible):
             self._refresh_view(key, now)
         return dropped

@@ -51,7 +51,7 @@ def topology() -> Iterator[Topology]:
 
 
 def start(fed: LocalFederation, topo: Topology, name: str, ip: str, **kw: Any) -> LocalNode:
-    return fed.start_node(name, prefix=topo.exec_prefix(name), host=ip, p2p_port=P2P_PORT,
+    return fed.start_node(name, netns=topo.ns(name), host=ip, p2p_port=P2P_PORT,
                           timeout=60, **kw)
 
 

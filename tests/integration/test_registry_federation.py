@@ -87,8 +87,10 @@ def test_expired_certificates_drop_out_and_revocations_gossip(federation, tmp_pa
     authority = Authority(tmp_path)
     boot = authority.start(federation, "boot")
     watcher = authority.start(federation, "watcher", bootstrap=[boot])
-    short = authority.start(federation, "short", bootstrap=[boot], ttl=8.0)
     revoked = authority.start(federation, "revoked", bootstrap=[boot])
+    wait_for(lambda: len(sessions(watcher)) == 3, CONVERGE_S, "three members to join")
+    # Enrolled last, so its 10 s certificate cannot expire while the others start up.
+    short = authority.start(federation, "short", bootstrap=[boot], ttl=10.0)
     everyone = {n.session_id for n in (boot, watcher, short, revoked)}
     wait_for(lambda: sessions(watcher) == everyone, CONVERGE_S, "all four to join")
 

@@ -51,9 +51,9 @@ def test_real_vllm_behind_otela(federation, vllm_python, tiny_model):
         assert entry["id"] == MODEL
         (session,) = entry["sessions"]
         assert session["engine"] == "vllm"
-        assert session["models"] == [{"id": MODEL, "max_context": 512, "dtype": "bfloat16",
-                                      "quantization": None, "tensor_parallel": None,
-                                      "meta": {"family": "llama"}}]
+        assert session["model"] == {"id": MODEL, "max_context": 512, "dtype": "bfloat16",
+                                    "quantization": None, "tensor_parallel": None,
+                                    "meta": {"family": "llama"}}
     listed = ingress.get("/v1/models")["data"]
     assert [(m["id"], m["max_model_len"]) for m in listed] == [(MODEL, 512)]
 

@@ -12,7 +12,14 @@ from typing import Any
 
 import httpx
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.localfed import (
+    FederationError,
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "slurm"
 CONVERGE_S = 20.0
@@ -86,7 +93,13 @@ def wait_job_node(observer: LocalNode, job_id: str, state: str, timeout: float,
             raise AssertionError(f"job {job_id} ended:\n{job_output(tmp, job_id)[-3000:]}")
         return node if node is not None and node["state"] == state else None
 
-    return wait_for(found, timeout, f"job {job_id}'s node to be {state}", interval=0.2)
+    try:
+        return wait_for(found, timeout, f"job {job_id}'s node to be {state}", interval=0.2)
+    except FederationError as exc:
+        reason = subprocess.run(["squeue", "-h", "-j", job_id, "-t", "all", "-o", "%T %r"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+        raise FederationError(f"{exc}; job state: {reason or 'unknown'}\n"
+                              f"{job_output(tmp, job_id)[-2000:]}") from None
 
 
 @dataclass

@@ -67,6 +67,7 @@ def test_scancel_drains_the_job_node_while_in_flight_requests_complete(federatio
         for thread in threads:
             thread.join(30)
     assert watcher.seen[-2:] == ["DOWN", "LEFT"], watcher.seen
+    print(f"scancel -> LEFT at the ingress after {left_after:.1f}s")
     assert left_after < 15
     assert [r.status_code for r in results] == [200, 200, 200]
     assert all(r.json()["choices"][0]["message"]["content"] == "echo: " + WORDS for r in results)
@@ -104,6 +105,7 @@ def test_job_drains_before_its_time_limit_and_no_request_fails(federation, tmp_p
         with StateWatcher(ingress, node["session_id"]) as watcher:
             wait_for(lambda: watcher.seen[-1:] == ["LEFT"], 110, "the job's node to leave")
         drained_after = time.monotonic() - started
+        print(f"job node LEFT {drained_after:.1f}s after sbatch (limit 120 s, margin 100 s)")
         wait_for(lambda: job_state(job) == "COMPLETED", 60, "the job to complete")
     finally:
         stop.set()
@@ -127,3 +129,19 @@ def test_idle_template_advertises_the_allocation(federation, tmp_path):
     with StateWatcher(ingress, node["session_id"]) as watcher:
         subprocess.run(["scancel", job], check=True, timeout=30)
         wait_for(lambda: watcher.seen[-1:] == ["LEFT"], 20, "the idle node to leave")
+
+
+@pytest.mark.parametrize("template", ["sglang.sbatch", "vllm-tensor-parallel.sbatch"])
+def test_other_serving_templates_join_serve_and_leave(federation, tmp_path, template):
+    ingress = federation.start_node("ingress", ingress=True)
+    engine = echo_engine_command(free_port(), ["tpl-model"])
+    # The test node has 8 CPUs; the TP template asks for 32 by default.
+    job = submit(template, job_env(ingress, tmp_path, ENGINE_COMMAND=engine), tmp_path,
+                 "--cpus-per-task=2")
+    node = wait_job_node(ingress, job, "SERVING", JOIN_S, tmp_path)
+    assert node["slurm"]["job_id"] == job
+    assert chat(ingress, "tpl-model", "hi").json()["choices"][0]["message"]["content"] == "echo: hi"
+    with StateWatcher(ingress, node["session_id"]) as watcher:
+        subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True, timeout=30)
+        wait_for(lambda: watcher.seen[-1:] == ["LEFT"], 20, "the job's node to leave")
+    wait_for(lambda: job_state(job) == "COMPLETED", 60, "the job to complete")

@@ -53,3 +53,13 @@ def test_models_and_context_lengths_from_v1_models():
     payload = {"data": [{"id": "a", "max_model_len": 4096}, {"id": "b"}, {"nope": 1}, "junk"]}
     models = parse_models(payload)
     assert [(m.id, m.max_context) for m in models] == [("a", 4096), ("b", None)]
+
+
+def test_bootstrap_lists_in_json_or_lines():
+    from otela.mesh.bootstrap import parse_bootstrap_list
+
+    assert parse_bootstrap_list('["/ip4/1.2.3.4/tcp/1/p2p/x"]') == ["/ip4/1.2.3.4/tcp/1/p2p/x"]
+    assert parse_bootstrap_list('{"peers": ["a", " b "]}') == ["a", "b"]
+    assert parse_bootstrap_list("# comment\n/ip4/a\n\n/ip4/b\n") == ["/ip4/a", "/ip4/b"]
+    with pytest.raises(ValueError):
+        parse_bootstrap_list('{"peers": [1]}')

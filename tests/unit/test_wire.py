@@ -176,3 +176,27 @@ def test_record_signature_check_can_skip_membership_for_embedded_history(authori
     env = signed(node)  # no certificate: fine only when membership is not checked
     trust = Trust(authority=authority.get_public_key())
     assert verify_record(env, trust, NOW, check_membership=False).key == "s1"
+
+
+def test_open_mode_accepts_evictions_from_known_nodes_even_if_they_were_evicted():
+    """After a partition each side has evicted the other's evictors; rejecting their
+    evictions would keep the halves apart forever."""
+    from otela.mesh.admission import Admission
+    from otela.registry.store import Registry
+
+    member, target, stranger = new_node(), new_node(), new_node()
+    registry = Registry()
+    member_entry = verify(signed(member, session="m"), OPEN, NOW)
+    registry.apply(member_entry, NOW)
+    evicted_member = sign_eviction(member_entry, evictor_key=target.keys.private_key,
+                                   evictor_peer_id=target.peer_id, reason="partition", now=NOW)
+    registry.apply(verify(evicted_member, OPEN, NOW), NOW)  # the member is LEFT here
+    trust = Admission(None, None).trust(registry)
+    target_entry = verify(signed(target, session="t"), OPEN, NOW)
+    by_member = sign_eviction(target_entry, evictor_key=member.keys.private_key,
+                              evictor_peer_id=member.peer_id, reason="partition", now=NOW)
+    assert verify(by_member, trust, NOW).state is Lifecycle.LEFT
+    by_stranger = sign_eviction(target_entry, evictor_key=stranger.keys.private_key,
+                                evictor_peer_id=stranger.peer_id, reason="x", now=NOW)
+    with pytest.raises(WireError, match="not a member"):
+        verify(by_stranger, trust, NOW)

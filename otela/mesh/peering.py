@@ -1,0 +1,140 @@
+"""Keep a bounded set of random connections, chosen from the registry replica.
+
+Every registry record carries its node's libp2p addresses, and every node holds the full
+registry, so the replica is already a complete, signed peer list: no separate discovery
+protocol has to run before a node can pick peers. Each node keeps between ``low`` and
+``high`` connections, topping up to ``target`` with peers sampled uniformly at random.
+Random, bounded degree matters: when every node connects only to the bootstrap nodes,
+py-libp2p's GossipSub meshes flap and lose a large share of messages (measured 28-59 %),
+and the bootstrap nodes carry every connection.
+
+Healing partitions: after a partition each side evicts the other, and nothing in normal
+peering would ever contact an evicted peer again, so two large halves could stay apart.
+Every ``reconcile_interval`` a node therefore dials one random peer whose session was
+evicted (within the retention window) and runs anti-entropy with it; if the peer is alive,
+it learns of its eviction, rejoins under a new session, and the halves merge.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+
+from otela.registry.records import Lifecycle
+from otela.registry.store import Registry
+
+log = logging.getLogger("otela.mesh")
+
+DIAL_TIMEOUT_S = 5.0
+
+
+class Peering:
+    def __init__(
+        self,
+        host: Any,
+        registry: Registry,
+        *,
+        suspected: Callable[[], frozenset[str]] = frozenset,
+        low: int = 4,
+        target: int = 6,
+        high: int = 10,
+        interval: float = 2.0,
+        reconcile: Callable[[ID], Awaitable[bool]] | None = None,
+        reconcile_interval: float = 10.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.host = host
+        self.registry = registry
+        self.suspected = suspected
+        self.low, self.target, self.high = low, target, high
+        self.interval = interval
+        self.rng = rng or random.Random()
+        self.last_errors: dict[str, str] = {}
+        self.reconcile = reconcile
+        self.reconcile_interval = reconcile_interval
+
+    def candidates(self) -> dict[ID, list[multiaddr.Multiaddr]]:
+        """Peers we could connect to: registry members not LEFT, not us, not suspected."""
+        me = self.host.get_id().to_base58()
+        suspected = self.suspected()
+        out: dict[ID, list[multiaddr.Multiaddr]] = {}
+        for record in self.registry:
+            if (record.state is Lifecycle.LEFT or record.peer_id == me
+                    or record.peer_id in suspected or not record.addrs):
+                continue
+            try:
+                out[ID.from_base58(record.peer_id)] = [multiaddr.Multiaddr(a) for a in record.addrs]
+            except Exception:
+                continue  # a record with an unusable address: skip it, never crash
+        return out
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            if self.reconcile is not None:
+                nursery.start_soon(self._reconcile_loop, self.reconcile)
+            while True:
+                await self.step()
+                await trio.sleep(self.interval * self.rng.uniform(0.8, 1.2))
+
+    def evicted_peers(self) -> dict[ID, list[multiaddr.Multiaddr]]:
+        """Peers whose sessions were all evicted (still within retention): maybe alive."""
+        live = {r.peer_id for r in self.registry if r.state is not Lifecycle.LEFT}
+        out: dict[ID, list[multiaddr.Multiaddr]] = {}
+        for record in self.registry:
+            entry = self.registry.entry(record.session_id)
+            if (entry is None or entry.evicted_by is None or record.peer_id in live
+                    or not record.addrs):
+                continue
+            try:
+                out[ID.from_base58(record.peer_id)] = [multiaddr.Multiaddr(a) for a in record.addrs]
+            except Exception:
+                continue
+        return out
+
+    async def _reconcile_loop(self, reconcile: Callable[[ID], Awaitable[bool]]) -> None:
+        while True:
+            await trio.sleep(self.reconcile_interval * self.rng.uniform(0.8, 1.2))
+            evicted = list(self.evicted_peers().items())
+            if not evicted:
+                continue
+            peer_id, addrs = self.rng.choice(evicted)
+            await self._dial(peer_id, addrs)
+            if peer_id in self.host.get_connected_peers():
+                await reconcile(peer_id)
+
+    async def step(self) -> None:
+        connected = set(self.host.get_connected_peers())
+        if len(connected) < self.low or len(connected) < self.target:
+            fresh = [p for p in self.candidates().items() if p[0] not in connected]
+            self.rng.shuffle(fresh)
+            async with trio.open_nursery() as nursery:
+                for peer_id, addrs in fresh[: self.target - len(connected)]:
+                    nursery.start_soon(self._dial, peer_id, addrs)
+        elif len(connected) > self.high:
+            extra = list(connected)
+            self.rng.shuffle(extra)
+            for peer_id in extra[: len(connected) - self.target]:
+                try:
+                    await self.host.disconnect(peer_id)
+                except Exception:
+                    log.debug("trimming connection to %s failed", peer_id, exc_info=True)
+
+    async def _dial(self, peer_id: ID, addrs: list[multiaddr.Multiaddr]) -> None:
+        self.host.get_network().unblock_peer(peer_id)  # we pace our own retries
+        with trio.move_on_after(DIAL_TIMEOUT_S):
+            try:
+                await self.host.connect(PeerInfo(peer_id, addrs))
+                self.last_errors.pop(peer_id.to_base58(), None)
+                return
+            except Exception as exc:  # dial failures are normal (NAT, churn); remember why
+                self.last_errors[peer_id.to_base58()] = str(exc)[:300]
+                log.debug("dial %s failed: %s", peer_id, exc)
+                return
+        self.last_errors[peer_id.to_base58()] = f"dial timed out after {DIAL_TIMEOUT_S:.0f}s"
