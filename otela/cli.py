@@ -256,6 +256,35 @@ def start(
             "evicted [default: 6s].",
         ),
     ),
+    relay: bool | None = typer.Option(
+        None,
+        "--relay/--no-relay",
+        help=_env_help(
+            "relay",
+            "Offer circuit-relay reservations, so nodes behind NAT become reachable through "
+            "this one. Run it on a host with a public address (see docs/nat.md).",
+        ),
+        show_default=False,
+    ),
+    relay_reservations: int | None = typer.Option(
+        None,
+        "--relay-reservations",
+        help=_env_help(
+            "relay_reservations",
+            "When this node is behind NAT: how many relays to hold a reservation on "
+            "[default: 2].",
+        ),
+    ),
+    hole_punch: bool | None = typer.Option(
+        None,
+        "--hole-punch/--no-hole-punch",
+        help=_env_help(
+            "hole_punch",
+            "Try to upgrade relayed connections to direct ones (DCUtR) [default: on]. "
+            "Turn off to keep traffic on relays, e.g. to measure or debug them.",
+        ),
+        show_default=False,
+    ),
     log_level: str | None = typer.Option(
         None, "--log-level", help=_env_help("log_level", "Daemon log level [default: INFO].")
     ),
@@ -312,6 +341,9 @@ def start(
         "registry_horizon": registry_horizon,
         "probe_interval": probe_interval,
         "suspicion_timeout": suspicion_timeout,
+        "relay": relay,
+        "relay_reservations": relay_reservations,
+        "hole_punch": hole_punch,
     }
     try:
         flags = {k: v for k, v in given.items() if v is not None}
@@ -433,6 +465,44 @@ def demo(
         raise typer.Exit(run_vllm_demo(vllm_python, requests=requests))
     typer.echo(f"otela: unknown engine {engine!r} (choose echo or vllm)", err=True)
     raise typer.Exit(2)
+
+
+@app.command()
+def doctor(
+    peer_id: str | None = typer.Argument(
+        None, help="A peer id to explain as well (why it is, or is not, reachable)."
+    ),
+    node: str = typer.Option(
+        f"http://127.0.0.1:{DEFAULT_HTTP_PORT}",
+        "--node",
+        envvar="OTELA_NODE_URL",
+        help="HTTP URL of the node to ask.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the raw /v1/network report."),
+) -> None:
+    """Explain connectivity: this node's addresses, reachability (public, private via relay,
+    unreachable), relay reservations, bootstrap peers, and a plain-language verdict; with
+    PEER_ID, the same for that peer (never seen, left, behind NAT, connected...)."""
+    import json
+
+    import httpx
+
+    from otela.doctor import render
+
+    params = {"peer": peer_id} if peer_id else {}
+    try:
+        response = httpx.get(f"{node.rstrip('/')}/v1/network", params=params, timeout=10,
+                             trust_env=False)
+    except httpx.HTTPError as exc:
+        typer.echo(f"otela: cannot reach the node at {node}: {exc} (is it running? --node URL)",
+                   err=True)
+        raise typer.Exit(1) from None
+    if response.status_code != 200:
+        typer.echo(f"otela: {node} answered {response.status_code}: {response.text[:300]}",
+                   err=True)
+        raise typer.Exit(1)
+    report = response.json()
+    typer.echo(json.dumps(report, indent=2) if as_json else render(report, peer_id))
 
 
 @app.command()

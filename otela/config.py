@@ -84,6 +84,9 @@ class NodeConfig:
     registry_horizon: float = 48 * 3600.0
     probe_interval: float = 1.0
     suspicion_timeout: float = 6.0
+    relay: bool = False
+    relay_reservations: int = 2
+    hole_punch: bool = True
 
     def advertised_host(self) -> str:
         """The address other nodes use to reach us (never a wildcard)."""
@@ -349,6 +352,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "suspicion_timeout", "liveness", "suspicion_timeout", _as_duration, "grace to refute"
     ),
+)
+# NAT traversal (docs/nat.md); kept in its own block so the schema above merges cleanly.
+SETTINGS += (
+    Setting("relay", "nat", "relay", _as_bool, "offer circuit-relay reservations to NAT'd nodes"),
+    Setting(
+        "relay_reservations",
+        "nat",
+        "relay_reservations",
+        _as_positive_int,
+        "relays a NAT'd node reserves a slot on",
+    ),
+    Setting("hole_punch", "nat", "hole_punch", _as_bool, "upgrade relayed connections (DCUtR)"),
 )
 SETTINGS_BY_ATTR = {s.attr: s for s in SETTINGS}
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}

@@ -46,12 +46,17 @@ from otela.mesh.bootstrap import (
     parse_bootstrap,
 )
 from otela.mesh.host import advertised_addrs, build_host
+from otela.mesh.nat import NatTraversal, known_relays
+from otela.mesh.netlog import NetLog
 from otela.mesh.peering import Peering
+from otela.netreport import network_report
 from otela.registry.crdt import GCPolicy
 from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
 from otela.replica import LocalReplica, MembershipConfigError, load_authority, load_own_certificate
 from otela.routing.router import Router
 from otela.slurm import job_from_env, watch_wall_time, with_end_time
+from otela.transport.client import EngineStreamClient
+from otela.transport.server import EngineStreamServer
 
 log = logging.getLogger("otela.node")
 
@@ -112,6 +117,20 @@ class Node:
                 suspicion_timeout=config.suspicion_timeout,
             ),
         )
+        self.netlog = NetLog()
+        self.nat = NatTraversal(
+            self.mesh.host,
+            offer_relay=config.relay,
+            relays=lambda: known_relays(self.registry, self.identity.peer_id.to_base58()),
+            publish=self._publish_reachability,
+            max_reservations=config.relay_reservations,
+            hole_punch=config.hole_punch,
+            netlog=self.netlog,
+        )
+        self.engine_streams = EngineStreamServer(
+            self.serving_engine_url, lambda: self.client, self.inflight
+        )
+        self.p2p = EngineStreamClient(self.mesh.host, self.nat.connect)
         self.addrs: list[str] = []
         self.http_url = ""
         self.exit_code = EXIT_OK
@@ -149,11 +168,31 @@ class Node:
             "replication": dict(self.replicator.stats),
             "membership": "open" if self.replica.admission.open else "authority",
             "suspected_peers": sorted(self.detector.suspected()),
+            "reachability": self.nat.state,
             "liveness": {**self.detector.stats, "local_health": self.detector.local_health},
             "refused_peers": {
                 peer: refusal.reason for peer, refusal in self.replica.admission.refusals.items()
             },
         }
+
+    def network(self, peer: str | None = None) -> dict[str, Any]:
+        connected = {p.to_base58() for p in self.mesh.host.get_connected_peers()}
+        return network_report(
+            peer_id=self.identity.peer_id.to_base58(),
+            addrs=self.addrs,
+            nat=self.nat,
+            netlog=self.netlog,
+            registry=self.registry,
+            suspected=self.detector.suspected(),
+            bootstrap=self.netlog.bootstrap_report(connected),
+            connected=len(connected),
+            data_path={"served": self.engine_streams.served, "streams": self.p2p.stats()},
+            peer=peer,
+        )
+
+    async def _publish_reachability(self, reachability: str, circuits: tuple[str, ...]) -> None:
+        if not self._stopping:
+            await self.announce(reachability=reachability, circuit_addrs=circuits)
 
     def serving_engine_url(self) -> str | None:
         if self.engine_command and self.record and self.record.state is Lifecycle.SERVING:
@@ -182,6 +221,8 @@ class Node:
         config = self.config
         self.replica.install(self.mesh.host)
         self.detector.install()
+        self.nat.install()
+        self.engine_streams.install(self.mesh.host)
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64)
         timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=30.0)
         async with (
@@ -197,6 +238,7 @@ class Node:
                 self.session_id,
                 self.engine_command.url if self.engine_command else None,
                 suspected=self.detector.suspected,
+                p2p=self.p2p,
             )
             await self.mesh.pubsub.wait_until_ready()
             async with trio.open_nursery() as nursery:
@@ -221,14 +263,18 @@ class Node:
                     engine=self.engine_command.kind if self.engine_command else None,
                     idle=self.engine_command is None,
                     slurm=self.slurm_job,
+                    relay=config.relay,
                 ))
                 self._report_started()
                 nursery.start_soon(self.detector.run)
+                await nursery.start(self.p2p.run)
+                await nursery.start(self.nat.run)
                 self.peering = Peering(
                     self.mesh.host,
                     self.registry,
                     suspected=self.detector.suspected,
                     reconcile=self.replicator.sync_with,
+                    keep=lambda: set(self.nat.reservations),
                 )
                 nursery.start_soon(self.peering.run)
                 isolated = isolated_below(self.mesh, self.peering.low)
@@ -238,7 +284,7 @@ class Node:
                     )
                 for peer in self.bootstrap_peers:
                     nursery.start_soon(
-                        keep_connected, self.mesh, self.replicator, peer, isolated
+                        keep_connected, self.mesh, self.replicator, peer, isolated, self.netlog
                     )
                 if self.engine_command:
                     self.supervisor = Supervisor(

@@ -189,6 +189,7 @@ class LocalFederation:
         timeout: float = 30.0,
         host: str = "127.0.0.1",
         netns: str | None = None,
+        p2p_port: int = 0,
     ) -> LocalNode:
         """Start ``otela start`` as its own process (inside network namespace ``netns``,
         listening on ``host``, when given) and, with ``wait``, until it is listening."""
@@ -208,7 +209,7 @@ class LocalFederation:
             "--http-port",
             "0",
             "--p2p-port",
-            "0",
+            str(p2p_port),
             "--status-file",
             str(status_file),
         ]

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Protocol
 
 import httpx
@@ -35,6 +36,7 @@ from otela.routing.forward import (
 )
 from otela.routing.router import Router
 
+_PEER_ID = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{20,128}$")  # base58
 # Engine paths the node relays for its peers; anything else (engine admin APIs) stays private.
 ENGINE_PATHS = frozenset({"v1/chat/completions", "v1/completions", "v1/embeddings"})
 
@@ -48,6 +50,10 @@ class NodeView(Protocol):
     inflight: Inflight  # requests being relayed; a draining node waits for them
 
     def health(self) -> dict[str, Any]: ...
+
+    def network(self, peer: str | None = None) -> dict[str, Any]:
+        """Connectivity facts and verdicts (``otela.netreport``), optionally for one peer."""
+        ...
 
     def serving_engine_url(self) -> str | None:
         """The local engine's URL while this node is SERVING, else ``None``."""
@@ -80,6 +86,13 @@ def create_app(node: NodeView) -> FastAPI:
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
         return node.health()
+
+    @app.get("/v1/network")
+    async def network(peer: str | None = None) -> dict[str, Any]:
+        """Read-only: addresses, reachability, relays, contacts, dial errors, verdicts."""
+        if peer is not None and not _PEER_ID.match(peer):
+            raise APIError(400, f"not a peer id: {peer!r}", code="invalid_peer_id", param="peer")
+        return node.network(peer)
 
     @app.get("/v1/registry/nodes")
     async def registry_nodes() -> dict[str, Any]:

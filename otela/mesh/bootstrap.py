@@ -23,6 +23,7 @@ import trio
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from otela.mesh.host import MeshHost
+from otela.mesh.netlog import NetLog
 from otela.mesh.replication import Replicator
 
 log = logging.getLogger("otela.mesh")
@@ -82,11 +83,14 @@ async def keep_connected(
     replicator: Replicator,
     peer: PeerInfo,
     needs_bootstrap: Callable[[], bool] | None = None,
+    netlog: NetLog | None = None,
 ) -> None:
     """Join through ``peer``; later redial it only while ``needs_bootstrap()`` says we are
     isolated. Bootstrap peers are for joining and rejoining, not permanent links: random
-    peering takes over, so bootstrap nodes do not become hubs."""
+    peering takes over, so bootstrap nodes do not become hubs. ``netlog`` records each
+    dial's outcome for ``otela doctor``."""
     host = mesh.host
+    where = ",".join(str(a) for a in peer.addrs)
     if peer.peer_id == host.get_id():
         return  # our own address in a shared bootstrap list
     rng = random.Random()
@@ -104,6 +108,8 @@ async def keep_connected(
                 await host.connect(peer)
         except Exception as exc:  # the library raises many types for one failed dial
             failures += 1
+            if netlog is not None:
+                netlog.bootstrap_attempt(where, peer.peer_id.to_base58(), f"{exc!r}")
             sleep, delay = next_backoff(delay, rng)
             level = logging.WARNING if failures in (1, 5) or failures % 20 == 0 else logging.DEBUG
             log.log(
@@ -117,6 +123,8 @@ async def keep_connected(
             await trio.sleep(sleep)
             continue
         log.info("connected to bootstrap peer %s", peer.peer_id)
+        if netlog is not None:
+            netlog.bootstrap_attempt(where, peer.peer_id.to_base58(), None)
         failures, delay = 0, BACKOFF_INITIAL_S
         joined = await replicator.sync_with(peer.peer_id) or joined
 

@@ -48,6 +48,7 @@ class Peering:
         interval: float = 2.0,
         reconcile: Callable[[ID], Awaitable[bool]] | None = None,
         reconcile_interval: float = 10.0,
+        keep: Callable[[], set[str]] = set,
         rng: random.Random | None = None,
     ) -> None:
         self.host = host
@@ -59,6 +60,7 @@ class Peering:
         self.last_errors: dict[str, str] = {}
         self.reconcile = reconcile
         self.reconcile_interval = reconcile_interval
+        self.keep = keep  # peer ids never trimmed (e.g. relays holding our reservations)
 
     def candidates(self) -> dict[ID, list[multiaddr.Multiaddr]]:
         """Peers we could connect to: registry members not LEFT, not us, not suspected."""
@@ -67,7 +69,8 @@ class Peering:
         out: dict[ID, list[multiaddr.Multiaddr]] = {}
         for record in self.registry:
             if (record.state is Lifecycle.LEFT or record.peer_id == me
-                    or record.peer_id in suspected or not record.addrs):
+                    or record.peer_id in suspected or not record.addrs
+                    or record.needs_relayed_path()):  # NAT'd: reached via relays on demand
                 continue
             try:
                 out[ID.from_base58(record.peer_id)] = [multiaddr.Multiaddr(a) for a in record.addrs]
@@ -118,7 +121,8 @@ class Peering:
                 for peer_id, addrs in fresh[: self.target - len(connected)]:
                     nursery.start_soon(self._dial, peer_id, addrs)
         elif len(connected) > self.high:
-            extra = list(connected)
+            keep = self.keep()
+            extra = [p for p in connected if p.to_base58() not in keep]
             self.rng.shuffle(extra)
             for peer_id in extra[: len(connected) - self.target]:
                 try:

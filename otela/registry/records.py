@@ -167,6 +167,12 @@ class NodeRecord:
     updated_at: float = 0.0
     idle: bool = False  # no engine: advertised as capacity for a placer to fill (paper §4)
     slurm: SlurmJob | None = None
+    # NAT traversal (docs/nat.md): how peers can reach this node. ``reachability`` is one of
+    # ``REACHABILITY``; ``circuit_addrs`` are ``/p2p-circuit`` addresses through relays this
+    # node holds a reservation on; ``relay`` says the node offers reservations itself.
+    reachability: str = "unknown"
+    relay: bool = False
+    circuit_addrs: tuple[str, ...] = ()
 
     def precedence(self) -> tuple[int, int]:
         """The key by which replicas pick between two versions of this record."""
@@ -195,6 +201,9 @@ class NodeRecord:
             "updated_at": self.updated_at,
             "idle": self.idle,
             "slurm": None if self.slurm is None else self.slurm.to_dict(),
+            "reachability": self.reachability,
+            "relay": self.relay,
+            "circuit_addrs": list(self.circuit_addrs),
         }
 
     @classmethod
@@ -215,4 +224,25 @@ class NodeRecord:
             updated_at=float(data.get("updated_at", 0.0)),
             idle=bool(data.get("idle", False)),
             slurm=None if not data.get("slurm") else SlurmJob.from_dict(dict(data["slurm"])),
+            reachability=_reachability(data.get("reachability", "unknown")),
+            relay=bool(data.get("relay", False)),
+            circuit_addrs=tuple(str(a) for a in data.get("circuit_addrs", ())),
         )
+
+    def needs_relayed_path(self) -> bool:
+        """Whether peers must reach this node over libp2p (relay/hole punch), not plain HTTP."""
+        return self.reachability in (PRIVATE_RELAYED, UNREACHABLE)
+
+
+PUBLIC = "public"
+PRIVATE_RELAYED = "private-relayed"
+UNREACHABLE = "unreachable"
+UNKNOWN = "unknown"
+REACHABILITY = (PUBLIC, PRIVATE_RELAYED, UNREACHABLE, UNKNOWN)
+
+
+def _reachability(value: Any) -> str:
+    text = str(value)
+    if text not in REACHABILITY:
+        raise ValueError(f"unknown reachability {text!r} (expected one of {REACHABILITY})")
+    return text

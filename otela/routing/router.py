@@ -19,7 +19,9 @@ from otela.api.errors import APIError
 from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
 from otela.routing.forward import UpstreamUnreachable, forward, request_headers
+from otela.routing.p2p import forward_p2p
 from otela.routing.policy import candidates_for, pick_random
+from otela.transport.client import EngineStreamClient
 
 log = logging.getLogger("otela.routing")
 
@@ -36,6 +38,7 @@ class Router:
         local_engine_url: str | None,
         rng: random.Random | None = None,
         suspected: Callable[[], frozenset[str]] = frozenset,
+        p2p: EngineStreamClient | None = None,
     ) -> None:
         self.registry = registry
         self.client = client
@@ -43,6 +46,15 @@ class Router:
         self.local_engine_url = local_engine_url
         self.rng = rng or random.Random()
         self.suspected = suspected  # peers the failure detector currently suspects
+        self.p2p = p2p  # HTTP over libp2p, for targets plain HTTP cannot reach (behind NAT)
+
+    def over_libp2p(self, node: NodeRecord) -> bool:
+        """Whether ``node`` must be reached through libp2p (relay or hole punch), not HTTP."""
+        return (
+            self.p2p is not None
+            and node.session_id != self.self_session_id
+            and node.needs_relayed_path()
+        )
 
     def target_url(self, node: NodeRecord, path: str) -> str:
         """Where to send ``path`` for ``node``: our own engine directly, others via their node."""
@@ -69,6 +81,9 @@ class Router:
                 "x-otela-provider-id": node.provider_id,
             }
             try:
+                if self.over_libp2p(node):
+                    assert self.p2p is not None
+                    return await forward_p2p(self.p2p, node, path, body, headers, served_by)
                 return await forward(
                     self.client, self.target_url(node, path), body, headers, served_by
                 )

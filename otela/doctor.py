@@ -1,0 +1,165 @@
+"""Plain-language connectivity verdicts, from the facts ``GET /v1/network`` reports.
+
+Pure functions over the report's JSON, so the daemon (which embeds the verdicts in
+``/v1/network``) and ``otela doctor`` (which may talk to an older node) say the same thing,
+and every cause can be tested without a network. Each verdict names the cause first and
+then what to do about it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def _when(at: float | None) -> str:
+    if not at:
+        return "an unknown time"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+
+
+def _ports(report: dict[str, Any]) -> str:
+    ports = report.get("nat", {}).get("dial_back", {}).get("listen_ports") or []
+    return "/".join(str(p) for p in ports) or "(the p2p port)"
+
+
+def bootstrap_verdict(report: dict[str, Any]) -> str | None:
+    """A verdict when no configured bootstrap peer is connected and dials to them fail."""
+    entries = report.get("bootstrap", [])
+    if not entries or any(b.get("connected") for b in entries):
+        return None
+    failing = [b for b in entries if b.get("failures")]
+    if not failing:
+        return None
+    worst = failing[0]
+    return (
+        f"bootstrap unreachable: {len(failing)} of {len(entries)} bootstrap peer(s) could not be "
+        f"reached ({worst['addr']}: {worst.get('failures')} failed attempt(s), last error: "
+        f"{worst.get('last_error')}). The node keeps retrying with backoff. Check that the "
+        f"address and peer id are right, that the bootstrap node is running, and that outbound "
+        f"TCP to it is allowed."
+    )
+
+
+def self_verdict(report: dict[str, Any]) -> str:
+    """What is wrong (or right) with this node's own connectivity."""
+    problems = []
+    boot = bootstrap_verdict(report)
+    if boot:
+        problems.append(boot)
+    nat = report.get("nat", {})
+    state = nat.get("reachability", "unknown")
+    answers = nat.get("dial_back", {}).get("answers", [])
+    observed = sorted({a["observed_ip"] for a in answers if a.get("observed_ip")})
+    where = f"{'/'.join(observed) or 'our address'}:{_ports(report)}"
+    if state == "unreachable":
+        relays = nat.get("known_relays", [])
+        errors = nat.get("reservation_errors", {})
+        if not relays:
+            why = "no node in the registry offers relaying"
+        else:
+            why = "; ".join(f"relay {k}: {v}" for k, v in errors.items()) or (
+                f"{len(relays)} relay(s) known, reserving")
+        problems.append(
+            f"behind NAT, no relay reservation: {len(answers)} peer(s) could not open a TCP "
+            f"connection to {where}, and {why}. Start a relay with `otela start --relay` on a "
+            f"host with a public address, or open/forward TCP port {_ports(report)} to this host."
+        )
+    elif state == "private-relayed":
+        relays = [r["relay_peer_id"] for r in nat.get("reservations", [])]
+        problems.append(
+            f"behind NAT, reachable through relay(s) {', '.join(relays)}; peers send requests "
+            f"over libp2p (hole punching upgrades to direct where both NATs allow)."
+        )
+    elif state == "public":
+        problems.append(f"publicly reachable (peers dialed back {where}).")
+    else:
+        problems.append(
+            f"reachability not known yet: no connected peer has answered a dial-back check "
+            f"({report.get('connected_peers', 0)} connected)."
+        )
+    return " ".join(problems)
+
+
+def peer_verdict(peer: dict[str, Any]) -> str:
+    """Why a peer is (not) reachable, from its entry in the report's ``peers``."""
+    pid = peer.get("peer_id", "?")
+    record = peer.get("record")
+    log = peer.get("log") or {}
+    errors = log.get("dial_errors") or []
+    last_error = f" Last dial error: {errors[-1]['error']}" if errors else ""
+    if record is None and not log:
+        return (
+            f"peer {pid} never appeared: no registry record and no connection or dial attempt. "
+            f"It may not have started, may use another bootstrap (federation), or cannot reach "
+            f"any peer of ours; run `otela doctor` on it."
+        )
+    if record is not None:
+        state = record.get("state")
+        if state == "LEFT":
+            at = _when(peer.get("left_at"))
+            if peer.get("evicted_by"):
+                return (
+                    f"peer left at {at}: evicted by {peer['evicted_by']} after it stopped "
+                    f"answering probes (crash, kill or network loss), not a clean shutdown."
+                )
+            return f"peer left at {at}: it announced LEFT (a clean shutdown)."
+        if peer.get("suspected"):
+            return f"peer {pid} is suspected: recent probes failed; it has a few seconds to refute."
+        if state == "DOWN":
+            return f"peer {pid} is DOWN: its engine failed or it is draining."
+        if record.get("reachability") == "unreachable":
+            return (
+                f"peer {pid} is behind NAT with no relay reservation, so nobody can dial it: "
+                f"start a relay with `otela start --relay` on a public host, or open its port."
+                + last_error
+            )
+    connection = log.get("connection")
+    if connection:
+        punch = log.get("hole_punch") or {}
+        extra = ""
+        if punch.get("upgraded_to_direct"):
+            extra = f" (hole punching upgraded it after {punch.get('upgrade_after_s')}s)"
+        elif connection == "relayed":
+            extra = " (through a relay; no hole-punched direct connection yet)"
+        return f"peer {pid} is connected, {connection}{extra}."
+    if errors:
+        return f"peer {pid} is known but not connected.{last_error}"
+    return (f"peer {pid} is known and not connected right now (last contact "
+            f"{_when(log.get('last_contact'))}); it is reached on demand.")
+
+
+def render(report: dict[str, Any], peer_id: str | None = None) -> str:
+    """The text ``otela doctor`` prints."""
+    me = report.get("self", {})
+    nat = report.get("nat", {})
+    lines = [
+        f"node      {me.get('peer_id')}",
+        f"addresses {', '.join(me.get('addrs', [])) or '-'}",
+        f"reach     {nat.get('reachability')}"
+        + (" (offers relay reservations)" if nat.get("offers_relay") else ""),
+    ]
+    for r in nat.get("reservations", []):
+        lines.append(f"relay     {r['relay_peer_id']} -> {', '.join(r['circuit_addrs'])}")
+    for b in report.get("bootstrap", []):
+        state = "connected" if b.get("connected") else f"{b.get('failures', 0)} failed dial(s)"
+        lines.append(f"bootstrap {b['addr']}: {state}")
+    lines.append(f"verdict   {report.get('verdict')}")
+    if peer_id is not None:
+        peer = report.get("peer") or {"peer_id": peer_id}
+        lines.append("")
+        lines.append(f"peer      {peer_id}")
+        record = peer.get("record") or {}
+        if record:
+            lines.append(f"state     {record.get('state')}, reachability "
+                         f"{record.get('reachability')}")
+            lines.append(f"addresses {', '.join(record.get('addrs', [])) or '-'}")
+            if record.get("circuit_addrs"):
+                lines.append(f"circuits  {', '.join(record['circuit_addrs'])}")
+        log = peer.get("log") or {}
+        if log.get("last_contact"):
+            lines.append(f"contact   {_when(log['last_contact'])}")
+        for err in log.get("dial_errors", []):
+            lines.append(f"dial err  {_when(err['at'])} {err['addr']}: {err['error']}")
+        lines.append(f"verdict   {peer.get('verdict') or peer_verdict(peer)}")
+    return "\n".join(lines)
