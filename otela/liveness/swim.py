@@ -12,11 +12,13 @@ can refute on its behalf); a suspicion not refuted within ``suspicion_timeout`` 
 confirmed and this node signs an eviction of the peer's sessions (registry LEFT).
 
 Local health (Lifeguard's "local health multiplier"): a node starved of CPU or network
-makes *other* nodes look dead. So each node scores its own health: failed probes, being
-told it is suspected, and its event loop waking up late all raise the score; successful
-probes lower it. Probe timeouts, the recent-contact window and the suspicion timeout are
-multiplied by ``1 + score`` (at most 1 + ``max_local_health``), so an overloaded node
-waits longer before accusing anyone, instead of setting off a cascade of false evictions.
+makes *other* nodes look dead. So each node scores its own health: being told it is
+suspected, its event loop waking up late, and probe rounds in which not even the
+indirect helpers answered all raise the score (helpers' "could not reach it either"
+nacks clear us: then the target is down, not our network); successful probes lower it.
+Probe timeouts, the recent-contact window and the suspicion timeout are multiplied by
+``1 + score`` (at most 1 + ``max_local_health``), so an overloaded node waits longer
+before accusing anyone, instead of setting off a cascade of false evictions.
 """
 
 from __future__ import annotations
@@ -133,18 +135,18 @@ class FailureDetector:
                    and self.table.members[p].status is Status.ALIVE]
         random.shuffle(helpers)
         helpers = helpers[: self.config.indirect_probes]
-        acked = False
+        results: list[bool | None] = []
         if helpers:
             async with trio.open_nursery() as nursery:
-                results: list[bool] = []
 
                 async def ask(helper: str) -> None:
                     results.append(await self._ping_req(helper, target))
 
                 for helper in helpers:
                     nursery.start_soon(ask, helper)
-            acked = any(results)
-        self._health(+1)  # the direct probe failed: maybe them, maybe us
+        acked = any(r is True for r in results)
+        if helpers and all(r is None for r in results):
+            self._health(+1)  # nobody answered us at all: we are likely the slow one
         window = self.config.stale_window * self.multiplier
         if acked or self.table.heard_recently(target, self.clock(), window):
             return
@@ -158,11 +160,13 @@ class FailureDetector:
         reply = await self._exchange(target, {"k": "ping"}, timeout)
         return reply is not None and reply.get("k") == "ack"
 
-    async def _ping_req(self, helper: str, target: str) -> bool:
+    async def _ping_req(self, helper: str, target: str) -> bool | None:
+        """True: the helper reached the target; False: it answered that it could not (a
+        nack); None: the helper did not answer either."""
         reply = await self._exchange(
             helper, {"k": "req", "target": target}, 2 * self.config.probe_timeout * self.multiplier
         )
-        return reply is not None and bool(reply.get("ok"))
+        return None if reply is None else bool(reply.get("ok"))
 
     async def _exchange(self, peer: str, message: dict[str, Any], timeout: float
                         ) -> dict[str, Any] | None:

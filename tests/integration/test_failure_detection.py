@@ -60,8 +60,10 @@ def test_a_killed_node_is_suspected_everywhere_then_evicted(federation):
     left_after = time.monotonic() - killed_at
     # Bounds: detection needs a probe round (0.5 s period, 0.5 s timeout, indirect probes,
     # 1.5 s without contact); eviction adds the 3 s suspicion timeout plus dissemination.
-    assert suspected_after < 10.0
-    assert left_after < 15.0
+    # A node that finds itself overloaded stretches its timeouts by 1 + its local health.
+    stretch = 1 + max(o.get("/v1/health")["liveness"]["local_health"] for o in observers)
+    assert suspected_after < 10.0 * stretch
+    assert left_after < 15.0 * stretch
     evicted = [
         n
         for n in observers[0].get("/v1/registry/nodes")["nodes"]
@@ -80,7 +82,7 @@ def test_a_briefly_paused_node_refutes_and_is_not_evicted(federation):
                 paused.status["peer_id"] in o.get("/v1/health")["suspected_peers"]
                 for o in observers
             ),
-            5.0,
+            15.0,  # resumed as soon as one node suspects it: well inside the 6 s grace
             "someone to suspect the paused node",
         )
     finally:

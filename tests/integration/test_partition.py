@@ -54,7 +54,7 @@ def test_each_half_keeps_routing_and_registries_converge_after_healing(
         for i in mine:
             wait_for(lambda i=i, theirs=theirs: all(
                 nodes[i].states().get(nodes[j].session_id) == "LEFT" for j in theirs),
-                30.0, f"h{i} to evict the other half")
+                60.0, f"h{i} to evict the other half")
             for _ in range(6):
                 response = chat(nodes[i], "shared")
                 assert response.status_code == 200
