@@ -25,19 +25,31 @@ import httpx
 
 from otela.localfed import LocalFederation, echo_engine_command, free_port, wait_for
 
-_SOCKET = re.compile(r"pid=(\d+),.*?bytes_sent:(\d+).*?bytes_received:(\d+)", re.S)
+_SOCKET = re.compile(r"pid=(\d+),.*?bytes_sent:(\d+)(?:.*?bytes_received:(\d+))?", re.S)
+Socket = tuple[int, str, str]  # (pid, local address, peer address)
 
 
-def socket_bytes() -> dict[int, int]:
-    """pid -> TCP payload bytes sent + received, summed over its current sockets."""
+def socket_bytes() -> dict[Socket, int]:
+    """Per TCP socket: payload bytes sent + received so far (kernel counters)."""
     out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, check=True).stdout
-    totals: dict[int, int] = {}
+    totals: dict[Socket, int] = {}
     for block in re.split(r"\n(?=\S)", out):
         match = _SOCKET.search(block)
-        if match:
-            pid, sent, received = (int(g) for g in match.groups())
-            totals[pid] = totals.get(pid, 0) + sent + received
+        fields = block.split()
+        if match and len(fields) >= 5:
+            pid, sent = int(match.group(1)), int(match.group(2))
+            totals[(pid, fields[3], fields[4])] = sent + int(match.group(3) or 0)
     return totals
+
+
+def bytes_per_pid(before: dict[Socket, int], after: dict[Socket, int]) -> dict[int, int]:
+    """Bytes each process moved between two samples: per-socket differences, with sockets
+    opened in between counted from zero (sockets closed in between are missed: a lower
+    bound, tight when connections are stable, as in an idle federation)."""
+    moved: dict[int, int] = {}
+    for key, total in after.items():
+        moved[key[0]] = moved.get(key[0], 0) + total - before.get(key, 0)
+    return moved
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -61,10 +73,11 @@ def run_size(n: int, root: Path, idle_window: float) -> dict[str, float]:
                      f"{node.name} to converge", interval=0.5)
 
         pids = {x.process.pid for x in nodes}
+        time.sleep(10)  # let join-time churn settle before measuring "idle"
         before = socket_bytes()
         time.sleep(idle_window)
-        after = socket_bytes()
-        idle = [(after.get(p, 0) - before.get(p, 0)) / idle_window for p in pids]
+        moved = bytes_per_pid(before, socket_bytes())
+        idle = [moved.get(p, 0) / idle_window for p in pids]
 
         latencies: list[float] = []
         for k in range(3):
