@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otela.durations import parse_duration
 from otela.paths import config_dir, default_home
 
 DEFAULT_HTTP_PORT = 8092
@@ -243,23 +244,6 @@ def _as_meta(value: Any) -> dict[str, str]:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return parse_model_meta(value)
     raise ValueError("expected key=value pairs")
-
-
-_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``15m``, ``24h`` or ``7d``; ``ValueError`` otherwise."""
-    value = text.strip().lower()
-    unit = _DURATION_UNITS.get(value[-1:]) if value else None
-    number = value[:-1] if unit else value
-    try:
-        seconds = float(number) * (unit or 1.0)
-    except ValueError:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 15m, 24h, 7d)") from None
-    if not seconds > 0:
-        raise ValueError(f"duration must be positive: {text!r}")
-    return seconds
 
 
 def _as_duration(value: Any) -> float:

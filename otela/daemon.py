@@ -68,7 +68,7 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.identity: Identity = load_or_create(config.home)
-        self.session_id = uuid.uuid4().hex
+        self._first_session_id = uuid.uuid4().hex
         authority = load_authority(config.authority)
         certificate, cert = load_own_certificate(
             self.identity, config.home, config.certificate, authority, time.time()
@@ -105,7 +105,6 @@ class Node:
         )
         self.registry = self.replica.registry
         self.replicator = self.replica.replicator
-        self.replica.on_rejoin = self._rejoined
         self.detector = FailureDetector(
             self.identity,
             self.mesh.host,
@@ -145,6 +144,12 @@ class Node:
     @property
     def record(self) -> NodeRecord | None:
         return self.replica.record
+
+    @property
+    def session_id(self) -> str:
+        """Our current session (a new one after rejoining, see ``otela.replica``)."""
+        record = self.replica.record
+        return record.session_id if record is not None else self._first_session_id
 
     def health(self) -> dict[str, Any]:
         record = self.record
@@ -207,10 +212,6 @@ class Node:
         if push:
             await self.replicator.push_to_all(self.config.leave_linger)
 
-    def _rejoined(self, record: NodeRecord) -> None:
-        self.session_id = record.session_id
-        self.router.self_session_id = record.session_id
-
     def request_stop(self, exit_code: int) -> None:
         if not self._stopping:
             self._stopping = True
@@ -235,7 +236,7 @@ class Node:
             self.router = Router(
                 self.registry,
                 client,
-                self.session_id,
+                lambda: self.session_id,
                 self.engine_command.url if self.engine_command else None,
                 suspected=self.detector.suspected,
                 p2p=self.p2p,
@@ -251,7 +252,7 @@ class Node:
                 if self.slurm_job is not None:
                     self.slurm_job = await with_end_time(self.slurm_job)
                 await self.replica.start(NodeRecord(
-                    session_id=self.session_id,
+                    session_id=self._first_session_id,
                     peer_id=self.identity.peer_id.to_base58(),
                     provider_id=self.provider_id,
                     state=Lifecycle.JOIN,

@@ -118,7 +118,6 @@ class LocalReplica:
         self.revocations_dir = home / REVOCATIONS_DIR
         self.record: NodeRecord | None = None
         self._loaded_revocations: set[Path] = set()
-        self.on_rejoin: Callable[[NodeRecord], None] = lambda record: None
 
     def install(self, host: Any) -> None:
         self.admission.install(host)
@@ -217,7 +216,6 @@ class LocalReplica:
                     record.session_id, entry.evicted_by)
         self.record = replace(record, session_id=uuid.uuid4().hex, version=0)
         await self.announce()
-        self.on_rejoin(self.record)
 
 
 __all__ = ["LocalReplica", "MembershipConfigError", "WireError", "load_authority",

@@ -38,6 +38,8 @@ from libp2p.crypto.keys import KeyType, PrivateKey, PublicKey
 from libp2p.peer.id import ID
 from nacl.bindings import crypto_core_ed25519_is_valid_point
 
+from otela.durations import parse_duration
+
 WIRE_VERSION: Final = 1
 MAX_MESSAGE_BYTES: Final = 4096
 """Largest certificate or revocation accepted; real ones are ~300 bytes."""
@@ -72,10 +74,6 @@ class Certificate:
     issued_at: float
     expires_at: float
     authority_id: str
-
-    def is_expired(self, now: float) -> bool:
-        return now >= self.expires_at
-
 
 @dataclass(frozen=True)
 class Revocation:
@@ -274,22 +272,17 @@ def message_kind(data: bytes) -> str:
 
 # --- expiry parsing (for the CLI) ------------------------------------------------------------
 
-_DURATION_RE: Final = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
-_UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
 def parse_expiry(text: str, *, now: float) -> float:
     """Parse an expiry: a duration from ``now`` (``90m``, ``12h``, ``30d``, ``2w``) or an
     absolute UTC date/time (``2027-01-31`` = 00:00 UTC that day, ``2027-01-31T12:00:00Z``,
     or with an explicit offset; a time without a zone is taken as UTC).
     """
     value = text.strip()
-    match = _DURATION_RE.fullmatch(value.lower())
-    if match:
-        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
-        if seconds <= 0:
-            raise MembershipError("expiry duration must be positive")
-        return now + seconds
+    if value[-1:].lower() in "smhdw" and value[:1].isdigit():
+        try:
+            return now + parse_duration(value, unit_required=True)
+        except ValueError as exc:
+            raise MembershipError(f"bad expiry: {exc}") from None
     try:
         when = datetime.fromisoformat(value)
     except ValueError:

@@ -174,16 +174,9 @@ class NodeRecord:
     relay: bool = False
     circuit_addrs: tuple[str, ...] = ()
 
-    def precedence(self) -> tuple[int, int]:
-        """The key by which replicas pick between two versions of this record."""
-        return (self.version, int(self.state))
-
     def evolve(self, *, now: float, **changes: Any) -> NodeRecord:
         """The owner's next version of this record, with ``changes`` applied."""
         return replace(self, version=self.version + 1, updated_at=now, **changes)
-
-    def serves(self, model_id: str) -> bool:
-        return any(m.id == model_id for m in self.models)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -118,9 +118,6 @@ class Registry:
             self._serving[model_id] = cached
         return cached
 
-    def signed_entries(self) -> list[Any]:
-        return [e.proof for e in self.map if e.proof is not None]
-
     # -- views -----------------------------------------------------------------------
 
     def _is_visible(self, entry: Entry, now: float) -> bool:

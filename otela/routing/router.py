@@ -34,7 +34,7 @@ class Router:
         self,
         registry: Registry,
         client: httpx.AsyncClient,
-        self_session_id: str,
+        self_session: Callable[[], str],
         local_engine_url: str | None,
         rng: random.Random | None = None,
         suspected: Callable[[], frozenset[str]] = frozenset,
@@ -42,7 +42,7 @@ class Router:
     ) -> None:
         self.registry = registry
         self.client = client
-        self.self_session_id = self_session_id
+        self.self_session = self_session  # ours changes if we rejoin after an eviction
         self.local_engine_url = local_engine_url
         self.rng = rng or random.Random()
         self.suspected = suspected  # peers the failure detector currently suspects
@@ -52,13 +52,13 @@ class Router:
         """Whether ``node`` must be reached through libp2p (relay or hole punch), not HTTP."""
         return (
             self.p2p is not None
-            and node.session_id != self.self_session_id
+            and node.session_id != self.self_session()
             and node.needs_relayed_path()
         )
 
     def target_url(self, node: NodeRecord, path: str) -> str:
         """Where to send ``path`` for ``node``: our own engine directly, others via their node."""
-        if node.session_id == self.self_session_id and self.local_engine_url:
+        if node.session_id == self.self_session() and self.local_engine_url:
             return f"{self.local_engine_url}{path}"
         return f"{node.http_url}{ENGINE_PROXY_PREFIX}{path}"
 
