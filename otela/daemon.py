@@ -115,6 +115,7 @@ class Node:
                 stale_window=3 * config.probe_interval,
                 suspicion_timeout=config.suspicion_timeout,
             ),
+            pubsub=self.mesh.pubsub,
         )
         self.netlog = NetLog()
         self.nat = NatTraversal(
@@ -192,6 +193,7 @@ class Node:
             bootstrap=self.netlog.bootstrap_report(connected),
             connected=len(connected),
             data_path={"served": self.engine_streams.served, "streams": self.p2p.stats()},
+            liveness=self.detector.report(),
             peer=peer,
         )
 
@@ -276,9 +278,14 @@ class Node:
                     suspected=self.detector.suspected,
                     reconcile=self.replicator.sync_with,
                     keep=lambda: set(self.nat.reservations),
+                    on_trim=self.detector.part,
                 )
                 nursery.start_soon(self.peering.run)
-                isolated = isolated_below(self.mesh, self.peering.low)
+                # Bootstrap peers only rejoin a node that lost every connection; below
+                # ``low`` peering finds peers in the registry itself. (Redialing them
+                # whenever below ``low`` kept the bootstrap node above ``high``: it trimmed,
+                # the trimmed redialed, for ever.)
+                isolated = isolated_below(self.mesh, 1)
                 for url in self.bootstrap_urls:
                     nursery.start_soon(
                         follow_bootstrap_list, url, self.mesh, self.replicator, client, isolated

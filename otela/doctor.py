@@ -161,5 +161,7 @@ def render(report: dict[str, Any], peer_id: str | None = None) -> str:
             lines.append(f"contact   {_when(log['last_contact'])}")
         for err in log.get("dial_errors", []):
             lines.append(f"dial err  {_when(err['at'])} {err['addr']}: {err['error']}")
+        for event in peer.get("liveness_events", [])[-5:]:
+            lines.append(f"liveness  {_when(event['at'])} {event['event']}: {event['detail']}")
         lines.append(f"verdict   {peer.get('verdict') or peer_verdict(peer)}")
     return "\n".join(lines)

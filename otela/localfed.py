@@ -190,17 +190,17 @@ class LocalFederation:
         host: str = "127.0.0.1",
         netns: str | None = None,
         p2p_port: int = 0,
+        launcher: list[str] | None = None,
     ) -> LocalNode:
         """Start ``otela start`` as its own process (inside network namespace ``netns``,
-        listening on ``host``, when given) and, with ``wait``, until it is listening."""
+        listening on ``host``, when given) and, with ``wait``, until it is listening.
+        ``launcher`` replaces ``python -m otela`` (benchmarks wrap the CLI)."""
         home = self.root / name
         home.mkdir(parents=True, exist_ok=True)
         status_file = home / "status.json"
         status_file.unlink(missing_ok=True)
         argv = [
-            self.python,
-            "-m",
-            "otela",
+            *(launcher or [self.python, "-m", "otela"]),
             "start",
             "--home",
             str(home),

@@ -44,6 +44,7 @@ def network_report(
     bootstrap: list[dict[str, Any]],
     connected: int,
     data_path: dict[str, Any],
+    liveness: dict[str, Any] | None = None,
     peer: str | None = None,
 ) -> dict[str, Any]:
     report: dict[str, Any] = {
@@ -53,8 +54,12 @@ def network_report(
         "connected_peers": connected,
         "data_path": data_path,
         "peers": {pid: log.to_dict() for pid, log in netlog.peers().items()},
+        "liveness": liveness or {},
     }
     report["verdict"] = self_verdict(report)
     if peer is not None:
         report["peer"] = peer_report(peer, registry, netlog, suspected)
+        report["peer"]["liveness_events"] = [
+            e for e in (liveness or {}).get("events", []) if e.get("peer_id") == peer
+        ]
     return report

@@ -1,8 +1,16 @@
-"""The failure detector's protocol: probe one member per period over libp2p streams.
+"""The failure detector's protocol: probe one neighbour per period over libp2p streams.
 
-Per period a node probes one member, round robin over a shuffled list (every member is
-probed within one list pass). The member is suspected only if all three paths fail:
-1. a direct ping (``/otela/swim/1.0.0``) gets no ack within ``probe_timeout``;
+Whom to probe: each node watches its neighbours and the neighbours it lost, not every
+member (why: ``watch.py``). News does not depend on who watches whom: it rides on probe
+messages (SWIM's piggybacking), and first-hand suspicions and refutations, which are rare,
+are also published on the ``otela/liveness/1`` GossipSub topic, so that every node (and
+every ingress) stops routing to a suspect within milliseconds, not after an epidemic of
+probe rounds.
+
+Per period a node probes one watched peer: lost neighbours first, then round robin over a
+shuffled list of connected ones. The peer is suspected only if all three paths fail:
+1. a direct ping (``/otela/swim/2.0.0``, on a long-lived stream: ``channels.py``) gets
+   no ack within ``probe_timeout``;
 2. none of ``indirect_probes`` other members gets an ack when asked to ping it;
 3. nothing was heard from it (probe, gossip, anti-entropy) within ``stale_window``.
 News rides on the probe messages themselves (see ``table.py``), so the detector sends
@@ -26,6 +34,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,16 +46,18 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from otela.identity import Identity
+from otela.liveness.channels import Channels
 from otela.liveness.table import LivenessTable, Status, Update
-from otela.mesh.framing import read_frame, write_frame
+from otela.liveness.watch import NeighbourWatch
 from otela.registry.records import Lifecycle
 from otela.replica import LocalReplica
 
 log = logging.getLogger("otela.liveness")
 
-SWIM_PROTOCOL = TProtocol("/otela/swim/1.0.0")
+SWIM_PROTOCOL = TProtocol("/otela/swim/2.0.0")
+LIVENESS_TOPIC = "otela/liveness/1"
 ALIVE_DOMAIN = b"otela/liveness/alive/v1\0"
-MAX_MESSAGE_BYTES = 64 * 1024
+EVENT_HISTORY = 200  # liveness events kept for /v1/network and `otela doctor`
 
 
 @dataclass(frozen=True)
@@ -77,18 +88,50 @@ class FailureDetector:
         replica: LocalReplica,
         config: DetectorConfig,
         clock: Callable[[], float] = time.monotonic,
+        pubsub: Any = None,
     ) -> None:
         self.identity = identity
         self.host = host
+        self.pubsub = pubsub  # None: news spreads by piggybacking only
         self.replica = replica
         self.config = config
         self.clock = clock
         self.self_id = identity.peer_id.to_base58()
         self.table = LivenessTable(self.self_id, config.suspicion_timeout)
-        self._order: list[str] = []
+        self.watch = NeighbourWatch()
+        self.channels = Channels(host, SWIM_PROTOCOL, self._pack, self._unpack)
+        self._news_pending = trio.Event()  # set when a suspicion or refutation must go out
         self._synced_generation = -1
+        self._broadcasts: list[list[Any]] = []  # first-hand news waiting to be published
         self.stats: dict[str, int] = {"probes": 0, "suspected": 0, "evicted": 0, "refuted": 0}
         self.local_health = 0  # 0 = healthy; see the module docstring
+        # What happened to whom and when (wall clock), newest last: operators ask "why did
+        # my node stop getting traffic?", and the SIGKILL benchmark reads detection times.
+        self.events: deque[dict[str, Any]] = deque(maxlen=EVENT_HISTORY)
+        self._suspected_since: dict[str, float] = {}
+
+    def _event(self, peer_id: str, event: str, detail: str) -> None:
+        now = time.time()
+        if event == "suspected":
+            self._suspected_since.setdefault(peer_id, now)
+        elif event == "refuted":
+            self._suspected_since.pop(peer_id, None)
+        self.events.append({"at": now, "peer_id": peer_id, "event": event, "detail": detail})
+
+    def report(self) -> dict[str, Any]:
+        """What the detector knows, for /v1/network: whom it watches, whom it suspects
+        (since when), its own health, and the recent liveness events."""
+        suspected = self.table.suspected()
+        self._suspected_since = {p: t for p, t in self._suspected_since.items() if p in suspected}
+        return {
+            "watching": sorted(self.watched()),
+            "lost": sorted(self.watch.lost),
+            "suspected": {p: self._suspected_since.get(p) for p in sorted(suspected)},
+            "incarnation": self.table.incarnation,
+            "local_health": self.local_health,
+            "stats": dict(self.stats),
+            "events": list(self.events),
+        }
 
     @property
     def multiplier(self) -> int:
@@ -101,22 +144,46 @@ class FailureDetector:
     def install(self) -> None:
         self.host.set_stream_handler(SWIM_PROTOCOL, self._handle)
         self.replica.replicator.on_heard = lambda peer: self.table.heard_from(peer, self.clock())
+        if self.pubsub is not None:
+            self.pubsub.set_topic_validator(LIVENESS_TOPIC, self._validate_news, False)
 
     def suspected(self) -> frozenset[str]:
         return self.table.suspected()
 
+    async def part(self, peer_id: str) -> None:
+        """We are about to close our connection to ``peer_id`` on purpose (peering trims
+        extra connections): stop watching it, and tell it to stop watching us, or it would
+        take the closed connection for a crash and redial us to probe."""
+        self.watch.forget(peer_id)
+        await self.channels.request(peer_id, {"k": "bye"}, self.config.probe_timeout)
+        self.channels.forget(peer_id)
+
+    def watched(self) -> set[str]:
+        return self.watch.watched()
+
     async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.channels.run)
+            if self.pubsub is not None:
+                subscription = await self.pubsub.subscribe(LIVENESS_TOPIC)
+                nursery.start_soon(self._receive_news, subscription)
+            nursery.start_soon(self._news_loop)
+            await self._probe_loop()
+
+    async def _probe_loop(self) -> None:
         while True:
             started = self.clock()
             interval = self.config.probe_interval * self.multiplier
             self._sync_members()
-            target = self._next_target()
-            if target is not None:
-                await self._probe_round(target)
+            self._watch_neighbours()
+            target = self.watch.next_target(self.clock())
+            if target is not None and await self._probe_round(target) != "silent":
+                self.watch.decided(target)
             now = self.clock()
-            for peer_id in self.table.expired_suspicions(now) + self.table.overdue_confirmations(
-                now
-            ):
+            for peer_id in self.table.expired_suspicions(now):
+                self._event(peer_id, "confirmed", "did not refute within the suspicion timeout")
+                await self._evict(peer_id)
+            for peer_id in self.table.overdue_confirmations(now):
                 await self._evict(peer_id)
             asked = max(0.0, interval - (self.clock() - started))
             before = self.clock()
@@ -126,12 +193,14 @@ class FailureDetector:
 
     # -- one probe round ---------------------------------------------------------------
 
-    async def _probe_round(self, target: str) -> None:
+    async def _probe_round(self, target: str) -> str:
+        """Probe ``target`` over all three paths: "acked" (directly or through a helper),
+        "suspected" (all failed, now a suspect) or "silent" (no ack, but heard recently)."""
         self.stats["probes"] += 1
         if await self._ping(target):
             self._health(-1)
-            return
-        helpers = [p for p in self.table.members if p != target
+            return "acked"
+        helpers = [p for p in self.watch.neighbours if p != target and p in self.table.members
                    and self.table.members[p].status is Status.ALIVE]
         random.shuffle(helpers)
         helpers = helpers[: self.config.indirect_probes]
@@ -148,61 +217,45 @@ class FailureDetector:
         if helpers and all(r is None for r in results):
             self._health(+1)  # nobody answered us at all: we are likely the slow one
         window = self.config.stale_window * self.multiplier
-        if acked or self.table.heard_recently(target, self.clock(), window):
-            return
+        if acked:
+            return "acked"
+        if self.table.heard_recently(target, self.clock(), window):
+            return "silent"
         if self.table.probe_failed(target, self.clock()):
             self.stats["suspected"] += 1
-            log.warning("suspecting %s: direct, %d indirect and recent-contact checks failed",
-                        target, len(helpers))
+            member = self.table.members[target]
+            self._broadcasts.append([target, Status.SUSPECT.value, member.incarnation, None])
+            self._news_pending.set()
+            detail = (f"direct, {len(helpers)} indirect and recent-contact checks failed")
+            self._event(target, "suspected", detail)
+            log.warning("suspecting %s: %s", target, detail)
+        return "suspected"
 
     async def _ping(self, target: str) -> bool:
         timeout = self.config.probe_timeout * self.multiplier
-        reply = await self._exchange(target, {"k": "ping"}, timeout)
+        reply = await self.channels.request(target, {"k": "ping"}, timeout)
         return reply is not None and reply.get("k") == "ack"
 
     async def _ping_req(self, helper: str, target: str) -> bool | None:
         """True: the helper reached the target; False: it answered that it could not (a
         nack); None: the helper did not answer either."""
-        reply = await self._exchange(
+        reply = await self.channels.request(
             helper, {"k": "req", "target": target}, 2 * self.config.probe_timeout * self.multiplier
         )
         return None if reply is None else bool(reply.get("ok"))
 
-    async def _exchange(self, peer: str, message: dict[str, Any], timeout: float
-                        ) -> dict[str, Any] | None:
-        with trio.move_on_after(timeout):
-            try:
-                stream = await self.host.new_stream(ID.from_base58(peer), [SWIM_PROTOCOL])
-                try:
-                    await write_frame(stream, self._pack(message))
-                    reply = self._unpack(peer, await read_frame(stream, MAX_MESSAGE_BYTES))
-                finally:
-                    await stream.close()
-                return reply
-            except Exception as exc:  # unreachable peers fail in many transport-specific ways
-                log.debug("swim %s to %s failed: %s", message.get("k"), peer, exc)
-                return None
-        return None
-
     async def _handle(self, stream: Any) -> None:
-        peer = stream.muxed_conn.peer_id.to_base58()
-        with trio.move_on_after(3 * self.config.probe_timeout * self.multiplier):
-            try:
-                if not self.replica.admission.is_admitted(stream.muxed_conn.peer_id):
-                    return
-                message = self._unpack(peer, await read_frame(stream, MAX_MESSAGE_BYTES))
-                if message.get("k") == "ping":
-                    await write_frame(stream, self._pack({"k": "ack"}))
-                elif message.get("k") == "req":
-                    ok = await self._ping(str(message.get("target")))
-                    await write_frame(stream, self._pack({"k": "req-ack", "ok": ok}))
-            except Exception as exc:  # a misbehaving peer must never take the handler down
-                log.debug("swim message from %s failed: %s", peer, exc)
-            finally:
-                try:
-                    await stream.close()
-                except Exception:
-                    log.debug("closing swim stream failed", exc_info=True)
+        await self.channels.serve(stream, self.replica.admission.is_admitted, self._answer)
+
+    async def _answer(self, peer: str, message: dict[str, Any]) -> dict[str, Any] | None:
+        if message.get("k") == "ping":
+            return {"k": "ack"}
+        if message.get("k") == "req":
+            return {"k": "req-ack", "ok": await self._ping(str(message.get("target")))}
+        if message.get("k") == "bye":  # the peer is closing its connection to us on purpose
+            self.watch.forget(peer)
+            return {"k": "bye-ack"}
+        return None
 
     # -- messages ------------------------------------------------------------------------
 
@@ -219,20 +272,32 @@ class FailureDetector:
         now = self.clock()
         self.table.heard_from(sender, now)
         for item in message.get("u") or []:
-            self._apply(item, now)
+            self._apply(item, now, sender)
+        if self.table.refute_needed:
+            self._news_pending.set()
         return message
 
-    def _apply(self, item: Any, now: float) -> None:
+    def _apply(self, item: Any, now: float, source: str) -> None:
         try:
             peer_id, status, incarnation, proof = item
             update = Update(str(peer_id), Status(status), int(incarnation), proof)
         except (TypeError, ValueError):
             return
-        valid = update.status is Status.ALIVE and isinstance(update.proof, bytes) and \
-            self._verify_alive(update)
+        member = self.table.members.get(update.peer_id)
+        # Verify a signature only when the news would change our view (it usually is old).
+        valid = (update.status is Status.ALIVE and isinstance(update.proof, bytes)
+                 and member is not None and update.incarnation > member.incarnation
+                 and self._verify_alive(update))
         was_suspect = update.peer_id in self.table.suspected()
-        if self.table.apply(update, now, proof_valid=valid) and valid and was_suspect:
+        if not self.table.apply(update, now, proof_valid=valid):
+            return
+        if update.status is Status.SUSPECT:
+            self._event(update.peer_id, "suspected", f"reported by {source}")
+        elif update.status is Status.CONFIRMED:
+            self._event(update.peer_id, "confirmed", f"reported by {source}")
+        elif was_suspect:
             self.stats["refuted"] += 1
+            self._event(update.peer_id, "refuted", f"incarnation {update.incarnation}")
             log.info("%s refuted its suspicion (incarnation %d)", update.peer_id,
                      update.incarnation)
 
@@ -251,7 +316,48 @@ class FailureDetector:
         incarnation = self.table.incarnation
         proof = self.identity.key_pair.private_key.sign(_alive_payload(self.self_id, incarnation))
         self.table.announce_alive(proof)
+        self._broadcasts.append([self.self_id, Status.ALIVE.value, incarnation, proof])
+        self._news_pending.set()
         log.warning("refuting a suspicion of this node (incarnation %d)", incarnation)
+
+    # -- broadcast of first-hand news ---------------------------------------------------
+
+    async def _news_loop(self) -> None:
+        """Publish our own suspicions and refutations as soon as they arise (rare events,
+        never periodic). Its own task: a refutation must not wait for a probe round, which
+        under load can take several seconds."""
+        while True:
+            await self._news_pending.wait()
+            self._news_pending = trio.Event()
+            if self.table.refute_needed:
+                self._refute()
+            news, self._broadcasts = self._broadcasts, []
+            if not news or self.pubsub is None:
+                continue
+            try:
+                await self.pubsub.publish(LIVENESS_TOPIC, msgpack.packb({"u": news}))
+            except Exception as exc:  # publishing with no peers yet is not an error
+                log.debug("liveness publish failed: %s", exc)
+
+    def _validate_news(self, forwarder: ID, message: Any) -> bool:
+        return bool(self.replica.admission.is_admitted(forwarder))
+
+    async def _receive_news(self, subscription: Any) -> None:
+        while True:
+            message = await subscription.get()
+            if ID(message.from_id).to_base58() == self.self_id:
+                continue
+            try:
+                news = msgpack.unpackb(message.data, raw=False)
+                items = news.get("u") if isinstance(news, dict) else None
+            except Exception:
+                continue  # malformed news is dropped, never raised
+            now = self.clock()
+            origin = ID(message.from_id).to_base58()
+            for item in items or []:
+                self._apply(item, now, origin)
+            if self.table.refute_needed:
+                self._news_pending.set()
 
     # -- members ---------------------------------------------------------------------------
 
@@ -274,13 +380,12 @@ class FailureDetector:
             except Exception:
                 log.debug("bad addresses for %s", peer_id, exc_info=True)
 
-    def _next_target(self) -> str | None:
-        self._order = [p for p in self._order if p in self.table.members]
-        if not self._order:
-            self._order = [p for p, m in self.table.members.items()
-                           if m.status is not Status.CONFIRMED]
-            random.shuffle(self._order)
-        return self._order.pop() if self._order else None
+    def _watch_neighbours(self) -> None:
+        connected = {p.to_base58() for p in self.host.get_connected_peers()}
+        # Suspects stay watched while connected: our probes carry the news they must refute.
+        watchable = {p for p, m in self.table.members.items() if m.status is not Status.CONFIRMED}
+        for peer_id in self.watch.observe(connected, watchable, self.clock()):
+            self._event(peer_id, "connection lost", "probing it first")
 
     async def _evict(self, peer_id: str) -> None:
         # Drop the connection too: behind a silent partition (packets dropped, no RST) it
@@ -296,4 +401,5 @@ class FailureDetector:
                       "(direct, indirect and recent-contact probes failed)")
             if await self.replica.evict(session_id, reason):
                 self.stats["evicted"] += 1
+                self._event(peer_id, "evicted", f"session {session_id}: {reason}")
                 log.warning("evicted session %s of %s", session_id, peer_id)

@@ -6,6 +6,12 @@ Workarounds for py-libp2p 0.8.1, measured on these machines (../shared/reference
 - B4/B5: GossipSub v1.2's per-message IDONTWANT doubled gossip latency; speak 1.1/1.0.
 - B7: the heartbeat defaulted to 120 s, so meshes formed slowly; use 1 s like go/js.
 - B8: some libp2p loggers are noisy on normal stream closes.
+- The swarm's AutoConnector (on by default) dials peers from the peerstore until it holds
+  ~200 connections, every 30 s and after every disconnect. Our peerstore knows every
+  member, so it fought peering's bounded random degree: peering trimmed, the connector
+  redialed, ~5 new connections per second in an idle 16-node federation, each a Noise
+  handshake plus identify and GossipSub hellos on both ends. Peering owns the degree, so
+  the connector is switched off.
 - Security: ``new_host`` also offers secio and *plaintext* when a peer asks for them;
   otela offers Noise only, and Yamux only, so every connection is encrypted.
 """
@@ -73,7 +79,18 @@ def build_host(identity: Identity, listen_host: str, port: int) -> MeshHost:
         spam_protection_enabled=False,
     )
     pubsub = Pubsub(host, gossipsub)
+    _disable_auto_connector(host)
     return MeshHost(host=host, pubsub=pubsub, gossipsub=gossipsub, listen_addr=listen)
+
+
+def _disable_auto_connector(host: Any) -> None:
+    """Keep py-libp2p's AutoConnector from ever starting (see the module docstring)."""
+    connector = host.get_network().auto_connector
+
+    async def stay_stopped() -> None:
+        connector._started = False
+
+    connector.start = stay_stopped
 
 
 def advertised_addrs(host: Any, public_host: str) -> list[str]:
