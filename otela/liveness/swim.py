@@ -42,6 +42,7 @@ from typing import Any
 import msgpack
 import multiaddr
 import trio
+from libp2p.abc import INotifee
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
@@ -72,12 +73,37 @@ class DetectorConfig:
     max_local_health: int = 8
 
 
+class _ConnectionNotifee(INotifee):
+    """Tells the detector of every new connection, even one gone before the next round."""
+
+    def __init__(self, on_connected: Callable[[str], None]) -> None:
+        self.on_connected = on_connected
+
+    async def connected(self, network: Any, conn: Any) -> None:
+        self.on_connected(conn.muxed_conn.peer_id.to_base58())
+
+    async def disconnected(self, network: Any, conn: Any) -> None:
+        pass
+
+    async def opened_stream(self, network: Any, stream: Any) -> None:
+        pass
+
+    async def closed_stream(self, network: Any, stream: Any) -> None:
+        pass
+
+    async def listen(self, network: Any, multiaddr: Any) -> None:
+        pass
+
+    async def listen_close(self, network: Any, multiaddr: Any) -> None:
+        pass
+
+
 def _alive_payload(peer_id: str, incarnation: int) -> bytes:
     return ALIVE_DOMAIN + f"{peer_id}|{incarnation}".encode()
 
 
 def _encode_updates(updates: list[Update]) -> list[list[Any]]:
-    return [[u.peer_id, u.status.value, u.incarnation, u.proof] for u in updates]
+    return [[u.peer_id, u.status.value, u.incarnation, u.proof, u.by] for u in updates]
 
 
 class FailureDetector:
@@ -99,6 +125,7 @@ class FailureDetector:
         self.self_id = identity.peer_id.to_base58()
         self.table = LivenessTable(self.self_id, config.suspicion_timeout)
         self.watch = NeighbourWatch()
+        self._appeared: set[str] = set()  # peers that connected since the last round
         self.channels = Channels(host, SWIM_PROTOCOL, self._pack, self._unpack)
         self._news_pending = trio.Event()  # set when a suspicion or refutation must go out
         self._synced_generation = -1
@@ -143,6 +170,8 @@ class FailureDetector:
 
     def install(self) -> None:
         self.host.set_stream_handler(SWIM_PROTOCOL, self._handle)
+        self.host.get_network().register_notifee(
+            _ConnectionNotifee(lambda peer_id: self._appeared.add(peer_id)))
         self.replica.replicator.on_heard = lambda peer: self.table.heard_from(peer, self.clock())
         if self.pubsub is not None:
             self.pubsub.set_topic_validator(LIVENESS_TOPIC, self._validate_news, False)
@@ -224,7 +253,8 @@ class FailureDetector:
         if self.table.probe_failed(target, self.clock()):
             self.stats["suspected"] += 1
             member = self.table.members[target]
-            self._broadcasts.append([target, Status.SUSPECT.value, member.incarnation, None])
+            self._broadcasts.append(
+                [target, Status.SUSPECT.value, member.incarnation, None, self.self_id])
             self._news_pending.set()
             detail = (f"direct, {len(helpers)} indirect and recent-contact checks failed")
             self._event(target, "suspected", detail)
@@ -279,8 +309,9 @@ class FailureDetector:
 
     def _apply(self, item: Any, now: float, source: str) -> None:
         try:
-            peer_id, status, incarnation, proof = item
-            update = Update(str(peer_id), Status(status), int(incarnation), proof)
+            peer_id, status, incarnation, proof, by = item
+            update = Update(str(peer_id), Status(status), int(incarnation), proof,
+                            str(by) if by else None)
         except (TypeError, ValueError):
             return
         member = self.table.members.get(update.peer_id)
@@ -316,7 +347,7 @@ class FailureDetector:
         incarnation = self.table.incarnation
         proof = self.identity.key_pair.private_key.sign(_alive_payload(self.self_id, incarnation))
         self.table.announce_alive(proof)
-        self._broadcasts.append([self.self_id, Status.ALIVE.value, incarnation, proof])
+        self._broadcasts.append([self.self_id, Status.ALIVE.value, incarnation, proof, None])
         self._news_pending.set()
         log.warning("refuting a suspicion of this node (incarnation %d)", incarnation)
 
@@ -384,7 +415,9 @@ class FailureDetector:
         connected = {p.to_base58() for p in self.host.get_connected_peers()}
         # Suspects stay watched while connected: our probes carry the news they must refute.
         watchable = {p for p, m in self.table.members.items() if m.status is not Status.CONFIRMED}
-        for peer_id in self.watch.observe(connected, watchable, self.clock()):
+        known = {r.peer_id for r in self.replica.registry}
+        appeared, self._appeared = frozenset(self._appeared), set()
+        for peer_id in self.watch.observe(connected, watchable, known, self.clock(), appeared):
             self._event(peer_id, "connection lost", "probing it first")
 
     async def _evict(self, peer_id: str) -> None:

@@ -5,8 +5,15 @@ mesh-wide writes). Each peer has an *incarnation* number only it may raise. The 
 two-stage policy (§3.4):
 1. a peer whose direct probe, indirect probes and recent-contact check all failed becomes
    SUSPECT: routing drops it at once, nothing irreversible happens;
-2. a SUSPECT that does not refute (announce a higher incarnation) within
-   ``suspicion_timeout`` is *confirmed*: the caller then evicts its sessions (LEFT).
+2. a SUSPECT that does not refute (announce a higher incarnation) within its suspicion
+   timeout is *confirmed*: the caller then evicts its sessions (LEFT).
+The timeout shrinks with independent evidence (Lifeguard's dynamic suspicion timeout):
+a suspicion raised by one member alone waits ``max_multiplier`` x ``suspicion_timeout``,
+one that ``expected_confirmations`` further members raised independently waits
+``suspicion_timeout``, log-scaled in between. A dead node loses every neighbour's
+connection and is suspected by all of them at once, so it is evicted as fast as before;
+a node that only one overloaded neighbour could not reach gets several times longer to
+hear of it and refute.
 Updates (``suspect P@i``, ``alive P@i``) ride on probe messages; each is retransmitted a
 bounded number of times (SWIM's λ·log N), so dissemination costs nothing extra.
 Pure: no I/O, no clock reads.
@@ -32,6 +39,7 @@ class Member:
     status: Status = Status.ALIVE
     suspected_at: float | None = None
     last_heard: float = 0.0
+    suspecters: set[str] = field(default_factory=set)  # who suspected this incarnation
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class Update:
     status: Status
     incarnation: int
     proof: bytes | None = None
+    by: str | None = None  # for ``suspect``: the member that suspected it (first hand)
 
 
 @dataclass
@@ -49,6 +58,8 @@ class LivenessTable:
     self_id: str
     suspicion_timeout: float
     retransmit_multiplier: float = 3.0
+    max_multiplier: float = 4.0
+    expected_confirmations: int = 3
     incarnation: int = 0
     members: dict[str, Member] = field(default_factory=dict)
     _outbox: dict[str, tuple[Update, int]] = field(default_factory=dict)
@@ -82,13 +93,27 @@ class LivenessTable:
         return member is not None and now - member.last_heard <= window
 
     def probe_failed(self, peer_id: str, now: float) -> bool:
-        """All three probe paths failed: suspect the peer. Returns whether it is new news."""
+        """All three probe paths failed: suspect the peer, or add our independent voice to
+        an existing suspicion. Returns whether it is new news to spread."""
         member = self.members.get(peer_id)
-        if member is None or member.status is not Status.ALIVE:
+        if member is None or member.status is Status.CONFIRMED or (
+            member.status is Status.SUSPECT and self.self_id in member.suspecters
+        ):
             return False
-        member.status, member.suspected_at = Status.SUSPECT, now
-        self._enqueue(Update(peer_id, Status.SUSPECT, member.incarnation))
+        if member.status is Status.ALIVE:
+            member.status, member.suspected_at = Status.SUSPECT, now
+            member.suspecters = set()
+        member.suspecters.add(self.self_id)
+        self._enqueue(Update(peer_id, Status.SUSPECT, member.incarnation, by=self.self_id))
         return True
+
+    def timeout_for(self, member: Member) -> float:
+        """Lifeguard: the more members independently suspect it, the sooner it is confirmed."""
+        minimum = self.suspicion_timeout
+        maximum = self.max_multiplier * minimum
+        confirmations = max(0, len(member.suspecters) - 1)
+        scale = math.log(confirmations + 1) / math.log(self.expected_confirmations + 1)
+        return max(minimum, maximum - (maximum - minimum) * scale)
 
     def apply(self, update: Update, now: float, proof_valid: bool = False) -> bool:
         """Merge news from another member; return whether it changed our view."""
@@ -110,11 +135,18 @@ class LivenessTable:
             self._enqueue(update)
             return True
         if update.status is Status.SUSPECT:
-            if update.incarnation < member.incarnation or member.status is Status.SUSPECT:
+            if update.incarnation < member.incarnation:
                 return False
+            if member.status is Status.SUSPECT and update.incarnation == member.incarnation:
+                if update.by is None or update.by in member.suspecters:
+                    return False  # nothing new
+                member.suspecters.add(update.by)  # an independent confirmation
+                self._enqueue(update)
+                return True
             member.incarnation, member.status, member.suspected_at = (
                 update.incarnation, Status.SUSPECT, now
             )
+            member.suspecters = {update.by} if update.by else set()
             self._enqueue(update)
             return True
         if update.incarnation >= member.incarnation:  # CONFIRMED by another member
@@ -140,7 +172,7 @@ class LivenessTable:
         confirmed = []
         for member in self.members.values():
             if (member.status is Status.SUSPECT and member.suspected_at is not None
-                    and now - member.suspected_at >= self.suspicion_timeout):
+                    and now - member.suspected_at >= self.timeout_for(member)):
                 member.status, member.suspected_at = Status.CONFIRMED, now
                 self._enqueue(Update(member.peer_id, Status.CONFIRMED, member.incarnation))
                 confirmed.append(member.peer_id)

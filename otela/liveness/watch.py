@@ -8,6 +8,11 @@ node is watched by several others), and every neighbour whose connection dropped
 our closing it: a vanished connection is the strongest early sign of a crash, so such a
 *lost* neighbour is probed before anyone else, every round, until a probe decides (it
 answered, directly or through a helper, or it is now suspected).
+
+Two races are closed: a connection that opened and closed between two observations is
+reported by the caller in ``appeared`` (from libp2p's connection notifications), and a
+peer lost before its registry record reached us stays pending for ``PENDING_S``, so a node
+that joins and crashes within a second is still detected.
 """
 
 from __future__ import annotations
@@ -15,46 +20,63 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+PENDING_S = 30.0  # how long a lost peer we know no record of yet stays lost
+
 
 @dataclass
 class NeighbourWatch:
-    neighbours: set[str] = field(default_factory=set)  # connected members, as last observed
+    neighbours: set[str] = field(default_factory=set)  # connected peers, as last observed
     lost: dict[str, float] = field(default_factory=dict)  # lost neighbour -> last probed
     rng: random.Random = field(default_factory=random.Random)
     _order: list[str] = field(default_factory=list)
+    _watchable: set[str] = field(default_factory=set)
+    _lost_at: dict[str, float] = field(default_factory=dict)
+    _parted: set[str] = field(default_factory=set)  # closed by us since the last call
 
-    def observe(self, connected: set[str], watchable: set[str], now: float) -> list[str]:
-        """Take the current connections; ``watchable`` are members still worth probing
-        (alive, not LEFT). Returns neighbours newly lost."""
-        connected &= watchable
-        newly_lost = sorted(self.neighbours - connected - set(self.lost))
+    def observe(self, connected: set[str], watchable: set[str], known: set[str], now: float,
+                appeared: frozenset[str] = frozenset()) -> list[str]:
+        """Take the current connections. ``watchable``: members worth probing (not LEFT,
+        not confirmed dead); ``known``: every peer the registry names; ``appeared``: peers
+        that connected since the last call (maybe gone again). Returns newly lost peers
+        that can be probed now."""
+        newly_lost = (self.neighbours | appeared) - connected - set(self.lost) - self._parted
+        self._parted = set()
         for peer_id in newly_lost:
             self.lost[peer_id] = now
+            self._lost_at[peer_id] = now
         self.neighbours = connected
-        self.lost = {p: t for p, t in self.lost.items() if p in watchable and p not in connected}
-        return newly_lost
+        self._watchable = watchable
+        self.lost = {
+            p: t for p, t in self.lost.items() if p not in connected and (
+                p in watchable or (p not in known and now - self._lost_at[p] < PENDING_S))
+        }
+        self._lost_at = {p: t for p, t in self._lost_at.items() if p in self.lost}
+        return sorted(p for p in newly_lost if p in watchable)
 
     def forget(self, peer_id: str) -> None:
         """We close this connection on purpose: its disappearance is no sign of failure."""
         self.neighbours.discard(peer_id)
         self.lost.pop(peer_id, None)
+        self._parted.add(peer_id)
 
     def decided(self, peer_id: str) -> None:
         """A probe reached ``peer_id`` (or it is now suspected): no longer lost."""
         self.lost.pop(peer_id, None)
 
     def watched(self) -> set[str]:
-        return self.neighbours | set(self.lost)
+        return (self.neighbours | set(self.lost)) & self._watchable
 
     def next_target(self, now: float) -> str | None:
         """The least recently probed lost neighbour, else the next neighbour of a shuffled
         round (each neighbour is probed once per pass, as in SWIM)."""
-        if self.lost:
-            target = min(self.lost, key=self.lost.__getitem__)
+        probeable = [p for p in self.lost if p in self._watchable]
+        if probeable:
+            target = min(probeable, key=self.lost.__getitem__)
             self.lost[target] = now
             return target
-        self._order = [p for p in self._order if p in self.neighbours]
+        neighbours = self.neighbours & self._watchable
+        self._order = [p for p in self._order if p in neighbours]
         if not self._order:
-            self._order = sorted(self.neighbours)
+            self._order = sorted(neighbours)
             self.rng.shuffle(self._order)
         return self._order.pop() if self._order else None

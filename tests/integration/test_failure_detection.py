@@ -70,6 +70,14 @@ def test_a_killed_node_is_suspected_everywhere_then_evicted(federation):
         if n["session_id"] == victim.session_id
     ]
     assert evicted[0]["evicted_by"] in {o.status["peer_id"] for o in observers}
+    # Two stages at every node: its own record shows it suspected the victim (dropped it
+    # from routing) before the eviction reached it.
+    for o in observers:
+        peer = o.get(f"/v1/network?peer={victim.status['peer_id']}")["peer"]
+        suspected_at = [e["at"] for e in peer["liveness_events"]
+                        if e["event"] in ("suspected", "confirmed")]
+        assert suspected_at, f"{o.name} never suspected the killed node"
+        assert min(suspected_at) <= peer["left_at"] + 0.01
 
 
 def test_a_briefly_paused_node_refutes_and_is_not_evicted(federation):

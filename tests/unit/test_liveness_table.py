@@ -19,13 +19,39 @@ def test_members_follow_the_registry_and_exclude_ourselves():
 def test_failed_probes_suspect_and_the_timeout_confirms():
     t = table("a", timeout=5.0)
     assert t.probe_failed("a", now=10.0)
-    assert not t.probe_failed("a", now=11.0)  # already suspected: no new news
+    assert not t.probe_failed("a", now=11.0)  # already suspected by us: no new news
     assert t.suspected() == {"a"}
-    assert t.expired_suspicions(now=14.9) == []
-    assert t.expired_suspicions(now=15.0) == ["a"]
+    # A lone suspicion waits max_multiplier (4) x the timeout: 20 s.
+    assert t.expired_suspicions(now=29.9) == []
+    assert t.expired_suspicions(now=30.0) == ["a"]
     assert t.members["a"].status is Status.CONFIRMED
-    assert t.overdue_confirmations(now=20.0) == []
-    assert t.overdue_confirmations(now=25.0) == ["a"]
+    assert t.overdue_confirmations(now=35.0) == []
+    assert t.overdue_confirmations(now=40.0) == ["a"]
+
+
+def test_independent_suspicions_shorten_the_grace_period():
+    """Lifeguard: a node every neighbour lost is evicted after the base timeout; one only
+    a single (perhaps overloaded) member suspects gets several times longer to refute."""
+    t = table("a", "b", "c", "d", timeout=5.0)
+    t.probe_failed("a", now=0.0)
+    assert t.timeout_for(t.members["a"]) == 20.0
+    assert t.apply(Update("a", Status.SUSPECT, 0, by="b"), now=0.5)
+    assert not t.apply(Update("a", Status.SUSPECT, 0, by="b"), now=0.6)  # same voice again
+    one_more = t.timeout_for(t.members["a"])
+    assert 5.0 < one_more < 20.0
+    t.apply(Update("a", Status.SUSPECT, 0, by="c"), now=0.7)
+    t.apply(Update("a", Status.SUSPECT, 0, by="d"), now=0.8)
+    assert t.timeout_for(t.members["a"]) == 5.0
+    assert t.expired_suspicions(now=4.9) == []
+    assert t.expired_suspicions(now=5.0) == ["a"]
+
+
+def test_our_own_failed_probe_confirms_someone_elses_suspicion():
+    t = table("a", "b")
+    t.apply(Update("a", Status.SUSPECT, 0, by="b"), now=0.0)
+    assert t.probe_failed("a", now=1.0)  # our independent voice is news worth spreading
+    assert t.members["a"].suspecters == {"b", "me"}
+    assert t.piggyback()[0] == Update("a", Status.SUSPECT, 0, by="me")
 
 
 def test_only_a_proven_higher_incarnation_refutes():

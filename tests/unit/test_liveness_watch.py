@@ -2,12 +2,14 @@
 
 import random
 
-from otela.liveness.watch import NeighbourWatch
+from otela.liveness.watch import PENDING_S, NeighbourWatch
+
+MEMBERS = {"a", "b", "c"}
 
 
 def watch(*neighbours: str) -> NeighbourWatch:
     w = NeighbourWatch(rng=random.Random(7))
-    w.observe(set(neighbours), set(neighbours), now=0.0)
+    w.observe(set(neighbours), MEMBERS, MEMBERS, now=0.0)
     return w
 
 
@@ -25,7 +27,7 @@ def test_no_neighbours_no_probe():
 
 def test_a_dropped_connection_is_probed_first_until_decided():
     w = watch("a", "b", "c")
-    assert w.observe({"a", "c"}, {"a", "b", "c"}, now=5.0) == ["b"]
+    assert w.observe({"a", "c"}, MEMBERS, MEMBERS, now=5.0) == ["b"]
     assert w.watched() == {"a", "b", "c"}
     assert w.next_target(now=6.0) == "b"
     assert w.next_target(now=7.0) == "b"  # still lost: probed again next round
@@ -36,27 +38,51 @@ def test_a_dropped_connection_is_probed_first_until_decided():
 
 def test_several_lost_neighbours_take_turns():
     w = watch("a", "b", "c")
-    w.observe({"c"}, {"a", "b", "c"}, now=5.0)
+    w.observe({"c"}, MEMBERS, MEMBERS, now=5.0)
     assert {w.next_target(now=6.0), w.next_target(now=7.0)} == {"a", "b"}
 
 
 def test_our_own_trims_are_not_losses():
     w = watch("a", "b")
     w.forget("a")
-    assert w.observe({"b"}, {"a", "b"}, now=1.0) == []
+    assert w.observe({"b"}, MEMBERS, MEMBERS, now=1.0) == []
     assert w.watched() == {"b"}
 
 
 def test_reconnected_or_departed_peers_are_no_longer_lost():
     w = watch("a", "b")
-    w.observe(set(), {"a", "b"}, now=1.0)
+    w.observe(set(), MEMBERS, MEMBERS, now=1.0)
     assert set(w.lost) == {"a", "b"}
-    w.observe({"a"}, {"a"}, now=2.0)  # a is back; b left the registry (or was confirmed)
+    w.observe({"a"}, {"a"}, MEMBERS, now=2.0)  # a is back; b left (or was confirmed dead)
     assert w.lost == {}
     assert w.neighbours == {"a"}
 
 
-def test_connections_to_non_members_are_ignored():
+def test_a_connection_that_came_and_went_between_rounds_is_lost():
+    """A node that joins and crashes within one probe period is still detected."""
+    w = watch("a")
+    assert w.observe({"a"}, MEMBERS, MEMBERS, now=1.0, appeared=frozenset({"b"})) == ["b"]
+    assert w.next_target(now=2.0) == "b"
+
+
+def test_a_peer_lost_before_its_record_arrived_is_probed_once_it_does():
+    w = NeighbourWatch()
+    w.observe({"x"}, set(), set(), now=0.0)  # connected, but no registry record yet
+    assert w.observe(set(), set(), set(), now=1.0) == []  # gone: nothing to probe yet
+    assert w.next_target(now=1.5) is None
+    w.observe(set(), {"x"}, {"x"}, now=2.0)  # its record arrives
+    assert w.next_target(now=3.0) == "x"
+
+
+def test_an_unknown_lost_peer_is_dropped_after_a_while():
+    w = NeighbourWatch()
+    w.observe({"x"}, set(), set(), now=0.0)
+    w.observe(set(), set(), set(), now=1.0)
+    w.observe(set(), set(), set(), now=1.0 + PENDING_S)
+    assert w.lost == {}
+
+
+def test_connections_to_non_members_are_never_probed():
     w = watch()
-    w.observe({"stranger"}, {"a"}, now=0.0)
+    w.observe({"stranger"}, MEMBERS, MEMBERS | {"stranger"}, now=0.0)
     assert w.next_target(now=1.0) is None
