@@ -58,6 +58,7 @@ log = logging.getLogger("otela.liveness")
 SWIM_PROTOCOL = TProtocol("/otela/swim/2.0.0")
 LIVENESS_TOPIC = "otela/liveness/1"
 ALIVE_DOMAIN = b"otela/liveness/alive/v1\0"
+ADDR_TTL_S = 3600  # peerstore TTL of members' addresses
 EVENT_HISTORY = 200  # liveness events kept for /v1/network and `otela doctor`
 
 
@@ -126,6 +127,7 @@ class FailureDetector:
         self.table = LivenessTable(self.self_id, config.suspicion_timeout)
         self.watch = NeighbourWatch()
         self._appeared: set[str] = set()  # peers that connected since the last round
+        self._stored_addrs: dict[str, tuple[tuple[str, ...], float]] = {}
         self.channels = Channels(host, SWIM_PROTOCOL, self._pack, self._unpack)
         self._news_pending = trio.Event()  # set when a suspicion or refutation must go out
         self._synced_generation = -1
@@ -402,12 +404,22 @@ class FailureDetector:
         for record in self.replica.registry:
             if record.state is not Lifecycle.LEFT and record.peer_id != self.self_id:
                 peers[record.peer_id] = record.addrs
-        self.table.sync_members(set(peers), self.clock())
+        now = self.clock()
+        self.table.sync_members(set(peers), now)
+        # Peerstore addresses (for probing lost peers and helpers): parsing multiaddrs for
+        # every member on every registry change cost O(N) per change on every node, which
+        # mattered under churn; only new or changed addresses are stored, refreshed well
+        # within their TTL.
         store = self.host.get_peerstore()
+        self._stored_addrs = {p: v for p, v in self._stored_addrs.items() if p in peers}
         for peer_id, addrs in peers.items():
+            stored = self._stored_addrs.get(peer_id)
+            if stored is not None and stored[0] == addrs and now - stored[1] < ADDR_TTL_S / 2:
+                continue
             try:
                 store.add_addrs(ID.from_base58(peer_id),
-                                [multiaddr.Multiaddr(a) for a in addrs], 3600)
+                                [multiaddr.Multiaddr(a) for a in addrs], ADDR_TTL_S)
+                self._stored_addrs[peer_id] = (addrs, now)
             except Exception:
                 log.debug("bad addresses for %s", peer_id, exc_info=True)
 
