@@ -219,7 +219,7 @@ class FailureDetector:
             asked = max(0.0, interval - (self.clock() - started))
             before = self.clock()
             await trio.sleep(asked)
-            if self.clock() - before > asked + self.config.probe_interval:
+            if self.clock() - before > asked + self.config.probe_interval / 2:
                 self._health(+1)  # our own event loop is late: we are the slow one
 
     # -- one probe round ---------------------------------------------------------------
@@ -252,12 +252,14 @@ class FailureDetector:
             return "acked"
         if self.table.heard_recently(target, self.clock(), window):
             return "silent"
+        first = self.table.members[target].status is Status.ALIVE
         if self.table.probe_failed(target, self.clock()):
             self.stats["suspected"] += 1
             member = self.table.members[target]
-            self._broadcasts.append(
-                [target, Status.SUSPECT.value, member.incarnation, None, self.self_id])
-            self._news_pending.set()
+            if first:  # a new suspicion is published; further voices ride on probes only
+                self._broadcasts.append(
+                    [target, Status.SUSPECT.value, member.incarnation, None, self.self_id])
+                self._news_pending.set()
             detail = (f"direct, {len(helpers)} indirect and recent-contact checks failed")
             self._event(target, "suspected", detail)
             log.warning("suspecting %s: %s", target, detail)
