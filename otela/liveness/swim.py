@@ -151,7 +151,6 @@ class FailureDetector:
         """What the detector knows, for /v1/network: whom it watches, whom it suspects
         (since when), its own health, and the recent liveness events."""
         suspected = self.table.suspected()
-        self._suspected_since = {p: t for p, t in self._suspected_since.items() if p in suspected}
         return {
             "watching": sorted(self.watched()),
             "lost": sorted(self.watch.lost),
@@ -408,6 +407,8 @@ class FailureDetector:
                 peers[record.peer_id] = record.addrs
         now = self.clock()
         self.table.sync_members(set(peers), now)
+        self._suspected_since = {p: t for p, t in self._suspected_since.items()
+                                 if p in self.table.members}
         # Peerstore addresses (for probing lost peers and helpers): parsing multiaddrs for
         # every member on every registry change cost O(N) per change on every node, which
         # mattered under churn; only new or changed addresses are stored, refreshed well
