@@ -67,6 +67,27 @@ def live_peers(node: LocalNode) -> set[str]:
             if e["state"] != "LEFT"}
 
 
+def machine_busy(sample: float = 1.0) -> float:
+    """Fraction of all cores' time spent busy over the next ``sample`` seconds."""
+
+    def counters() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    busy0, total0 = counters()
+    time.sleep(sample)
+    busy1, total1 = counters()
+    return (busy1 - busy0) / max(1, total1 - total0)
+
+
+def wait_for_headroom(max_busy: float = 0.7, timeout: float = 120.0) -> None:
+    """Block until the machine is less than ``max_busy`` busy (or ``timeout`` passed)."""
+    deadline = time.monotonic() + timeout
+    while machine_busy() >= max_busy and time.monotonic() < deadline:
+        pass
+
+
 def start_federation(
     fed: LocalFederation, n: int, *, churners: int = 0, churn_every: float = 3.0,
     wave: int = 4,
@@ -74,7 +95,9 @@ def start_federation(
     """``n`` nodes joined through the first one; returns once every replica lists every
     node as live. Processes start ``wave`` at a time: starting a Python daemon costs ~2 s
     of CPU, and 128 of them at once on 2 cores would measure a start-up storm, not the
-    mesh. ``churners`` of them can re-register every ``churn_every`` seconds, from when
+    mesh; and each wave starts only once the machine has headroom again (the previous
+    wave's start-up and join gossip done), so that the benchmark measures a federation,
+    not a start-up storm on a saturated machine. ``churners`` of them can re-register every ``churn_every`` seconds, from when
     ``set_churn(nodes, True)`` is called."""
     boot = fed.start_node("boot", extra_args=QUIET)
     nodes = [boot]
@@ -87,6 +110,7 @@ def start_federation(
         for node in batch:
             fed.wait_started(node, node.home / "status.json", 900.0)
         nodes += batch
+        wait_for_headroom()
     everyone = {x.status["peer_id"] for x in nodes}
     for node in nodes:
         wait_for(lambda node=node: live_peers(node) >= everyone, 900.0,

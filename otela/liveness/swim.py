@@ -26,7 +26,9 @@ indirect helpers answered all raise the score (helpers' "could not reach it eith
 nacks clear us: then the target is down, not our network); successful probes lower it.
 Probe timeouts, the recent-contact window and the suspicion timeout are multiplied by
 ``1 + score`` (at most 1 + ``max_local_health``), so an overloaded node waits longer
-before accusing anyone, instead of setting off a cascade of false evictions.
+before accusing anyone, instead of setting off a cascade of false evictions. Beyond
+that, a node whose event loop woke up late within the stale window accuses nobody at all
+(``lagging``): its failed probes say more about itself than about its peers.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ LIVENESS_TOPIC = "otela/liveness/1"
 ALIVE_DOMAIN = b"otela/liveness/alive/v1\0"
 ADDR_TTL_S = 3600  # peerstore TTL of members' addresses
 EVENT_HISTORY = 200  # liveness events kept for /v1/network and `otela doctor`
+LAG_FRACTION = 0.2  # a wake-up this late (x probe period) means our event loop is starved
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,8 @@ class FailureDetector:
         self.config = config
         self.clock = clock
         self.self_id = identity.peer_id.to_base58()
-        self.table = LivenessTable(self.self_id, config.suspicion_timeout)
+        self.table = LivenessTable(self.self_id, config.suspicion_timeout,
+                                   eviction_stagger=config.probe_interval)
         self.watch = NeighbourWatch()
         self._appeared: set[str] = set()  # peers that connected since the last round
         self._stored_addrs: dict[str, tuple[tuple[str, ...], float]] = {}
@@ -132,7 +136,9 @@ class FailureDetector:
         self._news_pending = trio.Event()  # set when a suspicion or refutation must go out
         self._synced_generation = -1
         self._broadcasts: list[list[Any]] = []  # first-hand news waiting to be published
-        self.stats: dict[str, int] = {"probes": 0, "suspected": 0, "evicted": 0, "refuted": 0}
+        self.stats: dict[str, int] = {
+            "probes": 0, "suspected": 0, "withheld": 0, "evicted": 0, "refuted": 0}
+        self._late_at: float | None = None  # when our event loop last woke up late
         self.local_health = 0  # 0 = healthy; see the module docstring
         # What happened to whom and when (wall clock), newest last: operators ask "why did
         # my node stop getting traffic?", and the SIGKILL benchmark reads detection times.
@@ -210,16 +216,29 @@ class FailureDetector:
             if target is not None and await self._probe_round(target) != "silent":
                 self.watch.decided(target)
             now = self.clock()
-            for peer_id in self.table.expired_suspicions(now):
-                self._event(peer_id, "confirmed", "did not refute within the suspicion timeout")
-                await self._evict(peer_id)
-            for peer_id in self.table.overdue_confirmations(now):
-                await self._evict(peer_id)
+            if not self.lagging(now):  # irreversible steps wait until we can trust our view
+                for peer_id in self.table.expired_suspicions(now):
+                    self._event(peer_id, "confirmed",
+                                "did not refute within the suspicion timeout")
+                for peer_id in self.table.due_evictions(now):
+                    await self._evict(peer_id)
             asked = max(0.0, interval - (self.clock() - started))
             before = self.clock()
             await trio.sleep(asked)
-            if self.clock() - before > asked + self.config.probe_interval / 2:
+            late = self.clock() - before - asked
+            if late > self.config.probe_interval * LAG_FRACTION:
+                self._late_at = self.clock()
+            if late > self.config.probe_interval / 2:
                 self._health(+1)  # our own event loop is late: we are the slow one
+
+    def lagging(self, now: float) -> bool:
+        """Whether our own event loop woke late within the last stale window. A starved
+        loop sees every peer as slow, and the refutation that would clear a suspect may
+        sit unread in our socket buffers; so while lagging we neither raise suspicions
+        nor confirm or evict anyone. When the whole machine is saturated (64 daemons on
+        2 cores during a join wave), this is what keeps a load spike from turning into a
+        cascade of evictions, rejoins and yet more load."""
+        return self._late_at is not None and now - self._late_at < self.config.stale_window
 
     # -- one probe round ---------------------------------------------------------------
 
@@ -250,6 +269,9 @@ class FailureDetector:
         if acked:
             return "acked"
         if self.table.heard_recently(target, self.clock(), window):
+            return "silent"
+        if self.lagging(self.clock()):
+            self.stats["withheld"] += 1
             return "silent"
         first = self.table.members[target].status is Status.ALIVE
         if self.table.probe_failed(target, self.clock()):

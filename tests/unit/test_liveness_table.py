@@ -25,8 +25,37 @@ def test_failed_probes_suspect_and_the_timeout_confirms():
     assert t.expired_suspicions(now=29.9) == []
     assert t.expired_suspicions(now=30.0) == ["a"]
     assert t.members["a"].status is Status.CONFIRMED
-    assert t.overdue_confirmations(now=35.0) == []
-    assert t.overdue_confirmations(now=40.0) == ["a"]
+    assert t.due_evictions(now=30.0) == ["a"]  # the only suspecter signs at once
+    assert t.due_evictions(now=39.9) == []
+    assert t.due_evictions(now=40.0) == ["a"]  # again, if no eviction landed meanwhile
+
+
+def test_one_eviction_per_confirmed_suspect_not_one_per_member():
+    """Every member holding the suspicion confirms it; only first-hand suspecters sign,
+    in a rank order all agree on, so one death floods one eviction, not N."""
+    members = ["a", "me", "s1", "s2", "bystander"]
+    tables = {}
+    for who in ["me", "s1", "s2", "bystander"]:
+        t = LivenessTable(who, suspicion_timeout=5.0, eviction_stagger=1.0)
+        t.sync_members(set(members), now=0.0)
+        for suspecter in ["me", "s1", "s2"]:
+            t.apply(Update("a", Status.SUSPECT, 0, by=suspecter), now=0.0)
+        if who != "bystander":
+            t.probe_failed("a", now=0.0)
+        assert t.expired_suspicions(now=20.0) == ["a"]
+        tables[who] = t
+    first = [who for who, t in tables.items() if t.due_evictions(now=20.0) == ["a"]]
+    assert len(first) == 1 and first[0] != "bystander"
+    delays = sorted(t.members["a"].evict_at - 20.0 for who, t in tables.items()
+                    if who not in first)
+    assert delays == [1.0, 2.0, 10.0]  # the other suspecters one stagger apart; backup last
+
+
+def test_confirmation_heard_from_others_makes_us_only_a_backup_evicter():
+    t = table("a", "b", timeout=5.0)
+    assert t.apply(Update("a", Status.CONFIRMED, 0), now=1.0)
+    assert t.due_evictions(now=10.9) == []
+    assert t.due_evictions(now=11.0) == ["a"]
 
 
 def test_independent_suspicions_shorten_the_grace_period():
