@@ -9,7 +9,9 @@ re-register on demand (benchmarks/churn_node.py). Then:
   received that version (``received_at`` in /v1/registry/nodes); minus the signer's
   ``updated_at`` (same machine, same clock) that is the node's apply latency;
 - churn, last: bytes per node and total CPU while the ten nodes re-register (sign and
-  gossip a new record version) every 3 s, the load the paper measured.
+  gossip a new record version) every 3 s, the load the paper measured;
+- evictions: how many the failure detectors signed before churn and during it. No node
+  dies in this benchmark, so every one is a false suspicion that ran its course.
 
 Run:  .venv/bin/python benchmarks/convergence.py --nodes 8 16 32 64 128
 One OS process per node on this 2-core machine; figures are documented in docs/mesh.md.
@@ -36,6 +38,7 @@ from fedbench import (
 from otela.localfed import (
     FederationError,
     LocalFederation,
+    LocalNode,
     echo_engine_command,
     free_port,
     wait_for,
@@ -71,6 +74,8 @@ def run_size(n: int, root: Path, window: float) -> dict[str, float]:
                 latencies.append(entry["received_at"] - entry["updated_at"])
             nodes.append(announcer)
 
+        false_evictions = evictions(nodes)  # nobody died: every eviction so far was false
+
         # Churn last: on 2 cores it can saturate the machine at 64+ nodes, and what follows
         # a saturated period (false suspicions, rejoins) must not leak into the figures
         # above.
@@ -79,6 +84,7 @@ def run_size(n: int, root: Path, window: float) -> dict[str, float]:
         cpu_before = {p: cpu_seconds(p) for p in pids}
         churn = bytes_per_second(pids, window)
         churn_cpu = sum(100 * (cpu_seconds(p) - cpu_before[p]) / window for p in pids)
+        churn_evictions = evictions(nodes) - false_evictions
         return {
             "nodes": n,
             "join_s": converged_s,
@@ -91,7 +97,14 @@ def run_size(n: int, root: Path, window: float) -> dict[str, float]:
             "churn_bps_median": statistics.median(churn),
             "churn_bps_max": max(churn),
             "churn_cpu_total": churn_cpu,
+            "false_evictions": false_evictions,
+            "churn_evictions": churn_evictions,
         }
+
+
+def evictions(nodes: list[LocalNode]) -> int:
+    """Evictions the nodes' failure detectors signed so far (sum over nodes)."""
+    return sum(int(x.get("/v1/health", timeout=30)["liveness"]["evicted"]) for x in nodes)
 
 
 def main() -> None:
@@ -103,7 +116,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="otela-bench-") as tmp:
         print(f"{'nodes':>5} {'join s':>7} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7} "
               f"{'idle B/s (med/max)':>19} {'idle CPU %':>10} {'churn B/s (med/max)':>20} "
-              f"{'churn CPU % (all)':>17}")
+              f"{'churn CPU % (all)':>17} {'evictions (idle/churn)':>22}")
         for n in args.nodes:
             try:
                 r = run_size(n, Path(tmp), args.window)
@@ -114,7 +127,8 @@ def main() -> None:
                   f"{r['max_ms']:>7.0f} {r['idle_bps_median']:>9.0f}/{r['idle_bps_max']:<9.0f} "
                   f"{r['idle_cpu_median']:>10.2f} "
                   f"{r['churn_bps_median']:>9.0f}/{r['churn_bps_max']:<9.0f} "
-                  f"{r['churn_cpu_total']:>17.0f}", flush=True)
+                  f"{r['churn_cpu_total']:>17.0f} "
+                  f"{r['false_evictions']:>11}/{r['churn_evictions']:<10}", flush=True)
 
 
 if __name__ == "__main__":

@@ -97,8 +97,8 @@ def start_federation(
     of CPU, and 128 of them at once on 2 cores would measure a start-up storm, not the
     mesh; and each wave starts only once the machine has headroom again (the previous
     wave's start-up and join gossip done), so that the benchmark measures a federation,
-    not a start-up storm on a saturated machine. ``churners`` of them can re-register every ``churn_every`` seconds, from when
-    ``set_churn(nodes, True)`` is called."""
+    not a start-up storm on a saturated machine. ``churners`` of them can re-register
+    every ``churn_every`` seconds, from when ``set_churn(nodes, True)`` is called."""
     boot = fed.start_node("boot", extra_args=QUIET)
     nodes = [boot]
     for first in range(0, n - 1, wave):
