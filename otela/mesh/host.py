@@ -12,6 +12,10 @@ Workarounds for py-libp2p 0.8.1, measured on these machines (../shared/reference
   redialed, ~5 new connections per second in an idle 16-node federation, each a Noise
   handshake plus identify and GossipSub hellos on both ends. Peering owns the degree, so
   the connector is switched off.
+- Yamux sent a WINDOW_UPDATE frame for every read (``PY_YAMUX_RELEASE_ON_READ``
+  defaults on), so every gossip message cost a second frame back, each one a Noise
+  encryption and a syscall on one side and a decryption and parse on the other. Credit
+  is now returned go-yamux style, once half the window has been consumed.
 - Security: ``new_host`` also offers secio and *plaintext* when a peer asks for them;
   otela offers Noise only, and Yamux only, so every connection is encrypted.
 """
@@ -19,6 +23,7 @@ Workarounds for py-libp2p 0.8.1, measured on these machines (../shared/reference
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +42,8 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from otela.identity import Identity
 
 _swarm._HAPPY_EYEBALLS_DELAY = 0.0
+# Read by py-libp2p's yamux at call time; an operator's own setting wins.
+os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
 
 GOSSIP_DEGREE = 6
 GOSSIP_DEGREE_LOW = 4

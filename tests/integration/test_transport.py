@@ -171,3 +171,24 @@ def test_a_client_that_goes_away_cancels_the_engine_request() -> None:
         assert again.status == 200 and await again.read()
 
     run(test, token_delay=0.02)
+
+
+def test_bodies_larger_than_the_flow_control_window_go_both_ways() -> None:
+    """Megabyte bodies in both directions, several at once on the one stream: the yamux
+    receive window (256 KiB) must be re-credited as data is consumed, or this stalls
+    (otela has yamux return credit once half the window is read, not on every read)."""
+
+    async def test(p: Pair) -> None:
+        async def one(i: int, stream: bool) -> None:
+            n = 15_000 if stream else 120_000  # ~1 MB each way (an SSE event per word)
+            words = " ".join(f"w{i}x{k}" for k in range(n))
+            r = await p.client.request(p.record, CHAT, chat(words, stream=stream), {})
+            body = await r.read() if not stream else b"".join([c async for c in r.chunks()])
+            assert r.status == 200 and len(body) > 1_000_000
+            assert f"w{i}x{n - 1}".encode() in body
+
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(one, i, i == 2)
+
+    run(test)
