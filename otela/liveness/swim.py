@@ -2,10 +2,12 @@
 
 Whom to probe: each node watches its neighbours and the neighbours it lost, not every
 member (why: ``watch.py``). News does not depend on who watches whom: it rides on probe
-messages (SWIM's piggybacking), and first-hand suspicions and refutations, which are rare,
-are also published on the ``otela/liveness/1`` GossipSub topic, so that every node (and
-every ingress) stops routing to a suspect within milliseconds, not after an epidemic of
-probe rounds.
+messages (SWIM's piggybacking), and first-hand suspicions backed by strong evidence (the
+connection dropped, or a second member suspects it too) are also published on the
+``otela/liveness/1`` GossipSub topic, so that every node (and every ingress) stops routing
+to a crashed node within milliseconds, not after an epidemic of probe rounds; a refutation
+is published when the suspicion was. Probe timeouts follow each peer's measured round
+trips (``rtt.py``).
 
 Per period a node probes one watched peer: lost neighbours first, then round robin over a
 shuffled list of connected ones. The peer is suspected only if all three paths fail:
@@ -50,6 +52,7 @@ from libp2p.peer.id import ID
 
 from otela.identity import Identity
 from otela.liveness.channels import Channels
+from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable, Status, Update
 from otela.liveness.watch import NeighbourWatch
 from otela.registry.records import Lifecycle
@@ -62,7 +65,6 @@ LIVENESS_TOPIC = "otela/liveness/1"
 ALIVE_DOMAIN = b"otela/liveness/alive/v1\0"
 ADDR_TTL_S = 3600  # peerstore TTL of members' addresses
 EVENT_HISTORY = 200  # liveness events kept for /v1/network and `otela doctor`
-LAG_FRACTION = 0.2  # a wake-up this late (x probe period) means our event loop is starved
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,9 @@ class FailureDetector:
         self.stats: dict[str, int] = {
             "probes": 0, "suspected": 0, "withheld": 0, "evicted": 0, "refuted": 0}
         self._late_at: float | None = None  # when our event loop last woke up late
+        self.round_trips = RoundTrips(floor=config.probe_timeout, ceiling=config.stale_window)
+        # Whether a suspicion of us came on the liveness topic (then so must our refutation).
+        self._refute_loudly = False
         self.local_health = 0  # 0 = healthy; see the module docstring
         # What happened to whom and when (wall clock), newest last: operators ask "why did
         # my node stop getting traffic?", and the SIGKILL benchmark reads detection times.
@@ -225,11 +230,9 @@ class FailureDetector:
             asked = max(0.0, interval - (self.clock() - started))
             before = self.clock()
             await trio.sleep(asked)
-            late = self.clock() - before - asked
-            if late > self.config.probe_interval * LAG_FRACTION:
-                self._late_at = self.clock()
-            if late > self.config.probe_interval / 2:
-                self._health(+1)  # our own event loop is late: we are the slow one
+            if self.clock() - before - asked > self.config.probe_interval / 2:
+                self._late_at = self.clock()  # our own event loop is late: we are the slow one
+                self._health(+1)
 
     def lagging(self, now: float) -> bool:
         """Whether our own event loop woke late within the last stale window. A starved
@@ -273,30 +276,40 @@ class FailureDetector:
         if self.lagging(self.clock()):
             self.stats["withheld"] += 1
             return "silent"
-        first = self.table.members[target].status is Status.ALIVE
         if self.table.probe_failed(target, self.clock()):
             self.stats["suspected"] += 1
-            member = self.table.members[target]
-            if first:  # a new suspicion is published; further voices ride on probes only
-                self._broadcasts.append(
-                    [target, Status.SUSPECT.value, member.incarnation, None, self.self_id])
-                self._news_pending.set()
             detail = (f"direct, {len(helpers)} indirect and recent-contact checks failed")
+            if self._publish_suspicion(target):
+                detail += "; published"
             self._event(target, "suspected", detail)
             log.warning("suspecting %s: %s", target, detail)
         return "suspected"
 
+    def _publish_suspicion(self, target: str) -> bool:
+        """Publish our suspicion of ``target`` if the evidence is now strong enough
+        (``LivenessTable.suspicion_to_publish``); return whether it was."""
+        update = self.table.suspicion_to_publish(target, target in self.watch.lost)
+        if update is None:
+            return False
+        self._broadcasts.append(_encode_updates([update])[0])
+        self._news_pending.set()
+        return True
+
     async def _ping(self, target: str) -> bool:
-        timeout = self.config.probe_timeout * self.multiplier
+        started = self.clock()
+        timeout = self.round_trips.timeout(target) * self.multiplier
         reply = await self.channels.request(target, {"k": "ping"}, timeout)
-        return reply is not None and reply.get("k") == "ack"
+        if reply is None or reply.get("k") != "ack":
+            return False
+        self.round_trips.observe(target, self.clock() - started)
+        return True
 
     async def _ping_req(self, helper: str, target: str) -> bool | None:
         """True: the helper reached the target; False: it answered that it could not (a
         nack); None: the helper did not answer either."""
+        wait = self.round_trips.timeout(helper) + self.round_trips.timeout(target)
         reply = await self.channels.request(
-            helper, {"k": "req", "target": target}, 2 * self.config.probe_timeout * self.multiplier
-        )
+            helper, {"k": "req", "target": target}, wait * self.multiplier)
         return None if reply is None else bool(reply.get("ok"))
 
     async def _handle(self, stream: Any) -> None:
@@ -332,13 +345,18 @@ class FailureDetector:
             self._news_pending.set()
         return message
 
-    def _apply(self, item: Any, now: float, source: str) -> None:
+    def _apply(self, item: Any, now: float, source: str, published: bool = False) -> None:
+        """Merge one piece of news; ``published``: it came on the liveness topic."""
         try:
             peer_id, status, incarnation, proof, by = item
             update = Update(str(peer_id), Status(status), int(incarnation), proof,
                             str(by) if by else None)
         except (TypeError, ValueError):
             return
+        if published and update.status is Status.SUSPECT:
+            self.table.published.add((update.peer_id, update.incarnation))
+            if update.peer_id == self.self_id:
+                self._refute_loudly = True  # everyone heard it: everyone must hear us
         member = self.table.members.get(update.peer_id)
         # Verify a signature only when the news would change our view (it usually is old).
         valid = (update.status is Status.ALIVE and isinstance(update.proof, bytes)
@@ -349,6 +367,7 @@ class FailureDetector:
             return
         if update.status is Status.SUSPECT:
             self._event(update.peer_id, "suspected", f"reported by {source}")
+            self._publish_suspicion(update.peer_id)  # our own suspicion, now corroborated
         elif update.status is Status.CONFIRMED:
             self._event(update.peer_id, "confirmed", f"reported by {source}")
         elif was_suspect:
@@ -371,9 +390,11 @@ class FailureDetector:
         self._health(+1)  # others could not reach us in time: we are probably slow
         incarnation = self.table.incarnation
         proof = self.identity.key_pair.private_key.sign(_alive_payload(self.self_id, incarnation))
-        self.table.announce_alive(proof)
-        self._broadcasts.append([self.self_id, Status.ALIVE.value, incarnation, proof, None])
-        self._news_pending.set()
+        self.table.announce_alive(proof)  # rides on our probes and acks in any case
+        if self._refute_loudly:
+            self._refute_loudly = False
+            self._broadcasts.append([self.self_id, Status.ALIVE.value, incarnation, proof, None])
+            self._news_pending.set()
         log.warning("refuting a suspicion of this node (incarnation %d)", incarnation)
 
     # -- broadcast of first-hand news ---------------------------------------------------
@@ -411,7 +432,7 @@ class FailureDetector:
             now = self.clock()
             origin = ID(message.from_id).to_base58()
             for item in items or []:
-                self._apply(item, now, origin)
+                self._apply(item, now, origin, published=True)
             if self.table.refute_needed:
                 self._news_pending.set()
 
@@ -429,6 +450,7 @@ class FailureDetector:
                 peers[record.peer_id] = record.addrs
         now = self.clock()
         self.table.sync_members(set(peers), now)
+        self.round_trips.forget_except(set(peers))
         self._suspected_since = {p: t for p, t in self._suspected_since.items()
                                  if p in self.table.members}
         # Peerstore addresses (for probing lost peers and helpers): parsing multiaddrs for

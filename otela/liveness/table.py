@@ -79,6 +79,8 @@ class LivenessTable:
     incarnation: int = 0
     members: dict[str, Member] = field(default_factory=dict)
     _outbox: dict[str, tuple[Update, int]] = field(default_factory=dict)
+    # Suspicions (peer, incarnation) already published to every node, by us or others.
+    published: set[tuple[str, int]] = field(default_factory=set)
     refute_needed: bool = False
 
     # -- membership ------------------------------------------------------------------
@@ -90,6 +92,7 @@ class LivenessTable:
         for peer_id in set(self.members) - peer_ids:
             del self.members[peer_id]
             self._outbox.pop(peer_id, None)
+        self.published = {key for key in self.published if key[0] in self.members}
 
     def suspected(self) -> frozenset[str]:
         return frozenset(
@@ -122,6 +125,25 @@ class LivenessTable:
         member.suspecters.add(self.self_id)
         self._enqueue(Update(peer_id, Status.SUSPECT, member.incarnation, by=self.self_id))
         return True
+
+    def suspicion_to_publish(self, peer_id: str, connection_lost: bool) -> Update | None:
+        """Our suspicion of ``peer_id``, if it should now be published to every node (once
+        per incarnation): only when the evidence is strong, i.e. its connection to us
+        dropped without our closing it (what a crash looks like), or another member
+        suspects it independently. A lone suspicion of a peer still connected to us
+        (typically a slow one) spreads on probes only, and so does its refutation: on 2
+        cores with 128 daemons, publishing every such false alarm and its refutation cost
+        every node two GossipSub messages each, and that load made the next false alarm
+        more likely."""
+        member = self.members.get(peer_id)
+        if member is None or member.status is not Status.SUSPECT:
+            return None
+        key = (peer_id, member.incarnation)
+        strong = connection_lost or len(member.suspecters) > 1
+        if key in self.published or self.self_id not in member.suspecters or not strong:
+            return None
+        self.published.add(key)
+        return Update(peer_id, Status.SUSPECT, member.incarnation, by=self.self_id)
 
     def timeout_for(self, member: Member) -> float:
         """Lifeguard: the more members independently suspect it, the sooner it is confirmed."""

@@ -125,3 +125,28 @@ def test_confirmation_from_others_is_final_until_the_member_leaves():
     t.sync_members({"me"}, now=3.0)  # evicted: gone from the registry
     t.sync_members({"me", "a"}, now=4.0)  # rejoined under a new session
     assert t.members["a"].status is Status.ALIVE
+
+
+def test_only_strongly_evidenced_suspicions_are_published_and_only_once():
+    """A lone suspicion of a still-connected (slow) peer spreads on probes only; a
+    dropped connection or a second independent suspecter makes it worth telling everyone."""
+    t = table("slow", "crashed", "b")
+    t.probe_failed("slow", now=0.0)
+    assert t.suspicion_to_publish("slow", connection_lost=False) is None
+    t.apply(Update("slow", Status.SUSPECT, 0, by="b"), now=0.5)  # corroborated
+    assert t.suspicion_to_publish("slow", connection_lost=False) == Update(
+        "slow", Status.SUSPECT, 0, by="me")
+    assert t.suspicion_to_publish("slow", connection_lost=False) is None  # once
+
+    t.probe_failed("crashed", now=0.0)
+    assert t.suspicion_to_publish("crashed", connection_lost=True) is not None
+
+    t.apply(Update("b", Status.SUSPECT, 0, by="slow"), now=1.0)  # not our own suspicion
+    assert t.suspicion_to_publish("b", connection_lost=True) is None
+
+
+def test_a_suspicion_someone_else_published_is_not_published_again():
+    t = table("a", "b")
+    t.published.add(("a", 0))
+    t.probe_failed("a", now=0.0)
+    assert t.suspicion_to_publish("a", connection_lost=True) is None
