@@ -3,7 +3,7 @@
 SWIM probes every member, which over UDP is free. Over libp2p, contacting a peer we hold
 no connection to costs a TCP + Noise + Yamux handshake, identify and a GossipSub hello on
 both ends (tens of ms of CPU), and peering then trims the extra connection again. So a
-node watches the peers it is connected to anyway (peering keeps 4-10 random ones, so every
+node watches the peers it is connected to anyway (peering keeps 4-16 random ones, so every
 node is watched by several others), and every neighbour whose connection dropped without
 our closing it: a vanished connection is the strongest early sign of a crash, so such a
 *lost* neighbour is probed before anyone else, every round, until a probe decides (it
