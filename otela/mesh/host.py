@@ -1,7 +1,7 @@
 """Build a py-libp2p host tuned for otela (see docs/mesh.md for why each setting).
 
-Workarounds for py-libp2p 0.8.1, measured on these machines (../shared/reference):
-- B1: every dial waited a 250 ms happy-eyeballs delay, even with one address.
+Workarounds for py-libp2p 0.8.1, measured on these machines (../shared/reference); the
+process-wide ones live in ``workarounds.py``:
 - B3: spam protection silently dropped bursts over 10 msg/s per peer and topic.
 - B4/B5: GossipSub v1.2's per-message IDONTWANT doubled gossip latency; speak 1.1/1.0.
 - B7: the heartbeat defaulted to 120 s, so meshes formed slowly; use 1 s like go/js.
@@ -12,10 +12,6 @@ Workarounds for py-libp2p 0.8.1, measured on these machines (../shared/reference
   redialed, ~5 new connections per second in an idle 16-node federation, each a Noise
   handshake plus identify and GossipSub hellos on both ends. Peering owns the degree, so
   the connector is switched off.
-- Yamux sent a WINDOW_UPDATE frame for every read (``PY_YAMUX_RELEASE_ON_READ``
-  defaults on), so every gossip message cost a second frame back, each one a Noise
-  encryption and a syscall on one side and a decryption and parse on the other. Credit
-  is now returned go-yamux style, once half the window has been consumed.
 - Security: ``new_host`` also offers secio and *plaintext* when a peer asks for them;
   otela offers Noise only, and Yamux only, so every connection is encrypted.
 """
@@ -23,11 +19,9 @@ Workarounds for py-libp2p 0.8.1, measured on these machines (../shared/reference
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
-import libp2p.network.swarm as _swarm
 import multiaddr
 from libp2p import new_host
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
@@ -40,10 +34,9 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from otela.identity import Identity
+from otela.mesh import workarounds
 
-_swarm._HAPPY_EYEBALLS_DELAY = 0.0
-# Read by py-libp2p's yamux at call time; an operator's own setting wins.
-os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
+workarounds.apply()
 
 GOSSIP_DEGREE = 6
 GOSSIP_DEGREE_LOW = 4

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from otela.localfed import wait_for
+from otela.localfed import LocalNode, wait_for
 
 from .helpers import CONVERGE_S
 
@@ -26,12 +26,19 @@ def test_twelve_nodes_converge_through_one_bootstrap_and_peer_randomly(federatio
     for node in nodes:
         wait_for(lambda node=node: set(node.states()) == everyone, 2 * CONVERGE_S,
                  f"{node.name} to list all 12 nodes")
-    # Each node keeps several random connections, not only the one to the bootstrap node.
+    # Each node keeps several random connections, not only the one to the bootstrap node
+    # (a hub-only topology makes GossipSub flap); trimming above the band's upper bound is
+    # covered by tests/unit/test_peering.py, 12 nodes never reach it.
+    boot_id = boot.status["peer_id"]
+
+    def random_neighbours(node: LocalNode) -> int:
+        watching = node.get("/v1/network")["liveness"]["watching"]
+        return len(set(watching) - {boot_id})
+
     wait_for(lambda: all(n.get("/v1/health")["connected_peers"] >= 4 for n in nodes[1:]),
              CONVERGE_S, "every node to hold at least 4 connections")
-    # ...and the bootstrap node sheds the join-time connections instead of staying a hub.
-    wait_for(lambda: boot.get("/v1/health")["connected_peers"] <= 10, CONVERGE_S,
-             "the bootstrap node to trim to at most 10 connections")
+    wait_for(lambda: all(random_neighbours(n) >= 3 for n in nodes[1:]), CONVERGE_S,
+             "every node to be connected to at least 3 peers besides the bootstrap node")
 
 
 @pytest.fixture

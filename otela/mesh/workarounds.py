@@ -1,0 +1,86 @@
+"""Process-wide adjustments to py-libp2p 0.8.1, each answering a measured problem.
+
+Applied once, on import of ``otela.mesh.host`` (see docs/mesh.md for the table):
+- B1: every dial waited a 250 ms happy-eyeballs delay, even with one address.
+- Yamux sent a WINDOW_UPDATE frame for every read (``PY_YAMUX_RELEASE_ON_READ`` defaults
+  on), so every gossip message cost a second frame back, each one a Noise encryption and
+  a syscall on one side and a decryption and parse on the other. Credit is returned
+  go-yamux style instead, once half the window has been consumed (~10-20 % less CPU
+  under registry churn). An operator's own ``PY_YAMUX_*`` setting wins.
+- Signed peer records on every GossipSub RPC: py-libp2p attaches the sender's signed
+  peer record to each RPC, rebuilding it from ``host.get_addrs()`` (multiaddr parsing)
+  each time, and every receiver verifies its Ed25519 signature each time. Profiled in a
+  100-node federation this was ~15 % of a node's CPU. The sender now reuses its record
+  for ``RECORD_REUSE_S`` seconds, and a receiver verifies each distinct (record, sender)
+  pair once; a record that fails verification is still rejected, as before. (otela
+  learns addresses from its signed registry, not from these records.)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+import libp2p.network.swarm as _swarm
+import libp2p.pubsub.gossipsub as _gossipsub
+import libp2p.pubsub.pubsub as _pubsub
+
+RECORD_REUSE_S = 60.0
+VERIFIED_RECORDS_KEPT = 4096
+
+_applied = False
+
+
+def apply() -> None:
+    """Install every adjustment (idempotent)."""
+    global _applied
+    if _applied:
+        return
+    _applied = True
+    _swarm._HAPPY_EYEBALLS_DELAY = 0.0
+    os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")  # read by yamux at call time
+    build = _pubsub.env_to_send_in_RPC
+    consume = _pubsub.maybe_consume_signed_record
+    reuse = _reused_record(build)
+    once = _verified_once(consume)
+    for module in (_pubsub, _gossipsub):
+        module.env_to_send_in_RPC = reuse  # type: ignore[attr-defined]
+        module.maybe_consume_signed_record = once  # type: ignore[attr-defined]
+
+
+def _reused_record(build: Any) -> Any:
+    cache: weakref.WeakKeyDictionary[Any, tuple[bytes, float]] = weakref.WeakKeyDictionary()
+
+    def env_to_send_in_rpc(host: Any) -> tuple[bytes, bool]:
+        now = time.monotonic()
+        cached = cache.get(host)
+        if cached is not None and now - cached[1] < RECORD_REUSE_S:
+            return cached[0], False
+        envelope, created = build(host)
+        cache[host] = (envelope, now)
+        return envelope, created
+
+    return env_to_send_in_rpc
+
+
+def _verified_once(consume: Any) -> Any:
+    verified: OrderedDict[tuple[bytes, Any], None] = OrderedDict()
+
+    def maybe_consume_signed_record(msg: Any, host: Any, peer_id: Any = None) -> bool:
+        if not msg.HasField("senderRecord"):
+            return True
+        key = (bytes(msg.senderRecord), peer_id)
+        if key in verified:
+            verified.move_to_end(key)
+            return True
+        ok = bool(consume(msg, host, peer_id))
+        if ok:
+            verified[key] = None
+            if len(verified) > VERIFIED_RECORDS_KEPT:
+                verified.popitem(last=False)
+        return ok
+
+    return maybe_consume_signed_record
