@@ -95,10 +95,11 @@ def start_federation(
     """``n`` nodes joined through the first one; returns once every replica lists every
     node as live. Processes start ``wave`` at a time: starting a Python daemon costs ~2 s
     of CPU, and 128 of them at once on 2 cores would measure a start-up storm, not the
-    mesh; and each wave starts only once the machine has headroom again (the previous
-    wave's start-up and join gossip done), so that the benchmark measures a federation,
-    not a start-up storm on a saturated machine. ``churners`` of them can re-register
-    every ``churn_every`` seconds, from when ``set_churn(nodes, True)`` is called."""
+    mesh; and each wave starts only once the bootstrap node lists the previous one and
+    the machine has headroom again (its start-up and join gossip done), so that the
+    benchmark measures a federation, not a start-up storm on a saturated machine.
+    ``churners`` of them can re-register every ``churn_every`` seconds, from when
+    ``set_churn(nodes, True)`` is called."""
     boot = fed.start_node("boot", extra_args=QUIET)
     nodes = [boot]
     for first in range(0, n - 1, wave):
@@ -110,7 +111,10 @@ def start_federation(
         for node in batch:
             fed.wait_started(node, node.home / "status.json", 900.0)
         nodes += batch
-        wait_for_headroom()
+        started_ids = {x.status["peer_id"] for x in nodes}
+        wait_for(lambda ids=started_ids: live_peers(boot) >= ids, 900.0,
+                 "the bootstrap node to list the wave", interval=0.5)
+        wait_for_headroom(max_busy=0.5)
     everyone = {x.status["peer_id"] for x in nodes}
     for node in nodes:
         wait_for(lambda node=node: live_peers(node) >= everyone, 900.0,

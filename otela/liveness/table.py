@@ -146,8 +146,13 @@ class LivenessTable:
         return Update(peer_id, Status.SUSPECT, member.incarnation, by=self.self_id)
 
     def timeout_for(self, member: Member) -> float:
-        """Lifeguard: the more members independently suspect it, the sooner it is confirmed."""
-        minimum = self.suspicion_timeout
+        """Lifeguard: the more members independently suspect it, the sooner it is confirmed.
+
+        The base grows with log10 of the federation's size, as in SWIM and memberlist: the
+        suspicion and the refutation each need O(log N) gossip hops to reach everyone, so
+        in a larger federation a live suspect needs longer to be heard (x1 up to 10
+        members, x1.5 at 32, x2.1 at 128)."""
+        minimum = self.suspicion_timeout * max(1.0, math.log10(len(self.members) + 1))
         maximum = self.max_multiplier * minimum
         confirmations = max(0, len(member.suspecters) - 1)
         scale = math.log(confirmations + 1) / math.log(self.expected_confirmations + 1)

@@ -1,5 +1,9 @@
 """The failure detector's pure state machine."""
 
+import math
+
+import pytest
+
 from otela.liveness.table import LivenessTable, Status, Update
 
 
@@ -150,3 +154,13 @@ def test_a_suspicion_someone_else_published_is_not_published_again():
     t.published.add(("a", 0))
     t.probe_failed("a", now=0.0)
     assert t.suspicion_to_publish("a", connection_lost=True) is None
+
+
+def test_larger_federations_give_a_suspect_longer_to_refute():
+    small = table(*[f"p{i}" for i in range(8)], timeout=5.0)
+    large = table(*[f"p{i}" for i in range(127)], timeout=5.0)
+    for t in (small, large):
+        for suspecter in ["p1", "p2", "p3", "p4"]:
+            t.apply(Update("p0", Status.SUSPECT, 0, by=suspecter), now=0.0)
+    assert small.timeout_for(small.members["p0"]) == 5.0
+    assert large.timeout_for(large.members["p0"]) == pytest.approx(5.0 * math.log10(128))
