@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -53,11 +54,14 @@ def run_size(n: int, root: Path, window: float) -> dict[str, float]:
         started = time.monotonic()
         nodes = start_federation(fed, n, churners=min(CHURNERS, n - 1), churn_every=CHURN_EVERY_S)
         converged_s = time.monotonic() - started
+        progress(f"{n} nodes joined and converged in {converged_s:.0f} s")
         pids = {x.process.pid for x in nodes}
         time.sleep(10)  # let join-time churn settle before measuring "idle"
         cpu_before = {p: cpu_seconds(p) for p in pids}
         idle = bytes_per_second(pids, window)
         idle_cpu = [100 * (cpu_seconds(p) - cpu_before[p]) / window for p in pids]
+        progress(f"idle: {statistics.median(idle):.0f} B/s and "
+                 f"{statistics.median(idle_cpu):.2f} % CPU per node (median)")
         latencies: list[float] = []
         for k in range(3):
             engine = echo_engine_command(free_port(), [f"model-{k}"], "--startup-delay", "3")
@@ -73,6 +77,10 @@ def run_size(n: int, root: Path, window: float) -> dict[str, float]:
                              if e["session_id"] == announcer.session_id)
                 latencies.append(entry["received_at"] - entry["updated_at"])
             nodes.append(announcer)
+            progress(f"change {k + 1}/3 applied everywhere; so far p50/p95/max "
+                     f"{1000 * statistics.median(latencies):.0f}/"
+                     f"{1000 * percentile(latencies, 0.95):.0f}/{1000 * max(latencies):.0f} ms, "
+                     f"evictions {evictions(nodes)}")
 
         false_evictions = evictions(nodes)  # nobody died: every eviction so far was false
 
@@ -100,6 +108,11 @@ def run_size(n: int, root: Path, window: float) -> dict[str, float]:
             "false_evictions": false_evictions,
             "churn_evictions": churn_evictions,
         }
+
+
+def progress(line: str) -> None:
+    """Phase results as they come (stderr): a run that fails later still reports them."""
+    print(f"  .. {line}", file=sys.stderr, flush=True)
 
 
 def evictions(nodes: list[LocalNode]) -> int:
