@@ -238,9 +238,9 @@ class FailureDetector:
         """Whether our own event loop woke late within the last stale window. A starved
         loop sees every peer as slow, and the refutation that would clear a suspect may
         sit unread in our socket buffers; so while lagging we neither raise suspicions
-        nor confirm or evict anyone. When the whole machine is saturated (64 daemons on
-        2 cores during a join wave), this is what keeps a load spike from turning into a
-        cascade of evictions, rejoins and yet more load."""
+        nor confirm or evict anyone: a load spike on our side must not become evictions,
+        rejoins and yet more load. (It does not catch a machine where every loop is on
+        time but every peer answers late; adaptive timeouts, ``rtt.py``, are for that.)"""
         return self._late_at is not None and now - self._late_at < self.config.stale_window
 
     # -- one probe round ---------------------------------------------------------------
