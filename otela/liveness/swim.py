@@ -354,7 +354,7 @@ class FailureDetector:
         except (TypeError, ValueError):
             return
         if published and update.status is Status.SUSPECT:
-            self.table.published.add((update.peer_id, update.incarnation))
+            self.table.published_elsewhere(update.peer_id, update.incarnation)
             if update.peer_id == self.self_id:
                 self._refute_loudly = True  # everyone heard it: everyone must hear us
         member = self.table.members.get(update.peer_id)

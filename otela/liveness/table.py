@@ -145,6 +145,10 @@ class LivenessTable:
         self.published.add(key)
         return Update(peer_id, Status.SUSPECT, member.incarnation, by=self.self_id)
 
+    def published_elsewhere(self, peer_id: str, incarnation: int) -> None:
+        """Another member published this suspicion to everyone: we need not."""
+        self.published.add((peer_id, incarnation))
+
     def timeout_for(self, member: Member) -> float:
         """Lifeguard: the more members independently suspect it, the sooner it is confirmed.
 

@@ -151,7 +151,7 @@ def test_only_strongly_evidenced_suspicions_are_published_and_only_once():
 
 def test_a_suspicion_someone_else_published_is_not_published_again():
     t = table("a", "b")
-    t.published.add(("a", 0))
+    t.published_elsewhere("a", 0)
     t.probe_failed("a", now=0.0)
     assert t.suspicion_to_publish("a", connection_lost=True) is None
 
