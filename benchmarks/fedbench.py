@@ -81,7 +81,7 @@ def machine_busy(sample: float = 1.0) -> float:
     return (busy1 - busy0) / max(1, total1 - total0)
 
 
-def wait_for_headroom(max_busy: float = 0.7, timeout: float = 120.0) -> None:
+def wait_for_headroom(max_busy: float = 0.5, timeout: float = 120.0) -> None:
     """Block until the machine is less than ``max_busy`` busy (or ``timeout`` passed)."""
     deadline = time.monotonic() + timeout
     while machine_busy() >= max_busy and time.monotonic() < deadline:
@@ -114,7 +114,7 @@ def start_federation(
         started_ids = {x.status["peer_id"] for x in nodes}
         wait_for(lambda ids=started_ids: live_peers(boot) >= ids, 900.0,
                  "the bootstrap node to list the wave", interval=0.5)
-        wait_for_headroom(max_busy=0.5)
+        wait_for_headroom()
     everyone = {x.status["peer_id"] for x in nodes}
     for node in nodes:
         wait_for(lambda node=node: live_peers(node) >= everyone, 900.0,
