@@ -144,6 +144,12 @@ def render(report: dict[str, Any], peer_id: str | None = None) -> str:
     for b in report.get("bootstrap", []):
         state = "connected" if b.get("connected") else f"{b.get('failures', 0)} failed dial(s)"
         lines.append(f"bootstrap {b['addr']}: {state}")
+    liveness = report.get("liveness") or {}
+    if liveness.get("eviction_brake"):
+        lines.append(
+            f"liveness  eviction brake on: {len(liveness.get('suspected', {}))} of "
+            f"{liveness.get('members')} peers suspected at once, so evictions go one at a "
+            f"time (an overloaded federation, a partition, or trouble on this node)")
     lines.append(f"verdict   {report.get('verdict')}")
     if peer_id is not None:
         peer = report.get("peer") or {"peer_id": peer_id}

@@ -30,7 +30,10 @@ Probe timeouts, the recent-contact window and the suspicion timeout are multipli
 ``1 + score`` (at most 1 + ``max_local_health``), so an overloaded node waits longer
 before accusing anyone, instead of setting off a cascade of false evictions. Beyond
 that, a node whose event loop woke up late within the stale window accuses nobody at all
-(``lagging``): its failed probes say more about itself than about its peers.
+(``lagging``): its failed probes say more about itself than about its peers. And when
+many members are suspected at once, the eviction brake (``table.py``) slows evictions to
+one at a time: a federation overloaded as a whole would otherwise evict live nodes, whose
+rejoins add yet more load.
 """
 
 from __future__ import annotations
@@ -139,7 +142,8 @@ class FailureDetector:
         self._synced_generation = -1
         self._broadcasts: list[list[Any]] = []  # first-hand news waiting to be published
         self.stats: dict[str, int] = {
-            "probes": 0, "suspected": 0, "withheld": 0, "evicted": 0, "refuted": 0}
+            "probes": 0, "suspected": 0, "withheld": 0, "evicted": 0, "refuted": 0,
+            "brake_engaged": 0}
         self._late_at: float | None = None  # when our event loop last woke up late
         self.round_trips = RoundTrips(floor=config.probe_timeout, ceiling=config.stale_window)
         # Whether a suspicion of us came on the liveness topic (then so must our refutation).
@@ -149,6 +153,7 @@ class FailureDetector:
         # my node stop getting traffic?", and the SIGKILL benchmark reads detection times.
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENT_HISTORY)
         self._suspected_since: dict[str, float] = {}
+        self._braking = False
 
     def _event(self, peer_id: str, event: str, detail: str) -> None:
         now = time.time()
@@ -168,6 +173,8 @@ class FailureDetector:
             "suspected": {p: self._suspected_since.get(p) for p in sorted(suspected)},
             "incarnation": self.table.incarnation,
             "local_health": self.local_health,
+            "eviction_brake": self._braking,
+            "members": len(self.table.members),
             "stats": dict(self.stats),
             "events": list(self.events),
         }
@@ -221,6 +228,7 @@ class FailureDetector:
             if target is not None and await self._probe_round(target) != "silent":
                 self.watch.decided(target)
             now = self.clock()
+            self._watch_brake()
             if not self.lagging(now):  # irreversible steps wait until we can trust our view
                 for peer_id in self.table.expired_suspicions(now):
                     self._event(peer_id, "confirmed",
@@ -233,6 +241,26 @@ class FailureDetector:
             if self.clock() - before - asked > self.config.probe_interval / 2:
                 self._late_at = self.clock()  # our own event loop is late: we are the slow one
                 self._health(+1)
+
+    def _watch_brake(self) -> None:
+        """Record when the eviction brake goes on or off: an operator asking why a dead
+        node is still listed, or why live ones were not evicted, finds it in the events."""
+        braking = self.table.braking()
+        if braking == self._braking:
+            return
+        self._braking = braking
+        unhealthy = len(self.table.suspected())
+        members = len(self.table.members)
+        if braking:
+            self.stats["brake_engaged"] += 1
+            detail = (f"{unhealthy} of {members} members suspected at once: evicting at most "
+                      f"one per {self.table.suspicion_timeout:.0f}s")
+            log.warning("eviction brake on: %s", detail)
+            self._event(self.self_id, "eviction brake on", detail)
+        else:
+            self._event(self.self_id, "eviction brake off",
+                        f"{unhealthy} of {members} members suspected")
+            log.warning("eviction brake off")
 
     def lagging(self, now: float) -> bool:
         """Whether our own event loop woke late within the last stale window. A starved

@@ -22,6 +22,14 @@ suspecters sign in a rank order every node computes alike (a hash of suspecter a
 suspect), ``eviction_stagger`` apart, and a member that only heard of the suspicion
 signs only as a backup, after ``2 x suspicion_timeout``. The first eviction to arrive
 ends it for everyone (LEFT removes the member from this table).
+The eviction brake: many members suspected at once (more than ``brake_fraction`` of them,
+and more than ``brake_floor``) is rarely many independent crashes; it is this node's own
+trouble, a partition, or a federation overloaded as a whole, where every eviction makes a
+rejoin and more load (Kubernetes' node controller slows evictions in an unhealthy zone for
+the same reason). While the brake is on, suspects stay suspected (out of routing, free to
+refute) and at most one suspicion, the oldest, is confirmed per ``suspicion_timeout``, so
+nodes that really died are still evicted, one at a time; and suspicions are not published
+on the liveness topic (they still ride on probes).
 Updates (``suspect P@i``, ``alive P@i``) ride on probe messages; each is retransmitted a
 bounded number of times (SWIM's λ·log N), so dissemination costs nothing extra.
 Pure: no I/O, no clock reads.
@@ -76,12 +84,15 @@ class LivenessTable:
     max_multiplier: float = 4.0
     expected_confirmations: int = 3
     eviction_stagger: float = 1.0
+    brake_fraction: float = 0.1
+    brake_floor: int = 3
     incarnation: int = 0
     members: dict[str, Member] = field(default_factory=dict)
     _outbox: dict[str, tuple[Update, int]] = field(default_factory=dict)
     # Suspicions (peer, incarnation) already published to every node, by us or others.
     published: set[tuple[str, int]] = field(default_factory=set)
     refute_needed: bool = False
+    _braked_confirmation_at: float | None = None  # last confirmation while braking
 
     # -- membership ------------------------------------------------------------------
 
@@ -98,6 +109,12 @@ class LivenessTable:
         return frozenset(
             m.peer_id for m in self.members.values() if m.status is not Status.ALIVE
         )
+
+    def braking(self) -> bool:
+        """Whether the eviction brake is on (see the module docstring): more members are
+        suspected or confirmed than ``brake_floor`` and ``brake_fraction`` of them."""
+        unhealthy = sum(1 for m in self.members.values() if m.status is not Status.ALIVE)
+        return unhealthy > max(self.brake_floor, self.brake_fraction * len(self.members))
 
     # -- observations ------------------------------------------------------------------
 
@@ -140,7 +157,8 @@ class LivenessTable:
             return None
         key = (peer_id, member.incarnation)
         strong = connection_lost or len(member.suspecters) > 1
-        if key in self.published or self.self_id not in member.suspecters or not strong:
+        if (key in self.published or self.self_id not in member.suspecters or not strong
+                or self.braking()):
             return None
         self.published.add(key)
         return Update(peer_id, Status.SUSPECT, member.incarnation, by=self.self_id)
@@ -204,16 +222,22 @@ class LivenessTable:
         return False
 
     def expired_suspicions(self, now: float) -> list[str]:
-        """Suspects whose grace period ran out: mark them confirmed and return them."""
-        confirmed = []
-        for member in self.members.values():
-            if (member.status is Status.SUSPECT and member.suspected_at is not None
-                    and now - member.suspected_at >= self.timeout_for(member)):
-                member.status, member.suspected_at = Status.CONFIRMED, now
-                member.evict_at = now + self.eviction_delay(member)
-                self._enqueue(Update(member.peer_id, Status.CONFIRMED, member.incarnation))
-                confirmed.append(member.peer_id)
-        return confirmed
+        """Suspects whose grace period ran out: mark them confirmed and return them. While
+        the brake is on, only the oldest, and only once per ``suspicion_timeout``."""
+        expired = [m for m in self.members.values()
+                   if m.status is Status.SUSPECT and m.suspected_at is not None
+                   and now - m.suspected_at >= self.timeout_for(m)]
+        if expired and self.braking():
+            last = self._braked_confirmation_at
+            if last is not None and now - last < self.suspicion_timeout:
+                return []
+            self._braked_confirmation_at = now
+            expired = [min(expired, key=lambda m: (m.suspected_at, m.peer_id))]
+        for member in expired:
+            member.status, member.suspected_at = Status.CONFIRMED, now
+            member.evict_at = now + self.eviction_delay(member)
+            self._enqueue(Update(member.peer_id, Status.CONFIRMED, member.incarnation))
+        return [m.peer_id for m in expired]
 
     def eviction_delay(self, member: Member) -> float:
         """How long after confirming ``member`` this node waits before signing its eviction

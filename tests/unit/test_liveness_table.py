@@ -164,3 +164,47 @@ def test_larger_federations_give_a_suspect_longer_to_refute():
             t.apply(Update("p0", Status.SUSPECT, 0, by=suspecter), now=0.0)
     assert small.timeout_for(small.members["p0"]) == 5.0
     assert large.timeout_for(large.members["p0"]) == pytest.approx(5.0 * math.log10(128))
+
+
+def test_many_simultaneous_suspects_put_on_the_eviction_brake():
+    """More than 10 % of members (and more than 3) suspected at once is an overload, a
+    partition or our own trouble, not independent crashes."""
+    t = table(*[f"p{i}" for i in range(40)])
+    for i in range(4):
+        t.probe_failed(f"p{i}", now=0.0)
+    assert not t.braking()  # 4 is not more than 10 % of 40
+    t.probe_failed("p4", now=0.0)
+    assert t.braking()
+    small = table("a", "b", "c")  # a few members: the floor keeps the brake off
+    for peer in ("a", "b", "c"):
+        small.probe_failed(peer, now=0.0)
+    assert not small.braking()
+
+
+def test_while_braking_the_oldest_suspect_alone_is_confirmed_per_timeout():
+    t = table(*[f"p{i}" for i in range(20)], timeout=5.0)
+    for i in range(6):  # p0 suspected first, then one per second
+        t.probe_failed(f"p{i}", now=float(i))
+    lone = t.timeout_for(t.members["p5"])  # every suspicion here is a lone one
+    after_all = 5.0 + lone
+    assert t.expired_suspicions(now=after_all) == ["p0"]
+    assert t.suspected() == {f"p{i}" for i in range(6)}  # the others stay suspected
+    assert t.members["p1"].status is Status.SUSPECT
+    assert t.expired_suspicions(now=after_all + 4.9) == []
+    assert t.expired_suspicions(now=after_all + 5.0) == ["p1"]
+    # Evictions landing and refutations lift the brake; what then remains expired is
+    # confirmed at once.
+    t.sync_members({f"p{i}" for i in range(2, 20)}, now=after_all + 5.0)
+    for i in (2, 3):
+        assert t.apply(Update(f"p{i}", Status.ALIVE, 1, proof=b"sig"), now=after_all + 5.0,
+                       proof_valid=True)
+    assert not t.braking()
+    assert sorted(t.expired_suspicions(now=after_all + 5.1)) == ["p4", "p5"]
+
+
+def test_while_braking_suspicions_are_not_published():
+    t = table(*[f"p{i}" for i in range(20)])
+    for i in range(5):
+        t.probe_failed(f"p{i}", now=0.0)
+    assert t.braking()
+    assert t.suspicion_to_publish("p0", connection_lost=True) is None

@@ -8,7 +8,7 @@ import pytest
 import trio
 from libp2p.network.stream.exceptions import StreamEOF
 
-from otela.doctor import bootstrap_verdict, peer_verdict, self_verdict
+from otela.doctor import bootstrap_verdict, peer_verdict, render, self_verdict
 from otela.mesh.netlog import NetLog
 from otela.mesh.reachability import DialBackAnswer, _parse_ports, probe, reachability, verdict
 from otela.mesh.relay import circuit_addr, is_circuit
@@ -179,3 +179,12 @@ def test_peer_verdicts() -> None:
                "log": {"connection": "direct", "hole_punch": {"upgraded_to_direct": True,
                                                               "upgrade_after_s": 3.4}}}
     assert "hole punching upgraded it after 3.4s" in peer_verdict(punched)
+
+
+def test_doctor_shows_the_eviction_brake_only_when_it_is_on() -> None:
+    report: dict[str, Any] = {"self": {"peer_id": "me", "addrs": []}, "nat": {},
+                              "verdict": "ok", "liveness": {"eviction_brake": False}}
+    assert "eviction brake" not in render(report)
+    report["liveness"] = {"eviction_brake": True, "members": 40,
+                          "suspected": {f"p{i}": None for i in range(6)}}
+    assert "eviction brake on: 6 of 40 peers suspected at once" in render(report)
