@@ -14,7 +14,9 @@ shuffled list of connected ones. The peer is suspected only if all three paths f
 1. a direct ping (``/otela/swim/2.0.0``, on a long-lived stream: ``channels.py``) gets
    no ack within ``probe_timeout``;
 2. none of ``indirect_probes`` other members gets an ack when asked to ping it;
-3. nothing was heard from it (probe, gossip, anti-entropy) within ``stale_window``.
+3. nothing was heard from it within ``stale_window``: no probe or ack, no anti-entropy,
+   no gossip it published *or forwarded* to us (a busy peer on an overloaded machine
+   answers probes late but keeps forwarding gossip: it is slow, not dead).
 News rides on the probe messages themselves (see ``table.py``), so the detector sends
 O(1) messages per node per period whatever the federation's size. A suspect that hears
 of its suspicion raises its incarnation and spreads a *signed* ``alive`` (no one else
@@ -445,7 +447,10 @@ class FailureDetector:
                 log.debug("liveness publish failed: %s", exc)
 
     def _validate_news(self, forwarder: ID, message: Any) -> bool:
-        return bool(self.replica.admission.is_admitted(forwarder))
+        if not self.replica.admission.is_admitted(forwarder):
+            return False
+        self.table.heard_from(forwarder.to_base58(), self.clock())  # it is running
+        return True
 
     async def _receive_news(self, subscription: Any) -> None:
         while True:

@@ -27,9 +27,9 @@ and more than ``brake_floor``) is rarely many independent crashes; it is this no
 trouble, a partition, or a federation overloaded as a whole, where every eviction makes a
 rejoin and more load (Kubernetes' node controller slows evictions in an unhealthy zone for
 the same reason). While the brake is on, suspects stay suspected (out of routing, free to
-refute) and at most one suspicion, the oldest, is confirmed per ``suspicion_timeout``, so
-nodes that really died are still evicted, one at a time; and suspicions are not published
-on the liveness topic (they still ride on probes).
+refute) and at most one suspicion is confirmed per ``suspicion_timeout``, the same one at
+every node, so nodes that really died are still evicted, one at a time; and suspicions are
+not published on the liveness topic (they still ride on probes).
 Updates (``suspect P@i``, ``alive P@i``) ride on probe messages; each is retransmitted a
 bounded number of times (SWIM's λ·log N), so dissemination costs nothing extra.
 Pure: no I/O, no clock reads.
@@ -223,7 +223,10 @@ class LivenessTable:
 
     def expired_suspicions(self, now: float) -> list[str]:
         """Suspects whose grace period ran out: mark them confirmed and return them. While
-        the brake is on, only the oldest, and only once per ``suspicion_timeout``."""
+        the brake is on, only one per ``suspicion_timeout``, and the same one every node
+        picks from the same expired suspects (lowest hash of peer and incarnation): if each
+        picked its own, say its oldest, the federation as a whole would still evict one
+        per node per timeout."""
         expired = [m for m in self.members.values()
                    if m.status is Status.SUSPECT and m.suspected_at is not None
                    and now - m.suspected_at >= self.timeout_for(m)]
@@ -232,7 +235,7 @@ class LivenessTable:
             if last is not None and now - last < self.suspicion_timeout:
                 return []
             self._braked_confirmation_at = now
-            expired = [min(expired, key=lambda m: (m.suspected_at, m.peer_id))]
+            expired = [min(expired, key=lambda m: _rank("brake", f"{m.peer_id}@{m.incarnation}"))]
         for member in expired:
             member.status, member.suspected_at = Status.CONFIRMED, now
             member.evict_at = now + self.eviction_delay(member)

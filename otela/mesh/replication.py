@@ -56,8 +56,8 @@ class Replicator:
         self.clock = clock
         self.stats: Counter[str] = Counter()
         self._self_id: ID = mesh.host.get_id()
-        # Called with a peer id whenever that peer itself sent us something (the failure
-        # detector counts it as recent contact).
+        # Called with a peer id whenever that peer itself sent us something, gossip it only
+        # forwarded included (the failure detector counts it as recent contact).
         self.on_heard: Callable[[str], None] = lambda peer_id: None
 
     @property
@@ -113,6 +113,9 @@ class Replicator:
         if not self.admission.is_admitted(forwarder):
             self.stats["gossip_unadmitted"] += 1
             return False
+        # A peer that forwards us gossip is running, however slowly it answers probes: on
+        # an overloaded machine this is what keeps busy peers from being suspected.
+        self.on_heard(forwarder.to_base58())
         try:
             delta = decode(message.data)
             source = ID(message.from_id).to_base58()

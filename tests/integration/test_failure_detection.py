@@ -124,3 +124,39 @@ def test_routing_skips_a_suspected_node_before_it_is_evicted(federation):
         response = chat(ingress, "m")
         assert response.status_code == 200
         assert response.headers["x-otela-session-id"] == survivor.session_id
+
+
+def test_many_paused_nodes_are_evicted_one_at_a_time_and_the_rest_refute(federation):
+    """Half the federation stops answering at once (an overloaded machine, a stalled
+    file system): the eviction brake confirms one suspect per suspicion timeout instead of
+    evicting them all, so those that come back in time refute and keep their sessions."""
+    nodes = mesh(federation, 10, ["--probe-interval", "0.5s", "--suspicion-timeout", "6s"])
+    survivors, paused = nodes[:5], nodes[5:]
+    for node in paused:
+        os.kill(node.process.pid, signal.SIGSTOP)
+    sessions = {node.session_id for node in paused}
+
+    def evicted() -> set[str]:
+        return {s for s, state in survivors[0].states().items()
+                if s in sessions and state == "LEFT"}
+
+    try:
+        wait_for(lambda: evicted(), 60.0, "a first paused node to be evicted")
+    finally:
+        for node in paused:
+            os.kill(node.process.pid, signal.SIGCONT)
+    paused_ids = {node.status["peer_id"] for node in paused}
+    for observer in survivors:
+        # Each paused node either refuted or was evicted (then it leaves the table).
+        wait_for(lambda o=observer: not paused_ids & set(o.get("/v1/health")["suspected_peers"]),
+                 30.0, f"{observer.name} to clear its suspicions")
+        events = observer.get("/v1/network")["liveness"]["events"]
+        assert any(e["event"] == "eviction brake on" for e in events), observer.name
+    # Without the brake every paused node would have been confirmed within the same
+    # period; with it, at most the one (or, where survivors' views differed, two) chosen
+    # before the others came back.
+    gone = evicted()
+    assert 1 <= len(gone) <= 2
+    for node in paused:
+        if node.session_id not in gone:
+            assert survivors[0].states()[node.session_id] == "JOIN"

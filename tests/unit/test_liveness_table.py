@@ -181,25 +181,29 @@ def test_many_simultaneous_suspects_put_on_the_eviction_brake():
     assert not small.braking()
 
 
-def test_while_braking_the_oldest_suspect_alone_is_confirmed_per_timeout():
-    t = table(*[f"p{i}" for i in range(20)], timeout=5.0)
-    for i in range(6):  # p0 suspected first, then one per second
-        t.probe_failed(f"p{i}", now=float(i))
-    lone = t.timeout_for(t.members["p5"])  # every suspicion here is a lone one
-    after_all = 5.0 + lone
-    assert t.expired_suspicions(now=after_all) == ["p0"]
-    assert t.suspected() == {f"p{i}" for i in range(6)}  # the others stay suspected
-    assert t.members["p1"].status is Status.SUSPECT
-    assert t.expired_suspicions(now=after_all + 4.9) == []
-    assert t.expired_suspicions(now=after_all + 5.0) == ["p1"]
+def test_while_braking_one_suspect_per_timeout_is_confirmed_the_same_at_every_node():
+    peers = [f"p{i}" for i in range(20)]
+    first, second = table(*peers, timeout=5.0), table(*peers, timeout=5.0)
+    for i in range(6):  # suspected in opposite orders at the two nodes
+        first.probe_failed(f"p{i}", now=float(i))
+        second.probe_failed(f"p{5 - i}", now=float(i))
+    after_all = 5.0 + first.timeout_for(first.members["p5"])  # lone suspicions
+    chosen = first.expired_suspicions(now=after_all)
+    assert len(chosen) == 1 and second.expired_suspicions(now=after_all) == chosen
+    assert len(first.suspected()) == 6  # the others stay suspected (out of routing)
+    assert first.expired_suspicions(now=after_all + 4.9) == []
+    (then,) = first.expired_suspicions(now=after_all + 5.0)
+    assert then != chosen[0] and first.members[then].status is Status.CONFIRMED
     # Evictions landing and refutations lift the brake; what then remains expired is
     # confirmed at once.
-    t.sync_members({f"p{i}" for i in range(2, 20)}, now=after_all + 5.0)
-    for i in (2, 3):
-        assert t.apply(Update(f"p{i}", Status.ALIVE, 1, proof=b"sig"), now=after_all + 5.0,
-                       proof_valid=True)
-    assert not t.braking()
-    assert sorted(t.expired_suspicions(now=after_all + 5.1)) == ["p4", "p5"]
+    left = set(chosen) | {then}
+    first.sync_members(set(peers) - left, now=after_all + 5.0)
+    still = sorted(first.suspected())
+    for peer in still[:2]:
+        assert first.apply(Update(peer, Status.ALIVE, 1, proof=b"sig"), now=after_all + 5.0,
+                           proof_valid=True)
+    assert not first.braking()
+    assert sorted(first.expired_suspicions(now=after_all + 5.1)) == still[2:]
 
 
 def test_while_braking_suspicions_are_not_published():
