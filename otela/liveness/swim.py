@@ -142,6 +142,7 @@ class FailureDetector:
         self.channels = Channels(host, SWIM_PROTOCOL, self._pack, self._unpack)
         self._news_pending = trio.Event()  # set when a suspicion or refutation must go out
         self._synced_generation = -1
+        self._sessions: dict[str, set[str]] = {}  # live session ids per member
         self._broadcasts: list[list[Any]] = []  # first-hand news waiting to be published
         self.stats: dict[str, int] = {
             "probes": 0, "suspected": 0, "withheld": 0, "evicted": 0, "refuted": 0,
@@ -176,6 +177,7 @@ class FailureDetector:
             "incarnation": self.table.incarnation,
             "local_health": self.local_health,
             "eviction_brake": self._braking,
+            "gossip_lag_s": round(self._gossip_lag(), 3),
             "members": len(self.table.members),
             "stats": dict(self.stats),
             "events": list(self.events),
@@ -231,6 +233,7 @@ class FailureDetector:
                 self.watch.decided(target)
             now = self.clock()
             self._watch_brake()
+            self.table.dissemination_delay = self._gossip_lag()
             if not self.lagging(now):  # irreversible steps wait until we can trust our view
                 for peer_id in self.table.expired_suspicions(now):
                     self._event(peer_id, "confirmed",
@@ -243,6 +246,10 @@ class FailureDetector:
             if self.clock() - before - asked > self.config.probe_interval / 2:
                 self._late_at = self.clock()  # our own event loop is late: we are the slow one
                 self._health(+1)
+
+    def _gossip_lag(self) -> float:
+        replicator = self.replica.replicator
+        return float(replicator.gossip_lag.value(replicator.clock()))
 
     def _watch_brake(self) -> None:
         """Record when the eviction brake goes on or off: an operator asking why a dead
@@ -478,10 +485,16 @@ class FailureDetector:
             return
         self._synced_generation = self.replica.registry.generation
         peers: dict[str, tuple[str, ...]] = {}
+        sessions: dict[str, set[str]] = {}
         for record in self.replica.registry:
             if record.state is not Lifecycle.LEFT and record.peer_id != self.self_id:
                 peers[record.peer_id] = record.addrs
+                sessions.setdefault(record.peer_id, set()).add(record.session_id)
         now = self.clock()
+        for peer_id, ids in sessions.items():
+            if ids - self._sessions.get(peer_id, ids):
+                self.table.new_session(peer_id, now)  # it rejoined after an eviction
+        self._sessions = sessions
         self.table.sync_members(set(peers), now)
         self.round_trips.forget_except(set(peers))
         self._suspected_since = {p: t for p, t in self._suspected_since.items()

@@ -21,14 +21,18 @@ off cascades of false suspicions in 64-node federations on 2 cores. So first-han
 suspecters sign in a rank order every node computes alike (a hash of suspecter and
 suspect), ``eviction_stagger`` apart, and a member that only heard of the suspicion
 signs only as a backup, after ``2 x suspicion_timeout``. The first eviction to arrive
-ends it for everyone (LEFT removes the member from this table).
+ends it for everyone (LEFT removes the member from this table). Both waits grow with the
+measured ``dissemination_delay`` (how late gossip arrives): when gossip runs minutes
+behind on an overloaded federation, a fixed stagger had each live-but-slow suspect evicted
+by twenty or more members, every one of those evictions another flood.
 The eviction brake: many members suspected at once (more than ``brake_fraction`` of them,
 and more than ``brake_floor``) is rarely many independent crashes; it is this node's own
 trouble, a partition, or a federation overloaded as a whole, where every eviction makes a
 rejoin and more load (Kubernetes' node controller slows evictions in an unhealthy zone for
 the same reason). While the brake is on, suspects stay suspected (out of routing, free to
-refute) and at most one suspicion is confirmed per ``suspicion_timeout``, the same one at
-every node, so nodes that really died are still evicted, one at a time; and suspicions are
+refute) and a suspicion is confirmed only when no other confirmed member awaits its
+eviction and none was confirmed within ``suspicion_timeout``, and it is the same one at
+every node: nodes that really died are still evicted, one at a time; and suspicions are
 not published on the liveness topic (they still ride on probes).
 Updates (``suspect P@i``, ``alive P@i``) ride on probe messages; each is retransmitted a
 bounded number of times (SWIM's λ·log N), so dissemination costs nothing extra.
@@ -40,7 +44,10 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
+
+RETIRED_KEPT = 4096  # retired peers whose incarnation floor is remembered
 
 
 def _rank(suspecter: str, suspect: str) -> bytes:
@@ -84,6 +91,7 @@ class LivenessTable:
     max_multiplier: float = 4.0
     expected_confirmations: int = 3
     eviction_stagger: float = 1.0
+    dissemination_delay: float = 0.0  # how late gossip arrives here (set by the caller)
     brake_fraction: float = 0.1
     brake_floor: int = 3
     incarnation: int = 0
@@ -92,18 +100,41 @@ class LivenessTable:
     # Suspicions (peer, incarnation) already published to every node, by us or others.
     published: set[tuple[str, int]] = field(default_factory=set)
     refute_needed: bool = False
-    _braked_confirmation_at: float | None = None  # last confirmation while braking
+    _last_confirmation_at: float | None = None  # ours or one we heard of
+    _braked_at: float | None = None  # when the brake was last seen on
+    # Per retired peer: the lowest incarnation whose news is new (see ``_retire``).
+    _floors: OrderedDict[str, int] = field(default_factory=OrderedDict)
 
     # -- membership ------------------------------------------------------------------
 
     def sync_members(self, peer_ids: set[str], now: float) -> None:
         """Track exactly the peers the registry lists as not LEFT (ourselves excluded)."""
         for peer_id in peer_ids - set(self.members) - {self.self_id}:
-            self.members[peer_id] = Member(peer_id, last_heard=now)
+            self.members[peer_id] = Member(peer_id, self._floors.pop(peer_id, 0), last_heard=now)
         for peer_id in set(self.members) - peer_ids:
-            del self.members[peer_id]
-            self._outbox.pop(peer_id, None)
+            self._retire(self.members.pop(peer_id))
         self.published = {key for key in self.published if key[0] in self.members}
+
+    def new_session(self, peer_id: str, now: float) -> None:
+        """``peer_id`` rejoined under a new session (it learned of its eviction while
+        alive): start afresh, or the confirmation that evicted its old session would
+        evict the new one too."""
+        member = self.members.get(peer_id)
+        if member is not None and member.status is not Status.ALIVE:
+            self._retire(member)
+            self.members[peer_id] = Member(peer_id, self._floors.pop(peer_id), last_heard=now)
+            self.published = {key for key in self.published if key[0] != peer_id}
+
+    def _retire(self, member: Member) -> None:
+        """Forget a member's news, but remember past which incarnation news of it is new:
+        suspicions and confirmations of the old session still circulate on probes, and
+        must not strike the peer when it comes back."""
+        self._outbox.pop(member.peer_id, None)
+        floor = member.incarnation + (0 if member.status is Status.ALIVE else 1)
+        self._floors[member.peer_id] = floor
+        self._floors.move_to_end(member.peer_id)
+        while len(self._floors) > RETIRED_KEPT:
+            self._floors.popitem(last=False)
 
     def suspected(self) -> frozenset[str]:
         return frozenset(
@@ -216,26 +247,42 @@ class LivenessTable:
             return True
         if update.incarnation >= member.incarnation:  # CONFIRMED by another member
             member.status, member.suspected_at = Status.CONFIRMED, now
-            member.evict_at = now + 2 * self.suspicion_timeout  # theirs should land first
+            member.evict_at = now + self.backup_delay()  # theirs should land first
+            self._last_confirmation_at = now
             self._enqueue(update)
             return True
         return False
 
     def expired_suspicions(self, now: float) -> list[str]:
         """Suspects whose grace period ran out: mark them confirmed and return them. While
-        the brake is on, only one per ``suspicion_timeout``, and the same one every node
-        picks from the same expired suspects (lowest hash of peer and incarnation): if each
-        picked its own, say its oldest, the federation as a whole would still evict one
-        per node per timeout."""
+        the brake is on, and for a ``suspicion_timeout`` after it lifts (the refutations
+        that lift it arrive together, and the last may be a moment behind), only one at a
+        time, the one every node picks alike (see below): if each picked its own, say its
+        oldest, the federation as a whole would still evict one per node per timeout."""
         expired = [m for m in self.members.values()
                    if m.status is Status.SUSPECT and m.suspected_at is not None
                    and now - m.suspected_at >= self.timeout_for(m)]
-        if expired and self.braking():
-            last = self._braked_confirmation_at
-            if last is not None and now - last < self.suspicion_timeout:
+        if self.braking():
+            self._braked_at = now
+        recently = self._braked_at is not None and now - self._braked_at < self.suspicion_timeout
+        if expired and recently:
+            # One eviction in flight at a time, federation-wide: nothing new while a
+            # confirmed member awaits its eviction or within a timeout of the last
+            # confirmation, ours or one we heard of.
+            last = self._last_confirmation_at
+            if (any(m.status is Status.CONFIRMED for m in self.members.values())
+                    or (last is not None and now - last < self.suspicion_timeout)):
                 return []
-            self._braked_confirmation_at = now
-            expired = [min(expired, key=lambda m: _rank("brake", f"{m.peer_id}@{m.incarnation}"))]
+            # The head of one queue that every node orders alike (by a hash of peer and
+            # incarnation) over all suspects, not only the expired ones: expiry times
+            # differ from node to node, suspect lists much less.
+            head = min((m for m in self.members.values() if m.status is Status.SUSPECT),
+                       key=lambda m: _rank("brake", f"{m.peer_id}@{m.incarnation}"))
+            if head not in expired:
+                return []
+            expired = [head]
+        if expired:
+            self._last_confirmation_at = now
         for member in expired:
             member.status, member.suspected_at = Status.CONFIRMED, now
             member.evict_at = now + self.eviction_delay(member)
@@ -247,18 +294,23 @@ class LivenessTable:
         (see the module docstring): rank x stagger for a first-hand suspecter, the backup
         delay for everyone else."""
         if self.self_id not in member.suspecters:
-            return 2 * self.suspicion_timeout
+            return self.backup_delay()
         ranked = sorted(member.suspecters, key=lambda p: _rank(p, member.peer_id))
-        return ranked.index(self.self_id) * self.eviction_stagger
+        stagger = self.eviction_stagger + 2 * self.dissemination_delay
+        return ranked.index(self.self_id) * stagger
+
+    def backup_delay(self) -> float:
+        """How long a member waits for someone else's eviction before signing its own."""
+        return 2 * self.suspicion_timeout + 4 * self.dissemination_delay
 
     def due_evictions(self, now: float) -> list[str]:
         """Confirmed peers whose eviction this node should sign now. Each is due again
-        after ``2 x suspicion_timeout`` in case no eviction (ours or another's) lands."""
+        after the backup delay in case no eviction (ours or another's) lands."""
         due = []
         for member in self.members.values():
             if (member.status is Status.CONFIRMED and member.evict_at is not None
                     and now >= member.evict_at):
-                member.evict_at = now + 2 * self.suspicion_timeout
+                member.evict_at = now + self.backup_delay()
                 due.append(member.peer_id)
         return due
 

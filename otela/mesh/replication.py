@@ -40,6 +40,31 @@ AE_PROTOCOL = TProtocol("/otela/registry/ae/1.0.0")
 AE_TIMEOUT_S = 10.0
 
 
+class GossipLag:
+    """How late gossip arrives here: a moving average of (applied - signed) over the deltas
+    that changed the registry, fading by half every ``HALF_LIFE_S`` without news. Near
+    zero in a healthy federation (tens of ms); seconds to minutes when gossip queues back
+    up on an overloaded one, which the failure detector must allow for (``table.py``)."""
+
+    WEIGHT = 0.25
+    CAP_S = 120.0  # a wildly skewed clock must not stall evictions for longer
+    HALF_LIFE_S = 30.0
+
+    def __init__(self) -> None:
+        self._value = 0.0
+        self._at: float | None = None
+
+    def observe(self, lag: float, now: float) -> None:
+        sample = min(self.CAP_S, max(0.0, lag))
+        self._value = self.value(now) + self.WEIGHT * (sample - self.value(now))
+        self._at = now
+
+    def value(self, now: float) -> float:
+        if self._at is None:
+            return 0.0
+        return self._value * 0.5 ** (max(0.0, now - self._at) / self.HALF_LIFE_S)
+
+
 class Replicator:
     def __init__(
         self,
@@ -59,6 +84,7 @@ class Replicator:
         # Called with a peer id whenever that peer itself sent us something, gossip it only
         # forwarded included (the failure detector counts it as recent contact).
         self.on_heard: Callable[[str], None] = lambda peer_id: None
+        self.gossip_lag = GossipLag()
 
     @property
     def trust(self) -> Trust:
@@ -87,7 +113,10 @@ class Replicator:
             try:
                 item = verify(envelope, trust, now)
                 if isinstance(item, Entry):
-                    changed += self.registry.apply(item, now)
+                    applied = self.registry.apply(item, now)
+                    if applied and source == "gossip":
+                        self.gossip_lag.observe(now - item.updated_at, now)
+                    changed += applied
                 elif self.registry.add_revocation(item[0], item[1], now):
                     changed += 1
                     self.admission.on_revocation(item[0])

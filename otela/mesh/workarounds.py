@@ -14,6 +14,12 @@ Applied once, on import of ``otela.mesh.host`` (see docs/mesh.md for the table):
   for ``RECORD_REUSE_S`` seconds, and a receiver verifies each distinct (record, sender)
   pair once; a record that fails verification is still rejected, as before. (otela
   learns addresses from its signed registry, not from these records.)
+- Replay of the message cache to every new subscriber: on each new connection py-libp2p
+  sends the peer every message of its last few heartbeats, one RPC each (a guard for
+  messages published while the connection was being set up). Under connection churn this
+  multiplied the cost of each reconnection: ~12 % of a node's CPU, by py-spy, in a
+  128-node federation after an overload. otela does not need it: a registry delta missed
+  on one link arrives on the others or by anti-entropy, and liveness news rides on probes.
 """
 
 from __future__ import annotations
@@ -49,6 +55,11 @@ def apply() -> None:
     for module in (_pubsub, _gossipsub):
         module.env_to_send_in_RPC = reuse  # type: ignore[attr-defined]
         module.maybe_consume_signed_record = once  # type: ignore[attr-defined]
+    _pubsub.Pubsub._replay_recent_messages = _no_replay  # type: ignore[method-assign]
+
+
+async def _no_replay(self: Any, peer_id: Any, topic: str) -> None:
+    """Stands in for ``Pubsub._replay_recent_messages`` (see the module docstring)."""
 
 
 def _reused_record(build: Any) -> Any:

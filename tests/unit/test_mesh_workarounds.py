@@ -1,5 +1,6 @@
 """The process-wide py-libp2p adjustments keep their guarantees while saving work."""
 
+import inspect
 import os
 
 import libp2p.pubsub.gossipsub as gossipsub
@@ -26,6 +27,9 @@ def test_workarounds_are_installed_where_pubsub_looks_them_up():
     assert gossipsub.env_to_send_in_RPC.__name__ == "env_to_send_in_rpc"
     assert gossipsub.maybe_consume_signed_record is pubsub.maybe_consume_signed_record
     assert os.environ["PY_YAMUX_RELEASE_ON_READ"] == "0"
+    # The replay to new subscribers is switched off where pubsub still calls it.
+    assert pubsub.Pubsub._replay_recent_messages is workarounds._no_replay
+    assert "self._replay_recent_messages" in inspect.getsource(pubsub.Pubsub)
 
 
 def test_a_host_reuses_its_signed_record_instead_of_rebuilding_it_per_rpc():

@@ -1,13 +1,15 @@
-"""Gossip forwarded by a peer counts as contact with it (the detector's third path)."""
+"""What replication tells the failure detector: contact with forwarders (its third probe
+path) and how late gossip arrives (its eviction waits)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
-from otela.mesh.replication import Replicator
+from otela.mesh.replication import GossipLag, Replicator
 
 
 def peer() -> ID:
@@ -45,3 +47,17 @@ def test_an_unadmitted_forwarder_is_not_contact() -> None:
     rep, heard = replicator(set())
     assert not rep._validate_gossip(stranger, SimpleNamespace(data=b"", from_id=b""))
     assert heard == []
+
+
+def test_gossip_lag_follows_late_deltas_and_fades_without_news() -> None:
+    lag = GossipLag()
+    assert lag.value(0.0) == 0.0
+    for _ in range(20):
+        lag.observe(40.0, now=100.0)  # deltas signed 40 s before we applied them
+    assert lag.value(100.0) == pytest.approx(40.0, rel=0.01)
+    assert lag.value(130.0) == pytest.approx(20.0, rel=0.01)  # half-life 30 s
+    lag.observe(-5.0, now=130.0)  # a signer's clock ahead of ours counts as no delay
+    assert lag.value(130.0) < 20.0
+    wild = GossipLag()
+    wild.observe(10_000.0, now=0.0)  # a badly skewed clock is capped
+    assert wild.value(0.0) <= GossipLag.CAP_S
