@@ -262,8 +262,8 @@ class FailureDetector:
         members = len(self.table.members)
         if braking:
             self.stats["brake_engaged"] += 1
-            detail = (f"{unhealthy} of {members} members suspected at once: evicting at most "
-                      f"one per {self.table.suspicion_timeout:.0f}s")
+            detail = (f"{unhealthy} of {members} members suspected at once: evicting one "
+                      "at a time")
             log.warning("eviction brake on: %s", detail)
             self._event(self.self_id, "eviction brake on", detail)
         else:

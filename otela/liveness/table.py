@@ -29,11 +29,13 @@ The eviction brake: many members suspected at once (more than ``brake_fraction``
 and more than ``brake_floor``) is rarely many independent crashes; it is this node's own
 trouble, a partition, or a federation overloaded as a whole, where every eviction makes a
 rejoin and more load (Kubernetes' node controller slows evictions in an unhealthy zone for
-the same reason). While the brake is on, suspects stay suspected (out of routing, free to
-refute) and a suspicion is confirmed only when no other confirmed member awaits its
-eviction and none was confirmed within ``suspicion_timeout``, and it is the same one at
-every node: nodes that really died are still evicted, one at a time; and suspicions are
-not published on the liveness topic (they still ride on probes).
+the same reason). While the brake is on (and a ``suspicion_timeout`` after), suspects stay
+suspected (out of routing, free to refute) and a suspicion is confirmed only when no other
+confirmed member awaits its eviction and none was confirmed within ``suspicion_timeout``,
+and it is the same one at every node: nodes that really died are still evicted, one at a
+time; and suspicions are not published on the liveness topic (they still ride on probes).
+A peer that rejoins under a new session after an eviction starts afresh, past the
+incarnation of the news that evicted it (``new_session``, ``_retire``).
 Updates (``suspect P@i``, ``alive P@i``) ride on probe messages; each is retransmitted a
 bounded number of times (SWIM's λ·log N), so dissemination costs nothing extra.
 Pure: no I/O, no clock reads.
