@@ -13,6 +13,10 @@ from .netns import Lan, ensure_iptables
 
 pytestmark = pytest.mark.slow
 
+# Eviction takes ~10 s here, but a node that finds itself overloaded (a loaded CI machine)
+# stretches its timeouts by up to 9x before accusing anyone: this deadline allows for that.
+EVICT_S = 180.0
+
 
 @pytest.fixture
 def lan() -> Iterator[Lan]:
@@ -54,7 +58,7 @@ def test_each_half_keeps_routing_and_registries_converge_after_healing(
         for i in mine:
             wait_for(lambda i=i, theirs=theirs: all(
                 nodes[i].states().get(nodes[j].session_id) == "LEFT" for j in theirs),
-                60.0, f"h{i} to evict the other half")
+                EVICT_S, f"h{i} to evict the other half")
             for _ in range(6):
                 response = chat(nodes[i], "shared")
                 assert response.status_code == 200
