@@ -56,7 +56,8 @@ class GossipLag:
 
     def observe(self, lag: float, now: float) -> None:
         sample = min(self.CAP_S, max(0.0, lag))
-        self._value = self.value(now) + self.WEIGHT * (sample - self.value(now))
+        current = self.value(now)
+        self._value = current + self.WEIGHT * (sample - current)
         self._at = now
 
     def value(self, now: float) -> float:
