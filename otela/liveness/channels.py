@@ -6,11 +6,7 @@ under CPU starvation (many daemons on few cores) is what made probes time out. H
 node keeps one outbound stream per peer it probes; every frame is a msgpack map with a
 request id ``i`` that the reply echoes, so replies may come back in any order and a late
 reply to a request that already timed out is simply dropped. A broken stream is
-forgotten and reopened on the next request. Opening one runs in a task of its own, not
-under the request's timeout: on an overloaded machine negotiating a stream can take
-longer than a probe's timeout, and when each timed-out probe cancelled its half-done
-negotiation, the next one started it over (the largest single opener of new streams in
-a saturated 128-node federation, by py-spy), so the stream never got established.
+forgotten and reopened on the next request.
 
 The serving side answers each request on the stream it came in on; requests that take
 time (asking a third peer) run concurrently, so one slow target never delays the acks
@@ -33,7 +29,6 @@ from otela.mesh.framing import read_frame, write_frame
 log = logging.getLogger("otela.liveness")
 
 MAX_MESSAGE_BYTES = 64 * 1024
-OPEN_TIMEOUT_S = 10.0  # how long one attempt to open a channel may take
 
 Pack = Callable[[dict[str, Any]], bytes]
 Unpack = Callable[[str, bytes], dict[str, Any]]
@@ -58,7 +53,7 @@ class Channels:
         self.pack = pack  # adds piggybacked news to every frame we send
         self.unpack = unpack  # applies the news in every frame we receive
         self._channels: dict[str, _Channel] = {}
-        self._opening: dict[str, trio.Event] = {}  # set when the attempt is over
+        self._opening: dict[str, trio.Lock] = {}
         self._ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self.stats = {"streams_opened": 0, "streams_broken": 0}
@@ -98,36 +93,21 @@ class Channels:
         return None
 
     async def _channel(self, peer: str) -> _Channel:
-        """The open channel to ``peer``, waiting for one attempt to open it if needed
-        (concurrent requests share it); raises ConnectionError if that attempt failed."""
         channel = self._channels.get(peer)
         if channel is not None and not channel.broken:
             return channel
-        attempt = self._opening.get(peer)
-        if attempt is None:
+        lock = self._opening.setdefault(peer, trio.Lock())
+        async with lock:  # concurrent requests to one peer open one stream
+            channel = self._channels.get(peer)
+            if channel is not None and not channel.broken:
+                return channel
+            stream = await self.host.new_stream(ID.from_base58(peer), [self.protocol])
+            channel = _Channel(peer, stream)
+            self._channels[peer] = channel
+            self.stats["streams_opened"] += 1
             assert self._nursery is not None, "run() first"
-            attempt = self._opening[peer] = trio.Event()
-            self._nursery.start_soon(self._open, peer, attempt)
-        await attempt.wait()
-        channel = self._channels.get(peer)
-        if channel is None or channel.broken:
-            raise ConnectionError(f"could not open a swim stream to {peer}")
-        return channel
-
-    async def _open(self, peer: str, attempt: trio.Event) -> None:
-        try:
-            with trio.move_on_after(OPEN_TIMEOUT_S):
-                stream = await self.host.new_stream(ID.from_base58(peer), [self.protocol])
-                channel = _Channel(peer, stream)
-                self._channels[peer] = channel
-                self.stats["streams_opened"] += 1
-                assert self._nursery is not None
-                self._nursery.start_soon(self._read_replies, channel)
-        except Exception as exc:  # unreachable peers fail in many transport-specific ways
-            log.debug("opening a swim stream to %s failed: %s", peer, exc)
-        finally:
-            del self._opening[peer]
-            attempt.set()
+            self._nursery.start_soon(self._read_replies, channel)
+            return channel
 
     async def _read_replies(self, channel: _Channel) -> None:
         try:
