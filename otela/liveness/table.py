@@ -268,21 +268,7 @@ class LivenessTable:
             self._braked_at = now
         recently = self._braked_at is not None and now - self._braked_at < self.suspicion_timeout
         if expired and recently:
-            # One eviction in flight at a time, federation-wide: nothing new while a
-            # confirmed member awaits its eviction or within a timeout of the last
-            # confirmation, ours or one we heard of.
-            last = self._last_confirmation_at
-            if (any(m.status is Status.CONFIRMED for m in self.members.values())
-                    or (last is not None and now - last < self.suspicion_timeout)):
-                return []
-            # The head of one queue that every node orders alike (by a hash of peer and
-            # incarnation) over all suspects, not only the expired ones: expiry times
-            # differ from node to node, suspect lists much less.
-            head = min((m for m in self.members.values() if m.status is Status.SUSPECT),
-                       key=lambda m: _rank("brake", f"{m.peer_id}@{m.incarnation}"))
-            if head not in expired:
-                return []
-            expired = [head]
+            expired = self._one_at_a_time(expired, now)
         if expired:
             self._last_confirmation_at = now
         for member in expired:
@@ -290,6 +276,22 @@ class LivenessTable:
             member.evict_at = now + self.eviction_delay(member)
             self._enqueue(Update(member.peer_id, Status.CONFIRMED, member.incarnation))
         return [m.peer_id for m in expired]
+
+    def _one_at_a_time(self, expired: list[Member], now: float) -> list[Member]:
+        """Of the expired suspects, the one to confirm now while braking, if any."""
+        # One eviction in flight at a time, federation-wide: nothing new while a confirmed
+        # member awaits its eviction or within a timeout of the last confirmation, ours or
+        # one we heard of.
+        last = self._last_confirmation_at
+        if (any(m.status is Status.CONFIRMED for m in self.members.values())
+                or (last is not None and now - last < self.suspicion_timeout)):
+            return []
+        # The head of one queue that every node orders alike (by a hash of peer and
+        # incarnation) over all suspects, not only the expired ones: expiry times differ
+        # from node to node, suspect lists much less.
+        head = min((m for m in self.members.values() if m.status is Status.SUSPECT),
+                   key=lambda m: _rank("brake", f"{m.peer_id}@{m.incarnation}"))
+        return [head] if head in expired else []
 
     def eviction_delay(self, member: Member) -> float:
         """How long after confirming ``member`` this node waits before signing its eviction
