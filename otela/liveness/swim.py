@@ -6,8 +6,10 @@ messages (SWIM's piggybacking), and first-hand suspicions backed by strong evide
 connection dropped, or a second member suspects it too) are also published on the
 ``otela/liveness/1`` GossipSub topic, so that every node (and every ingress) stops routing
 to a crashed node within milliseconds, not after an epidemic of probe rounds; a refutation
-is published when the suspicion was. Probe timeouts follow each peer's measured round
-trips (``rtt.py``).
+is published when the suspicion was. A few members picked alike everywhere then probe a
+published suspect first-hand, whether they watch it or not, so that a crash one neighbour
+saw gets the independent confirmations that shorten its timeout (``table.py``). Probe
+timeouts follow each peer's measured round trips (``rtt.py``).
 
 Per period a node probes one watched peer: lost neighbours first, then round robin over a
 shuffled list of connected ones. The peer is suspected only if all three paths fail:
@@ -400,7 +402,13 @@ class FailureDetector:
                  and member is not None and update.incarnation > member.incarnation
                  and self._verify_alive(update))
         was_suspect = update.peer_id in self.table.suspected()
-        if not self.table.apply(update, now, proof_valid=valid):
+        changed = self.table.apply(update, now, proof_valid=valid)
+        if published and update.status is Status.SUSPECT and self.table.should_verify(
+                update.peer_id) and update.peer_id not in self.watch.lost:
+            self.watch.verify(update.peer_id, now)
+            self._event(update.peer_id, "verifying",
+                        f"{source} published a suspicion; probing it first-hand")
+        if not changed:
             return
         if update.status is Status.SUSPECT:
             self._event(update.peer_id, "suspected", f"reported by {source}")

@@ -14,6 +14,13 @@ one that ``expected_confirmations`` further members raised independently waits
 connection and is suspected by all of them at once, so it is evicted as fast as before;
 a node that only one overloaded neighbour could not reach gets several times longer to
 hear of it and refute.
+Verification: a crashed node that only one member was connected to (peering keeps a few
+random connections, and a node that crashes seconds after joining may have just the one
+to its bootstrap peer) would be suspected by that member alone and wait the longest
+timeout. So when a suspicion is published (strong evidence: a dropped connection or two
+suspecters), ``expected_confirmations + 1`` members chosen by a hash of member and suspect
+probe the suspect themselves; their failures are the independent confirmations a crash
+deserves, and a constant number of probes per suspicion, whatever the federation's size.
 Who signs the eviction: every member holding a suspicion confirms it at about the same
 moment. If each then signed an eviction, one death (or one false suspicion under load)
 would flood N evictions, each delivered to N nodes: N² messages, the very load that set
@@ -45,6 +52,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -196,6 +204,20 @@ class LivenessTable:
         self.published.add(key)
         return Update(peer_id, Status.SUSPECT, member.incarnation, by=self.self_id)
 
+    def should_verify(self, peer_id: str) -> bool:
+        """Whether this node should probe a suspect it heard of first-hand (see the module
+        docstring): it is one of the ``expected_confirmations + 1`` members that every node
+        picks alike for this suspect, and has not suspected it itself yet."""
+        member = self.members.get(peer_id)
+        if (member is None or member.status is not Status.SUSPECT
+                or self.self_id in member.suspecters):
+            return False
+        voters = [p for p in self.members if p != peer_id]
+        voters.append(self.self_id)
+        chosen = heapq.nsmallest(self.expected_confirmations + 1, voters,
+                                 key=lambda p: _rank(p, f"verify|{peer_id}"))
+        return self.self_id in chosen
+
     def published_elsewhere(self, peer_id: str, incarnation: int) -> None:
         """Another member published this suspicion to everyone: we need not."""
         self.published.add((peer_id, incarnation))
@@ -249,7 +271,10 @@ class LivenessTable:
             return True
         if update.incarnation >= member.incarnation:  # CONFIRMED by another member
             member.status, member.suspected_at = Status.CONFIRMED, now
-            member.evict_at = now + self.backup_delay()  # theirs should land first
+            # Theirs should land first, unless we are a first-hand suspecter ranked to sign
+            # early: a member that only heard of the suspicion may confirm a moment before
+            # we do, and its news must not hold our signature back by the backup delay.
+            member.evict_at = now + self.eviction_delay(member)
             self._last_confirmation_at = now
             self._enqueue(update)
             return True

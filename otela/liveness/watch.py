@@ -13,6 +13,9 @@ Two races are closed: a connection that opened and closed between two observatio
 reported by the caller in ``appeared`` (from libp2p's connection notifications), and a
 peer lost before its registry record reached us stays pending for ``PENDING_S``, so a node
 that joins and crashes within a second is still detected.
+
+A suspect we were picked to verify (``verify``) is probed next in the same way, connected
+to us or not.
 """
 
 from __future__ import annotations
@@ -62,6 +65,18 @@ class NeighbourWatch:
     def decided(self, peer_id: str) -> None:
         """A probe reached ``peer_id`` (or it is now suspected): no longer lost."""
         self.lost.pop(peer_id, None)
+
+    def verify(self, peer_id: str, now: float) -> None:
+        """Probe ``peer_id`` next: we were picked to check a suspicion of it first-hand
+        (``LivenessTable.should_verify``). Not connected to it, we treat it as lost (probed
+        until a probe decides); connected, it goes to the front of the round."""
+        if peer_id in self.neighbours:
+            if peer_id in self._order:
+                self._order.remove(peer_id)
+            self._order.append(peer_id)
+        elif peer_id not in self.lost:
+            self.lost[peer_id] = float("-inf")  # never probed: ahead of every lost peer
+            self._lost_at[peer_id] = now
 
     def watched(self) -> set[str]:
         return (self.neighbours | set(self.lost)) & self._watchable

@@ -63,6 +63,34 @@ def test_confirmation_heard_from_others_makes_us_only_a_backup_evicter():
     assert t.due_evictions(now=11.0) == ["a"]
 
 
+def test_a_confirmation_heard_first_does_not_hold_back_a_first_hand_suspecter():
+    """A member that only heard of the suspicion may confirm a moment before we do; we
+    suspected first-hand and rank first, so we still sign at once, not after the backup."""
+    t = table("a", "b", timeout=5.0)
+    t.probe_failed("a", now=0.0)
+    assert t.apply(Update("a", Status.CONFIRMED, 0), now=19.9)
+    assert t.due_evictions(now=19.9) == ["a"]
+
+
+def test_a_published_suspicion_is_verified_by_the_same_few_members_everywhere():
+    """A crash seen by one neighbour only: a constant number of members, the same at every
+    node, probe the suspect first-hand, so its confirmations do not depend on who happened
+    to be connected to it."""
+    members = ["dead", "bootstrap", *(f"n{i}" for i in range(30))]
+    verifiers = set()
+    for who in members[1:]:
+        t = LivenessTable(who, suspicion_timeout=5.0, expected_confirmations=3)
+        t.sync_members(set(members), now=0.0)
+        assert not t.should_verify("dead")  # nobody suspects it yet
+        t.apply(Update("dead", Status.SUSPECT, 0, by="bootstrap"), now=1.0)
+        if t.should_verify("dead"):
+            verifiers.add(who)
+            t.probe_failed("dead", now=2.0)
+            assert not t.should_verify("dead")  # our voice is in: nothing left to check
+    assert 3 <= len(verifiers) <= 4  # 4 picked; the bootstrap suspects already
+    assert "bootstrap" not in verifiers
+
+
 def test_independent_suspicions_shorten_the_grace_period():
     """Lifeguard: a node every neighbour lost is evicted after the base timeout; one only
     a single (perhaps overloaded) member suspects gets several times longer to refute."""

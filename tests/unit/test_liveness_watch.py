@@ -86,3 +86,15 @@ def test_connections_to_non_members_are_never_probed():
     w = watch()
     w.observe({"stranger"}, MEMBERS, MEMBERS | {"stranger"}, now=0.0)
     assert w.next_target(now=1.0) is None
+
+
+def test_a_suspect_to_verify_is_probed_next_connected_or_not():
+    w = watch("a", "b")
+    w.observe({"a", "b"}, MEMBERS, MEMBERS, now=1.0)
+    w.verify("c", now=1.0)  # not connected: probed like a lost neighbour, until decided
+    assert w.next_target(now=2.0) == "c"
+    assert w.next_target(now=3.0) == "c"
+    w.decided("c")
+    probed = w.next_target(now=4.0)  # one of a, b; the other is still due this pass
+    w.verify(probed, now=4.0)  # connected: jumps to the front of the round
+    assert w.next_target(now=5.0) == probed
