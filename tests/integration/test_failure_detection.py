@@ -60,13 +60,14 @@ def test_a_killed_node_is_suspected_everywhere_then_evicted(federation):
     left_after = time.monotonic() - killed_at
     # Bounds: detection needs a probe round (0.5 s period, 0.5 s timeout, indirect probes,
     # 1.5 s without contact); eviction adds the 3 s suspicion timeout plus dissemination
-    # (measured 4.6-6.2 s). The victim joined last and may be connected to the bootstrap
-    # node only: then the members picked to verify the published suspicion supply the
-    # independent confirmations, without which a lone suspicion waits 4 x 3 s.
+    # (measured 4.6-6.2 s; with two suspecters known, a node waits 7.5 s). The victim
+    # joined last and may be connected to the bootstrap node only: then the members
+    # picked to verify the published suspicion supply the independent confirmations,
+    # without which a lone suspicion waits 4 x 3 s, past this bound.
     # A node that finds itself overloaded stretches its timeouts by 1 + its local health.
     stretch = 1 + max(o.get("/v1/health")["liveness"]["local_health"] for o in observers)
     assert suspected_after < 10.0 * stretch
-    assert left_after < 10.0 * stretch
+    assert left_after < 12.0 * stretch
     evicted = [
         n
         for n in observers[0].get("/v1/registry/nodes")["nodes"]
