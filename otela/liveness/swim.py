@@ -403,9 +403,9 @@ class FailureDetector:
                  and self._verify_alive(update))
         was_suspect = update.peer_id in self.table.suspected()
         changed = self.table.apply(update, now, proof_valid=valid)
-        if published and update.status is Status.SUSPECT and self.table.should_verify(
-                update.peer_id) and update.peer_id not in self.watch.lost:
-            self.watch.verify(update.peer_id, now)
+        if (published and update.status is Status.SUSPECT
+                and self.table.should_verify(update.peer_id)
+                and self.watch.verify(update.peer_id, now)):
             self._event(update.peer_id, "verifying",
                         f"{source} published a suspicion; probing it first-hand")
         if not changed:

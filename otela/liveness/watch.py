@@ -66,17 +66,21 @@ class NeighbourWatch:
         """A probe reached ``peer_id`` (or it is now suspected): no longer lost."""
         self.lost.pop(peer_id, None)
 
-    def verify(self, peer_id: str, now: float) -> None:
+    def verify(self, peer_id: str, now: float) -> bool:
         """Probe ``peer_id`` next: we were picked to check a suspicion of it first-hand
         (``LivenessTable.should_verify``). Not connected to it, we treat it as lost (probed
-        until a probe decides); connected, it goes to the front of the round."""
+        until a probe decides); connected, it goes to the front of the round. Returns
+        False if it was lost already (probed first anyway)."""
         if peer_id in self.neighbours:
             if peer_id in self._order:
                 self._order.remove(peer_id)
             self._order.append(peer_id)
-        elif peer_id not in self.lost:
-            self.lost[peer_id] = float("-inf")  # never probed: ahead of every lost peer
-            self._lost_at[peer_id] = now
+            return True
+        if peer_id in self.lost:
+            return False
+        self.lost[peer_id] = float("-inf")  # never probed: ahead of every lost peer
+        self._lost_at[peer_id] = now
+        return True
 
     def watched(self) -> set[str]:
         return (self.neighbours | set(self.lost)) & self._watchable

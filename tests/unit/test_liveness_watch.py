@@ -91,7 +91,8 @@ def test_connections_to_non_members_are_never_probed():
 def test_a_suspect_to_verify_is_probed_next_connected_or_not():
     w = watch("a", "b")
     w.observe({"a", "b"}, MEMBERS, MEMBERS, now=1.0)
-    w.verify("c", now=1.0)  # not connected: probed like a lost neighbour, until decided
+    assert w.verify("c", now=1.0)  # not connected: probed like a lost one, until decided
+    assert not w.verify("c", now=1.5)  # already first in line
     assert w.next_target(now=2.0) == "c"
     assert w.next_target(now=3.0) == "c"
     w.decided("c")
