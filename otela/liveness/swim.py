@@ -179,7 +179,7 @@ class FailureDetector:
             "incarnation": self.table.incarnation,
             "local_health": self.local_health,
             "eviction_brake": self._braking,
-            "gossip_lag_s": round(self._gossip_lag(), 3),
+            "gossip_lag_s": round(self.replica.replicator.current_gossip_lag(), 3),
             "members": len(self.table.members),
             "stats": dict(self.stats),
             "events": list(self.events),
@@ -235,7 +235,7 @@ class FailureDetector:
                 self.watch.decided(target)
             now = self.clock()
             self._watch_brake()
-            self.table.dissemination_delay = self._gossip_lag()
+            self.table.dissemination_delay = self.replica.replicator.current_gossip_lag()
             if not self.lagging(now):  # irreversible steps wait until we can trust our view
                 for peer_id in self.table.expired_suspicions(now):
                     self._event(peer_id, "confirmed",
@@ -248,10 +248,6 @@ class FailureDetector:
             if self.clock() - before - asked > self.config.probe_interval / 2:
                 self._late_at = self.clock()  # our own event loop is late: we are the slow one
                 self._health(+1)
-
-    def _gossip_lag(self) -> float:
-        replicator = self.replica.replicator
-        return float(replicator.gossip_lag.value(replicator.clock()))
 
     def _watch_brake(self) -> None:
         """Record when the eviction brake goes on or off: an operator asking why a dead

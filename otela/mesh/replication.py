@@ -87,6 +87,10 @@ class Replicator:
         self.on_heard: Callable[[str], None] = lambda peer_id: None
         self.gossip_lag = GossipLag()
 
+    def current_gossip_lag(self) -> float:
+        """How late gossip arrives here now, in seconds (``GossipLag``)."""
+        return self.gossip_lag.value(self.clock())
+
     @property
     def trust(self) -> Trust:
         return self.admission.trust(self.registry)
