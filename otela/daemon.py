@@ -20,7 +20,6 @@ import logging
 import os
 import signal
 import time
-import uuid
 from typing import Any
 
 import httpx
@@ -52,6 +51,7 @@ from otela.mesh.peering import Peering
 from otela.netreport import network_report
 from otela.registry.crdt import GCPolicy
 from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
+from otela.registry.session import new_session_id
 from otela.replica import LocalReplica, MembershipConfigError, load_authority, load_own_certificate
 from otela.routing.router import Router
 from otela.slurm import job_from_env, watch_wall_time, with_end_time
@@ -68,7 +68,7 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.identity: Identity = load_or_create(config.home)
-        self._first_session_id = uuid.uuid4().hex
+        self._first_session_id = new_session_id(self.identity.peer_id.to_base58())
         authority = load_authority(config.authority)
         certificate, cert = load_own_certificate(
             self.identity, config.home, config.certificate, authority, time.time()
