@@ -285,6 +285,48 @@ def start(
         ),
         show_default=False,
     ),
+    max_body: str | None = typer.Option(
+        None,
+        "--max-body",
+        help=_env_help(
+            "max_body",
+            "Largest request body accepted on the HTTP port, e.g. 32MiB; larger ones get "
+            "413 [default: 32MiB].",
+        ),
+    ),
+    header_timeout: str | None = typer.Option(
+        None,
+        "--header-timeout",
+        help=_env_help(
+            "header_timeout",
+            "A request's headers must arrive within this time, and a new connection must "
+            "start one (slow clients cannot pin connections) [default: 10s].",
+        ),
+    ),
+    body_timeout: str | None = typer.Option(
+        None,
+        "--body-timeout",
+        help=_env_help("body_timeout", "A request's body must arrive within this time "
+                       "[default: 60s]."),
+    ),
+    first_byte_timeout: str | None = typer.Option(
+        None,
+        "--first-byte-timeout",
+        help=_env_help(
+            "first_byte_timeout",
+            "An engine that takes a request but sends nothing for this long gets the request "
+            "cancelled and the client a 504. Non-streaming requests send nothing until done, "
+            "so keep it above your longest generation [default: 5m].",
+        ),
+    ),
+    max_connections_per_client: int | None = typer.Option(
+        None,
+        "--max-connections-per-client",
+        help=_env_help(
+            "max_connections_per_client",
+            "Open connections one client address may hold; more get 429 [default: 256].",
+        ),
+    ),
     log_level: str | None = typer.Option(
         None, "--log-level", help=_env_help("log_level", "Daemon log level [default: INFO].")
     ),
@@ -308,6 +350,7 @@ def start(
     from otela.daemon import Node
     from otela.engine.command import EngineCommandError
     from otela.engine.health import check_reachable
+    from otela.failures import os_error_in
     from otela.mesh.bootstrap import BootstrapAddressError
 
     given = {
@@ -344,6 +387,11 @@ def start(
         "relay": relay,
         "relay_reservations": relay_reservations,
         "hole_punch": hole_punch,
+        "max_body_bytes": max_body,
+        "header_timeout": header_timeout,
+        "body_timeout": body_timeout,
+        "first_byte_timeout": first_byte_timeout,
+        "max_connections_per_client": max_connections_per_client,
     }
     try:
         flags = {k: v for k, v in given.items() if v is not None}
@@ -352,16 +400,21 @@ def start(
         node = Node(config)
         if config.engine_url and not config.process:
             check_reachable(config.engine_url)
-    except (ConfigError, EngineCommandError, BootstrapAddressError, ValueError) as exc:
+    except (ConfigError, EngineCommandError, BootstrapAddressError, ValueError,
+            OSError) as exc:  # OSError: an unreadable home or key file
         typer.echo(f"otela: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
         code = trio.run(node.run)
     except KeyboardInterrupt:
         code = 130
-    except OSError as exc:
-        typer.echo(f"otela: {exc}", err=True)
-        code = 1
+    except (OSError, BaseExceptionGroup) as exc:
+        error = os_error_in(exc)
+        if error is None:
+            raise
+        # A port in use, an address this host does not have: a setting to fix, not a crash.
+        typer.echo(f"otela: {error}", err=True)
+        code = 2
     raise typer.Exit(code)
 
 

@@ -88,6 +88,11 @@ class NodeConfig:
     relay: bool = False
     relay_reservations: int = 2
     hole_punch: bool = True
+    max_body_bytes: int = 32 * 1024 * 1024
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    first_byte_timeout: float = 300.0
+    max_connections_per_client: int = 256
 
     def advertised_host(self) -> str:
         """The address other nodes use to reach us (never a wildcard)."""
@@ -246,6 +251,26 @@ def _as_meta(value: Any) -> dict[str, str]:
     raise ValueError("expected key=value pairs")
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+               "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def _as_size(value: Any) -> int:
+    """A byte count: an integer, or a number with a unit (``32MiB``, ``500kB``, ``1GB``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number, unit = float(value), ""
+    else:
+        match = _SIZE.match(_as_str(value))
+        if match is None or match.group(2).lower() not in _SIZE_UNITS:
+            raise ValueError(f"expected a size such as 32MiB or 1000000, got {value!r}")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    size = int(number * _SIZE_UNITS[unit])
+    if size < 1:
+        raise ValueError(f"must be at least 1 byte, got {value!r}")
+    return size
+
+
 def _as_duration(value: Any) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return parse_duration(str(value))
@@ -348,6 +373,18 @@ SETTINGS += (
         "relays a NAT'd node reserves a slot on",
     ),
     Setting("hole_punch", "nat", "hole_punch", _as_bool, "upgrade relayed connections (DCUtR)"),
+)
+# The HTTP entry points' limits (docs/security.md): what one client may cost a node.
+SETTINGS += (
+    Setting("max_body_bytes", "http", "max_body", _as_size, "largest request body (413)"),
+    Setting("header_timeout", "http", "header_timeout", _as_duration,
+            "seconds for a request's headers to arrive (408)"),
+    Setting("body_timeout", "http", "body_timeout", _as_duration,
+            "seconds for a request's body to arrive (408)"),
+    Setting("first_byte_timeout", "http", "first_byte_timeout", _as_duration,
+            "an engine silent this long after taking a request: 504"),
+    Setting("max_connections_per_client", "http", "max_connections_per_client",
+            _as_positive_int, "open connections one client address may hold (429)"),
 )
 SETTINGS_BY_ATTR = {s.attr: s for s in SETTINGS}
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
