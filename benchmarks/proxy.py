@@ -168,8 +168,8 @@ def _field(pattern: str, text: str) -> str:
 
 def wrk(url: str, connections: int, seconds: float, script: Path) -> WrkResult:
     out = subprocess.run(
-        pinned(LOAD_CORE, ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
-                           "-s", str(script), f"{url}/v1/chat/completions"]),
+        pinned(LOAD_CORE, ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
+                           "--latency", "-s", str(script), f"{url}/v1/chat/completions"]),
         capture_output=True, text=True, check=True).stdout
     try:
         rps = float(_field(r"Requests/sec:\s+([\d.]+)", out))

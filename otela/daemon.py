@@ -112,12 +112,7 @@ class Node:
             self.identity,
             self.mesh.host,
             self.replica,
-            DetectorConfig(
-                probe_interval=config.probe_interval,
-                probe_timeout=config.probe_interval,
-                stale_window=3 * config.probe_interval,
-                suspicion_timeout=config.suspicion_timeout,
-            ),
+            DetectorConfig.from_settings(config.probe_interval, config.suspicion_timeout),
             pubsub=self.mesh.pubsub,
         )
         self.netlog = NetLog()
