@@ -35,7 +35,7 @@ from otela.dataplane.http import HttpServer, Request, Response, ServerLimits
 from otela.dataplane.inflight import Inflight
 from otela.engine.command import EngineCommand, attached_engine, parse_engine_command
 from otela.engine.metadata import split_overrides
-from otela.engine.supervision import Supervisor
+from otela.engine.supervisor import Supervisor
 from otela.failures import os_error_in
 from otela.identity import Identity, load_or_create
 from otela.liveness.swim import DetectorConfig, FailureDetector
@@ -54,7 +54,12 @@ from otela.netreport import network_report
 from otela.registry.crdt import GCPolicy
 from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
 from otela.registry.session import new_session_id
-from otela.replica import LocalReplica, MembershipConfigError, load_authority, load_own_certificate
+from otela.replication import (
+    LocalReplica,
+    MembershipConfigError,
+    load_authority,
+    load_own_certificate,
+)
 from otela.routing.router import Router
 from otela.slurm import job_from_env, watch_wall_time, with_end_time
 from otela.transport.client import EngineStreamClient
@@ -157,7 +162,7 @@ class Node:
 
     @property
     def session_id(self) -> str:
-        """Our current session (a new one after rejoining, see ``otela.replica``)."""
+        """Our current session (a new one after rejoining, see ``otela.replication.local``)."""
         record = self.replica.record
         return record.session_id if record is not None else self._first_session_id
 

@@ -64,7 +64,7 @@ from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable, Status, Update
 from otela.liveness.watch import NeighbourWatch
 from otela.registry.records import Lifecycle
-from otela.replica import LocalReplica
+from otela.replication import LocalReplica
 
 log = logging.getLogger("otela.liveness")
 

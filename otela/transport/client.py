@@ -24,7 +24,7 @@ from typing import Any
 import trio
 from libp2p.peer.id import ID
 
-from otela.mesh.nat import connection_kinds
+from otela.mesh.connections import connection_kinds, is_relayed
 from otela.registry.records import NodeRecord
 from otela.transport.framing import Frame, FrameReader, Kind, packed
 from otela.transport.server import HTTP_PROTOCOL
@@ -98,7 +98,7 @@ class _Channel:
     def relayed(self, host: Any, peer_id: ID) -> bool:
         for conn in host.get_network().get_connections(peer_id):
             if getattr(conn, "muxed_conn", None) is self.stream.muxed_conn:
-                return "relayed" in _kinds_of(conn)
+                return is_relayed(conn)
         return False
 
     async def reader(self) -> None:
@@ -159,14 +159,6 @@ async def _cancel_remotely(channel: _Channel, rid: int) -> None:
     with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_TIMEOUT_S):
         await channel.cancel(rid)
     channel.forget(rid)
-
-
-def _kinds_of(conn: Any) -> set[str]:
-    try:
-        addrs = [str(a) for a in conn.get_transport_addresses()]
-    except Exception:
-        return set()
-    return {"relayed" if any("/p2p-circuit" in a for a in addrs) else "direct"}
 
 
 class EngineStreamClient:

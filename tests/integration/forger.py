@@ -30,10 +30,10 @@ import trio
 from otela.config import resolve
 from otela.daemon import Node
 from otela.mesh.framing import read_frame, write_frame
-from otela.mesh.replication import AE_PROTOCOL, REGISTRY_TOPIC
 from otela.registry.crdt import bucket_of
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.wire import decode, encode, sign_record
+from otela.replication.replicator import AE_PROTOCOL, REGISTRY_TOPIC
 
 
 def forgeries(node: Node, victim: NodeRecord) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from otela.mesh.host import build_host
 from otela.registry.crdt import Entry, GCPolicy, tiebreak_of
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.session import new_session_id
-from otela.replica import LocalReplica
+from otela.replication import LocalReplica
 
 
 def new_identity() -> Identity:

@@ -141,7 +141,7 @@ def test_idle_node_and_provider_metadata_are_in_every_registry(federation):
 
 def test_fronting_an_already_running_engine_by_url(federation, tmp_path):
     port = free_port()
-    argv = [sys.executable, "-m", "otela.engines.echo", "--port", str(port), "--model", "ext"]
+    argv = [sys.executable, "-m", "otela.engine.demo.echo", "--port", str(port), "--model", "ext"]
     engine = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False)

@@ -193,7 +193,7 @@ def test_a_late_joiner_converges_after_200_changes_through_anti_entropy(federati
 
 
 def test_malformed_and_oversized_wire_messages_are_dropped_and_counted(federation, tmp_path):
-    from otela.mesh.replication import AE_PROTOCOL, REGISTRY_TOPIC
+    from otela.replication.replicator import AE_PROTOCOL, REGISTRY_TOPIC
 
     node = federation.start_node("node")
     failed_before = node.get("/v1/health")["replication"].get("ae_failed", 0)

@@ -20,7 +20,7 @@ from hypercorn.trio import serve
 from libp2p.tools.anyio_service import background_trio_service
 
 from otela.dataplane.inflight import Inflight
-from otela.engines.echo import EchoSettings, create_app
+from otela.engine.demo.echo import EchoSettings, create_app
 from otela.localfed import free_port
 from otela.mesh.host import build_host
 from otela.mesh.nat import NatTraversal

@@ -5,7 +5,7 @@ import json
 import httpx
 import trio
 
-from otela.engines.echo import EchoSettings, create_app, tokenize
+from otela.engine.demo.echo import EchoSettings, create_app, tokenize
 
 
 def call(settings, method, path, **kwargs):

@@ -182,7 +182,7 @@ def test_record_signature_check_can_skip_membership_for_embedded_history(authori
 def test_open_mode_accepts_evictions_from_known_nodes_even_if_they_were_evicted():
     """After a partition each side has evicted the other's evictors; rejecting their
     evictions would keep the halves apart forever."""
-    from otela.mesh.admission import Admission
+    from otela.membership.admission import Admission
     from otela.registry.store import Registry
 
     member, target, stranger = new_node(), new_node(), new_node()

@@ -7,7 +7,7 @@ whitespace-delimited token at a time. It can be told to be slow (``--token-delay
 ``--startup-delay``) or to fail (``--fail-every``, ``--exit-after``) so tests can
 exercise otela's behaviour under slow and failing engines.
 
-Run: ``python -m otela.engines.echo --port 8000 --model echo-small``.
+Run: ``python -m otela.engine.demo.echo --port 8000 --model echo-small``.
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def create_app(settings: EchoSettings) -> FastAPI:
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, EchoSettings]:
     parser = argparse.ArgumentParser(
-        prog="python -m otela.engines.echo",
+        prog="python -m otela.engine.demo.echo",
         description="otela's stand-in OpenAI-compatible engine: echoes prompts deterministically.",
     )
     parser.add_argument("--host", default="127.0.0.1")

@@ -25,7 +25,7 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from otela.mesh.admission import Admission
+from otela.membership.admission import Admission
 from otela.mesh.framing import read_frame, write_frame
 from otela.mesh.host import MeshHost
 from otela.registry import antientropy

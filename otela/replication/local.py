@@ -25,15 +25,14 @@ import trio
 from libp2p.crypto.keys import PublicKey
 
 from otela.identity import Identity
+from otela.membership.admission import Admission
 from otela.membership.certificate import (
     Certificate,
     MembershipError,
     parse_authority,
     verify_certificate,
 )
-from otela.mesh.admission import Admission
 from otela.mesh.host import MeshHost
-from otela.mesh.replication import Replicator
 from otela.registry.crdt import Entry, GCPolicy
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.session import new_session_id
@@ -45,6 +44,7 @@ from otela.registry.wire import (
     sign_record,
     verify_record,
 )
+from otela.replication.replicator import Replicator
 
 log = logging.getLogger("otela.registry")
 
@@ -111,7 +111,8 @@ class LocalReplica:
         self.identity = identity
         self.clock = clock
         self.registry = Registry(policy)
-        self.admission = Admission(authority, certificate, clock)
+        self.admission = Admission(authority, certificate, clock,
+                                   revoked=self.registry.revocations)
         self.replicator = Replicator(
             mesh, self.registry, self.admission, anti_entropy_interval, clock
         )
