@@ -38,7 +38,7 @@ from otela.engine.metadata import split_overrides
 from otela.engine.supervisor import Supervisor
 from otela.failures import os_error_in
 from otela.identity import Identity, load_or_create
-from otela.liveness.swim import DetectorConfig, FailureDetector
+from otela.liveness.detector import DetectorConfig, FailureDetector
 from otela.mesh.bootstrap import (
     follow_bootstrap_list,
     is_url,

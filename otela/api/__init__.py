@@ -1,1 +1,3 @@
-"""The node's HTTP API: OpenAI-compatible routing and read-only registry inspection."""
+"""The node's HTTP API (FastAPI, served in process by ``otela.dataplane``): the
+OpenAI-compatible routes, read-only registry and network inspection, and the engine hop
+other members use (``app``); OpenAI-style errors (``errors``)."""

@@ -28,7 +28,7 @@ def _annotation(setting: Setting) -> Any:
     return str | None
 
 
-def _option(setting: Setting) -> Any:
+def option_for(setting: Setting) -> Any:
     assert setting.flag is not None
     declarations = [setting.flag]
     if setting.switch:
@@ -60,7 +60,7 @@ def with_setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
     flagged = [s for s in SETTINGS if s.flag is not None]
     for setting in flagged:
         parameters.append(inspect.Parameter(setting.attr, inspect.Parameter.KEYWORD_ONLY,
-                                            default=_option(setting),
+                                            default=option_for(setting),
                                             annotation=_annotation(setting)))
 
     @functools.wraps(command)

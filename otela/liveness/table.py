@@ -114,6 +114,21 @@ class LivenessTable:
     _braked_at: float | None = None  # when the brake was last seen on
     # Per retired peer: the lowest incarnation whose news is new (see ``_retire``).
     _floors: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    base_suspicion_timeout: float = field(init=False)  # before local-health scaling
+
+    def __post_init__(self) -> None:
+        self.base_suspicion_timeout = self.suspicion_timeout
+
+    # -- the caller's measurements -----------------------------------------------------
+
+    def scale_timeouts(self, multiplier: float) -> None:
+        """Our local health (``health.py``): an unhealthy node waits ``multiplier`` times
+        longer before confirming anyone."""
+        self.suspicion_timeout = self.base_suspicion_timeout * multiplier
+
+    def observe_dissemination_delay(self, delay: float) -> None:
+        """How late gossip arrives here now (the replicator measures it)."""
+        self.dissemination_delay = delay
 
     # -- membership ------------------------------------------------------------------
 

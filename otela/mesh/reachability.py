@@ -113,7 +113,7 @@ class DialBackServer:
         try:
             with trio.fail_after(ASK_TIMEOUT_S):
                 request = json.loads(await read_varint_prefixed_bytes_limited(stream, MAX_MESSAGE))
-                ports = _parse_ports(request)
+                ports = parse_ports(request)
                 remote = stream.get_remote_address()
                 observed = remote[0] if remote else None
                 reachable: list[str] = []
@@ -131,7 +131,7 @@ class DialBackServer:
         await stream.close()
 
 
-def _parse_ports(request: Any) -> list[int]:
+def parse_ports(request: Any) -> list[int]:
     if not isinstance(request, dict) or not isinstance(request.get("ports"), list):
         raise DialBackError("expected {'ports': [int, ...]}")
     ports = [

@@ -50,19 +50,21 @@ def apply() -> None:
     os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")  # read by yamux at call time
     build = _pubsub.env_to_send_in_RPC
     consume = _pubsub.maybe_consume_signed_record
-    reuse = _reused_record(build)
-    once = _verified_once(consume)
+    reuse = reused_record(build)
+    once = verified_once(consume)
     for module in (_pubsub, _gossipsub):
         module.env_to_send_in_RPC = reuse  # type: ignore[attr-defined]
         module.maybe_consume_signed_record = once  # type: ignore[attr-defined]
-    _pubsub.Pubsub._replay_recent_messages = _no_replay  # type: ignore[method-assign]
+    _pubsub.Pubsub._replay_recent_messages = no_replay  # type: ignore[method-assign]
 
 
-async def _no_replay(self: Any, peer_id: Any, topic: str) -> None:
+async def no_replay(self: Any, peer_id: Any, topic: str) -> None:
     """Stands in for ``Pubsub._replay_recent_messages`` (see the module docstring)."""
 
 
-def _reused_record(build: Any) -> Any:
+def reused_record(build: Any) -> Any:
+    """Wrap GossipSub's per-RPC signed-peer-record builder: reuse a host's record for
+    60 s instead of signing a new one for every RPC (see the module docstring)."""
     cache: weakref.WeakKeyDictionary[Any, tuple[bytes, float]] = weakref.WeakKeyDictionary()
 
     def env_to_send_in_rpc(host: Any) -> tuple[bytes, bool]:
@@ -77,7 +79,9 @@ def _reused_record(build: Any) -> Any:
     return env_to_send_in_rpc
 
 
-def _verified_once(consume: Any) -> Any:
+def verified_once(consume: Any) -> Any:
+    """Wrap GossipSub's consumer of a received signed peer record: verify each (record,
+    sender) pair once, not on every RPC that carries it (see the module docstring)."""
     verified: OrderedDict[tuple[bytes, Any], None] = OrderedDict()
 
     def maybe_consume_signed_record(msg: Any, host: Any, peer_id: Any = None) -> bool:

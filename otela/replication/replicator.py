@@ -92,11 +92,19 @@ class Replicator:
         self.clock = clock
         self.stats: Counter[str] = Counter()
         self._self_id: ID = mesh.host.get_id()
-        # Called with a peer id whenever that peer itself sent us something, gossip it only
-        # forwarded included (the failure detector counts it as recent contact).
-        self.on_heard: Callable[[str], None] = lambda peer_id: None
+        self._contact_listeners: list[Callable[[str], None]] = []
         self.gossip_lag = GossipLag()
         self._forgery_logged: dict[str, float] = {}
+
+    def on_contact(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener`` with a peer id whenever that peer itself sent us something,
+        gossip it only forwarded included (the failure detector counts it as recent
+        contact: a peer forwarding gossip is running, however slowly it answers probes)."""
+        self._contact_listeners.append(listener)
+
+    def _heard(self, peer_id: str) -> None:
+        for listener in self._contact_listeners:
+            listener(peer_id)
 
     def current_gossip_lag(self) -> float:
         """How late gossip arrives here now, in seconds (``GossipLag``)."""
@@ -109,7 +117,7 @@ class Replicator:
     def install(self) -> None:
         """Register the stream handler and the gossip validator (before the host runs)."""
         self.mesh.host.set_stream_handler(AE_PROTOCOL, self._handle_anti_entropy)
-        self.mesh.pubsub.set_topic_validator(REGISTRY_TOPIC, self._validate_gossip, False)
+        self.mesh.pubsub.set_topic_validator(REGISTRY_TOPIC, self.validate_gossip, False)
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         subscription = await self.mesh.pubsub.subscribe(REGISTRY_TOPIC)
@@ -169,13 +177,13 @@ class Replicator:
         except Exception as exc:  # publishing with no peers yet is not an error
             log.debug("gossip publish failed: %s", exc)
 
-    def _validate_gossip(self, forwarder: ID, message: Any) -> bool:
+    def validate_gossip(self, forwarder: ID, message: Any) -> bool:
         if not self.admission.is_admitted(forwarder):
             self.stats["gossip_unadmitted"] += 1
             return False
         # A peer that forwards us gossip is running, however slowly it answers probes: on
         # an overloaded machine this is what keeps busy peers from being suspected.
-        self.on_heard(forwarder.to_base58())
+        self._heard(forwarder.to_base58())
         try:
             delta = decode(message.data)
             source = ID(message.from_id).to_base58()
@@ -197,7 +205,7 @@ class Replicator:
             origin = ID(message.from_id)
             if origin == self._self_id:
                 continue  # pubsub delivers our own publishes back to us
-            self.on_heard(origin.to_base58())
+            self._heard(origin.to_base58())
             try:
                 self.ingest(decode(message.data)["entries"], "gossip")
             except (WireError, KeyError, TypeError):
@@ -282,7 +290,7 @@ class Replicator:
                 if not self.admission.is_admitted(peer):
                     self.stats["ae_unadmitted"] += 1
                     return
-                self.on_heard(peer.to_base58())
+                self._heard(peer.to_base58())
                 registry = self.registry
                 opening = await self._receive(stream)
                 await self._send(stream, antientropy.answer_opening(registry, opening))

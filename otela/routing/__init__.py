@@ -1,1 +1,2 @@
-"""Request routing: choose a serving node for a model, and forward the request to it."""
+"""Request routing: which serving node gets a request (``policy``, pure) and forwarding it
+there, trying another only when it provably never ran (``router``, ``forward``, ``p2p``)."""

@@ -28,7 +28,7 @@ def test_workarounds_are_installed_where_pubsub_looks_them_up():
     assert gossipsub.maybe_consume_signed_record is pubsub.maybe_consume_signed_record
     assert os.environ["PY_YAMUX_RELEASE_ON_READ"] == "0"
     # The replay to new subscribers is switched off where pubsub still calls it.
-    assert pubsub.Pubsub._replay_recent_messages is workarounds._no_replay
+    assert pubsub.Pubsub._replay_recent_messages is workarounds.no_replay
     assert "self._replay_recent_messages" in inspect.getsource(pubsub.Pubsub)
 
 
@@ -39,7 +39,7 @@ def test_a_host_reuses_its_signed_record_instead_of_rebuilding_it_per_rpc():
         built.append(host)
         return f"record-{len(built)}".encode(), True
 
-    reuse = workarounds._reused_record(build)
+    reuse = workarounds.reused_record(build)
     a, b = Host(), Host()
     assert reuse(a) == (b"record-1", True)
     assert reuse(a) == (b"record-1", False)
@@ -54,7 +54,7 @@ def test_each_record_is_verified_once_and_bad_ones_are_still_rejected():
         checked.append(msg.senderRecord)
         return msg.senderRecord == b"good"
 
-    once = workarounds._verified_once(consume)
+    once = workarounds.verified_once(consume)
     assert once(Rpc(None), None, "p")  # no record: nothing to check
     assert once(Rpc(b"good"), None, "p") and once(Rpc(b"good"), None, "p")
     assert not once(Rpc(b"forged"), None, "p") and not once(Rpc(b"forged"), None, "p")

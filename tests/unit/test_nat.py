@@ -10,7 +10,7 @@ from libp2p.network.stream.exceptions import StreamEOF
 
 from otela.doctor import bootstrap_verdict, peer_verdict, render, self_verdict
 from otela.mesh.netlog import NetLog
-from otela.mesh.reachability import DialBackAnswer, _parse_ports, probe, reachability, verdict
+from otela.mesh.reachability import DialBackAnswer, parse_ports, probe, reachability, verdict
 from otela.mesh.relay import circuit_addr, is_circuit
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.transport.framing import HEADER, Frame, FrameError, FrameReader, Kind, packed
@@ -86,10 +86,10 @@ def test_reachability_verdicts() -> None:
 
 
 def test_dial_back_requests_are_bounded() -> None:
-    assert _parse_ports({"ports": [1, 2, 3, 4, 5, 6, 0, 70000, "x", True]}) == [1, 2, 3, 4]
+    assert parse_ports({"ports": [1, 2, 3, 4, 5, 6, 0, 70000, "x", True]}) == [1, 2, 3, 4]
     for bad in ([], {"ports": "1"}, None):
         with pytest.raises(ValueError):
-            _parse_ports(bad)
+            parse_ports(bad)
 
 
 def test_probe_tells_a_libp2p_listener_from_a_closed_port() -> None:

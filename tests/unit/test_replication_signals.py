@@ -30,7 +30,7 @@ def replicator(admitted: set[ID]) -> tuple[Replicator, list[str]]:
     rep = Replicator(mesh, registry=None, admission=Admission(admitted),  # type: ignore[arg-type]
                      anti_entropy_interval=10.0)
     heard: list[str] = []
-    rep.on_heard = heard.append
+    rep.on_contact(heard.append)
     return rep, heard
 
 
@@ -38,14 +38,14 @@ def test_a_forwarder_is_heard_from_even_when_it_did_not_sign_the_message() -> No
     forwarder, origin = peer(), peer()
     rep, heard = replicator({forwarder})
     message = SimpleNamespace(data=b"not msgpack", from_id=origin.to_bytes())
-    assert not rep._validate_gossip(forwarder, message)  # bad content is still rejected
+    assert not rep.validate_gossip(forwarder, message)  # bad content is still rejected
     assert heard == [forwarder.to_base58()]
 
 
 def test_an_unadmitted_forwarder_is_not_contact() -> None:
     stranger = peer()
     rep, heard = replicator(set())
-    assert not rep._validate_gossip(stranger, SimpleNamespace(data=b"", from_id=b""))
+    assert not rep.validate_gossip(stranger, SimpleNamespace(data=b"", from_id=b""))
     assert heard == []
 
 

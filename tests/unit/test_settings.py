@@ -89,16 +89,16 @@ def test_a_bad_flag_is_reported_as_the_flag_the_user_typed(tmp_path, args, needl
 
 
 def test_help_states_each_default_from_its_declaration():
-    from otela.config.options import _option
+    from otela.config.options import option_for
 
     for setting in (s for s in SETTINGS if s.flag):
         default = setting.describe_default()
-        option = _option(setting)
+        option = option_for(setting)
         if default is not None:
             assert f"Default: {default}." in option.help, setting.attr
         assert setting.env in option.help
     drain = next(s for s in SETTINGS if s.attr == "engine_stop_grace")
-    assert "Default: 8.0." in _option(drain).help  # it once said 10 while the code said 8
+    assert "Default: 8.0." in option_for(drain).help  # it once said 10 while the code said 8
 
 
 def test_the_docs_table_is_the_generated_one():

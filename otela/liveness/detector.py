@@ -1,0 +1,298 @@
+"""The failure detector of a node: its parts, wired to libp2p and to the node's replica.
+
+The parts, each a unit of its own (as memberlist splits them): the liveness table
+(``table.py``: suspicion, confirmation, who signs evictions, the eviction brake), local
+health (``health.py``), the news merged and published (``news.py``), the member list
+(``members.py``), whom to probe (``watch.py``), adaptive probe timeouts (``rtt.py``) and
+the probe loop (``prober.py``). This module supplies what they need from the outside:
+
+- probes over ``/otela/swim/2.0.0`` on one long-lived stream per peer (``channels.py``),
+  every message carrying piggybacked news, and the serving side that acks probes, probes
+  a third peer on request, and lets a peer that closes its connection to us on purpose
+  say so (``bye``);
+- the ``otela/liveness/1`` GossipSub topic for published news;
+- the registry (members, their addresses, evictions) through ``LocalReplica``, and every
+  contact the replicator reports (gossip a peer published *or forwarded*, anti-entropy)
+  as recent contact.
+Design and defaults: docs/failure-detection.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgpack
+import multiaddr
+import trio
+from libp2p.abc import INotifee
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+
+from otela.identity import Identity
+from otela.liveness.channels import Channels
+from otela.liveness.events import EventLog
+from otela.liveness.health import LocalHealth
+from otela.liveness.members import MemberList
+from otela.liveness.news import News
+from otela.liveness.prober import DetectorConfig, Prober
+from otela.liveness.rtt import RoundTrips
+from otela.liveness.table import LivenessTable
+from otela.liveness.watch import NeighbourWatch
+from otela.registry.records import Lifecycle, NodeRecord
+from otela.replication import LocalReplica
+
+log = logging.getLogger("otela.liveness")
+
+SWIM_PROTOCOL = TProtocol("/otela/swim/2.0.0")
+LIVENESS_TOPIC = "otela/liveness/1"
+ADDR_TTL_S = 3600  # peerstore TTL of members' addresses
+
+__all__ = ["LIVENESS_TOPIC", "SWIM_PROTOCOL", "DetectorConfig", "FailureDetector"]
+
+
+class _ConnectionNotifee(INotifee):
+    """Tells the detector of every new connection, even one gone before the next round."""
+
+    def __init__(self, on_connected: Callable[[str], None]) -> None:
+        self.on_connected = on_connected
+
+    async def connected(self, network: Any, conn: Any) -> None:
+        self.on_connected(conn.muxed_conn.peer_id.to_base58())
+
+    async def disconnected(self, network: Any, conn: Any) -> None:
+        pass
+
+    async def opened_stream(self, network: Any, stream: Any) -> None:
+        pass
+
+    async def closed_stream(self, network: Any, stream: Any) -> None:
+        pass
+
+    async def listen(self, network: Any, multiaddr: Any) -> None:
+        pass
+
+    async def listen_close(self, network: Any, multiaddr: Any) -> None:
+        pass
+
+
+class _SwimTransport:
+    """Probes over the detector's channels (``prober.ProbeTransport``)."""
+
+    def __init__(self, channels: Channels) -> None:
+        self.channels = channels
+
+    async def probe(self, peer: str, timeout: float) -> bool:
+        reply = await self.channels.request(peer, {"k": "ping"}, timeout)
+        return reply is not None and reply.get("k") == "ack"
+
+    async def probe_via(self, helper: str, target: str, timeout: float) -> bool | None:
+        reply = await self.channels.request(helper, {"k": "req", "target": target}, timeout)
+        return None if reply is None else bool(reply.get("ok"))
+
+
+class _NodeMembership:
+    """The node around the detector (``prober.Membership``): its registry replica, its
+    libp2p host's connections and peerstore."""
+
+    def __init__(self, host: Any, replica: LocalReplica) -> None:
+        self.host = host
+        self.replica = replica
+        self._stored_addrs: dict[str, tuple[tuple[str, ...], float]] = {}
+
+    def records(self) -> Iterable[NodeRecord]:
+        return self.replica.registry
+
+    def generation(self) -> int:
+        return self.replica.registry.generation
+
+    def connected(self) -> set[str]:
+        return {p.to_base58() for p in self.host.get_connected_peers()}
+
+    def gossip_lag(self) -> float:
+        return self.replica.replicator.current_gossip_lag()
+
+    def learn_addresses(self, peers: dict[str, tuple[str, ...]]) -> None:
+        # Parsing multiaddrs for every member on every registry change cost O(N) per change
+        # on every node, which mattered under churn; only new or changed addresses are
+        # stored, refreshed well within their TTL.
+        now = time.monotonic()
+        store = self.host.get_peerstore()
+        self._stored_addrs = {p: v for p, v in self._stored_addrs.items() if p in peers}
+        for peer_id, addrs in peers.items():
+            stored = self._stored_addrs.get(peer_id)
+            if stored is not None and stored[0] == addrs and now - stored[1] < ADDR_TTL_S / 2:
+                continue
+            try:
+                store.add_addrs(ID.from_base58(peer_id),
+                                [multiaddr.Multiaddr(a) for a in addrs], ADDR_TTL_S)
+                self._stored_addrs[peer_id] = (addrs, now)
+            except Exception:
+                log.debug("bad addresses for %s", peer_id, exc_info=True)
+
+    async def evict(self, peer_id: str, reason: str) -> list[str]:
+        # Drop the connection too: behind a silent partition (packets dropped, no RST) it
+        # would otherwise look established for minutes and block a fresh dial after healing.
+        try:
+            await self.host.disconnect(ID.from_base58(peer_id))
+        except Exception:
+            log.debug("disconnecting %s failed", peer_id, exc_info=True)
+        sessions = [r.session_id for r in self.replica.registry
+                    if r.peer_id == peer_id and r.state is not Lifecycle.LEFT]
+        return [s for s in sessions if await self.replica.evict(s, reason)]
+
+
+class FailureDetector:
+    def __init__(
+        self,
+        identity: Identity,
+        host: Any,
+        replica: LocalReplica,
+        config: DetectorConfig,
+        clock: Callable[[], float] = time.monotonic,
+        pubsub: Any = None,
+    ) -> None:
+        self.host = host
+        self.pubsub = pubsub  # None: news spreads by piggybacking only
+        self.replica = replica
+        self.config = config
+        self.clock = clock
+        self.self_id = identity.peer_id.to_base58()
+        self.stats: dict[str, int] = {
+            "probes": 0, "suspected": 0, "withheld": 0, "evicted": 0, "refuted": 0,
+            "brake_engaged": 0}
+        self.table = LivenessTable(self.self_id, config.suspicion_timeout,
+                                   eviction_stagger=config.probe_interval)
+        self.watch = NeighbourWatch()
+        self.events = EventLog()
+        self.health = LocalHealth(config.max_local_health, config.stale_window,
+                                  config.probe_interval, on_change=self.table.scale_timeouts)
+        self.round_trips = RoundTrips(floor=config.probe_timeout, ceiling=config.stale_window)
+        self.news = News(self.self_id, self.table, self.watch, self.health, self.events,
+                         identity.key_pair.private_key.sign, self.stats)
+        self.members = MemberList(self.self_id, self.table, self.round_trips, self.events)
+        self.channels = Channels(host, SWIM_PROTOCOL, self._pack, self._unpack)
+        self.prober = Prober(
+            self.self_id, config, self.table, self.watch, self.health, self.news, self.events,
+            self.members, self.round_trips, _SwimTransport(self.channels),
+            _NodeMembership(host, replica), clock, self.stats)
+
+    @property
+    def local_health(self) -> int:
+        return self.health.score
+
+    def report(self) -> dict[str, Any]:
+        """What the detector knows, for /v1/network: whom it watches, whom it suspects
+        (since when), its own health, and the recent liveness events."""
+        suspected = self.table.suspected()
+        return {
+            "watching": sorted(self.watched()),
+            "lost": sorted(self.watch.lost),
+            "suspected": {p: self.events.suspected_since(p) for p in sorted(suspected)},
+            "incarnation": self.table.incarnation,
+            "local_health": self.health.score,
+            "eviction_brake": self.prober.braking,
+            "gossip_lag_s": round(self.replica.replicator.current_gossip_lag(), 3),
+            "members": len(self.table.members),
+            "stats": dict(self.stats),
+            "events": list(self.events.events),
+        }
+
+    def install(self) -> None:
+        self.host.set_stream_handler(SWIM_PROTOCOL, self._handle)
+        self.host.get_network().register_notifee(
+            _ConnectionNotifee(lambda peer_id: self.prober.appeared.add(peer_id)))
+        self.replica.replicator.on_contact(lambda peer: self.table.heard_from(peer, self.clock()))
+        if self.pubsub is not None:
+            self.pubsub.set_topic_validator(LIVENESS_TOPIC, self._validate_news, False)
+
+    def suspected(self) -> frozenset[str]:
+        return self.table.suspected()
+
+    def lagging(self, now: float) -> bool:
+        return self.health.lagging(now)
+
+    async def part(self, peer_id: str) -> None:
+        """We are about to close our connection to ``peer_id`` on purpose (peering trims
+        extra connections): stop watching it, and tell it to stop watching us, or it would
+        take the closed connection for a crash and redial us to probe."""
+        self.watch.forget(peer_id)
+        await self.channels.request(peer_id, {"k": "bye"}, self.config.probe_timeout)
+        self.channels.forget(peer_id)
+
+    def watched(self) -> set[str]:
+        return self.watch.watched()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.channels.run)
+            if self.pubsub is not None:
+                subscription = await self.pubsub.subscribe(LIVENESS_TOPIC)
+                nursery.start_soon(self._receive_news, subscription)
+            nursery.start_soon(self._news_loop)
+            await self.prober.run()
+
+    # -- the serving side of probes ------------------------------------------------------
+
+    async def _handle(self, stream: Any) -> None:
+        await self.channels.serve(stream, self.replica.admission.is_admitted, self._answer)
+
+    async def _answer(self, peer: str, message: dict[str, Any]) -> dict[str, Any] | None:
+        if message.get("k") == "ping":
+            return {"k": "ack"}
+        if message.get("k") == "req":
+            return {"k": "req-ack", "ok": await self.prober.ping(str(message.get("target")))}
+        if message.get("k") == "bye":  # the peer is closing its connection to us on purpose
+            self.watch.forget(peer)
+            return {"k": "bye-ack"}
+        return None
+
+    def _pack(self, message: dict[str, Any]) -> bytes:
+        message["u"] = self.news.piggyback()
+        return msgpack.packb(message, use_bin_type=True)
+
+    def _unpack(self, sender: str, data: bytes) -> dict[str, Any]:
+        message = msgpack.unpackb(data, raw=False)
+        if not isinstance(message, dict):
+            raise ValueError("swim message is not a map")
+        now = self.clock()
+        self.table.heard_from(sender, now)
+        self.news.receive(message.get("u"), now, sender)
+        return message
+
+    # -- published news ------------------------------------------------------------------
+
+    async def _news_loop(self) -> None:
+        """Publish our own suspicions and refutations as soon as they arise (rare events,
+        never periodic). Its own task: a refutation must not wait for a probe round, which
+        under load can take several seconds."""
+        while True:
+            await self.news.pending.wait()
+            news = self.news.take_broadcasts()
+            if not news or self.pubsub is None:
+                continue
+            try:
+                await self.pubsub.publish(LIVENESS_TOPIC, msgpack.packb({"u": news}))
+            except Exception as exc:  # publishing with no peers yet is not an error
+                log.debug("liveness publish failed: %s", exc)
+
+    def _validate_news(self, forwarder: ID, message: Any) -> bool:
+        if not self.replica.admission.is_admitted(forwarder):
+            return False
+        self.table.heard_from(forwarder.to_base58(), self.clock())  # it is running
+        return True
+
+    async def _receive_news(self, subscription: Any) -> None:
+        while True:
+            message = await subscription.get()
+            if ID(message.from_id).to_base58() == self.self_id:
+                continue
+            try:
+                news = msgpack.unpackb(message.data, raw=False)
+                items = news.get("u") if isinstance(news, dict) else None
+            except Exception:
+                continue  # malformed news is dropped, never raised
+            self.news.receive(items, self.clock(), ID(message.from_id).to_base58(),
+                              published=True)

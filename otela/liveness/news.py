@@ -1,0 +1,157 @@
+"""Liveness news: merging what others tell us, refuting suspicions of us, and what we
+publish to every node.
+
+News (``suspect P@i``, ``alive P@i``, ``confirmed P@i``) rides on probe messages (SWIM's
+piggybacking: ``piggyback``/``receive``), so spreading it costs nothing extra. First-hand
+suspicions backed by strong evidence (``LivenessTable.suspicion_to_publish``) are also
+published on the liveness topic, so that every node (and every ingress) stops routing to
+a crashed node within milliseconds, not after an epidemic of probe rounds; those go
+through ``broadcasts`` to the detector's publishing task, woken by ``pending``.
+
+A suspect that hears of its suspicion raises its incarnation and spreads a *signed*
+``alive`` (no one else can refute on its behalf); if the suspicion was published, so is
+the refutation. Published suspicions of others are verified first-hand by the few members
+every node picks alike (``LivenessTable.should_verify``): their probes go first
+(``NeighbourWatch.verify``). An ``alive`` signature is checked only when the news would
+change our view: most news is old.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from libp2p.peer.id import ID
+
+from otela.liveness.events import EventLog
+from otela.liveness.health import LocalHealth
+from otela.liveness.table import LivenessTable, Status, Update
+from otela.liveness.watch import NeighbourWatch
+
+log = logging.getLogger("otela.liveness")
+
+ALIVE_DOMAIN = b"otela/liveness/alive/v1\0"
+
+Sign = Callable[[bytes], bytes]  # our node key's Ed25519 signature
+
+
+def alive_payload(peer_id: str, incarnation: int) -> bytes:
+    return ALIVE_DOMAIN + f"{peer_id}|{incarnation}".encode()
+
+
+def encode_updates(updates: list[Update]) -> list[list[Any]]:
+    return [[u.peer_id, u.status.value, u.incarnation, u.proof, u.by] for u in updates]
+
+
+def verify_alive(update: Update) -> bool:
+    """Whether an ``alive`` carries the peer's own signature of its incarnation."""
+    try:
+        key = ID.from_base58(update.peer_id).extract_public_key()
+    except Exception:
+        return False
+    return key is not None and update.proof is not None and key.verify(
+        alive_payload(update.peer_id, update.incarnation), update.proof)
+
+
+class News:
+    def __init__(self, self_id: str, table: LivenessTable, watch: NeighbourWatch,
+                 health: LocalHealth, events: EventLog, sign: Sign,
+                 stats: dict[str, int]) -> None:
+        self.self_id = self_id
+        self.table = table
+        self.watch = watch
+        self.health = health
+        self.events = events
+        self.sign = sign
+        self.stats = stats
+        self.pending = trio.Event()  # set when a suspicion or refutation must go out
+        self.broadcasts: list[list[Any]] = []  # first-hand news waiting to be published
+        # Whether a suspicion of us came on the liveness topic (then so must our refutation).
+        self._refute_loudly = False
+
+    # -- what we send ------------------------------------------------------------------
+
+    def piggyback(self) -> list[list[Any]]:
+        """News to attach to an outgoing probe message (refuting first, if we must)."""
+        if self.table.refute_needed:
+            self.refute()
+        return encode_updates(self.table.piggyback())
+
+    def publish_suspicion(self, target: str, connection_lost: bool) -> bool:
+        """Publish our suspicion of ``target`` if the evidence is now strong enough
+        (``LivenessTable.suspicion_to_publish``); return whether it will be."""
+        update = self.table.suspicion_to_publish(target, connection_lost)
+        if update is None:
+            return False
+        self._broadcast(encode_updates([update])[0])
+        return True
+
+    def refute(self) -> None:
+        self.health.worse()  # others could not reach us in time: we are probably slow
+        incarnation = self.table.incarnation
+        proof = self.sign(alive_payload(self.self_id, incarnation))
+        self.table.announce_alive(proof)  # rides on our probes and acks in any case
+        if self._refute_loudly:
+            self._refute_loudly = False
+            self._broadcast([self.self_id, Status.ALIVE.value, incarnation, proof, None])
+        log.warning("refuting a suspicion of this node (incarnation %d)", incarnation)
+
+    def take_broadcasts(self) -> list[list[Any]]:
+        """What to publish now (refuting first, if we must); resets ``pending``."""
+        self.pending = trio.Event()
+        if self.table.refute_needed:
+            self.refute()
+        news, self.broadcasts = self.broadcasts, []
+        return news
+
+    def _broadcast(self, item: list[Any]) -> None:
+        self.broadcasts.append(item)
+        self.pending.set()
+
+    # -- what we hear ------------------------------------------------------------------
+
+    def receive(self, items: Any, now: float, source: str, published: bool = False) -> None:
+        """Merge a message's news (from a probe, or ``published`` on the topic)."""
+        for item in items or []:
+            self.apply(item, now, source, published)
+        if self.table.refute_needed:
+            self.pending.set()
+
+    def apply(self, item: Any, now: float, source: str, published: bool = False) -> None:
+        """Merge one piece of news; ``published``: it came on the liveness topic."""
+        try:
+            peer_id, status, incarnation, proof, by = item
+            update = Update(str(peer_id), Status(status), int(incarnation), proof,
+                            str(by) if by else None)
+        except (TypeError, ValueError):
+            return
+        if published and update.status is Status.SUSPECT:
+            self.table.published_elsewhere(update.peer_id, update.incarnation)
+            if update.peer_id == self.self_id:
+                self._refute_loudly = True  # everyone heard it: everyone must hear us
+        member = self.table.members.get(update.peer_id)
+        valid = (update.status is Status.ALIVE and isinstance(update.proof, bytes)
+                 and member is not None and update.incarnation > member.incarnation
+                 and verify_alive(update))
+        was_suspect = update.peer_id in self.table.suspected()
+        changed = self.table.apply(update, now, proof_valid=valid)
+        if (published and update.status is Status.SUSPECT
+                and self.table.should_verify(update.peer_id)
+                and self.watch.verify(update.peer_id, now)):
+            self.events.record(update.peer_id, "verifying",
+                               f"{source} published a suspicion; probing it first-hand")
+        if not changed:
+            return
+        if update.status is Status.SUSPECT:
+            self.events.record(update.peer_id, "suspected", f"reported by {source}")
+            # Our own suspicion, now corroborated, may have become worth publishing.
+            self.publish_suspicion(update.peer_id, update.peer_id in self.watch.lost)
+        elif update.status is Status.CONFIRMED:
+            self.events.record(update.peer_id, "confirmed", f"reported by {source}")
+        elif was_suspect:
+            self.stats["refuted"] += 1
+            self.events.record(update.peer_id, "refuted", f"incarnation {update.incarnation}")
+            log.info("%s refuted its suspicion (incarnation %d)", update.peer_id,
+                     update.incarnation)

@@ -1,0 +1,240 @@
+"""The probe loop: each period, probe one watched peer and act on what the table decides.
+
+Per period a node probes one watched peer (``watch.py``: lost neighbours first, then round
+robin over its connected ones). The peer is suspected only if all three paths fail:
+1. a direct probe gets no ack within its adaptive timeout (``rtt.py``);
+2. none of ``indirect_probes`` other members gets an ack when asked to probe it;
+3. nothing was heard from it within ``stale_window``: no probe or ack, no anti-entropy, no
+   gossip it published *or forwarded* to us (a busy peer on an overloaded machine answers
+   probes late but keeps forwarding gossip: it is slow, not dead).
+After the round the loop confirms expired suspicions and signs the evictions that are due
+(``table.py``), unless our own event loop lags (``health.py``); the eviction brake's
+turning on and off is logged as an event.
+
+The loop talks to the network only through ``ProbeTransport`` (probe, indirect probe) and
+to the node through ``Membership`` (its registry, its connections, evicting), so a fake of
+each drives it in unit tests on a fake clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from otela.config import default_of
+from otela.liveness.events import EventLog
+from otela.liveness.health import LocalHealth
+from otela.liveness.members import MemberList
+from otela.liveness.news import News
+from otela.liveness.rtt import RoundTrips
+from otela.liveness.table import LivenessTable, Status
+from otela.liveness.watch import NeighbourWatch
+from otela.registry.records import NodeRecord
+
+log = logging.getLogger("otela.liveness")
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Timings; defaults and their reasons are in docs/failure-detection.md. The two an
+    operator sets are node settings (``otela.config``); the rest follow from them."""
+
+    probe_interval: float = default_of("probe_interval")
+    probe_timeout: float = default_of("probe_interval")
+    indirect_probes: int = 3
+    stale_window: float = 3 * default_of("probe_interval")
+    suspicion_timeout: float = default_of("suspicion_timeout")
+    max_local_health: int = 8
+
+    @classmethod
+    def from_settings(cls, probe_interval: float, suspicion_timeout: float) -> DetectorConfig:
+        """A probe times out after one period; no contact for three periods is stale."""
+        return cls(probe_interval=probe_interval, probe_timeout=probe_interval,
+                   stale_window=3 * probe_interval, suspicion_timeout=suspicion_timeout)
+
+
+class ProbeTransport(Protocol):
+    """How probes reach peers (over libp2p in a node, a fake in unit tests)."""
+
+    async def probe(self, peer: str, timeout: float) -> bool:
+        """Whether ``peer`` acked a direct probe within ``timeout``."""
+        ...
+
+    async def probe_via(self, helper: str, target: str, timeout: float) -> bool | None:
+        """Ask ``helper`` to probe ``target``: True (it reached it), False (it answered
+        that it could not), None (the helper did not answer)."""
+        ...
+
+
+class Membership(Protocol):
+    """What the loop reads of, and does to, the node around it."""
+
+    def records(self) -> Iterable[NodeRecord]: ...
+
+    def generation(self) -> int:
+        """Bumped on every registry change."""
+        ...
+
+    def connected(self) -> set[str]: ...
+
+    def gossip_lag(self) -> float:
+        """How late registry gossip arrives here now, in seconds."""
+        ...
+
+    def learn_addresses(self, peers: dict[str, tuple[str, ...]]) -> None:
+        """Members' addresses, to reach those we hold no connection to."""
+        ...
+
+    async def evict(self, peer_id: str, reason: str) -> list[str]:
+        """Drop our connection to ``peer_id`` and sign evictions of its live sessions;
+        the session ids whose eviction was new."""
+        ...
+
+
+class Prober:
+    def __init__(self, self_id: str, config: DetectorConfig, table: LivenessTable,
+                 watch: NeighbourWatch, health: LocalHealth, news: News, events: EventLog,
+                 members: MemberList, round_trips: RoundTrips, transport: ProbeTransport,
+                 node: Membership, clock: Callable[[], float],
+                 stats: dict[str, int]) -> None:
+        self.self_id = self_id
+        self.config = config
+        self.table = table
+        self.watch = watch
+        self.health = health
+        self.news = news
+        self.events = events
+        self.members = members
+        self.round_trips = round_trips
+        self.transport = transport
+        self.node = node
+        self.clock = clock
+        self.stats = stats
+        self.appeared: set[str] = set()  # peers that connected since the last round
+        self.braking = False  # mirrors ``table.braking()`` to log its changes
+
+    async def run(self) -> None:
+        while True:
+            started = self.clock()
+            interval = self.config.probe_interval * self.health.multiplier
+            await self.period()
+            asked = max(0.0, interval - (self.clock() - started))
+            before = self.clock()
+            await trio.sleep(asked)
+            self.health.slept(asked, self.clock() - before, self.clock())
+
+    async def period(self) -> None:
+        """One probe period's work, without the sleep."""
+        peers = self.members.sync(self.node.records(), self.node.generation(), self.clock())
+        if peers is not None:
+            self.node.learn_addresses(peers)
+        self._watch_neighbours()
+        target = self.watch.next_target(self.clock())
+        if target is not None and await self.round(target) != "silent":
+            self.watch.decided(target)
+        now = self.clock()
+        self._watch_brake()
+        self.table.observe_dissemination_delay(self.node.gossip_lag())
+        if not self.health.lagging(now):  # irreversible steps wait until we trust our view
+            for peer_id in self.table.expired_suspicions(now):
+                self.events.record(peer_id, "confirmed",
+                                   "did not refute within the suspicion timeout")
+            for peer_id in self.table.due_evictions(now):
+                await self._evict(peer_id)
+
+    def _watch_neighbours(self) -> None:
+        # Suspects stay watched while connected: our probes carry the news they must refute.
+        watchable = {p for p, m in self.table.members.items() if m.status is not Status.CONFIRMED}
+        known = {r.peer_id for r in self.node.records()}
+        appeared, self.appeared = frozenset(self.appeared), set()
+        for peer_id in self.watch.observe(self.node.connected(), watchable, known,
+                                          self.clock(), appeared):
+            self.events.record(peer_id, "connection lost", "probing it first")
+
+    def _watch_brake(self) -> None:
+        """Record when the eviction brake goes on or off: an operator asking why a dead
+        node is still listed, or why live ones were not evicted, finds it in the events."""
+        braking = self.table.braking()
+        if braking == self.braking:
+            return
+        self.braking = braking
+        unhealthy = len(self.table.suspected())
+        members = len(self.table.members)
+        if braking:
+            self.stats["brake_engaged"] += 1
+            detail = (f"{unhealthy} of {members} members suspected at once: evicting one "
+                      "at a time")
+            log.warning("eviction brake on: %s", detail)
+            self.events.record(self.self_id, "eviction brake on", detail)
+        else:
+            self.events.record(self.self_id, "eviction brake off",
+                               f"{unhealthy} of {members} members suspected")
+            log.warning("eviction brake off")
+
+    # -- one probe round ---------------------------------------------------------------
+
+    async def round(self, target: str) -> str:
+        """Probe ``target`` over all three paths: "acked" (directly or through a helper),
+        "suspected" (all failed, now a suspect) or "silent" (no ack, but heard recently)."""
+        self.stats["probes"] += 1
+        if await self.ping(target):
+            self.health.better()
+            return "acked"
+        helpers = [p for p in self.watch.neighbours if p != target and p in self.table.members
+                   and self.table.members[p].status is Status.ALIVE]
+        random.shuffle(helpers)
+        helpers = helpers[: self.config.indirect_probes]
+        results: list[bool | None] = []
+        if helpers:
+            async with trio.open_nursery() as nursery:
+
+                async def ask(helper: str) -> None:
+                    results.append(await self._ping_via(helper, target))
+
+                for helper in helpers:
+                    nursery.start_soon(ask, helper)
+        acked = any(r is True for r in results)
+        if helpers and all(r is None for r in results):
+            self.health.worse()  # nobody answered us at all: we are likely the slow one
+        window = self.config.stale_window * self.health.multiplier
+        if acked:
+            return "acked"
+        if self.table.heard_recently(target, self.clock(), window):
+            return "silent"
+        if self.health.lagging(self.clock()):
+            self.stats["withheld"] += 1
+            return "silent"
+        if self.table.probe_failed(target, self.clock()):
+            self.stats["suspected"] += 1
+            detail = f"direct, {len(helpers)} indirect and recent-contact checks failed"
+            if self.news.publish_suspicion(target, target in self.watch.lost):
+                detail += "; published"
+            self.events.record(target, "suspected", detail)
+            log.warning("suspecting %s: %s", target, detail)
+        return "suspected"
+
+    async def ping(self, target: str) -> bool:
+        """A direct probe, timed out by the peer's measured round trips and our health."""
+        started = self.clock()
+        timeout = self.round_trips.timeout(target) * self.health.multiplier
+        if not await self.transport.probe(target, timeout):
+            return False
+        self.round_trips.observe(target, self.clock() - started)
+        return True
+
+    async def _ping_via(self, helper: str, target: str) -> bool | None:
+        wait = self.round_trips.timeout(helper) + self.round_trips.timeout(target)
+        return await self.transport.probe_via(helper, target, wait * self.health.multiplier)
+
+    async def _evict(self, peer_id: str) -> None:
+        reason = (f"unresponsive for {self.config.suspicion_timeout:.0f}s after suspicion "
+                  "(direct, indirect and recent-contact probes failed)")
+        for session_id in await self.node.evict(peer_id, reason):
+            self.stats["evicted"] += 1
+            self.events.record(peer_id, "evicted", f"session {session_id}: {reason}")
+            log.warning("evicted session %s of %s", session_id, peer_id)

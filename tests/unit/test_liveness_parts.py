@@ -1,0 +1,330 @@
+"""The failure detector's parts on a fake clock: the probe loop against a fake transport
+(probe, indirect probe) and a fake node, local health, news, and the member list. The
+same parts run over real libp2p in tests/integration/test_failure_detection.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import trio
+import trio.testing
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
+
+from otela.liveness.events import EventLog
+from otela.liveness.health import LocalHealth
+from otela.liveness.members import MemberList
+from otela.liveness.news import News, alive_payload, verify_alive
+from otela.liveness.prober import DetectorConfig, Prober
+from otela.liveness.rtt import RoundTrips
+from otela.liveness.table import LivenessTable, Status, Update
+from otela.liveness.watch import NeighbourWatch
+from otela.registry.records import Lifecycle, NodeRecord
+
+from .registry_helpers import record
+
+CONFIG = DetectorConfig(probe_interval=1.0, probe_timeout=1.0, stale_window=3.0,
+                        suspicion_timeout=6.0)
+
+
+class FakeTransport:
+    """Peers in ``alive`` ack; ``helpers_blind`` helpers answer that they cannot reach the
+    target; ``helpers_mute`` do not answer at all."""
+
+    def __init__(self) -> None:
+        self.alive: set[str] = set()
+        self.helpers_blind: set[str] = set()
+        self.helpers_mute: set[str] = set()
+        self.probes: list[str] = []
+
+    async def probe(self, peer: str, timeout: float) -> bool:
+        self.probes.append(peer)
+        if peer in self.alive:
+            return True
+        await trio.sleep(timeout)
+        return False
+
+    async def probe_via(self, helper: str, target: str, timeout: float) -> bool | None:
+        if helper in self.helpers_mute:
+            await trio.sleep(timeout)
+            return None
+        return helper not in self.helpers_blind and target in self.alive
+
+
+class FakeNode:
+    def __init__(self, peers: list[str]) -> None:
+        self.registry = [record(p, 1, Lifecycle.SERVING, peer_id=p) for p in peers]
+        self.gen = 1
+        self.links = set(peers)
+        self.evicted: list[tuple[str, str]] = []
+        self.addresses: dict[str, tuple[str, ...]] = {}
+
+    def records(self) -> Iterable[NodeRecord]:
+        return self.registry
+
+    def generation(self) -> int:
+        return self.gen
+
+    def connected(self) -> set[str]:
+        return set(self.links)
+
+    def gossip_lag(self) -> float:
+        return 0.0
+
+    def learn_addresses(self, peers: dict[str, tuple[str, ...]]) -> None:
+        self.addresses = peers
+
+    async def evict(self, peer_id: str, reason: str) -> list[str]:
+        self.evicted.append((peer_id, reason))
+        return [r.session_id for r in self.registry if r.peer_id == peer_id]
+
+
+class Detector:
+    """The parts wired as ``FailureDetector`` wires them, minus libp2p."""
+
+    def __init__(self, peers: list[str], self_id: str = "me") -> None:
+        self.stats: dict[str, int] = {k: 0 for k in ("probes", "suspected", "withheld",
+                                                     "evicted", "refuted", "brake_engaged")}
+        self.table = LivenessTable(self_id, CONFIG.suspicion_timeout,
+                                   eviction_stagger=CONFIG.probe_interval)
+        self.watch = NeighbourWatch()
+        self.events = EventLog(clock=trio.current_time)
+        self.health = LocalHealth(CONFIG.max_local_health, CONFIG.stale_window,
+                                  CONFIG.probe_interval, on_change=self.table.scale_timeouts)
+        self.rtt = RoundTrips(floor=CONFIG.probe_timeout, ceiling=CONFIG.stale_window)
+        keys = create_new_key_pair()
+        self.news = News(self_id, self.table, self.watch, self.health, self.events,
+                         keys.private_key.sign, self.stats)
+        self.members = MemberList(self_id, self.table, self.rtt, self.events)
+        self.transport = FakeTransport()
+        self.node = FakeNode(peers)
+        self.prober = Prober(self_id, CONFIG, self.table, self.watch, self.health, self.news,
+                             self.events, self.members, self.rtt, self.transport, self.node,
+                             trio.current_time, self.stats)
+
+    def event_kinds(self, peer: str) -> list[str]:
+        return [e["event"] for e in self.events.events if e["peer_id"] == peer]
+
+
+def run_for(seconds: float, detector: Detector) -> None:
+    async def main() -> None:
+        with trio.move_on_after(seconds):
+            await detector.prober.run()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_peers_that_ack_are_never_suspected():
+    d = Detector(["a", "b", "c"])
+    d.transport.alive = {"a", "b", "c"}
+    run_for(60, d)
+    assert d.table.suspected() == frozenset() and d.node.evicted == []
+    assert set(d.transport.probes) == {"a", "b", "c"}
+    assert d.stats["probes"] >= 50  # one per period
+    assert d.node.addresses.keys() == {"a", "b", "c"}  # handed over for the peerstore
+
+
+def test_a_helper_that_reaches_the_target_keeps_it_alive():
+    d = Detector(["a", "b"])
+    d.transport.alive = {"a", "b"}  # b reaches a...
+    d.transport.probe = _never  # type: ignore[method-assign]  # ...though we cannot
+
+    async def go() -> str:
+        d.members.sync(d.node.records(), 1, trio.current_time())
+        d.watch.observe({"a", "b"}, {"a", "b"}, {"a", "b"}, trio.current_time())
+        return await d.prober.round("a")
+
+    assert trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0)) == "acked"
+    assert d.table.suspected() == frozenset()
+
+
+async def _never(peer: str, timeout: float) -> bool:
+    await trio.sleep(timeout)
+    return False
+
+
+def test_a_dead_peer_is_suspected_confirmed_and_evicted():
+    d = Detector(["a", "b", "c"])
+    d.transport.alive = {"b", "c"}
+    d.transport.helpers_blind = {"b", "c"}  # they answer, but cannot reach a either
+    run_for(60, d)
+    assert "a" in d.table.members and d.table.members["a"].status is Status.CONFIRMED
+    assert [peer for peer, _ in d.node.evicted][:1] == ["a"]
+    assert d.event_kinds("a")[:3] == ["suspected", "confirmed", "evicted"]
+    assert d.stats["evicted"] >= 1 and d.health.score == 0
+
+
+def test_a_peer_heard_from_recently_is_not_suspected():
+    d = Detector(["a", "b"])
+    d.transport.helpers_blind = {"b"}
+
+    async def go() -> str:
+        d.members.sync(d.node.records(), 1, trio.current_time())
+        d.watch.observe({"a", "b"}, {"a", "b"}, {"a", "b"}, trio.current_time())
+        d.table.heard_from("a", trio.current_time())  # it forwarded us gossip just now
+        return await d.prober.round("a")
+
+    assert trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0)) == "silent"
+    assert d.table.suspected() == frozenset()
+
+
+def test_a_lagging_node_accuses_nobody_and_evicts_nobody():
+    d = Detector(["a"])
+
+    async def go() -> str:
+        d.members.sync(d.node.records(), 1, trio.current_time())
+        d.watch.observe({"a"}, {"a"}, {"a"}, trio.current_time())
+        await trio.sleep(10)
+        d.health.slept(asked=1.0, took=2.0, now=trio.current_time())  # our loop woke late
+        return await d.prober.round("a")
+
+    assert trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0)) == "silent"
+    assert d.stats["withheld"] == 1 and d.table.suspected() == frozenset()
+
+
+def test_mute_helpers_make_a_node_doubt_itself_and_slow_down():
+    d = Detector(["a", "b", "c"])
+    d.transport.helpers_mute = {"b", "c"}
+
+    async def go() -> None:
+        d.members.sync(d.node.records(), 1, trio.current_time())
+        d.watch.observe({"a", "b", "c"}, {"a", "b", "c"}, {"a", "b", "c"},
+                        trio.current_time())
+        await d.prober.round("a")
+
+    trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert d.health.score == 1
+    assert d.table.suspicion_timeout == 2 * CONFIG.suspicion_timeout  # scaled by health
+
+
+def test_an_unhealthy_node_probes_less_often():
+    healthy, unhealthy = Detector(["a"]), Detector(["a"])
+    for d in (healthy, unhealthy):
+        d.transport.alive = {"a"}
+    unhealthy.health.score = 3  # probes every 4 periods' worth of time
+    unhealthy.prober.health.better = lambda: None  # type: ignore[method-assign]
+    run_for(40, healthy)
+    run_for(40, unhealthy)
+    assert healthy.stats["probes"] >= 3 * unhealthy.stats["probes"]
+
+
+def test_local_health_is_bounded_and_scales_the_table():
+    scaled: list[int] = []
+    health = LocalHealth(maximum=2, stale_window=3.0, probe_interval=1.0,
+                         on_change=scaled.append)
+    for _ in range(5):
+        health.worse()
+    assert health.score == 2 and health.multiplier == 3 and scaled[-1] == 3
+    health.better()
+    health.better()
+    health.better()
+    assert health.score == 0
+    health.slept(asked=1.0, took=1.4, now=10.0)
+    assert not health.lagging(10.0)  # late by less than half a period: fine
+    health.slept(asked=1.0, took=1.6, now=10.0)
+    assert health.lagging(12.9) and not health.lagging(13.1)
+
+
+# -- news -------------------------------------------------------------------------------
+
+
+class Keyed:
+    def __init__(self) -> None:
+        keys = create_new_key_pair()
+        self.sign = keys.private_key.sign
+        self.peer_id = ID.from_pubkey(keys.public_key).to_base58()
+
+
+def news_for(me: Keyed, peers: list[str]) -> tuple[News, LivenessTable, EventLog, dict]:
+    stats = {"refuted": 0}
+    table = LivenessTable(me.peer_id, 6.0)
+    table.sync_members(set(peers), 0.0)
+    events = EventLog(clock=lambda: 0.0)
+    health = LocalHealth(8, 3.0, 1.0, on_change=table.scale_timeouts)
+    return News(me.peer_id, table, NeighbourWatch(), health, events, me.sign, stats), table, \
+        events, stats
+
+
+def test_only_the_peers_own_signature_refutes_a_suspicion():
+    me, peer, forger = Keyed(), Keyed(), Keyed()
+    news, table, events, stats = news_for(me, [peer.peer_id])
+    news.apply([peer.peer_id, "suspect", 0, None, "x"], 1.0, "x")
+    assert peer.peer_id in table.suspected()
+    forged = forger.sign(alive_payload(peer.peer_id, 1))
+    news.apply([peer.peer_id, "alive", 1, forged, None], 2.0, "x")
+    assert peer.peer_id in table.suspected()  # a forged refutation changes nothing
+    genuine = peer.sign(alive_payload(peer.peer_id, 1))
+    assert verify_alive(Update(peer.peer_id, Status.ALIVE, 1, genuine))
+    news.apply([peer.peer_id, "alive", 1, genuine, None], 3.0, "x")
+    assert table.suspected() == frozenset() and stats["refuted"] == 1
+    assert [e["event"] for e in events.events] == ["suspected", "refuted"]
+
+
+def test_a_published_suspicion_of_us_is_refuted_loudly_with_a_signed_alive():
+    me, peer = Keyed(), Keyed()
+    news, _table, _, _ = news_for(me, [peer.peer_id])
+
+    async def go() -> list:
+        news.receive([[me.peer_id, "suspect", 0, None, peer.peer_id]], 1.0, peer.peer_id,
+                     published=True)
+        assert news.pending.is_set()
+        return news.take_broadcasts()
+
+    published = trio.run(go)
+    assert len(published) == 1
+    peer_id, status, incarnation, proof, _ = published[0]
+    assert (peer_id, status, incarnation) == (me.peer_id, "alive", 1)
+    assert verify_alive(Update(peer_id, Status.ALIVE, incarnation, proof))
+
+
+def test_a_quiet_suspicion_of_us_is_refuted_on_probes_only():
+    me, peer = Keyed(), Keyed()
+    news, _table, _, _ = news_for(me, [peer.peer_id])
+
+    async def go() -> tuple[list, list]:
+        news.receive([[me.peer_id, "suspect", 0, None, peer.peer_id]], 1.0, peer.peer_id)
+        return news.take_broadcasts(), news.piggyback()
+
+    published, piggybacked = trio.run(go)
+    assert published == []
+    assert any(u[0] == me.peer_id and u[1] == "alive" for u in piggybacked)
+
+
+def test_a_published_suspicion_is_verified_first_hand():
+    me, suspect, other = Keyed(), Keyed(), Keyed()
+    news, _table, events, _ = news_for(me, [suspect.peer_id, other.peer_id])
+    news.watch.observe({other.peer_id}, {suspect.peer_id, other.peer_id},
+                       {suspect.peer_id, other.peer_id}, 0.0)
+    news.apply([suspect.peer_id, "suspect", 0, None, other.peer_id], 1.0, other.peer_id,
+               published=True)
+    # With three members every one is among the verifiers: probe it next, connected or not.
+    assert news.watch.next_target(2.0) == suspect.peer_id
+    assert "verifying" in [e["event"] for e in events.events]
+
+
+def test_garbage_news_is_ignored():
+    me = Keyed()
+    news, table, _, _ = news_for(me, ["p"])
+    for item in (None, [], ["p"], ["p", "nonsense", 0, None, None], ["p", "alive", "x", 1, 2]):
+        news.apply(item, 1.0, "x")
+    assert table.suspected() == frozenset()
+
+
+# -- the member list --------------------------------------------------------------------
+
+
+def test_members_follow_the_registry_and_a_rejoin_starts_afresh():
+    table = LivenessTable("me", 6.0)
+    events = EventLog(clock=lambda: 0.0)
+    members = MemberList("me", table, RoundTrips(floor=1.0, ceiling=3.0), events)
+    first = [record("a", 1, Lifecycle.SERVING, peer_id="a"),
+             record("b", 1, Lifecycle.LEFT, peer_id="b"),
+             record("me", 1, Lifecycle.SERVING, peer_id="me")]
+    assert members.sync(first, 1, 0.0) == {"a": ()}
+    assert members.sync(first, 1, 1.0) is None  # unchanged registry: no work
+    assert set(table.members) == {"a"}
+    table.probe_failed("a", 2.0)
+    assert "a" in table.suspected()
+    rejoined = [*first, record("a2", 1, Lifecycle.SERVING, peer_id="a")]
+    members.sync(rejoined, 2, 3.0)
+    assert table.members["a"].status is Status.ALIVE  # a new session starts afresh
