@@ -321,11 +321,13 @@ class Node:
                 isolated = isolated_below(self.mesh, 1)
                 for url in self.bootstrap_urls:
                     nursery.start_soon(
-                        follow_bootstrap_list, url, self.mesh, self.replicator, client, isolated
+                        follow_bootstrap_list, url, self.mesh, self.replicator.sync_with, client,
+                        isolated
                     )
                 for peer in self.bootstrap_peers:
                     nursery.start_soon(
-                        keep_connected, self.mesh, self.replicator, peer, isolated, self.netlog
+                        keep_connected, self.mesh, self.replicator.sync_with, peer, isolated,
+                        self.netlog
                     )
                 if self.engine_command:
                     self.supervisor = Supervisor(

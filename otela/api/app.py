@@ -19,13 +19,12 @@ from fastapi.responses import Response
 
 from otela import __version__
 from otela.api.errors import (
-    APIError,
-    clip,
     error_response,
     install_error_handlers,
     read_json_object,
     require_model,
 )
+from otela.dataplane.errors import RequestError, clip
 from otela.dataplane.hop_auth import HOP_HEADER, HopRefused, HopVerifier
 from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
@@ -92,7 +91,7 @@ def create_app(node: NodeView) -> FastAPI:
     async def network(peer: str | None = None) -> dict[str, Any]:
         """Read-only: addresses, reachability, relays, contacts, dial errors, verdicts."""
         if peer is not None and not _PEER_ID.match(peer):
-            raise APIError(400, f"not a peer id: {clip(peer)!r}", code="invalid_peer_id",
+            raise RequestError(400, f"not a peer id: {clip(peer)!r}", code="invalid_peer_id",
                            param="peer")
         return node.network(peer)
 
@@ -170,7 +169,7 @@ def create_app(node: NodeView) -> FastAPI:
             return error_response(refused.status, refused.message, code=refused.code,
                                   headers={NOT_DELIVERED_HEADER: "1"})
         if path not in ENGINE_PATHS:
-            raise APIError(404, f"/{clip(path)} is not relayed to engines", code="not_found")
+            raise RequestError(404, f"/{clip(path)} is not relayed to engines", code="not_found")
         engine_url = node.serving_engine_url()
         if engine_url is None:
             # Draining or not yet ready: the request never ran, so the ingress may try

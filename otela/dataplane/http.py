@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httptools
-import orjson
 import trio
+
+from otela.dataplane.errors import error_json
 
 log = logging.getLogger("otela.http")
 
@@ -49,11 +50,6 @@ REASONS = {
     501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable",
     504: "Gateway Timeout",
 }
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                403: "permission_error", 404: "not_found_error", 408: "invalid_request_error",
-                413: "invalid_request_error", 429: "rate_limit_error",
-                431: "invalid_request_error", 502: "upstream_error",
-                503: "service_unavailable", 504: "upstream_timeout"}
 _RECV = 65536
 _PIPELINE_DEPTH = 16  # requests queued behind the one being answered before we stop reading
 
@@ -70,14 +66,6 @@ class ServerLimits:
     send_timeout: float = 60.0
     max_connections_per_client: int = 256
     max_connections: int = 8192
-
-
-def error_json(status: int, message: str, code: str | None = None,
-               param: str | None = None) -> bytes:
-    """An OpenAI-style error body."""
-    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
-    return orjson.dumps({"error": {"message": message, "type": kind, "param": param,
-                                   "code": code}})
 
 
 @dataclass

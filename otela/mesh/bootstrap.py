@@ -15,16 +15,16 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 import multiaddr
 import trio
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from otela.mesh.host import MeshHost
 from otela.mesh.netlog import NetLog
-from otela.replication.replicator import Replicator
 
 log = logging.getLogger("otela.mesh")
 
@@ -78,9 +78,13 @@ def isolated_below(mesh: MeshHost, minimum: int) -> Callable[[], bool]:
     return lambda: len(mesh.host.get_connected_peers()) < minimum
 
 
+# Anti-entropy with a peer just connected to (``Replicator.sync_with``): whether it worked.
+Sync = Callable[[ID], Awaitable[bool]]
+
+
 async def keep_connected(
     mesh: MeshHost,
-    replicator: Replicator,
+    sync: Sync,
     peer: PeerInfo,
     needs_bootstrap: Callable[[], bool] | None = None,
     netlog: NetLog | None = None,
@@ -126,13 +130,13 @@ async def keep_connected(
         if netlog is not None:
             netlog.bootstrap_attempt(where, peer.peer_id.to_base58(), None)
         failures, delay = 0, BACKOFF_INITIAL_S
-        joined = await replicator.sync_with(peer.peer_id) or joined
+        joined = await sync(peer.peer_id) or joined
 
 
 async def follow_bootstrap_list(
     url: str,
     mesh: MeshHost,
-    replicator: Replicator,
+    sync: Sync,
     client: httpx.AsyncClient,
     needs_bootstrap: Callable[[], bool],
 ) -> None:
@@ -165,5 +169,5 @@ async def follow_bootstrap_list(
                     followed.add(addr)
                     continue
                 followed.add(addr)
-                nursery.start_soon(keep_connected, mesh, replicator, peer, needs_bootstrap)
+                nursery.start_soon(keep_connected, mesh, sync, peer, needs_bootstrap)
             await trio.sleep(LIST_REFRESH_S)

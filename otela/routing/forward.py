@@ -19,7 +19,7 @@ import httpx
 import trio
 from fastapi.responses import Response, StreamingResponse
 
-from otela.api.errors import APIError
+from otela.dataplane.errors import RequestError
 
 # Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus length/encoding,
 # which the relaying server recomputes.
@@ -76,14 +76,14 @@ def response_headers(upstream: Iterable[tuple[str, str]], extra: Mapping[str, st
     return headers
 
 
-def upstream_failed(url: str, exc: BaseException) -> APIError:
-    return APIError(502, f"The node serving the request failed before it answered "
+def upstream_failed(url: str, exc: BaseException) -> RequestError:
+    return RequestError(502, f"The node serving the request failed before it answered "
                     f"({type(exc).__name__}); it may have run, so it was not retried.",
                     code="upstream_failed")
 
 
-def upstream_timeout(timeout: float) -> APIError:
-    return APIError(504, f"The serving engine accepted the request but sent nothing for "
+def upstream_timeout(timeout: float) -> RequestError:
+    return RequestError(504, f"The serving engine accepted the request but sent nothing for "
                     f"{timeout:.0f} s.", code="upstream_timeout")
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import trio
 from fastapi.responses import Response, StreamingResponse
 
-from otela.api.errors import APIError
+from otela.dataplane.errors import RequestError
 from otela.registry.records import NodeRecord
 from otela.routing.forward import (
     DEFAULT_FIRST_BYTE_TIMEOUT_S,
@@ -42,7 +42,7 @@ async def forward_p2p(
     except trio.TooSlowError:
         raise upstream_timeout(first_byte_timeout) from None
     except ResponseLost as exc:
-        raise APIError(502, f"The node serving the request failed: {exc}",
+        raise RequestError(502, f"The node serving the request failed: {exc}",
                        code="upstream_failed") from exc
     out = response_headers(upstream.headers.items(), extra_response_headers)
     out["x-otela-path"] = "libp2p"
@@ -51,6 +51,6 @@ async def forward_p2p(
     try:
         content = await upstream.read()
     except ResponseLost as exc:
-        raise APIError(502, f"The node serving the request failed: {exc}",
+        raise RequestError(502, f"The node serving the request failed: {exc}",
                        code="upstream_failed") from exc
     return Response(content, status_code=upstream.status, headers=out)

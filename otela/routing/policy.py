@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Collection, Sequence
 
-from otela.api.errors import APIError, clip
+from otela.dataplane.errors import RequestError, clip
 from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
 
@@ -26,20 +26,20 @@ def candidates_for(
         return serving
     entry = registry.model(model_id)
     if entry is None:
-        raise APIError(
+        raise RequestError(
             404,
             f"The model `{clip(model_id)}` does not exist in this federation.",
             code="model_not_found",
             param="model",
         )
     if registry.serving_candidates(model_id):
-        raise APIError(
+        raise RequestError(
             503,
             f"Every node serving `{clip(model_id)}` is suspected unreachable right now; "
             "retry later.",
             code="no_serving_node",
         )
-    raise APIError(
+    raise RequestError(
         503,
         f"No node is serving `{clip(model_id)}` right now "
         f"({len(entry.sessions)} known, none SERVING); retry later.",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 import httpx
 from fastapi.responses import Response
 
-from otela.api.errors import APIError, clip
+from otela.dataplane.errors import RequestError, clip
 from otela.dataplane.hop_auth import HOP_HEADER, HopSigner
 from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
@@ -114,7 +114,7 @@ class Router:
                 )
             except UpstreamUnreachable as exc:
                 log.warning("node %s unreachable, trying another: %s", node.session_id, exc)
-        raise APIError(
+        raise RequestError(
             502,
             f"All {len(tried)} candidate node(s) for `{clip(model_id)}` were unreachable.",
             code="all_nodes_unreachable",

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from otela.api.errors import APIError
+from otela.dataplane.errors import RequestError
 from otela.registry.crdt import Entry
 from otela.registry.records import Lifecycle
 from otela.registry.store import Registry
@@ -80,7 +80,7 @@ def closed_port() -> int:
 async def route_through(behaviours: list[Behaviour | None], timeout: float = 5.0
                         ) -> tuple[int, list[int]]:
     """Route one request over candidates with these behaviours (``None``: nothing listens),
-    tried in order; the response status (or the APIError's) and hits per candidate."""
+    tried in order; the response status (or the RequestError's) and hits per candidate."""
     hits = [0] * len(behaviours)
     registry = Registry()
     async with trio.open_nursery() as nursery:
@@ -103,7 +103,7 @@ async def route_through(behaviours: list[Behaviour | None], timeout: float = 5.0
             try:
                 response = await router.route("m", "/v1/chat/completions", b"{}", {})
                 status = response.status_code
-            except APIError as exc:
+            except RequestError as exc:
                 status = exc.status
         nursery.cancel_scope.cancel()
     return status, hits

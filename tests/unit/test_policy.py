@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from otela.api.errors import APIError
+from otela.dataplane.errors import RequestError
 from otela.registry.records import Lifecycle
 from otela.registry.store import Registry
 from otela.routing.policy import candidates_for, pick_random
@@ -18,7 +18,7 @@ def node(session, state):
 
 
 def test_unknown_model_is_404():
-    with pytest.raises(APIError) as err:
+    with pytest.raises(RequestError) as err:
         candidates_for(Registry(), "ghost")
     assert err.value.status == 404
     assert err.value.code == "model_not_found"
@@ -27,7 +27,7 @@ def test_unknown_model_is_404():
 def test_known_model_without_serving_node_is_503():
     reg = Registry()
     reg.apply(entry("a", 1, Lifecycle.DOWN), NOW)
-    with pytest.raises(APIError) as err:
+    with pytest.raises(RequestError) as err:
         candidates_for(reg, "m")
     assert err.value.status == 503
 

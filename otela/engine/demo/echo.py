@@ -29,13 +29,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from otela.api.errors import (
-    APIError,
-    clip,
     error_response,
     install_error_handlers,
     read_json_object,
     require_model,
 )
+from otela.dataplane.errors import RequestError, clip
 
 DEFAULT_MAX_CONTEXT = 4096
 
@@ -73,32 +72,32 @@ def _validate(body: dict[str, Any], chat: bool) -> None:
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise APIError(400, "'messages' must be a non-empty list", param="messages")
+            raise RequestError(400, "'messages' must be a non-empty list", param="messages")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise APIError(400, f"messages[{i}] must be an object with a 'role'",
+                raise RequestError(400, f"messages[{i}] must be an object with a 'role'",
                                param=f"messages[{i}]")
             content = message.get("content")
             if content is not None and not isinstance(content, str | list):
-                raise APIError(400, f"messages[{i}].content must be a string or a list of "
+                raise RequestError(400, f"messages[{i}].content must be a string or a list of "
                                "parts", param=f"messages[{i}].content")
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str) and not (
             isinstance(prompt, list) and all(isinstance(p, str | int) for p in prompt)
         ):
-            raise APIError(400, "'prompt' must be a string or a list of strings or tokens",
+            raise RequestError(400, "'prompt' must be a string or a list of strings or tokens",
                            param="prompt")
     for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                   or value < 1):
-            raise APIError(400, f"'{name}' must be a positive integer", param=name)
+            raise RequestError(400, f"'{name}' must be a positive integer", param=name)
     if not isinstance(body.get("stream", False), bool):
-        raise APIError(400, "'stream' must be a boolean", param="stream")
+        raise RequestError(400, "'stream' must be a boolean", param="stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise APIError(400, "'stream_options' must be an object", param="stream_options")
+        raise RequestError(400, "'stream_options' must be an object", param="stream_options")
 
 
 def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
@@ -158,7 +157,7 @@ def create_app(settings: EchoSettings) -> FastAPI:
         body = await read_json_object(request)
         model = require_model(body)
         if model not in settings.models:
-            raise APIError(404, f"The model `{clip(model)}` does not exist.",
+            raise RequestError(404, f"The model `{clip(model)}` does not exist.",
                            code="model_not_found")
         _validate(body, chat)
         counter["requests"] += 1

@@ -1,0 +1,60 @@
+"""Request errors that any part of the request path may raise, whatever protocol carries
+the answer: the HTTP API turns them into OpenAI-style JSON errors, the libp2p hop into
+error frames. Shape of the body: ``{"error": {"message", "type", "param", "code"}}``.
+Messages never echo unbounded input back (``clip``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    431: "invalid_request_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "upstream_timeout",
+}
+
+
+class RequestError(Exception):
+    """Raise anywhere on the request path to answer with an OpenAI-style error."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None,
+                 param: str | None = None, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, code=self.code, param=self.param)
+
+
+def error_body(status: int, message: str, *, code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
+    kind = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "api_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_json(status: int, message: str, code: str | None = None,
+               param: str | None = None) -> bytes:
+    """The error body, serialized."""
+    return orjson.dumps(error_body(status, message, code=code, param=param))
+
+
+def clip(text: str, limit: int = 200) -> str:
+    """``text`` cut to ``limit`` characters: errors never echo unbounded input back."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
