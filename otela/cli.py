@@ -72,7 +72,7 @@ def start(flags: dict[str, Any], config_file: Path | None = CONFIG_OPTION) -> No
         typer.echo(f"otela: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
-        code = trio.run(node.run)
+        code = trio.run(node.run, instruments=[node.slow_steps] if config.trace_loop else [])
     except KeyboardInterrupt:
         code = 130
     except (OSError, BaseExceptionGroup) as exc:

@@ -15,6 +15,7 @@ Exit codes: 0 after a clean stop (SIGTERM/SIGINT), 3 when the engine failed (fai
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -28,17 +29,25 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from otela import __version__, hardware
 from otela.api.app import create_app
+from otela.api.dispatch import Dispatch
+from otela.api.hop import EngineHop
+from otela.api.inference import InferenceRoutes
 from otela.config import NodeConfig
-from otela.dataplane.asgi import serve_asgi
+from otela.dataplane.gate import EngineGate
 from otela.dataplane.hop_auth import HopSigner, HopVerifier
-from otela.dataplane.http import HttpServer, Request, Response, ServerLimits
+from otela.dataplane.http import HttpServer, ServerLimits
 from otela.dataplane.inflight import Inflight
+from otela.dataplane.p2p_client import EngineStreamClient
+from otela.dataplane.p2p_server import EngineStreamServer
+from otela.dataplane.pool import HttpPool
+from otela.dataplane.upstream import Upstreams
 from otela.engine.command import EngineCommand, attached_engine, parse_engine_command
 from otela.engine.metadata import split_overrides
 from otela.engine.supervisor import Supervisor
 from otela.failures import os_error_in
 from otela.identity import Identity, load_or_create
 from otela.liveness.detector import DetectorConfig, FailureDetector
+from otela.looplag import Histogram, LagSampler, SlowSteps
 from otela.mesh.bootstrap import (
     follow_bootstrap_list,
     is_url,
@@ -62,14 +71,11 @@ from otela.replication import (
 )
 from otela.routing.router import Router
 from otela.slurm import job_from_env, watch_wall_time, with_end_time
-from otela.transport.client import EngineStreamClient
-from otela.transport.server import EngineStreamServer
 
 log = logging.getLogger("otela.node")
 
 EXIT_OK = 0
 EXIT_ENGINE_FAILED = 3
-RELAYED_PREFIXES = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/engine/")
 
 
 class Node:
@@ -98,7 +104,6 @@ class Node:
         self.hardware = hardware.discover(config.hw_cpus, config.hw_memory_gb, config.hw_gpus)
         self.slurm_job = job_from_env(os.environ)
         self.inflight = Inflight()
-        self.supervisor: Supervisor | None = None
         self.bootstrap_peers = [parse_bootstrap(a) for a in config.bootstrap if not is_url(a)]
         self.bootstrap_urls = [a for a in config.bootstrap if is_url(a)]
         self.mesh = build_host(self.identity, config.listen_host, config.p2p_port)
@@ -130,29 +135,55 @@ class Node:
             hole_punch=config.hole_punch,
             netlog=self.netlog,
         )
-        peer_id, seed = self.identity.peer_id.to_base58(), self.identity.key_pair.private_key
-        self.hop_signer = HopSigner(seed.to_bytes(), peer_id)
-        self.hop_verifier = HopVerifier(seed.to_bytes(), peer_id, self.registry.is_member)
-        self.engine_streams = EngineStreamServer(
-            self.serving_engine_url, lambda: self.client, self.inflight,
-            self.registry.is_member, config.max_body_bytes,
+        # Control-plane HTTP (engine health checks, bootstrap lists); requests use the pool.
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0), trust_env=False)
+        self.peering = Peering(
+            self.mesh.host,
+            self.registry,
+            suspected=self.detector.suspected,
+            reconcile=self.replicator.sync_with,
+            keep=lambda: set(self.nat.reservations),
+            on_trim=self.detector.part,
         )
-        self.http = HttpServer(self._dispatch, ServerLimits(
-            max_body_bytes=config.max_body_bytes,
-            header_timeout=config.header_timeout,
-            body_timeout=config.body_timeout,
-            max_connections_per_client=config.max_connections_per_client,
-        ))
-        self.api = create_app(self)
-        self.p2p = EngineStreamClient(self.mesh.host, self.nat.connect)
-        self.addrs: list[str] = []
-        self.http_url = ""
         self.exit_code = EXIT_OK
         self._stop = trio.Event()
         self._stopping = False
-        self.client: httpx.AsyncClient
-        self.router: Router
-        self._nursery: trio.Nursery
+        self.supervisor = None if self.engine_command is None else Supervisor(
+            self.engine_command,
+            config,
+            self.client,
+            self._engine_ready,
+            lambda reason: self.request_stop(EXIT_ENGINE_FAILED),
+            self._stop,
+        )
+        # The request path (otela.dataplane, otela.routing, otela.api).
+        peer_id, key = self.identity.peer_id.to_base58(), self.identity.key_pair.private_key
+        self.hop_signer = HopSigner(key.to_bytes(), peer_id)
+        self.hop_verifier = HopVerifier(key.to_bytes(), peer_id, self.registry.is_member)
+        self.pool = HttpPool()
+        self.p2p = EngineStreamClient(self.mesh.host, self.nat.connect)
+        self.upstreams = Upstreams(
+            self.pool, self_session=lambda: self.session_id,
+            local_engine=self.serving_engine_url, hop_signer=self.hop_signer, p2p=self.p2p)
+        self.router = Router(self.registry, self.upstreams, config.first_byte_timeout,
+                             suspected=self.detector.suspected)
+        gate = EngineGate(self.serving_engine_url, self.served_models, config.max_body_bytes)
+        self.hop = EngineHop(self.hop_verifier, gate, self.pool, config.first_byte_timeout)
+        self.engine_streams = EngineStreamServer(
+            gate, self.pool, self.inflight, self.registry.is_member, config.first_byte_timeout)
+        self.api = create_app(self)
+        self.http = HttpServer(
+            Dispatch(InferenceRoutes(self.router), self.hop, self.api, self.inflight),
+            ServerLimits(
+                max_body_bytes=config.max_body_bytes,
+                header_timeout=config.header_timeout,
+                body_timeout=config.body_timeout,
+                max_connections_per_client=config.max_connections_per_client,
+            ))
+        self.addrs: list[str] = []
+        self.http_url = ""
+        self.lag = LagSampler()
+        self.slow_steps = SlowSteps()  # installed by whoever runs the loop (trio.run)
 
     # -- NodeView (read by the HTTP layer) --------------------------------------------
 
@@ -190,6 +221,9 @@ class Node:
             "suspected_peers": sorted(self.detector.suspected()),
             "reachability": self.nat.state,
             "liveness": {**self.detector.stats, "local_health": self.detector.local_health},
+            "event_loop": {"lag_worst_ms": round(self.lag.worst * 1e3, 2),
+                           "lag_p99_bucket_ms": _p99_bucket_ms(self.lag.lag),
+                           **self.slow_steps.report()},
             "hop_refusals": {**self.hop_verifier.refusals,
                              "not_a_member_libp2p": self.engine_streams.refused},
             "refused_peers": {
@@ -222,6 +256,10 @@ class Node:
             return self.engine_command.url
         return None
 
+    def served_models(self) -> frozenset[str]:
+        record = self.record
+        return frozenset(m.id for m in record.models) if record else frozenset()
+
     # -- lifecycle ----------------------------------------------------------------------
 
     async def announce(self, *, push: bool = False, **changes: Any) -> None:
@@ -242,33 +280,17 @@ class Node:
         self.detector.install()
         self.nat.install()
         self.engine_streams.install(self.mesh.host)
-        # Idle upstream connections are dropped after 2 s, well before engines' servers
-        # close them (uvicorn: 5 s), so a request never races a closing keep-alive socket.
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64,
-                              keepalive_expiry=2.0)
-        timeout = httpx.Timeout(connect=5.0, read=config.first_byte_timeout, write=60.0,
-                                pool=30.0)
         async with (
-            httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client,
+            self.client,
             self.mesh.host.run(listen_addrs=[self.mesh.listen_addr]),
             background_trio_service(self.mesh.pubsub),
             background_trio_service(self.mesh.gossipsub),
         ):
-            self.client = client
-            self.router = Router(
-                self.registry,
-                client,
-                lambda: self.session_id,
-                self.engine_command.url if self.engine_command else None,
-                suspected=self.detector.suspected,
-                p2p=self.p2p,
-                hop_signer=self.hop_signer,
-                first_byte_timeout=config.first_byte_timeout,
-            )
             await self.mesh.pubsub.wait_until_ready()
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
                 nursery.start_soon(self._watch_signals)
+                nursery.start_soon(self._sweep_pool)
+                nursery.start_soon(self.lag.run)
                 await nursery.start(self.replica.run, self.mesh.host)
                 self.addrs = advertised_addrs(self.mesh.host, config.advertised_host())
                 if not self.addrs:  # py-libp2p logs a failed listen and carries on
@@ -302,17 +324,10 @@ class Node:
                     relay=config.relay,
                 ))
                 self._report_started()
+                freeze_startup_objects()
                 nursery.start_soon(self.detector.run)
                 await nursery.start(self.p2p.run)
                 await nursery.start(self.nat.run)
-                self.peering = Peering(
-                    self.mesh.host,
-                    self.registry,
-                    suspected=self.detector.suspected,
-                    reconcile=self.replicator.sync_with,
-                    keep=lambda: set(self.nat.reservations),
-                    on_trim=self.detector.part,
-                )
                 nursery.start_soon(self.peering.run)
                 # Bootstrap peers only rejoin a node that lost every connection; below
                 # ``low`` peering finds peers in the registry itself. (Redialing them
@@ -321,23 +336,15 @@ class Node:
                 isolated = isolated_below(self.mesh, 1)
                 for url in self.bootstrap_urls:
                     nursery.start_soon(
-                        follow_bootstrap_list, url, self.mesh, self.replicator.sync_with, client,
-                        isolated
+                        follow_bootstrap_list, url, self.mesh, self.replicator.sync_with,
+                        self.client, isolated
                     )
                 for peer in self.bootstrap_peers:
                     nursery.start_soon(
                         keep_connected, self.mesh, self.replicator.sync_with, peer, isolated,
                         self.netlog
                     )
-                if self.engine_command:
-                    self.supervisor = Supervisor(
-                        self.engine_command,
-                        config,
-                        client,
-                        self._engine_ready,
-                        lambda reason: self.request_stop(EXIT_ENGINE_FAILED),
-                        self._stop,
-                    )
+                if self.supervisor is not None:
                     nursery.start_soon(self.supervisor.run)
                 if self.slurm_job is not None:
                     nursery.start_soon(self._watch_wall_time, self.slurm_job.job_id)
@@ -397,14 +404,11 @@ class Node:
 
     # -- helpers ------------------------------------------------------------------------
 
-    async def _dispatch(self, request: Request, response: Response) -> None:
-        """Every HTTP request: relayed ones (routing, the engine hop) count as in flight
-        until their response is sent or their client is gone; a draining node waits."""
-        if request.method == "POST" and request.path.startswith(RELAYED_PREFIXES):
-            with self.inflight.track():
-                await serve_asgi(self.api, request, response)
-        else:
-            await serve_asgi(self.api, request, response)
+    async def _sweep_pool(self) -> None:
+        """Close upstream connections idle past the pool's timeout."""
+        while True:
+            await trio.sleep(self.pool.idle_timeout)
+            self.pool.sweep()
 
     def _report_started(self) -> None:
         peer_id = self.identity.peer_id.to_base58()
@@ -428,3 +432,21 @@ class Node:
             tmp.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(status, indent=2))
             tmp.replace(self.config.status_file)
+
+
+def freeze_startup_objects() -> None:
+    """Move everything allocated while starting (libp2p, imports, the registry) out of the
+    garbage collector's reach: a full collection walked all of it, holding the event loop
+    for 80-100 ms (every request waiting behind it). Later garbage is still collected."""
+    gc.collect()
+    gc.freeze()
+
+
+def _p99_bucket_ms(histogram: Histogram) -> float | None:
+    """The upper bound of the bucket holding the 99th percentile (None: no samples)."""
+    if not histogram.count:
+        return None
+    for bound, count in histogram.cumulative():
+        if count >= 0.99 * histogram.count:
+            return bound * 1e3
+    return None

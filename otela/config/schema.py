@@ -207,6 +207,10 @@ class NodeConfig:
     log_level: str = setting(
         "logs", "INFO", parse=v.as_log_level, example="DEBUG", metavar="LEVEL",
         help="Daemon log level (DEBUG, INFO, WARNING, ERROR).")
+    trace_loop: bool = setting(
+        "logs", False, parse=v.as_bool, example="true",
+        help="Time every event-loop step and keep the slowest in /v1/health (event_loop), "
+        "to find what stalls requests; costs a few percent of request throughput.")
 
     # -- [shutdown] --------------------------------------------------------------------
     # Together below Slurm's default KillWait (30 s), so the engine is never SIGKILLed by

@@ -55,6 +55,19 @@ def error_json(status: int, message: str, code: str | None = None,
     return orjson.dumps(error_body(status, message, code=code, param=param))
 
 
+class NotDelivered(Exception):
+    """The request never reached an engine (no connection, or the node said so): another
+    node may take it. Only this outcome is ever retried, so nothing runs twice."""
+
+
+class UpstreamFailed(Exception):
+    """The way to the engine broke after the request may have been delivered."""
+
+
+class UpstreamTimeout(Exception):
+    """The upstream took the request and sent nothing within the first-byte timeout."""
+
+
 def clip(text: str, limit: int = 200) -> str:
     """``text`` cut to ``limit`` characters: errors never echo unbounded input back."""
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"

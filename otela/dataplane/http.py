@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import resource
+import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from typing import Any
 import httptools
 import trio
 
+from otela.dataplane import sockio
 from otela.dataplane.errors import error_json
 
 log = logging.getLogger("otela.http")
@@ -113,6 +115,7 @@ class Response:
         self.status = 0
         self._chunked = False
         self._ended = False
+        self._aborted = False
 
     async def send(self, status: int, headers: Headers, body: bytes) -> None:
         head = self._head(status, headers, len(body))
@@ -139,9 +142,16 @@ class Response:
         if self._chunked and not self._head_only:
             await self._conn.send(b"0\r\n\r\n")
 
+    def abort(self) -> None:
+        """End a started response without finishing its body (the upstream broke off): the
+        connection closes, so the client sees it cut short instead of complete."""
+        self._ended = True
+        self._aborted = True
+        self.keep_alive = False
+
     @property
     def complete(self) -> bool:
-        return self._ended
+        return self._ended and not self._aborted
 
     def _head(self, status: int, headers: Headers, length: int | None) -> bytes:
         self.started = True
@@ -235,10 +245,16 @@ class _Parsing:
 
 
 class _Connection:
-    def __init__(self, server: HttpServer, stream: trio.SocketStream,
+    """One client connection: a reader task takes bytes in, the connection task answers.
+
+    The reader runs for the connection's whole life, so a client that hangs up is noticed
+    (and its handler cancelled) at once, without a watcher task per request; requests it
+    parses ahead (pipelining) wait in order, up to ``_PIPELINE_DEPTH``."""
+
+    def __init__(self, server: HttpServer, sock: socket.socket,
                  client: tuple[str, int], local: tuple[str, int]) -> None:
         self.server = server
-        self.stream = stream
+        self.sock = sock
         self.client = client
         self.local = local
         self.limits = server.limits
@@ -248,32 +264,59 @@ class _Connection:
         self.closed = False  # the client hung up (EOF or a reset)
         self.served = 0  # requests answered on this connection
         self.header_bytes = 0  # fed while the current request's headers are incomplete
+        self._news = trio.Event()  # the reader took something in (or the client left)
+        self._room = trio.Event()  # the answering side took a request off the queue
+        self._handler_scope: trio.CancelScope | None = None
 
     async def send(self, data: bytes) -> None:
         try:
-            with trio.fail_after(self.limits.send_timeout):
-                await self.stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
+            sent = sockio.try_send(self.sock, data)
+            if sent < len(data):
+                with trio.fail_after(self.limits.send_timeout):
+                    await sockio.send_all(self.sock, data[sent:])
+        except (sockio.Closed, trio.TooSlowError) as exc:
             self.closed = True
             raise ClientGone(str(exc) or type(exc).__name__) from None
 
     async def run(self) -> None:
         try:
-            while True:
-                request = await self._next_request()
-                if request is None:
-                    return
-                keep_alive = await self._answer(request)
-                if not keep_alive or self.closed:
-                    return
-        except ClientGone:
-            return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read)
+                try:
+                    while True:
+                        request = await self._next_request()
+                        if request is None:
+                            break
+                        keep_alive = await self._answer(request)
+                        if not keep_alive or self.closed:
+                            break
+                except ClientGone:
+                    pass
+                nursery.cancel_scope.cancel()
         finally:
-            with trio.move_on_after(1) as cleanup:
-                cleanup.shield = True
-                await self.stream.aclose()
+            sockio.close(self.sock)
 
     # -- reading -----------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        parsing = self.parsing
+        while True:
+            while (len(parsing.done) >= _PIPELINE_DEPTH or parsing.problem is not None
+                   or parsing.closing):
+                self._room = trio.Event()  # enough to do: read on once a request is taken
+                await self._room.wait()
+            try:
+                data = await sockio.recv(self.sock)
+            except sockio.Closed:
+                data = b""
+            if not data:
+                self.closed = True
+                if self._handler_scope is not None:
+                    self._handler_scope.cancel()  # nobody is left to answer
+                self._news.set()
+                return
+            self._feed(data)
+            self._news.set()
 
     def _feed(self, data: bytes) -> None:
         try:
@@ -296,15 +339,6 @@ class _Connection:
             detail = str(exc)[:120]
             self.parsing.problem = self.parsing.problem or (
                 400, f"malformed HTTP request: {detail}", "malformed_request")
-
-    async def _receive(self) -> bytes:
-        try:
-            data = await self.stream.receive_some(_RECV)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            data = b""
-        if not data:
-            self.closed = True
-        return data
 
     async def _next_request(self) -> Request | None:
         """The next complete request, or ``None`` when the connection should close.
@@ -329,10 +363,9 @@ class _Connection:
                 body_due = wait_until = trio.current_time() + self.limits.body_timeout
                 if parsing.expect_continue:
                     await self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
-            with trio.move_on_at(wait_until):
-                data = await self._receive()
-                if data:
-                    self._feed(data)
+            self._news = trio.Event()
+            with trio.CancelScope(deadline=wait_until):  # (not move_on_at: a generator)
+                await self._news.wait()
                 continue
             if parsing.in_message:
                 what = "body" if parsing.headers_complete else "headers"
@@ -340,6 +373,7 @@ class _Connection:
                                    "request_timeout")
             return None
         target, headers, body, keep_alive, method, version = parsing.done.popleft()
+        self._room.set()
         return Request(method, target, headers, body, self.client, self.local, version,
                        keep_alive)
 
@@ -353,98 +387,119 @@ class _Connection:
 
     # -- answering ---------------------------------------------------------------------
 
-    async def _watch(self, handler_scope: trio.CancelScope) -> None:
-        """While a handler runs: notice the client hanging up (and cancel the handler);
-        queue pipelined requests; stop reading once enough are queued."""
-        parsing = self.parsing
-        while len(parsing.done) < _PIPELINE_DEPTH and parsing.problem is None \
-                and not parsing.closing:
-            data = await self._receive()
-            if not data:
-                handler_scope.cancel()
-                return
-            self._feed(data)
-        await trio.sleep_forever()
-
     async def _answer(self, request: Request) -> bool:
         response = Response(self, request)
         if self.parsing.closing and not self.parsing.done:
             response.keep_alive = False
         self.served += 1
-        async with trio.open_nursery() as nursery:
-            handler_scope = trio.CancelScope()
-            nursery.start_soon(self._watch, handler_scope)
-            try:
-                with handler_scope:
-                    await self.server.handler(request, response)
-            except ClientGone:
-                pass
-            except Exception:
-                log.exception("handler failed for %s %s", request.method, request.path[:200])
-                if not response.started:
-                    body = error_json(500, "internal error", "internal_error")
-                    await response.send(500, [(b"content-type", b"application/json")], body)
-                else:
-                    response.keep_alive = False  # a half-sent body: the close tells the client
-            nursery.cancel_scope.cancel()
+        scope = self._handler_scope = trio.CancelScope()
+        try:
+            with scope:
+                await self.server.handler(request, response)
+        except ClientGone:
+            pass
+        except Exception:
+            log.exception("handler failed for %s %s", request.method, request.path[:200])
+            if not response.started:
+                body = error_json(500, "internal error", "internal_error")
+                await response.send(500, [(b"content-type", b"application/json")], body)
+            else:
+                response.abort()  # a half-sent body: the close tells the client
+        finally:
+            self._handler_scope = None
         if self.closed:
             return False
         if not response.started:
             await response.send(500, [(b"content-type", b"application/json")],
                                 error_json(500, "the handler sent no response", "internal_error"))
         await response.end()
+        if self.parsing.done:  # pipelined requests queued: let other connections run first
+            await trio.lowlevel.checkpoint()
         return response.keep_alive and response.complete
 
 
 class HttpServer:
-    """Serve ``handler`` on ``host:port``; ``run`` reports the bound (host, port) pairs."""
+    """Serve ``handler`` on ``host:port``; ``run`` reports the bound (host, port) pairs.
+    ``reuse_port`` lets several processes share the port (the kernel spreads connections
+    between them: ``--workers``)."""
 
-    def __init__(self, handler: Handler, limits: ServerLimits | None = None) -> None:
+    def __init__(self, handler: Handler, limits: ServerLimits | None = None,
+                 reuse_port: bool = False) -> None:
         self.handler = handler
         self.limits = limits or ServerLimits()
+        self.reuse_port = reuse_port
         self.connections = 0
         self._per_client: dict[str, int] = {}
 
     async def run(self, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED
                   ) -> None:
         raise_fd_limit()
-        listeners = await trio.open_tcp_listeners(port, host=host or None, backlog=1024)
-        bound = [tuple(listener.socket.getsockname()[:2]) for listener in listeners]
-        task_status.started(bound)
-        await trio.serve_listeners(self._connection, listeners)
-
-    async def _connection(self, stream: trio.SocketStream) -> None:
+        listener = self._listen(host, port)
         try:
-            client = tuple(stream.socket.getpeername()[:2])
-            local = tuple(stream.socket.getsockname()[:2])
+            task_status.started([tuple(listener.getsockname()[:2])])
+            async with trio.open_nursery() as nursery:
+                while True:
+                    await trio.lowlevel.wait_readable(listener.fileno())
+                    while True:
+                        try:
+                            sock, address = listener.accept()
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        except OSError as exc:  # out of descriptors: let some close first
+                            log.warning("accept failed: %s", exc)
+                            await trio.sleep(0.1)
+                            break
+                        nursery.start_soon(self._connection, sock, address)
+        finally:
+            sockio.close(listener)
+
+    def _listen(self, host: str, port: int) -> socket.socket:
+        family, _, _, _, address = socket.getaddrinfo(
+            host or "0.0.0.0", port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.reuse_port:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            listener.bind(address)
+            listener.listen(1024)
+            listener.setblocking(False)
+        except BaseException:
+            listener.close()
+            raise
+        return listener
+
+    async def _connection(self, sock: socket.socket, address: Any) -> None:
+        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client = (str(address[0]), int(address[1]))
+            local = tuple(sock.getsockname()[:2])
         except OSError:
-            await stream.aclose()
+            sock.close()
             return
-        address = str(client[0])
         refusal = None
         if self.connections >= self.limits.max_connections:
             refusal = (503, "this node has too many open connections", "too_many_connections")
-        elif self._per_client.get(address, 0) >= self.limits.max_connections_per_client:
-            refusal = (429, f"too many connections from {address} (limit "
+        elif self._per_client.get(client[0], 0) >= self.limits.max_connections_per_client:
+            refusal = (429, f"too many connections from {client[0]} (limit "
                        f"{self.limits.max_connections_per_client})", "too_many_connections")
-        conn = _Connection(self, stream, client, local)
+        conn = _Connection(self, sock, client, local)
         if refusal is not None:
             await conn._refuse(*refusal)
-            with trio.move_on_after(1) as cleanup:
-                cleanup.shield = True
-                await stream.aclose()
+            sockio.close(sock)
             return
         self.connections += 1
-        self._per_client[address] = self._per_client.get(address, 0) + 1
+        self._per_client[client[0]] = self._per_client.get(client[0], 0) + 1
         try:
             await conn.run()
         finally:
             self.connections -= 1
-            left = self._per_client[address] - 1
+            left = self._per_client[client[0]] - 1
             if left:
-                self._per_client[address] = left
+                self._per_client[client[0]] = left
             else:
-                del self._per_client[address]
+                del self._per_client[client[0]]
 
 
 def raise_fd_limit() -> None:

@@ -302,9 +302,9 @@ def outsider_token(server: LocalNode, home: Path, body: bytes) -> str:
 def test_the_libp2p_engine_hop_refuses_a_peer_that_is_not_a_member(fed, tmp_path):
     import trio
 
+    from otela.dataplane.p2p_client import EngineStreamClient, NotDelivered
     from otela.registry.records import Lifecycle, NodeRecord
     from otela.registry.session import new_session_id
-    from otela.transport.client import EngineStreamClient, NotDelivered
 
     from .peer import connect, running_peer
 

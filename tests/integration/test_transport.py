@@ -1,4 +1,4 @@
-"""HTTP over libp2p (``otela.transport``) between two real libp2p hosts and a real engine.
+"""HTTP over libp2p (``otela.dataplane``) between two real libp2p hosts and a real engine.
 
 In-process (no root needed): the NAT test covers the same code across real NATs and a
 relay; here the edge cases are driven one by one: concurrency on one stream, streaming,
@@ -12,21 +12,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import httpx
 import pytest
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 from libp2p.tools.anyio_service import background_trio_service
 
+from otela.dataplane.gate import EngineGate
 from otela.dataplane.inflight import Inflight
+from otela.dataplane.p2p_client import EngineStreamClient, NotDelivered
+from otela.dataplane.p2p_frames import HTTP_PROTOCOL
+from otela.dataplane.p2p_server import EngineStreamServer
+from otela.dataplane.pool import HttpPool
 from otela.engine.demo.echo import EchoSettings, create_app
 from otela.localfed import free_port
 from otela.mesh.host import build_host
 from otela.mesh.nat import NatTraversal
 from otela.registry.records import Lifecycle, NodeRecord
-from otela.transport.client import EngineStreamClient, NotDelivered
-from otela.transport.server import HTTP_PROTOCOL, EngineStreamServer
 from tests.integration.peer import new_identity
 
 CHAT = "/v1/chat/completions"
@@ -59,7 +61,6 @@ async def pair(token_delay: float = 0.0) -> AsyncIterator[Pair]:
     config.accesslog = None
     app = create_app(EchoSettings(models=("m",), token_delay=token_delay))
     async with (
-        httpx.AsyncClient(trust_env=False) as http,
         meshes[0].host.run(listen_addrs=[meshes[0].listen_addr]),
         meshes[1].host.run(listen_addrs=[meshes[1].listen_addr]),
         background_trio_service(meshes[0].pubsub), background_trio_service(meshes[0].gossipsub),
@@ -68,8 +69,8 @@ async def pair(token_delay: float = 0.0) -> AsyncIterator[Pair]:
     ):
         binds = await nursery.start(serve, app, config)  # type: ignore[arg-type]
         engine: dict[str, str | None] = {"url": binds[0]}
-        server = EngineStreamServer(lambda: engine["url"], lambda: http, Inflight(),
-                                    lambda peer: True, 32 * 1024 * 1024)
+        gate = EngineGate(lambda: engine["url"], lambda: {"m"}, 32 * 1024 * 1024)
+        server = EngineStreamServer(gate, HttpPool(), Inflight(), lambda peer: True, 60.0)
         server.install(meshes[0].host)
         nat = NatTraversal(meshes[1].host, offer_relay=False, relays=list, publish=_noop)
         client = EngineStreamClient(meshes[1].host, nat.connect)
@@ -94,19 +95,19 @@ def run(test: Callable[[Pair], Awaitable[None]], **kw: float) -> None:
 
 def test_requests_and_streams_share_one_long_lived_stream() -> None:
     async def test(p: Pair) -> None:
-        response = await p.client.request(p.record, CHAT, chat(), {})
+        response = await p.client.request(p.record, CHAT, chat(), [])
         assert response.status == 200
         assert json.loads(await response.read())["choices"][0]["message"]["content"]
 
-        streamed = await p.client.request(p.record, CHAT, chat(stream=True), {})
-        assert streamed.headers["content-type"].startswith("text/event-stream")
+        streamed = await p.client.request(p.record, CHAT, chat(stream=True), [])
+        assert dict(streamed.headers)[b"content-type"].startswith(b"text/event-stream")
         chunks = [c async for c in streamed.chunks()]
         assert b"".join(chunks).rstrip().endswith(b"data: [DONE]")
 
         results: list[int] = []
 
         async def one(i: int) -> None:
-            r = await p.client.request(p.record, CHAT, chat(f"request {i}"), {})
+            r = await p.client.request(p.record, CHAT, chat(f"request {i}"), [])
             body = json.loads(await r.read())
             assert f"request {i}" in body["choices"][0]["message"]["content"]
             results.append(r.status)
@@ -125,16 +126,21 @@ def test_failures_before_the_engine_are_not_delivered() -> None:
     async def test(p: Pair) -> None:
         p.engine["url"] = None  # draining / not SERVING
         with pytest.raises(NotDelivered, match="not serving"):
-            await p.client.request(p.record, CHAT, chat(), {})
+            await p.client.request(p.record, CHAT, chat(), [])
         p.engine["url"] = f"http://127.0.0.1:{free_port()}"  # engine process gone
         with pytest.raises(NotDelivered, match="engine unreachable"):
-            await p.client.request(p.record, CHAT, chat(), {})
+            await p.client.request(p.record, CHAT, chat(), [])
         with pytest.raises(NotDelivered, match="not relayed"):
-            await p.client.request(p.record, "/admin/shutdown", chat(), {})
+            await p.client.request(p.record, "/admin/shutdown", chat(), [])
+        with pytest.raises(NotDelivered, match="not relayed"):  # engine admin under /v1
+            await p.client.request(p.record, "/v1/load_lora_adapter", chat(), [])
+        other_model = json.dumps({"model": "not-here", "messages": []}).encode()
+        with pytest.raises(NotDelivered, match="does not serve"):
+            await p.client.request(p.record, CHAT, other_model, [])
         nowhere = NodeRecord("x", new_identity().peer_id.to_base58(), "p", Lifecycle.SERVING,
                              1, "http://unused", reachability="private-relayed")
         with pytest.raises(NotDelivered, match="no direct address and no relay circuit"):
-            await p.client.request(nowhere, CHAT, chat(), {})
+            await p.client.request(nowhere, CHAT, chat(), [])
         assert p.server.served == 0
 
     run(test)
@@ -142,7 +148,7 @@ def test_failures_before_the_engine_are_not_delivered() -> None:
 
 def test_a_garbage_stream_is_dropped_and_the_server_keeps_serving() -> None:
     async def test(p: Pair) -> None:
-        first = await p.client.request(p.record, CHAT, chat(), {})  # connects the hosts
+        first = await p.client.request(p.record, CHAT, chat(), [])  # connects the hosts
         assert first.status == 200 and await first.read()
         raw = await p.client_host.new_stream(p.server_host.get_id(), [HTTP_PROTOCOL])  # type: ignore[attr-defined]
         await raw.write(b"\x00\x00\x00\x01\x63\x00\x00\x00\x00")  # unknown frame kind
@@ -151,7 +157,7 @@ def test_a_garbage_stream_is_dropped_and_the_server_keeps_serving() -> None:
                 while True:
                     if not await raw.read(100):
                         raise EOFError
-        response = await p.client.request(p.record, CHAT, chat(), {})
+        response = await p.client.request(p.record, CHAT, chat(), [])
         assert response.status == 200 and await response.read()
 
     run(test)
@@ -160,7 +166,7 @@ def test_a_garbage_stream_is_dropped_and_the_server_keeps_serving() -> None:
 def test_a_client_that_goes_away_cancels_the_engine_request() -> None:
     async def test(p: Pair) -> None:
         long = chat(" ".join(["word"] * 400), stream=True)
-        response = await p.client.request(p.record, CHAT, long, {})
+        response = await p.client.request(p.record, CHAT, long, [])
         chunks = response.chunks()
         assert await chunks.__anext__()
         assert p.server.inflight.count == 1
@@ -168,7 +174,7 @@ def test_a_client_that_goes_away_cancels_the_engine_request() -> None:
         with trio.fail_after(5):
             while p.server.inflight.count:
                 await trio.sleep(0.01)
-        again = await p.client.request(p.record, CHAT, chat(), {})  # the stream still works
+        again = await p.client.request(p.record, CHAT, chat(), [])  # the stream still works
         assert again.status == 200 and await again.read()
 
     run(test, token_delay=0.02)
@@ -183,7 +189,7 @@ def test_bodies_larger_than_the_flow_control_window_go_both_ways() -> None:
         async def one(i: int, stream: bool) -> None:
             n = 15_000 if stream else 120_000  # ~1 MB each way (an SSE event per word)
             words = " ".join(f"w{i}x{k}" for k in range(n))
-            r = await p.client.request(p.record, CHAT, chat(words, stream=stream), {})
+            r = await p.client.request(p.record, CHAT, chat(words, stream=stream), [])
             body = await r.read() if not stream else b"".join([c async for c in r.chunks()])
             assert r.status == 200 and len(body) > 1_000_000
             assert f"w{i}x{n - 1}".encode() in body

@@ -10,11 +10,12 @@ import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
 from otela.dataplane.errors import RequestError
+from otela.dataplane.pool import HttpPool
+from otela.dataplane.upstream import Upstreams
 from otela.registry.crdt import Entry
 from otela.registry.records import Lifecycle
 from otela.registry.store import Registry
@@ -97,14 +98,17 @@ async def route_through(behaviours: list[Behaviour | None], timeout: float = 5.0
                 listeners = await nursery.start(trio.serve_tcp, serve, 0)
                 port = listeners[0].socket.getsockname()[1]
             registry.apply(serving_entry(f"node{i}", f"http://127.0.0.1:{port}"), NOW)
-        async with httpx.AsyncClient(trust_env=False) as client:
-            router = Router(registry, client, lambda: "me", None, rng=FirstChoice(),
-                            first_byte_timeout=timeout)
-            try:
-                response = await router.route("m", "/v1/chat/completions", b"{}", {})
-                status = response.status_code
-            except RequestError as exc:
-                status = exc.status
+        pool = HttpPool()
+        upstreams = Upstreams(pool, self_session=lambda: "me", local_engine=lambda: None,
+                              hop_signer=None, p2p=None)
+        router = Router(registry, upstreams, timeout, rng=FirstChoice())
+        try:
+            routed = await router.route("m", "/v1/chat/completions", b"{}", [])
+            status = routed.reply.status
+            await routed.reply.aclose()
+        except RequestError as exc:
+            status = exc.status
+        pool.close()
         nursery.cancel_scope.cancel()
     return status, hits
 

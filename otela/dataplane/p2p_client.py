@@ -9,7 +9,7 @@ old stream then finishes its requests and is closed.
 
 Failures are classified for the router's retry rule: ``NotDelivered`` only when the engine
 provably never saw the request (no connection, no stream, the request frame never left, or
-the peer said so); anything later is a ``ResponseLost`` and is not retried.
+the peer said so); anything later is a ``UpstreamFailed`` and is not retried.
 """
 
 from __future__ import annotations
@@ -24,12 +24,21 @@ from typing import Any
 import trio
 from libp2p.peer.id import ID
 
+from otela.dataplane.errors import NotDelivered, UpstreamFailed
+from otela.dataplane.headers import Headers
+from otela.dataplane.p2p_frames import (
+    HTTP_PROTOCOL,
+    Frame,
+    FrameError,
+    FrameReader,
+    Kind,
+    header_pairs,
+    packed,
+)
 from otela.mesh.connections import connection_kinds, is_relayed
 from otela.registry.records import NodeRecord
-from otela.transport.framing import Frame, FrameReader, Kind, packed
-from otela.transport.server import HTTP_PROTOCOL
 
-log = logging.getLogger("otela.transport")
+log = logging.getLogger("otela.dataplane")
 
 OPEN_TIMEOUT_S = 10.0
 RESPONSE_BUFFER = 256  # frames buffered per request before the stream's reader waits
@@ -37,25 +46,31 @@ HEAD_TIMEOUT_S = 600.0  # a backstop: the router applies its own first-byte time
 CANCEL_TIMEOUT_S = 2.0
 
 
-class NotDelivered(Exception):
-    """The request never reached the engine; trying another node is safe."""
-
-
-class ResponseLost(Exception):
-    """The request may have run, but its answer was cut off."""
-
-
 @dataclass
 class P2PResponse:
+    """An answer over libp2p, with the same surface as an HTTP pool's ``Reply``."""
+
     status: int
-    headers: dict[str, str]
+    headers: Headers
     _frames: trio.MemoryReceiveChannel[Frame | None]
     _channel: _Channel
     request_id: int
     _done: bool = False
 
+    @property
+    def content_length(self) -> int | None:
+        return next((int(v) for k, v in self.headers if k == b"content-length" and v.isdigit()),
+                    None)
+
+    @property
+    def complete(self) -> bool:
+        return False  # the body comes in frames, read with ``chunks``
+
+    def take_buffered(self) -> bytes:
+        return b""
+
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives; raises ``ResponseLost`` if the stream breaks first."""
+        """The body as it arrives; raises ``UpstreamFailed`` if the stream breaks first."""
         try:
             async for frame in self._frames:
                 if frame is None:
@@ -66,8 +81,8 @@ class P2PResponse:
                     self._done = True
                     return
                 elif frame.kind is Kind.ERROR:
-                    raise ResponseLost(str(frame.fields().get("message")))
-            raise ResponseLost("the libp2p stream closed before the response ended")
+                    raise UpstreamFailed(str(frame.fields().get("message")))
+            raise UpstreamFailed("the libp2p stream closed before the response ended")
         finally:
             await self.aclose()
 
@@ -178,10 +193,10 @@ class EngineStreamClient:
             await trio.sleep(math.inf)
 
     async def request(
-        self, record: NodeRecord, path: str, body: bytes, headers: dict[str, str]
+        self, record: NodeRecord, path: str, body: bytes, headers: Headers
     ) -> P2PResponse:
         """Send one request; returns once the response head arrived."""
-        fields = {"path": path, "headers": headers, "body": body}
+        fields = {"path": path, "headers": [list(h) for h in headers], "body": body}
         channel = await self._channel(record)
         try:
             rid, frames = await channel.send_request(fields)
@@ -200,21 +215,21 @@ class EngineStreamClient:
             raise
         if first is None or first.kind not in (Kind.HEAD, Kind.ERROR):
             channel.forget(rid)
-            raise ResponseLost("the libp2p stream closed before the response began")
+            raise UpstreamFailed("the libp2p stream closed before the response began")
         if first.kind is Kind.ERROR:
             fields = first.fields()
             channel.forget(rid)
             message = f"peer {record.peer_id}: {fields.get('message')}"
             if fields.get("not_delivered"):
                 raise NotDelivered(message)
-            raise ResponseLost(message)
+            raise UpstreamFailed(message)
         head = first.fields()
         try:
             status = int(head["status"])
-            out = {str(k): str(v) for k, v in dict(head.get("headers", {})).items()}
-        except (KeyError, TypeError, ValueError) as exc:
+            out = header_pairs(head.get("headers", ()))
+        except (KeyError, TypeError, ValueError, FrameError) as exc:
             channel.forget(rid)
-            raise ResponseLost(f"peer {record.peer_id}: bad response head: {exc}") from exc
+            raise UpstreamFailed(f"peer {record.peer_id}: bad response head: {exc}") from exc
         return P2PResponse(status, out, frames, channel, rid)
 
     async def _channel(self, record: NodeRecord) -> _Channel:

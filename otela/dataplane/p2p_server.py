@@ -1,38 +1,41 @@
-"""The serving side of ``/otela/http/1``: run peers' requests against this node's engine.
+"""The serving side of ``/otela/http/2``: run members' requests against this node's engine.
 
-The same rules as the ``/v1/engine/...`` HTTP hop (``otela.api.app``): only federation
-members (the stream's peer id, authenticated by Noise, must have a live session in the
-registry), only the OpenAI inference paths, bodies within the node's size limit, only while
-SERVING, and an answer that says "not delivered" when the engine never saw the request, so
-the ingress may try another node. Each request runs in its own
-task under the stream's nursery; responses of concurrent requests interleave frame by frame
-under one send lock. Responses stream: every chunk the engine sends becomes a DATA frame.
+The rules are the engine hop's (``gate.py``), the same as over HTTP; the caller's identity
+is the stream's peer id, authenticated by Noise, and must be a member (a live session in
+the registry). Refusals say "not delivered" (the engine never saw the request), so the
+calling node may try another. Each request runs in its own task under the stream's
+nursery; responses of concurrent requests interleave frame by frame under one send lock.
+Responses stream: every chunk the engine sends becomes a DATA frame. A CANCEL frame (the
+caller's client went away) cancels the request, which closes its engine connection.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import trio
-from libp2p.custom_types import TProtocol
 
+from otela.dataplane import headers as policy
+from otela.dataplane.errors import NotDelivered, UpstreamFailed, UpstreamTimeout
+from otela.dataplane.gate import EngineGate, Refusal
 from otela.dataplane.inflight import Inflight
-from otela.routing.forward import forwarded_headers
-from otela.transport.framing import Frame, FrameError, FrameReader, Kind, packed
-
-log = logging.getLogger("otela.transport")
-
-HTTP_PROTOCOL = TProtocol("/otela/http/1")
-# Engine paths peers may reach; anything else (engine admin APIs) stays private.
-ENGINE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
-_DROP_RESPONSE_HEADERS = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
-     "date", "server"}
+from otela.dataplane.p2p_frames import (
+    HTTP_PROTOCOL,
+    Frame,
+    FrameError,
+    FrameReader,
+    Kind,
+    header_pairs,
+    packed,
 )
+from otela.dataplane.pool import HttpPool
+from otela.dataplane.upstream import engine_address
+
+log = logging.getLogger("otela.dataplane")
 
 
 class _Connection:
@@ -51,17 +54,17 @@ class _Connection:
 class EngineStreamServer:
     def __init__(
         self,
-        engine_url: Callable[[], str | None],
-        client: Callable[[], httpx.AsyncClient],
+        gate: EngineGate,
+        pool: HttpPool,
         inflight: Inflight,
         is_member: Callable[[str], bool],
-        max_body_bytes: int,
+        first_byte_timeout: float,
     ) -> None:
-        self.engine_url = engine_url  # None unless the node is SERVING
-        self.client = client
+        self.gate = gate
+        self.pool = pool
         self.inflight = inflight
         self.is_member = is_member
-        self.max_body_bytes = max_body_bytes
+        self.first_byte_timeout = first_byte_timeout
         self.served = 0
         self.refused = 0
 
@@ -107,7 +110,7 @@ class EngineStreamServer:
             fields = frame.fields()
             path = str(fields["path"])
             body = fields.get("body", b"")
-            headers = {str(k).lower(): str(v) for k, v in dict(fields.get("headers", {})).items()}
+            incoming = header_pairs(fields.get("headers", ()))
             if not isinstance(body, bytes):
                 raise FrameError("body must be bytes")
         except (FrameError, KeyError, TypeError, ValueError) as exc:
@@ -117,42 +120,35 @@ class EngineStreamServer:
             self.refused += 1
             await conn.send(_error(rid, "the engine hop is for federation members", False, 403))
             return
-        if path not in ENGINE_PATHS:
-            await conn.send(_error(rid, f"{path[:200]} is not relayed to engines", False, 404))
+        verdict = self.gate.check(path, body)
+        if isinstance(verdict, Refusal):
+            await conn.send(_error(rid, verdict.message, False, verdict.status))
             return
-        if len(body) > self.max_body_bytes:
-            await conn.send(_error(rid, f"request body exceeds the {self.max_body_bytes} "
-                                   "byte limit", False, 413))
-            return
-        engine = self.engine_url()
-        if engine is None:
-            await conn.send(_error(rid, "this node is not serving", False, 503))
-            return
-        forwarded = forwarded_headers(headers, {})
-        client = self.client()
-        request = client.build_request("POST", f"{engine}{path}", content=body, headers=forwarded)
+        host, port, prefix = engine_address(verdict)
+        request_id = policy.value(incoming, policy.REQUEST_ID) or uuid.uuid4().hex.encode()
         with self.inflight.track():
             try:
-                upstream = await client.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                reply = await self.pool.request(
+                    host, port, b"POST", (prefix + path).encode(),
+                    policy.forwarded(incoming, request_id), body, self.first_byte_timeout)
+            except NotDelivered as exc:
                 await conn.send(_error(rid, f"engine unreachable: {exc}", False, 502))
                 return
-            except httpx.HTTPError as exc:  # it may have reached the engine: not retried
-                await conn.send(_error(rid, f"engine failed: {type(exc).__name__}", True, 502))
+            except (UpstreamFailed, UpstreamTimeout) as exc:  # it may have run: not retried
+                await conn.send(_error(rid, f"engine failed: {exc}", True, 502))
                 return
             self.served += 1
             try:
-                out = {k: v for k, v in upstream.headers.items()
-                       if k.lower() not in _DROP_RESPONSE_HEADERS}
-                await conn.send(packed(rid, Kind.HEAD, {"status": upstream.status_code,
-                                                        "headers": out}))
-                async for chunk in upstream.aiter_raw():
+                await conn.send(packed(rid, Kind.HEAD, {
+                    "status": reply.status,
+                    "headers": [list(h) for h in policy.relayed(reply.headers)]}))
+                async for chunk in reply.chunks():
                     await conn.send(Frame(rid, Kind.DATA, chunk))
-            except httpx.HTTPError as exc:  # the engine broke off mid-answer
+            except UpstreamFailed as exc:  # the engine broke off mid-answer
                 await conn.send(_error(rid, f"engine failed mid-response: {exc}", True, 502))
                 return
             finally:
-                await upstream.aclose()
+                await reply.aclose()
             await conn.send(Frame(rid, Kind.END))
 
 

@@ -9,6 +9,8 @@ Client to server: ``REQUEST`` (msgpack ``{"path", "headers", "body"}``), ``CANCE
 Server to client: ``HEAD`` (msgpack ``{"status", "headers"}``), ``DATA`` (raw body bytes,
 possibly many), ``END``, or ``ERROR`` (msgpack ``{"message", "not_delivered"}``) instead of
 HEAD/DATA/END. ``not_delivered`` is true only when the engine provably never saw the request.
+Headers are ``[[name, value], ...]`` byte pairs: exactly what HTTP carried, repeated
+headers and non-ASCII values included.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+from libp2p.custom_types import TProtocol
 from libp2p.network.stream.exceptions import StreamEOF
 
+HTTP_PROTOCOL = TProtocol("/otela/http/2")
 HEADER = struct.Struct(">IBI")
 MAX_PAYLOAD = 32 * 1024 * 1024  # a request body larger than this is refused, not buffered
 
@@ -60,6 +64,19 @@ class Frame:
 
 def packed(request_id: int, kind: Kind, fields: dict[str, Any]) -> Frame:
     return Frame(request_id, kind, msgpack.packb(fields, use_bin_type=True))
+
+
+def header_pairs(value: Any) -> list[tuple[bytes, bytes]]:
+    """Headers from a frame: a list of [name, value] byte pairs; ``FrameError`` otherwise."""
+    if not isinstance(value, list | tuple):
+        raise FrameError("headers must be a list of pairs")
+    pairs = []
+    for item in value:
+        if (not isinstance(item, list | tuple) or len(item) != 2
+                or not all(isinstance(x, bytes) for x in item)):
+            raise FrameError("headers must be [name, value] byte pairs")
+        pairs.append((item[0].lower(), item[1]))
+    return pairs
 
 
 class FrameReader:

@@ -1,0 +1,46 @@
+"""What runs each request that reaches a node's HTTP port.
+
+- ``POST /v1/engine/...``: the engine hop, for other members (``hop.py``);
+- any other ``POST /v1/...`` but otela's own resources: an OpenAI request, routed to a
+  node serving its model (``inference.py``);
+- everything else: the node's API (FastAPI: models, health, inspection, metrics), run in
+  process.
+The first two count as in flight until their response is sent or their client is gone,
+so a draining node waits for them (``otela.dataplane.inflight``).
+"""
+
+from __future__ import annotations
+
+from otela.api.hop import EngineHop
+from otela.api.inference import InferenceRoutes
+from otela.dataplane.asgi import ASGIApp, serve_asgi
+from otela.dataplane.gate import ENGINE_PREFIX, inference_path
+from otela.dataplane.http import Request, Response
+from otela.dataplane.inflight import Inflight
+
+_HOP_PREFIX = ENGINE_PREFIX + "/"
+# otela's own resources under /v1: never routed to engines, whatever the method (a POST to
+# one is a 405 from the API, not an inference request).
+OWN_PREFIXES = ("/v1/registry", "/v1/health", "/v1/network", "/v1/models")
+
+
+class Dispatch:
+    def __init__(self, inference: InferenceRoutes, hop: EngineHop, api: ASGIApp,
+                 inflight: Inflight) -> None:
+        self.inference = inference
+        self.hop = hop
+        self.api = api
+        self.inflight = inflight
+
+    async def __call__(self, request: Request, response: Response) -> None:
+        if request.method == "POST":
+            path = request.path
+            if path.startswith(_HOP_PREFIX):
+                with self.inflight.track():
+                    await self.hop.handle(request, response)
+                return
+            if inference_path(path) and not path.startswith(OWN_PREFIXES):
+                with self.inflight.track():
+                    await self.inference.handle(request, response)
+                return
+        await serve_asgi(self.api, request, response)

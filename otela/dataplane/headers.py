@@ -1,0 +1,55 @@
+"""Which headers cross a hop, in which direction. One policy for every hop (ingress ->
+node, node -> engine; over HTTP or libp2p).
+
+Requests: only an allowlist reaches engines, as the bytes the client sent (non-ASCII
+included): the body's type, what the client accepts, who it is, and the request id (as
+otela's ``x-otela-request-id`` and the engines' ``x-request-id``, so engine logs carry the
+same id). Credentials (``authorization``: the user's key is the ingress's business),
+cookies and everything else stay behind.
+
+Responses: everything but hop-by-hop headers (RFC 9110 §7.6.1) and those the relaying
+server sets itself (length, framing, date, server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+Headers = list[tuple[bytes, bytes]]
+
+REQUEST_ID = b"x-otela-request-id"
+ENGINE_REQUEST_ID = b"x-request-id"
+# Set by a node on its answer when it could not deliver the request to its own engine:
+# the request never ran, so the ingress may safely try another node.
+NOT_DELIVERED = b"x-otela-not-delivered"
+FORWARDED_REQUEST = frozenset({b"content-type", b"accept", b"user-agent"})
+DROPPED_RESPONSE = frozenset({
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+    b"trailer", b"transfer-encoding", b"upgrade", b"content-length", b"host", b"date",
+    b"server",
+})
+JSON = (b"content-type", b"application/json")
+
+
+def forwarded(incoming: Headers, request_id: bytes,
+              extra: Sequence[tuple[bytes, bytes]] = ()) -> Headers:
+    """The request headers an upstream gets."""
+    out = [(k, v) for k, v in incoming if k in FORWARDED_REQUEST]
+    if not any(k == b"content-type" for k, _ in out):
+        out.append(JSON)
+    out.append((REQUEST_ID, request_id))
+    out.append((ENGINE_REQUEST_ID, request_id))
+    out.extend(extra)
+    return out
+
+
+def relayed(upstream: Headers, extra: Sequence[tuple[bytes, bytes]] = ()) -> Headers:
+    """The response headers the client gets."""
+    return [(k, v) for k, v in upstream if k not in DROPPED_RESPONSE] + list(extra)
+
+
+def value(headers: Headers, name: bytes) -> bytes | None:
+    for key, val in headers:
+        if key == name:
+            return val
+    return None

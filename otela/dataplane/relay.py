@@ -1,0 +1,61 @@
+"""Writing an upstream's ``Reply`` to our client, as it arrives.
+
+A reply whose body is already complete (most non-streaming answers: the engine wrote head
+and body at once) leaves in one write with its ``Content-Length``. Otherwise the head goes
+out at once and every chunk as it comes (an SSE stream event by event, backpressure from
+the client included): with the upstream's ``Content-Length`` when it gave one, chunked
+otherwise. Bodies are relayed as the bytes received, never re-encoded. A client that goes
+away mid-stream ends the relay, and the reply is closed, which closes its connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from otela.dataplane import headers as policy
+from otela.dataplane.errors import RequestError, UpstreamFailed, error_json
+from otela.dataplane.headers import Headers
+from otela.dataplane.http import Response
+from otela.dataplane.upstream import Reply
+
+
+async def relay(reply: Reply, response: Response, extra: Headers) -> int:
+    """Send ``reply`` to the client with ``extra`` headers; the body bytes relayed."""
+    out = policy.relayed(reply.headers, extra)
+    try:
+        if reply.complete:
+            body = reply.take_buffered()
+            await response.send(reply.status, out, body)
+            return len(body)
+        length = reply.content_length
+        if length is not None:
+            out.append((b"content-length", b"%d" % length))
+        await response.start(reply.status, out)
+        sent = 0
+        buffered = reply.take_buffered()
+        if buffered:
+            await response.write(buffered)
+            sent += len(buffered)
+        try:
+            async for chunk in reply.chunks():
+                await response.write(chunk)
+                sent += len(chunk)
+        except UpstreamFailed:
+            response.abort()  # the upstream broke off: the client must see it cut short
+            return sent
+        await response.end()
+        return sent
+    finally:
+        await reply.aclose()
+
+
+async def send_error(response: Response, error: RequestError,
+                     extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """An OpenAI-style error; after a response has started, all we can do is end it."""
+    if response.started:
+        response.abort()
+        return
+    headers = [policy.JSON, *extra, *((k.encode(), v.encode()) for k, v in
+                                      error.headers.items())]
+    await response.send(error.status, headers,
+                        error_json(error.status, error.message, error.code, error.param))

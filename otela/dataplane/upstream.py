@@ -1,0 +1,111 @@
+"""How a routed request reaches the node chosen for it, decided in one place.
+
+- This node's own engine: straight to it over HTTP.
+- Another node that plain HTTP reaches: its engine hop (``/v1/engine/...``), over a
+  pooled keep-alive connection, with our membership token (``hop_auth``).
+- A node behind NAT (its record says it needs a relayed path): HTTP over libp2p
+  (``p2p_client``), through a relay circuit or a hole-punched connection.
+Whichever way, the caller gets a ``Reply`` (status and headers now, the body as it
+arrives) or one of ``NotDelivered`` / ``UpstreamFailed`` / ``UpstreamTimeout``
+(``errors.py``), and only ``NotDelivered`` may be retried elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import trio
+
+from otela.dataplane import headers as policy
+from otela.dataplane.errors import NotDelivered, UpstreamTimeout
+from otela.dataplane.gate import ENGINE_PREFIX
+from otela.dataplane.headers import Headers
+from otela.dataplane.hop_auth import HOP_HEADER, HopSigner
+from otela.dataplane.p2p_client import EngineStreamClient
+from otela.dataplane.pool import HttpPool
+from otela.registry.records import NodeRecord
+
+_HOP = HOP_HEADER.encode()
+
+
+class Reply(Protocol):
+    """An upstream's answer: its head, and its body to come."""
+
+    status: int
+    headers: Headers
+
+    @property
+    def content_length(self) -> int | None: ...
+
+    @property
+    def complete(self) -> bool:
+        """Whether the whole body is already here (``take_buffered`` has it)."""
+        ...
+
+    def take_buffered(self) -> bytes: ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The rest of the body as it arrives; ends by closing the reply."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@functools.lru_cache(maxsize=4096)
+def engine_address(url: str) -> tuple[str, int, str]:
+    """``http://host:port/prefix`` -> (host, port, prefix); engines speak plain HTTP."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"not an http:// URL: {url!r}")
+    return parts.hostname, parts.port or 80, parts.path.rstrip("/")
+
+
+class Upstreams:
+    def __init__(self, pool: HttpPool, *, self_session: Callable[[], str],
+                 local_engine: Callable[[], str | None], hop_signer: HopSigner | None,
+                 p2p: EngineStreamClient | None) -> None:
+        self.pool = pool
+        self.self_session = self_session  # ours changes if we rejoin after an eviction
+        self.local_engine = local_engine  # our engine's URL, None unless we serve
+        self.hop_signer = hop_signer
+        self.p2p = p2p
+
+    def path_kind(self, node: NodeRecord) -> str:
+        """How ``node`` is reached: "local", "http" or "libp2p"."""
+        if node.session_id == self.self_session() and self.local_engine() is not None:
+            return "local"
+        if self.p2p is not None and node.needs_relayed_path():
+            return "libp2p"
+        return "http"
+
+    async def send(self, node: NodeRecord, path: str, body: bytes, headers: Headers,
+                   first_byte_timeout: float) -> Reply:
+        kind = self.path_kind(node)
+        if kind == "local":
+            engine = self.local_engine()
+            assert engine is not None
+            host, port, prefix = engine_address(engine)
+            return await self.pool.request(host, port, b"POST", (prefix + path).encode(),
+                                           headers, body, first_byte_timeout)
+        if kind == "libp2p":
+            assert self.p2p is not None
+            try:
+                with trio.fail_after(first_byte_timeout):
+                    return await self.p2p.request(node, path, body, headers)
+            except trio.TooSlowError:
+                raise UpstreamTimeout(f"no answer within {first_byte_timeout:.0f} s") from None
+        hop_path = ENGINE_PREFIX + path
+        if self.hop_signer is not None:
+            token = self.hop_signer.token(node.peer_id, "POST", hop_path, body)
+            headers = [*headers, (_HOP, token.encode())]
+        host, port, prefix = engine_address(node.http_url)
+        reply = await self.pool.request(host, port, b"POST", (prefix + hop_path).encode(),
+                                        headers, body, first_byte_timeout)
+        if policy.value(reply.headers, policy.NOT_DELIVERED) == b"1":
+            await reply.aclose()
+            raise NotDelivered(f"node {node.peer_id} did not deliver it (status "
+                               f"{reply.status})")
+        return reply

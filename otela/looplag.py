@@ -1,0 +1,98 @@
+"""Event-loop hygiene: how late the node's trio loop runs, and which task steps made it so.
+
+Everything on a node shares one event loop, so any step that holds it (a signature check,
+a burst of gossip, a garbage collection, a synchronous file write) delays every request
+waiting behind it. Two instruments, cheap enough to stay on:
+
+- ``LagSampler``: a task that asks to sleep ``interval`` and records how late it woke
+  (a histogram: ``otela_event_loop_lag_seconds``);
+- ``SlowSteps``: a trio ``Instrument`` timing every task step, keeping the slowest steps
+  (task name, duration) above ``threshold``; ``/v1/health``'s ``event_loop`` shows them,
+  so a stall can be traced to what caused it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from typing import Any
+
+import trio
+
+# Histogram buckets (seconds) for loop lag and request latency alike.
+LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class Histogram:
+    """A cumulative-bucket histogram in the Prometheus sense, without the dependency."""
+
+    def __init__(self, buckets: tuple[float, ...] = LAG_BUCKETS) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        self.count += 1
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+                return
+        self.counts[-1] += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        out, total = [], 0
+        for bound, count in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            total += count
+            out.append((bound, total))
+        return out
+
+
+class LagSampler:
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.lag = Histogram()
+        self.worst = 0.0
+
+    async def run(self) -> None:
+        while True:
+            before = trio.current_time()
+            await trio.sleep(self.interval)
+            late = trio.current_time() - before - self.interval
+            self.lag.observe(max(0.0, late))
+            self.worst = max(self.worst, late)
+
+
+class SlowSteps(trio.abc.Instrument):
+    """Times task steps; keeps the ``keep`` slowest above ``threshold`` seconds."""
+
+    def __init__(self, threshold: float = 0.005, keep: int = 20) -> None:
+        self.threshold = threshold
+        self.keep = keep
+        self.slowest: list[tuple[float, str, float]] = []  # (duration, task, wall time)
+        self.by_task: Counter[str] = Counter()  # slow steps per task name
+        self._started: float = 0.0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._started = time.perf_counter()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        took = time.perf_counter() - self._started
+        if took < self.threshold:
+            return
+        name = task.name.rsplit(".", 1)[-1]
+        self.by_task[name] += 1
+        item = (took, name, time.time())
+        if len(self.slowest) < self.keep:
+            heapq.heappush(self.slowest, item)
+        elif took > self.slowest[0][0]:
+            heapq.heapreplace(self.slowest, item)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "slow_steps": [{"task": name, "ms": round(took * 1e3, 2), "at": at}
+                           for took, name, at in sorted(self.slowest, reverse=True)],
+            "slow_steps_by_task": dict(self.by_task.most_common(10)),
+        }
