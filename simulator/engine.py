@@ -441,7 +441,7 @@ class Replica:
         if k_cap < 2:
             return None
         cost = self.cost
-        a0 = cost.tokens_time(b) + cost.head_time(b) + cost.fixed_overhead + cost.attn_per_seq * b
+        a0 = cost.decode_base(b)
         s0 = float(kv.sum()) + b
         if self.window:
             a0 += cost.attn_slope_sliding * float(np.minimum(kv + 1, self.window).sum())
@@ -588,14 +588,16 @@ def simulate(
                 t = max(t, min(float(req.finish[x.finished[-1]]) for x in busy if x.finished))
             req.sent[r] = t
             t_client = t
+        # the engine sees the request after the frontend has parsed and tokenized it
+        t_engine = t + cost.request_overhead
         for x in reps:
-            x.advance(t)
+            x.advance(t_engine)
         if max_concurrency is not None:
             total = sum(len(x.finished) for x in reps)
             inflight -= total - done_seen
             done_seen = total
         target = reps[route.choose(reps, r)]
-        target.enqueue(r, t)
+        target.enqueue(r, t_engine)
         inflight += 1
     for x in reps:
         x.advance(INF)
