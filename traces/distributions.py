@@ -122,8 +122,8 @@ class LengthDist:
             x = np.full(n, p[0])
         elif self.kind == "normal":
             x = rng.normal(p[0], p[1], size=n)
-        elif self.kind == "uniform":
-            x = rng.uniform(p[0], p[1] + 1, size=n)
+        elif self.kind == "uniform":  # integers LO..HI inclusive, each equally likely
+            x = rng.integers(int(p[0]), int(p[1]) + 1, size=n).astype(float)
         elif self.kind == "lognormal":
             mean, std = p
             sigma2 = np.log(1 + (std / mean) ** 2)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import csv
 import gzip
-import io
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from traces.schema import (
     COLUMNS,
@@ -47,7 +46,7 @@ class Trace:
 
 def _open_text(path: Path, mode: str) -> IO[str]:
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")  # type: ignore[arg-type]
+        return cast(IO[str], gzip.open(path, mode + "t", encoding="utf-8"))
     return path.open(mode, encoding="utf-8", newline="" if path.suffix == ".csv" else None)
 
 

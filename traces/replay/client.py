@@ -134,8 +134,7 @@ class Pool:
             )
             if not infos:
                 raise OSError(f"cannot resolve {self.ep.host}")
-            family, _, _, _, addr = infos[0]
-            self._addr = (family, addr)
+            self._addr = (int(infos[0][0]), infos[0][4])
         family, addr = self._addr
         sock = trio.socket.socket(family, socket.SOCK_STREAM)
         try:

@@ -6,9 +6,10 @@ slow endpoint builds a queue, as in production); closed loop keeps N requests in
 trace with its measured TTFT, inter-token latencies, end-to-end latency, status and error
 kind, and `send_lag`: how late it was sent versus its schedule (the replayer's own error).
 
-Timing: the dispatcher sleeps until ~1.5 ms before a request is due (the kernel's timer
-rounds sleeps up to the millisecond), then yields in a tight loop until it is due, so sends
-land within microseconds of schedule while other tasks keep running.
+Timing: the dispatcher waits on a high-resolution timer (`timer.PreciseTimer`: a timerfd,
+because epoll's own timeouts overshoot by milliseconds) until 0.5 ms before a request is due,
+then yields in a tight loop until it is due, so sends land within microseconds of schedule
+while other tasks keep running.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ from traces.replay.client import (
     send_request,
 )
 from traces.replay.payload import PayloadBuilder
+from traces.replay.timer import PreciseTimer
 from traces.schema import TraceRecord, hash_id, make_header
 
-SPIN_S = 0.0015
 LEAD_S = 0.05  # head start before the first arrival, to build the first payloads
 
 
@@ -119,6 +120,8 @@ class Replayer:
         self.progress_interval = progress_interval
         self.t0 = 0.0
         self._slots: trio.Semaphore | None = None
+        self._spare = 0
+        self._need_conn = trio.Event()
 
     # ---- the run --------------------------------------------------------------------
     async def run(self) -> Trace:
@@ -141,7 +144,10 @@ class Replayer:
             outer.start_soon(self._watch_signals, outer.cancel_scope)
             if self.progress is not None:
                 outer.start_soon(self._progress_loop)
-            await self._warm(self._warm_count())
+            self._spare = self._warm_count()
+            await self._warm(self._spare)
+            if not self.opts.closed_loop:
+                outer.start_soon(self._keep_warm)
             self.t0 = time.perf_counter() + LEAD_S
             self.live.started = self.t0
             async with trio.open_nursery() as requests:
@@ -179,17 +185,42 @@ class Replayer:
             self.pool.put(conn)
             conn.reused = False
 
+    async def _keep_warm(self) -> None:
+        """Open connections in the background whenever fewer than `_spare` are idle, so a
+        request due now rarely waits for a TCP handshake (long streams hold theirs)."""
+        while True:
+            await self._need_conn.wait()
+            self._need_conn = trio.Event()
+            while len(self.pool.idle) < self._spare:
+                try:
+                    conn = await self.pool.open()
+                except ConnectError:
+                    break
+                self.pool.put(conn)
+                conn.reused = False
+
     async def _dispatch(self, recs: list[TraceRecord], nursery: trio.Nursery) -> None:
+        timer = PreciseTimer()
+        try:
+            await self._dispatch_all(recs, nursery, timer)
+        finally:
+            timer.close()
+
+    async def _dispatch_all(
+        self, recs: list[TraceRecord], nursery: trio.Nursery, timer: PreciseTimer
+    ) -> None:
         base = recs[0].arrival if recs else 0.0
         speed = self.opts.speed
         for rec in recs:
             due = self.t0 + (rec.arrival - base) / speed
             request = self.builder.request(rec)
-            await _sleep_until(due)
+            await timer.sleep_until(due)
             if self._slots is not None:
                 await self._slots.acquire()
             self.live.sent += 1
             self.live.inflight += 1
+            if len(self.pool.idle) <= self._spare // 2:
+                self._need_conn.set()
             if self.pool.idle:  # send inline: the timestamp is the moment the bytes leave
                 conn = self.pool.idle.pop()
                 t_send = time.perf_counter()
@@ -345,15 +376,6 @@ class Replayer:
         }
         header = make_header("otela trace replay", start_time=time.time(), replay=meta)
         return Trace(header, self.results).sorted()
-
-
-async def _sleep_until(due: float) -> None:
-    """Sleep to within microseconds of `due` (a time.perf_counter() value)."""
-    delay = due - time.perf_counter()
-    if delay > SPIN_S:
-        await trio.sleep(delay - SPIN_S)
-    while time.perf_counter() < due:
-        await trio.lowlevel.checkpoint()
 
 
 def _raise_fd_limit() -> None:
