@@ -40,7 +40,7 @@ class Calibration:
     step_overhead_s: float = 1.0e-3  # per engine iteration: scheduling, sampling, launch
     seq_overhead_s: float = 0.0  # per sequence in an iteration (input prep, sampling, output)
     tp_overhead_s: float = 0.0  # per extra tensor-parallel rank, per iteration
-    launch_per_layer_s: float = 0.0  # kernels outside CUDA graphs, per layer, prefill steps
+    launch_per_layer_s: float = 0.0  # per layer per forward pass: kernel launch + ramp/tail
     request_overhead_s: float = 0.0  # per request: API, tokenizer, first-chunk output
     runtime_reserve_gib: float = 1.5  # per GPU: CUDA context, CUDA graphs, allocator slack
     tp_reserve_gib: float = 0.0  # per GPU when TP > 1: NCCL / custom all-reduce buffers

@@ -270,7 +270,7 @@ class StepCost:
         self.linears = _linears(m, tp)
         self.fixed_overhead = self.step_overhead_s + self.tp_overhead_s * (self.par.gpus - 1)
         self.seq_overhead = cal.seq_overhead_s
-        self.prefill_launch = cal.launch_per_layer_s * m.layers
+        self.layer_overhead = cal.launch_per_layer_s * m.layers
         self.request_overhead = cal.request_overhead_s
         # Decode attention is one batched kernel whose FLOPs and bytes are both linear in the
         # summed context, so its time is linear too: a slope per context token.
@@ -452,13 +452,12 @@ class StepCost:
 
     # ---- overheads --------------------------------------------------------------------
     def overhead_time(self, seqs: int, has_prefill: bool) -> float:
-        """Engine time that is not a kernel: per iteration (growing with TP ranks), per
-        sequence in the batch, and kernel launches outside CUDA graphs in prefill steps."""
-        return (
-            self.fixed_overhead
-            + self.seq_overhead * seqs
-            + (self.prefill_launch if has_prefill else 0.0)
-        )
+        """Time that is not in the roofline of any kernel: per iteration (scheduling,
+        sampling, growing with the TP ranks the step is broadcast to), per sequence in the
+        batch (input preparation, sampling, output processing), and per layer (a dozen
+        kernels whose launch and ramp-up/tail cost a few microseconds each, CUDA graphs or
+        not). `has_prefill` is kept for engines that price prefill steps differently."""
+        return self.fixed_overhead + self.seq_overhead * seqs + self.layer_overhead
 
     def decode_base(self, b: int) -> float:
         """Constant part of a pure-decode step of `b` sequences (everything but the context)."""

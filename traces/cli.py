@@ -216,7 +216,12 @@ def replay_cmd(
     hash_ids: bool = typer.Option(
         False, "--hash-ids", help="hash provider and node ids in the result trace"
     ),
-    seed: int = typer.Option(0, "--seed", help="seed for synthetic prompt token ids"),
+    seed: int | None = typer.Option(
+        None,
+        "--seed",
+        help="seed for the synthetic prompt token ids (default: fresh each run, so a replay "
+        "never hits the prefix cache a previous replay filled)",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
 ) -> None:
     """Replay a trace against an OpenAI-compatible endpoint (otela, vLLM, any server).

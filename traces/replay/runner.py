@@ -18,6 +18,7 @@ import gc
 import itertools
 import math
 import resource
+import secrets
 import signal
 import time
 from collections import Counter
@@ -62,7 +63,7 @@ class ReplayOptions:
     exact_output: bool = True
     warm_connections: int | None = None
     hash_ids: bool = False
-    seed: int = 0
+    seed: int | None = None  # prompt ids; None: fresh per run, so no run hits another's cache
 
     def __post_init__(self) -> None:
         if self.speed <= 0:
@@ -112,7 +113,7 @@ class Replayer:
             api_key=opts.api_key,
             model_override=opts.model,
             exact_output=opts.exact_output,
-            seed=opts.seed,
+            seed=opts.seed if opts.seed is not None else secrets.randbits(32),
         )
         self.live = Live(total=len(trace))
         self.results: list[TraceRecord] = []

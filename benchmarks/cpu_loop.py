@@ -1,0 +1,105 @@
+"""Close the simulator loop on this machine: replay traces against the real vLLM CPU engine.
+
+Builds the tiny random-weight Llama (no downloads), starts vLLM's OpenAI server on the CPU
+(niced), and replays two DIFFERENT traces against it, open loop and streaming:
+
+* ``calib``: Poisson, uniform lengths — the simulator's CPU profile is fitted on it;
+* ``heldout``: bursty Gamma (CV 2), log-normal/normal lengths, a higher rate — predicted
+  by the fitted profile without looking at it.
+
+Writes ``<out>/{calib,heldout}.jsonl`` (the generated traces) and
+``<out>/{calib,heldout}.replay.jsonl`` (what vLLM did). Then
+``python -m simulator.calibrate cpu <out>`` fits and reports (see docs/simulator.md).
+
+    OTELA_VLLM_VENV=/work/main/.venv-vllm nice -n 10 .venv/bin/python benchmarks/cpu_loop.py OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from otela.localfed import VLLM_ENV, build_tiny_model, free_port, vllm_engine_command, wait_for
+from traces.generate import GenSpec, generate, parse_models
+from traces.io import write_trace
+from traces.replay.runner import ReplayOptions, replay
+from traces.stats import summarize
+
+MODEL = "tiny-llama"
+TRACES = {
+    "calib": GenSpec(
+        rate=3.0, duration=60, input="uniform:32,256", output="uniform:16,128",
+        models=parse_models([MODEL]), seed=101,
+    ),
+    "heldout": GenSpec(
+        rate=5.0, duration=60, cv=2.0, input="lognormal:160,90", output="normal:64,30",
+        models=parse_models([MODEL]), seed=202,
+    ),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--only", choices=sorted(TRACES), help="replay just one trace")
+    args = ap.parse_args()
+    venv = Path(os.environ.get("OTELA_VLLM_VENV", ".venv-vllm"))
+    python = venv / "bin" / "python"
+    args.out.mkdir(parents=True, exist_ok=True)
+    model_dir = build_tiny_model(python, args.out / "tiny-llama")
+    port = free_port()
+    cmd = shlex.split(vllm_engine_command(python, model_dir, MODEL, port))
+    env = {**os.environ, **VLLM_ENV}
+    log = (args.out / "vllm.log").open("wb")
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise SystemExit(f"vLLM exited ({proc.returncode}); see {args.out}/vllm.log")
+            try:
+                return httpx.get(f"{url}/v1/models", timeout=2, trust_env=False).is_success
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, 600, "vLLM to serve", interval=1.0)
+        print(f"vLLM ready after {time.monotonic() - started:.0f} s", flush=True)
+        # warm-up: first requests compile/allocate; they are not part of any trace
+        warm = generate(GenSpec(rate=2, requests=6, input="fixed:64", output="fixed:16",
+                                models=parse_models([MODEL]), seed=1))
+        replay(warm, ReplayOptions(url=url))
+        for name, spec in TRACES.items():
+            if args.only and name != args.only:
+                continue
+            trace = generate(spec)
+            write_trace(args.out / f"{name}.jsonl", trace)
+            res = replay(trace, ReplayOptions(url=url))
+            write_trace(args.out / f"{name}.replay.jsonl", res)
+            s = summarize(res.records)
+            print(
+                f"{name}: {s['succeeded']}/{s['requests']} ok, "
+                f"TTFT p50 {s['ttft_s']['p50'] * 1e3:.1f} ms, "
+                f"TPOT p50 {s['tpot_s']['p50'] * 1e3:.2f} ms, "
+                f"{s['output_tokens_per_s']:.0f} output tok/s, errors {s['errors']}",
+                flush=True,
+            )
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
