@@ -3,7 +3,8 @@
 Builds the tiny random-weight Llama (no downloads), starts vLLM's OpenAI server on the CPU
 (niced), and replays two DIFFERENT traces against it, open loop and streaming:
 
-* ``calib``: Poisson, uniform lengths — the simulator's CPU profile is fitted on it;
+* ``calib``: Poisson whose rate cycles between 0.8 and 7.2 req/s (so the fit sees light and
+  heavy load), uniform lengths — the simulator's CPU profile is fitted on it;
 * ``heldout``: bursty Gamma (CV 2), log-normal/normal lengths, a higher rate — predicted
   by the fitted profile without looking at it.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from otela.localfed import VLLM_ENV, build_tiny_model, free_port, vllm_engine_command, wait_for
+from traces.distributions import Diurnal
 from traces.generate import GenSpec, generate, parse_models
 from traces.io import write_trace
 from traces.replay.runner import ReplayOptions, replay
@@ -34,13 +36,24 @@ from traces.stats import summarize
 
 MODEL = "tiny-llama"
 TRACES = {
+    # calibration spans the operating range: a 45 s rate cycle between 0.8 and 7.2 req/s
     "calib": GenSpec(
-        rate=3.0, duration=60, input="uniform:32,256", output="uniform:16,128",
-        models=parse_models([MODEL]), seed=101,
+        rate=4.0,
+        duration=90,
+        input="uniform:32,256",
+        output="uniform:16,128",
+        diurnal=Diurnal(0.8, period_s=45.0, peak_s=11.0),
+        models=parse_models([MODEL]),
+        seed=101,
     ),
     "heldout": GenSpec(
-        rate=5.0, duration=60, cv=2.0, input="lognormal:160,90", output="normal:64,30",
-        models=parse_models([MODEL]), seed=202,
+        rate=5.0,
+        duration=60,
+        cv=2.0,
+        input="lognormal:160,90",
+        output="normal:64,30",
+        models=parse_models([MODEL]),
+        seed=202,
     ),
 }
 
@@ -62,6 +75,7 @@ def main() -> None:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
+
         def ready() -> bool:
             if proc.poll() is not None:
                 raise SystemExit(f"vLLM exited ({proc.returncode}); see {args.out}/vllm.log")
@@ -73,8 +87,16 @@ def main() -> None:
         wait_for(ready, 600, "vLLM to serve", interval=1.0)
         print(f"vLLM ready after {time.monotonic() - started:.0f} s", flush=True)
         # warm-up: first requests compile/allocate; they are not part of any trace
-        warm = generate(GenSpec(rate=2, requests=6, input="fixed:64", output="fixed:16",
-                                models=parse_models([MODEL]), seed=1))
+        warm = generate(
+            GenSpec(
+                rate=2,
+                requests=6,
+                input="fixed:64",
+                output="fixed:16",
+                models=parse_models([MODEL]),
+                seed=1,
+            )
+        )
         replay(warm, ReplayOptions(url=url))
         for name, spec in TRACES.items():
             if args.only and name != args.only:

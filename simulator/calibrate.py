@@ -24,12 +24,12 @@ from traces.io import Trace, read_trace
 from traces.schema import TraceRecord
 from traces.stats import summarize
 
-# what the fit matches: (summary key, percentile); each weighs the same
+# What the fit matches: (summary key, percentile), each weighing the same. Medians, not
+# tails: on a shared 2-core machine the tails measure other processes' CPU bursts, which a
+# deterministic model of the engine should not absorb into its constants.
 TARGETS: tuple[tuple[str, str | None], ...] = (
     ("ttft_s", "p50"),
-    ("ttft_s", "p90"),
     ("tpot_s", "p50"),
-    ("tpot_s", "p90"),
     ("e2e_s", "p50"),
     ("output_tokens_per_s", None),
 )

@@ -37,7 +37,11 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 256
     max_batched_tokens: int = 8192
-    chunked_prefill: bool = True
+    chunked_prefill: bool = True  # prefills ride with decodes in one token budget (vLLM V1)
+    # With chunked_prefill: may a prompt be split across steps? False is TensorRT-LLM's default
+    # (no chunked context): a prompt runs whole, with the decodes, in the first step whose
+    # remaining budget holds it (FCFS), so two long prompts never share a step.
+    chunk_prompts: bool = True
     prefix_caching: bool = False
     watermark: float = 0.01  # fraction of blocks kept free when admitting (vLLM V0 default)
     # SGLang-style conservative admission: reserve this fraction of every running and new
@@ -334,10 +338,17 @@ class Replica:
                 budget -= c
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 r = self.waiting[0]
+                if (
+                    not cfg.chunk_prompts
+                    and (chunks or decoding)
+                    and int(req.target[r] - req.computed[r]) > budget
+                ):
+                    break  # runs whole in a later step
                 if not self._try_admit(r):
                     break
                 self.waiting.popleft()
-                c = min(int(req.target[r] - req.computed[r]), budget)
+                whole = int(req.target[r] - req.computed[r])  # after a prefix-cache hit
+                c = whole if not cfg.chunk_prompts else min(whole, budget)
                 chunks.append((r, c, int(req.computed[r])))
                 budget -= c
         else:

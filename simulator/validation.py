@@ -70,7 +70,9 @@ def nim_llama70b_fp8_tp2(before: bool = False) -> dict[tuple[int, int, int], dic
     (launch cost near the ridge, FP8 compute efficiency, per-step decode overhead with TP)
     and loaded decode at 5-50 concurrent requests (large batches). Closed loop, fixed
     lengths, 10 x C requests (at least 6)."""
-    dep = _dep("llama-3.3-70b", "h100", before, tp=2, precision=Precision(8, 8, 8))
+    # NIM runs TensorRT-LLM, whose default does not chunk prompts (see EngineConfig)
+    engine = EngineConfig(max_num_seqs=1024, chunk_prompts=False) if not before else None
+    dep = _dep("llama-3.3-70b", "h100", before, tp=2, precision=Precision(8, 8, 8), engine=engine)
     out = {}
     for (i, o, c), (ttft, itl, tput) in NIM_70B_FP8_TP2.items():
         res = _closed_loop(dep, i, o, c, max(6, 10 * c))

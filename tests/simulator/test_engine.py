@@ -126,3 +126,14 @@ def test_closed_loop_client_caps_concurrency() -> None:
     sent, fin = out.req.sent, out.req.finish
     for t in sent:
         assert ((sent <= t + 1e-12) & (fin > t + 1e-12)).sum() <= 4
+
+
+def test_whole_prompt_scheduling_never_splits_or_shares_long_prompts() -> None:
+    # TensorRT-LLM without chunked context: a 5000-token prompt runs whole; two of them do
+    # not fit one 8192-token step, so the second waits a step instead of being chunked
+    wl = Workload.from_arrays([0.0, 0.0], [5000, 5000], [20, 20])
+    whole = _run(wl, chunk_prompts=False, max_batched_tokens=8192)
+    split = _run(wl, chunk_prompts=True, max_batched_tokens=8192)
+    assert whole.req.first_token[0] < split.req.first_token[0]  # R1 alone in its step
+    first = whole.req.first_token
+    assert first[1] - first[0] == pytest.approx(COST.step_time(1, 5001.0, [(5000, 0)]), rel=1e-9)
