@@ -63,23 +63,24 @@ def loss(sim: list[TraceRecord], real: list[TraceRecord]) -> float:
 
 
 def fit(
-    measured: Trace,
+    measured: Sequence[Trace],
     base: Deployment,
     fields: Sequence[str],
     rounds: int = 40,
 ) -> tuple[dict[str, float], float]:
-    """Pattern search over log(field) for the calibration `fields` of `base`'s GPU profile.
+    """Pattern search over log(field) for the calibration `fields` of `base`'s GPU profile,
+    minimising the mean loss over the `measured` replays (repeats of one trace, or several).
 
-    Starts from the profile's values (zero ones from a small positive value), halves the
-    step size when no move improves; returns the fitted values and the final loss.
+    Starts from the profile's values, halves the step size when no move improves; returns
+    the fitted values and the final loss.
     """
-    real = measured_ok(measured).records
+    runs = [measured_ok(m) for m in measured]
     cal = base.gpu_spec.calibration
     x = {f: max(float(getattr(cal, f)), 1e-6) for f in fields}
 
     def score(vals: dict[str, float]) -> float:
         dep = replace(base, calibration=tuple(sorted({**dict(base.calibration), **vals}.items())))
-        return loss(simulate(measured_ok(measured), dep), real)
+        return sum(loss(simulate(r, dep), r.records) for r in runs) / len(runs)
 
     best = score(x)
     step = 1.0  # in natural log units: x e^{+-1} first
@@ -89,7 +90,7 @@ def fit(
             for sign in (1.0, -1.0):
                 trial = dict(x)
                 trial[f] = x[f] * math.exp(sign * step)
-                if f == "compute":
+                if f.startswith("compute") or f == "memory":
                     trial[f] = min(trial[f], 1.0)
                 s = score(trial)
                 if s < best:
@@ -126,24 +127,32 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _replays(directory: Path, name: str) -> list[Trace]:
+    paths = sorted(directory.glob(f"{name}.replay.*.jsonl")) or [directory / f"{name}.replay.jsonl"]
+    return [read_trace(p) for p in paths]
+
+
 def cpu_loop(directory: Path, refit: bool = True) -> dict[str, Any]:
-    """Fit on DIR/calib.replay.jsonl, predict DIR/heldout.replay.jsonl (benchmarks/cpu_loop.py)."""
-    calib = read_trace(directory / "calib.replay.jsonl")
-    held = read_trace(directory / "heldout.replay.jsonl")
+    """Fit on DIR/calib.replay.*.jsonl, predict DIR/heldout.replay.*.jsonl (the output of
+    benchmarks/cpu_loop.py); print simulated vs measured for every replay."""
+    calib, held = _replays(directory, "calib"), _replays(directory, "heldout")
     base = cpu_deployment()
     fitted: dict[str, float] = {}
     if refit:
         fitted, final = fit(calib, base, CPU_FIELDS)
-        print(f"fitted on {directory / 'calib.replay.jsonl'} (loss {final:.4f}):")
+        print(f"fitted on {len(calib)} replays of the calibration trace (loss {final:.4f}):")
         for k, v in fitted.items():
             print(f"  {k} = {v:.6g}")
     dep = cpu_deployment(None, **fitted)
-    out = {}
-    for name, trace in (("calibration trace", calib), ("held-out trace", held)):
-        ok = measured_ok(trace)
-        rows = compare(simulate(ok, dep), ok.records)
-        out[name] = rows
-        print(f"\n{name} ({len(ok)} requests):\n{_table(rows)}")
+    out: dict[str, Any] = {}
+    for name, traces in (("calibration", calib), ("held-out", held)):
+        for i, trace in enumerate(traces, 1):
+            ok = measured_ok(trace)
+            rows = compare(simulate(ok, dep), ok.records)
+            out[f"{name} #{i}"] = rows
+            load = trace.header.get("load_average")
+            note = f", load average {load[0]:.2f}->{load[1]:.2f}" if load else ""
+            print(f"\n{name} trace, replay #{i} ({len(ok)} requests{note}):\n{_table(rows)}")
     return {"fitted": fitted, "comparison": out}
 
 
