@@ -13,6 +13,7 @@ so its step times form an arithmetic series that is summed (and inverted) in clo
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -553,6 +554,17 @@ class SimOutput:
     makespan: float
 
 
+def _collect_finished(
+    reps: list[Replica], req: RequestTable, seen: list[int], free_slots: list[float]
+) -> None:
+    """Push the finish times of requests completed since the last call onto the slot heap
+    (`seen[i]`: how many of replica i's completions were collected already)."""
+    for i, x in enumerate(reps):
+        for r in x.finished[seen[i] :]:
+            heapq.heappush(free_slots, float(req.finish[r]))
+        seen[i] = len(x.finished)
+
+
 def simulate(
     workload: Workload,
     cost: StepCost,
@@ -577,8 +589,10 @@ def simulate(
     route = make_router(router, seed) if isinstance(router, str) else router
     too_long = (req.input_len + req.output_len) > plan.max_context
     req.status[too_long] = REJECTED
-    inflight = 0
-    done_seen = 0
+    # closed loop: the times at which client slots free up (a request takes the earliest);
+    # every slot is free at the start, and a completion frees its slot at its finish time
+    free_slots: list[float] = [0.0] * (max_concurrency or 0)
+    seen = [0] * len(reps)
     t_client = 0.0  # a closed-loop client sends in order: never before the previous send
     for r in range(req.n):
         if too_long[r]:
@@ -586,17 +600,15 @@ def simulate(
         t = float(req.arrival[r])
         if max_concurrency is not None:
             t = max(t, t_client)
-            while inflight >= max_concurrency:
+            while not free_slots:
                 busy = [x for x in reps if x.has_work]
                 if not busy:
+                    free_slots.append(t)  # nothing in flight can free a slot: never stall
                     break
-                # the replica that finishes something first frees the slot
-                for x in busy:
+                for x in busy:  # the replica that finishes something first frees a slot
                     x.advance_to_completion()
-                total = sum(len(x.finished) for x in reps)
-                inflight -= total - done_seen
-                done_seen = total
-                t = max(t, min(float(req.finish[x.finished[-1]]) for x in busy if x.finished))
+                _collect_finished(reps, req, seen, free_slots)
+            t = max(t, heapq.heappop(free_slots))
             req.sent[r] = t
             t_client = t
         # the engine sees the request after the frontend has parsed and tokenized it
@@ -604,12 +616,9 @@ def simulate(
         for x in reps:
             x.advance(t_engine)
         if max_concurrency is not None:
-            total = sum(len(x.finished) for x in reps)
-            inflight -= total - done_seen
-            done_seen = total
+            _collect_finished(reps, req, seen, free_slots)
         target = reps[route.choose(reps, r)]
         target.enqueue(r, t_engine)
-        inflight += 1
     for x in reps:
         x.advance(INF)
         while x.waiting:  # anything left can never be admitted on an empty replica

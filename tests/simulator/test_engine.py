@@ -137,3 +137,14 @@ def test_whole_prompt_scheduling_never_splits_or_shares_long_prompts() -> None:
     assert whole.req.first_token[0] < split.req.first_token[0]  # R1 alone in its step
     first = whole.req.first_token
     assert first[1] - first[0] == pytest.approx(COST.step_time(1, 5001.0, [(5000, 0)]), rel=1e-9)
+
+
+def test_closed_loop_never_sends_before_a_slot_frees() -> None:
+    wl = Workload.from_arrays(np.zeros(30), np.full(30, 3000), np.full(30, 64))
+    out = _run(wl, max_concurrency=4)
+    sent, finish = out.req.sent, out.req.finish
+    for r in range(len(sent)):
+        # at any send time, at most 3 earlier requests are still in flight
+        in_flight = ((sent[:r] <= sent[r]) & (finish[:r] > sent[r] + 1e-12)).sum()
+        assert in_flight <= 3, (r, in_flight)
+    assert (out.req.status == DONE).all()

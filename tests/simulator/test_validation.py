@@ -19,8 +19,8 @@ def test_gyges_weights(gyges: dict) -> None:  # type: ignore[type-arg]
 
 def test_calibrated_figures_median_and_worst_error() -> None:
     """Every published latency/throughput/memory figure in validation.figures(): median
-    |error| <= 10 %; the worst ones are the two documented gaps (TP4 on H20, TTFT of a
-    fixed-length closed loop under load), each guarded separately below."""
+    |error| <= 10 %, all within 25 % but the two documented gaps (TP4 on H20; TTFT of a
+    phase-locked 5-client closed loop), each guarded separately."""
     import numpy as np
 
     rows = v.figures()
@@ -28,7 +28,8 @@ def test_calibrated_figures_median_and_worst_error() -> None:
     for k, e in errs.items():
         print(f"{k}: {100 * e:+.1f}%")
     assert float(np.median([abs(e) for e in errs.values()])) <= 0.10
-    gaps = [k for k in errs if "TP4" in k or ("TTFT" in k and "C=1 " not in k)]
+    gaps = [k for k in errs if "TP4" in k or ("TTFT" in k and "C=5 " in k)]
+    assert len(gaps) == 2
     assert all(abs(e) <= 0.25 for k, e in errs.items() if k not in gaps), errs
 
 
@@ -39,6 +40,10 @@ def test_nim_70b_fp8_tp2_single_stream_within_10_percent() -> None:
         assert abs(v.rel_err(x["tput"], x["pub_tput"])) <= 0.10, (i, o, c, x)
         if c == 1:  # short and long prompts alone: launch cost near the ridge, FP8 efficiency
             assert abs(v.rel_err(x["ttft_ms"], x["pub_ttft_ms"])) <= 0.10, (i, o, c, x)
+        elif c >= 25:  # TTFT under load, steady state
+            assert abs(v.rel_err(x["ttft_ms"], x["pub_ttft_ms"])) <= 0.20, (i, o, c, x)
+        else:  # C=5: phase-locked clients (documented gap), pessimistic but bounded
+            assert 0 < v.rel_err(x["ttft_ms"], x["pub_ttft_ms"]) <= 0.40, (i, o, c, x)
 
 
 def test_before_calibration_was_optimistic() -> None:
