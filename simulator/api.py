@@ -33,8 +33,8 @@ class Deployment:
     `step_overhead_s` / `tp_overhead_s` left as None take the GPU profile's calibrated values;
     `calibration` overrides any other profile field (e.g. ``{"memory": 0.8}``) for this
     deployment only. `ep=tp` shards MoE experts whole across the TP group (expert parallelism).
-    `engine` left as None takes the engine defaults vLLM uses on that GPU (token budget and
-    maximum sequences per iteration, from the profile).
+    `engine` left as None is set, at construction, to the defaults vLLM uses on that GPU
+    (token budget and maximum sequences per iteration, from the profile).
     """
 
     model: str | ModelSpec
@@ -54,6 +54,12 @@ class Deployment:
     def __post_init__(self) -> None:
         if isinstance(self.calibration, Mapping):
             object.__setattr__(self, "calibration", tuple(sorted(self.calibration.items())))
+        if self.engine is None:  # resolve now, so `dep.engine` is always an EngineConfig
+            cal = self.gpu_spec.calibration
+            defaults = EngineConfig(
+                max_num_seqs=cal.max_num_seqs, max_batched_tokens=cal.max_batched_tokens
+            )
+            object.__setattr__(self, "engine", defaults)
         if self.ep not in (1, self.tp):
             raise ValueError(
                 f"expert parallelism must be 1 or equal to TP ({self.tp}), not {self.ep}"
@@ -76,12 +82,8 @@ class Deployment:
     @property
     def engine_config(self) -> EngineConfig:
         """The engine settings in force: explicit, or vLLM's defaults for this GPU."""
-        if self.engine is not None:
-            return self.engine
-        cal = self.gpu_spec.calibration
-        return EngineConfig(
-            max_num_seqs=cal.max_num_seqs, max_batched_tokens=cal.max_batched_tokens
-        )
+        assert self.engine is not None  # resolved in __post_init__
+        return self.engine
 
     def memory(self) -> MemoryPlan:
         eng = self.engine_config
