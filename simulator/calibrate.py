@@ -128,7 +128,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def _replays(directory: Path, name: str) -> list[Trace]:
-    paths = sorted(directory.glob(f"{name}.replay.*.jsonl")) or [directory / f"{name}.replay.jsonl"]
+    paths = sorted(directory.glob(f"{name}.replay.*.jsonl*")) or [
+        directory / f"{name}.replay.jsonl"
+    ]
     return [read_trace(p) for p in paths]
 
 
