@@ -68,11 +68,28 @@ class Connection:
     request itself at thousands per second); HTTPS goes through trio's SSLStream.
     """
 
-    def __init__(self, sock: trio.socket.SocketType | None, stream: trio.abc.Stream | None) -> None:
+    def __init__(
+        self,
+        sock: trio.socket.SocketType | None,
+        stream: trio.abc.Stream | None,
+        raw: socket.socket | None = None,
+    ) -> None:
         self.sock = sock
         self.stream = stream
+        self.raw = raw  # the same (non-blocking) fd as `sock`, for sends that must not yield
         self.reused = False
         self.usable = True
+
+    def send_now(self, data: bytes) -> int:
+        """Write what the kernel takes right now, without yielding to the trio loop (the
+        dispatcher sends a burst of due requests back to back); returns the bytes written,
+        0 if the socket buffer is full or this is a TLS connection. Raises OSError."""
+        if self.raw is None:
+            return 0
+        try:
+            return self.raw.send(data)
+        except BlockingIOError:
+            return 0
 
     async def send(self, data: bytes) -> None:
         if self.sock is not None:
@@ -121,13 +138,14 @@ class Pool:
                     )
                     conn = Connection(None, stream)
                 else:
-                    conn = Connection(await self._connect(), None)
+                    raw = await self._connect()
+                    conn = Connection(trio.socket.from_stdlib_socket(raw), None, raw)
         except (OSError, trio.TooSlowError, ssl.SSLError) as e:
             raise ConnectError(str(e) or type(e).__name__) from e
         self.opened += 1
         return conn
 
-    async def _connect(self) -> trio.socket.SocketType:
+    async def _connect(self) -> socket.socket:
         if self._addr is None:
             infos = await trio.socket.getaddrinfo(
                 self.ep.host, self.ep.port, type=socket.SOCK_STREAM
@@ -136,14 +154,15 @@ class Pool:
                 raise OSError(f"cannot resolve {self.ep.host}")
             self._addr = (int(infos[0][0]), infos[0][4])
         family, addr = self._addr
-        sock = trio.socket.socket(family, socket.SOCK_STREAM)
+        raw = socket.socket(family, socket.SOCK_STREAM)
+        raw.setblocking(False)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await sock.connect(addr)
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await trio.socket.from_stdlib_socket(raw).connect(addr)
         except BaseException:
-            sock.close()
+            raw.close()
             raise
-        return sock
+        return raw
 
     async def get(self) -> Connection:
         return self.idle.pop() if self.idle else await self.open()

@@ -38,7 +38,6 @@ from traces.replay.client import (
     ResetError,
     Response,
     exchange,
-    send_request,
 )
 from traces.replay.payload import PayloadBuilder
 from traces.replay.timer import PreciseTimer
@@ -226,20 +225,20 @@ class Replayer:
                 conn = self.pool.idle.pop()
                 t_send = time.perf_counter()
                 try:
-                    await send_request(conn, request)
-                    sent: bool | None = True
-                except ResetError:
-                    sent = False  # the task retries on a fresh connection
-                nursery.start_soon(self._one, rec, request, due, conn, t_send, sent)
+                    written = conn.send_now(request)  # no yield: a due burst goes out at once
+                except OSError:
+                    conn.usable = False  # the task retries on a fresh connection
+                    written = 0
+                nursery.start_soon(self._one, rec, request, due, conn, t_send, written)
             else:
-                nursery.start_soon(self._one, rec, request, due, None, None, None)
+                nursery.start_soon(self._one, rec, request, due, None, None, 0)
 
     async def _worker(self, it: Iterator[TraceRecord]) -> None:
         for rec in it:
             request = self.builder.request(rec)
             self.live.sent += 1
             self.live.inflight += 1
-            await self._one(rec, request, None, None, None, None)
+            await self._one(rec, request, None, None, None, 0)
 
     # ---- one request ----------------------------------------------------------------
     async def _one(
@@ -249,10 +248,10 @@ class Replayer:
         due: float | None,
         conn: Connection | None,
         t_send: float | None,
-        sent: bool | None,
+        written: int,
     ) -> None:
-        """Complete one request. The dispatcher may already have sent it on `conn` at
-        `t_send` (`sent` True), or tried and found the connection dead (`sent` False)."""
+        """Complete one request. The dispatcher may already have written its first `written`
+        bytes on `conn` at `t_send` (or found the connection dead: `conn.usable` False)."""
         if t_send is None:
             t_send = time.perf_counter()
         out = TraceRecord(
@@ -270,7 +269,7 @@ class Replayer:
         resp: Response | None = None
         try:
             with trio.fail_after(self.opts.timeout_s):
-                resp = await self._send(request, conn, bool(sent))
+                resp = await self._send(request, conn, written)
         except ConnectError:
             out.status, out.error = 0, "connect"
         except trio.TooSlowError:
@@ -293,12 +292,13 @@ class Replayer:
         if self._slots is not None:
             self._slots.release()
 
-    async def _send(self, request: bytes, conn: Connection | None, sent: bool) -> Response:
+    async def _send(self, request: bytes, conn: Connection | None, written: int) -> Response:
         conn = conn or await self.pool.get()
         try:
             if not conn.usable:
                 raise ResetError("connection closed before sending")
-            resp = await exchange(conn, None if sent else request, self.opts.stream)
+            rest = request[written:] if written < len(request) else None
+            resp = await exchange(conn, rest, self.opts.stream)
         except ResetError:
             if not conn.reused:
                 raise
