@@ -286,6 +286,17 @@ class StepCost:
     def _t(self, flops: Array | float, nbytes: Array | float) -> Array | float:
         return kernel_time(flops, nbytes, self.peak, self.bw, self.sharp)
 
+    def _ts(self, flops: float, nbytes: float) -> float:
+        """`_t` for plain floats (the engine prices chunks one by one: no numpy overhead)."""
+        tc, tm = flops / self.peak, nbytes / self.bw
+        if self.sharp <= 0:
+            return tc if tc > tm else tm
+        hi = max(tc, tm)
+        if hi <= 0:
+            return 0.0
+        k = self.sharp
+        return hi * ((tc / hi) ** k + (tm / hi) ** k) ** (1.0 / k)
+
     def _bound(self, flops: float, nbytes: float) -> str:
         return "compute" if flops / self.peak >= nbytes / self.bw else "memory"
 
@@ -375,7 +386,7 @@ class StepCost:
         if sampled <= 0:
             return 0.0
         h = self.head_term(sampled)
-        return float(self._t(h.flops, h.bytes))
+        return self._ts(float(h.flops), float(h.bytes))
 
     # ---- attention --------------------------------------------------------------------
     def _decode_attn_per_token(self) -> tuple[float, float]:
@@ -436,7 +447,7 @@ class StepCost:
 
     def prefill_attn_time(self, chunk: int, prior: int) -> float:
         return sum(
-            t.layers * float(self._t(t.flops, t.bytes))
+            t.layers * self._ts(float(t.flops), float(t.bytes))
             for t in self.prefill_attn_terms(chunk, prior)
         )
 
