@@ -183,10 +183,21 @@ def analyze_cmd(
     s.add_row("max batch at this length", str(mem["max_batch_at_context"]))
     s.add_row("max context", str(mem["max_context"]))
     s.add_row("fits", "yes" if mem["fits"] else f"[red]no: {mem['reason']}[/red]")
-    eff = res["efficiency"]
+    cal = res["calibration"]
+    bits = res["precision"]
+    compute_eff = (
+        cal["compute_fp8"] or cal["compute"]
+        if max(bits["weight_bits"], bits["act_bits"]) <= 8
+        else cal["compute"]
+    )
     s.add_row(
-        "efficiency factors",
-        f"{eff['class']}: compute {eff['compute']}, memory {eff['memory']}, comm {eff['comm']}",
+        "calibration profile",
+        f"{cal['name']}: compute {compute_eff:g}, memory {cal['memory']:g}, "
+        f"comm {cal['comm']:g}; overheads: step {cal['step_overhead_s'] * 1e3:g} ms "
+        f"(+{cal['tp_overhead_s'] * 1e3:g} ms per extra rank), "
+        f"{cal['seq_overhead_s'] * 1e6:g} us/sequence, "
+        f"{cal['launch_per_layer_s'] * 1e6:g} us/layer, "
+        f"{cal['request_overhead_s'] * 1e3:g} ms/request (override: --calib FIELD=VALUE)",
     )
     console.print(s)
 
@@ -372,12 +383,16 @@ def list_cmd(
             sys.stdout.write(_dump(profiles) + "\n")
             return
         names = [f for f in Calibration.__dataclass_fields__ if f != "name"]
-        ct = Table(title="calibration profiles (catalog/hardware.toml; override with --calib)")
-        ct.add_column("gpu")
-        for f in names:
-            ct.add_column(f.replace("_", " "), justify="right")
+        by_profile: dict[str, list[str]] = {}
         for key, prof in profiles.items():
-            ct.add_row(key, *(f"{prof[f]:g}" for f in names))
+            by_profile.setdefault(prof["name"], []).append(key)
+        ct = Table(title="calibration profiles (catalog/hardware.toml; override with --calib)")
+        ct.add_column("field")
+        for name in by_profile:
+            ct.add_column(name.replace("-", "-\n", 1), justify="right")
+        ct.add_row("GPUs", *(" ".join(g) for g in by_profile.values()))
+        for f in names:
+            ct.add_row(f, *(f"{profiles[g[0]][f]:g}" for g in by_profile.values()))
         console.print(ct)
         return
     gpus = [
