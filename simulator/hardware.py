@@ -46,6 +46,8 @@ class Calibration:
     tp_reserve_gib: float = 0.0  # per GPU when TP > 1: NCCL / custom all-reduce buffers
     max_batched_tokens: int = 8192  # engine default token budget on this device (vLLM V1)
     max_num_seqs: int = 256  # engine default concurrent sequences on this device
+    moe_compute: float = 1.0  # routed-expert grouped GEMMs, relative to dense `compute`
+    moe_memory: float = 1.0  # routed-expert weight streaming, relative to dense `memory`
 
     def compute_for(self, bits: int) -> float:
         """Compute efficiency for the math precision actually used."""

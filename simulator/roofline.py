@@ -86,6 +86,12 @@ class Term:
     flops: Array | float
     bytes: Array | float
     layers: int = 1
+    compute_scale: float = 1.0  # kernel-specific efficiency relative to the profile's
+    memory_scale: float = 1.0
+
+    def time(self, cost: StepCost) -> Array | float:
+        """Roofline time of one layer's instance of this kernel."""
+        return cost._t(self.flops / self.compute_scale, self.bytes / self.memory_scale)
 
 
 def kernel_time(
@@ -336,7 +342,8 @@ class StepCost:
                 flops = flops * busiest_rank_factor(routed, routed * (1 - 1 / ep), ep)
             nbytes = w_bytes + 3 * m.hidden * t * k * self.ab / (ep if ep > 1 else 1)
             label = f"moe_experts(ep={ep})" if ep > 1 else "moe_experts"
-            terms.append(Term(label, flops, nbytes, m.moe_layers))
+            cal = self.calib
+            terms.append(Term(label, flops, nbytes, m.moe_layers, cal.moe_compute, cal.moe_memory))
         # two RMSNorms + residual adds per layer: memory-bound elementwise passes
         terms.append(Term("norms+residual", 0.0 * t, 6 * m.hidden * t * self.ab, m.layers))
         terms.append(Term("embedding", 0.0 * t, t * m.hidden * (self.wb + self.ab), 1))
@@ -360,7 +367,7 @@ class StepCost:
     def _tokens_time(self, t: Array) -> Array:
         total = np.zeros_like(t)
         for term in self.token_terms(t):
-            total = total + term.layers * self._t(term.flops, term.bytes)
+            total = total + term.layers * term.time(self)
         for _, _, time in self.comm_terms(t):
             total = total + time
         return total
@@ -544,8 +551,8 @@ class StepCost:
                     term.name,
                     f * term.layers,
                     b * term.layers,
-                    float(self._t(f, b)) * term.layers,
-                    self._bound(f, b),
+                    float(term.time(self)) * term.layers,
+                    self._bound(f / term.compute_scale, b / term.memory_scale),
                 )
             )
 
