@@ -66,6 +66,11 @@ def _start_control(schedule: np.ndarray, tmp_path: Path) -> subprocess.Popen[str
     )
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _mock_engine(*args: str) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     proc = subprocess.Popen(
@@ -167,3 +172,41 @@ def test_errors_are_counted_by_kind() -> None:
         proc.wait(10)
     res = replay(src, ReplayOptions(url=f"http://127.0.0.1:{free_port()}"))  # nothing listens
     assert summarize(res.records)["errors"] == {"connect": 400}
+
+
+def test_slow_engine_times_out_and_sockets_are_released() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "otela.engines.echo",
+            "--port",
+            str(port),
+            "--model",
+            "m1",
+            "--token-delay",
+            "0.5",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: _listening(port), 20, "the echo engine to listen")
+        src = generate(
+            GenSpec(
+                rate=20,
+                requests=6,
+                input="fixed:5",
+                output="fixed:4",
+                models=parse_models(["m1"]),
+                seed=14,
+            )
+        )
+        res = replay(src, ReplayOptions(url=f"http://127.0.0.1:{port}", timeout_s=0.3))
+        s = summarize(res.records)
+        assert s["errors"] == {"timeout": 6}
+        assert all(r.e2e is None and r.status == 0 for r in res.records)
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -295,17 +295,21 @@ class Replayer:
     async def _send(self, request: bytes, conn: Connection | None, written: int) -> Response:
         conn = conn or await self.pool.get()
         try:
-            if not conn.usable:
-                raise ResetError("connection closed before sending")
-            rest = request[written:] if written < len(request) else None
-            resp = await exchange(conn, rest, self.opts.stream)
-        except ResetError:
-            if not conn.reused:
-                raise
-            # a keep-alive connection the server had closed: retry once on a fresh one
+            try:
+                if not conn.usable:
+                    raise ResetError("connection closed before sending")
+                rest = request[written:] if written < len(request) else None
+                resp = await exchange(conn, rest, self.opts.stream)
+            except ResetError:
+                if not conn.reused:
+                    raise
+                # a keep-alive connection the server had closed: retry once on a fresh one
+                await conn.aclose()
+                conn = await self.pool.open()
+                resp = await exchange(conn, request, self.opts.stream)
+        except BaseException:  # timeout, cancellation, errors: the socket is not reusable
             await conn.aclose()
-            conn = await self.pool.open()
-            resp = await exchange(conn, request, self.opts.stream)
+            raise
         if conn.usable:
             self.pool.put(conn)
         else:
