@@ -60,39 +60,27 @@ def run_size(n: int, root: Path, window: float) -> dict[str, float]:
         cpu_before = {p: cpu_seconds(p) for p in pids}
         idle = bytes_per_second(pids, window)
         idle_cpu = [100 * (cpu_seconds(p) - cpu_before[p]) / window for p in pids]
-        progress(
-            f"idle: {statistics.median(idle):.0f} B/s and "
-            f"{statistics.median(idle_cpu):.2f} % CPU per node (median)"
-        )
+        progress(f"idle: {statistics.median(idle):.0f} B/s and "
+                 f"{statistics.median(idle_cpu):.2f} % CPU per node (median)")
         latencies: list[float] = []
         for k in range(3):
             engine = echo_engine_command(free_port(), [f"model-{k}"], "--startup-delay", "3")
-            announcer = fed.start_node(
-                f"announcer{k}", bootstrap=[nodes[0]], process=engine, extra_args=QUIET, timeout=120
-            )
+            announcer = fed.start_node(f"announcer{k}", bootstrap=[nodes[0]], process=engine,
+                                       extra_args=QUIET, timeout=120)
             observers = [x for x in nodes if x is not announcer]
             session = announcer.session_id
             for node in observers:
-                wait_for(
-                    lambda node=node, session=session: node.states().get(session) == "SERVING",
-                    120.0,
-                    f"{node.name} to apply the change",
-                    interval=0.25,
-                )
+                wait_for(lambda node=node, session=session: node.states().get(session)
+                         == "SERVING", 120.0, f"{node.name} to apply the change", interval=0.25)
             for node in observers:
-                entry = next(
-                    e
-                    for e in node.get("/v1/registry/nodes", timeout=30)["nodes"]
-                    if e["session_id"] == announcer.session_id
-                )
+                entry = next(e for e in node.get("/v1/registry/nodes", timeout=30)["nodes"]
+                             if e["session_id"] == announcer.session_id)
                 latencies.append(entry["received_at"] - entry["updated_at"])
             nodes.append(announcer)
-            progress(
-                f"change {k + 1}/3 applied everywhere; so far p50/p95/max "
-                f"{1000 * statistics.median(latencies):.0f}/"
-                f"{1000 * percentile(latencies, 0.95):.0f}/{1000 * max(latencies):.0f} ms, "
-                f"evictions {evictions(nodes)}"
-            )
+            progress(f"change {k + 1}/3 applied everywhere; so far p50/p95/max "
+                     f"{1000 * statistics.median(latencies):.0f}/"
+                     f"{1000 * percentile(latencies, 0.95):.0f}/{1000 * max(latencies):.0f} ms, "
+                     f"evictions {evictions(nodes)}")
 
         false_evictions = evictions(nodes)  # nobody died: every eviction so far was false
 
@@ -135,31 +123,25 @@ def evictions(nodes: list[LocalNode]) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[8, 16, 32])
-    parser.add_argument(
-        "--window", type=float, default=20.0, help="seconds over which bytes and CPU are measured"
-    )
+    parser.add_argument("--window", type=float, default=20.0,
+                        help="seconds over which bytes and CPU are measured")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="otela-bench-") as tmp:
-        print(
-            f"{'nodes':>5} {'join s':>7} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7} "
-            f"{'idle B/s (med/max)':>19} {'idle CPU %':>10} {'churn B/s (med/max)':>20} "
-            f"{'churn CPU % (all)':>17} {'evictions (idle/churn)':>22}"
-        )
+        print(f"{'nodes':>5} {'join s':>7} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7} "
+              f"{'idle B/s (med/max)':>19} {'idle CPU %':>10} {'churn B/s (med/max)':>20} "
+              f"{'churn CPU % (all)':>17} {'evictions (idle/churn)':>22}")
         for n in args.nodes:
             try:
                 r = run_size(n, Path(tmp), args.window)
             except (httpx.HTTPError, FederationError) as exc:
                 print(f"{n:>5} failed: {exc}")
                 continue
-            print(
-                f"{n:>5} {r['join_s']:>7.0f} {r['p50_ms']:>7.0f} {r['p95_ms']:>7.0f} "
-                f"{r['max_ms']:>7.0f} {r['idle_bps_median']:>9.0f}/{r['idle_bps_max']:<9.0f} "
-                f"{r['idle_cpu_median']:>10.2f} "
-                f"{r['churn_bps_median']:>9.0f}/{r['churn_bps_max']:<9.0f} "
-                f"{r['churn_cpu_total']:>17.0f} "
-                f"{r['false_evictions']:>11}/{r['churn_evictions']:<10}",
-                flush=True,
-            )
+            print(f"{n:>5} {r['join_s']:>7.0f} {r['p50_ms']:>7.0f} {r['p95_ms']:>7.0f} "
+                  f"{r['max_ms']:>7.0f} {r['idle_bps_median']:>9.0f}/{r['idle_bps_max']:<9.0f} "
+                  f"{r['idle_cpu_median']:>10.2f} "
+                  f"{r['churn_bps_median']:>9.0f}/{r['churn_bps_max']:<9.0f} "
+                  f"{r['churn_cpu_total']:>17.0f} "
+                  f"{r['false_evictions']:>11}/{r['churn_evictions']:<10}", flush=True)
 
 
 if __name__ == "__main__":

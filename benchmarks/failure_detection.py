@@ -31,11 +31,8 @@ from otela.localfed import FederationError, LocalFederation, LocalNode, wait_for
 
 def detection_times(node: LocalNode, victim: LocalNode, killed_at: float) -> tuple[float, float]:
     """(seconds to exclusion from routing, seconds to LEFT) as ``node`` recorded them."""
-    entry = next(
-        e
-        for e in node.get("/v1/registry/nodes", timeout=30)["nodes"]
-        if e["session_id"] == victim.session_id
-    )
+    entry = next(e for e in node.get("/v1/registry/nodes", timeout=30)["nodes"]
+                 if e["session_id"] == victim.session_id)
     left = entry["received_at"] - killed_at
     peer_id = victim.status["peer_id"]
     events = node.get(f"/v1/network?peer={peer_id}", timeout=30)["peer"]["liveness_events"]
@@ -53,12 +50,8 @@ def run_size(n: int, root: Path, rng: random.Random) -> dict[str, float]:
         killed_at = time.time()
         os.kill(victim.process.pid, signal.SIGKILL)
         for node in survivors:
-            wait_for(
-                lambda node=node: node.states().get(victim.session_id) == "LEFT",
-                180.0,
-                f"{node.name} to mark the killed node LEFT",
-                interval=1.0,
-            )
+            wait_for(lambda node=node: node.states().get(victim.session_id) == "LEFT",
+                     180.0, f"{node.name} to mark the killed node LEFT", interval=1.0)
         times = [detection_times(node, victim, killed_at) for node in survivors]
         excluded = [t[0] for t in times]
         left = [t[1] for t in times]
@@ -86,12 +79,9 @@ def main() -> None:
             except (httpx.HTTPError, FederationError) as exc:
                 print(f"{n:>5} failed: {exc}")
                 continue
-            print(
-                f"{n:>5}  {r['excluded_p50']:>10.1f}/{r['excluded_p95']:.1f}/"
-                f"{r['excluded_max']:<8.1f}  {r['left_p50']:>10.1f}/{r['left_p95']:.1f}/"
-                f"{r['left_max']:.1f}",
-                flush=True,
-            )
+            print(f"{n:>5}  {r['excluded_p50']:>10.1f}/{r['excluded_p95']:.1f}/"
+                  f"{r['excluded_max']:<8.1f}  {r['left_p50']:>10.1f}/{r['left_p95']:.1f}/"
+                  f"{r['left_max']:.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -63,11 +63,8 @@ def cpu_seconds(pid: int) -> float:
 
 def live_peers(node: LocalNode) -> set[str]:
     """Peer ids with a session that is not LEFT, as ``node``'s replica says."""
-    return {
-        e["peer_id"]
-        for e in node.get("/v1/registry/nodes", timeout=30)["nodes"]
-        if e["state"] != "LEFT"
-    }
+    return {e["peer_id"] for e in node.get("/v1/registry/nodes", timeout=30)["nodes"]
+            if e["state"] != "LEFT"}
 
 
 def machine_busy(sample: float = 1.0) -> float:
@@ -92,11 +89,7 @@ def wait_for_headroom(max_busy: float = 0.5, timeout: float = 120.0) -> None:
 
 
 def start_federation(
-    fed: LocalFederation,
-    n: int,
-    *,
-    churners: int = 0,
-    churn_every: float = 3.0,
+    fed: LocalFederation, n: int, *, churners: int = 0, churn_every: float = 3.0,
     wave: int = 4,
 ) -> list[LocalNode]:
     """``n`` nodes joined through the first one; returns once every replica lists every
@@ -113,30 +106,19 @@ def start_federation(
         batch = []
         for i in range(first, min(first + wave, n - 1)):
             launcher = [sys.executable, CHURN_NODE, str(churn_every)] if i < churners else None
-            batch.append(
-                fed.start_node(
-                    f"m{i:03d}", bootstrap=[boot], wait=False, extra_args=QUIET, launcher=launcher
-                )
-            )
+            batch.append(fed.start_node(f"m{i:03d}", bootstrap=[boot], wait=False,
+                                        extra_args=QUIET, launcher=launcher))
         for node in batch:
             fed.wait_started(node, node.home / "status.json", 900.0)
         nodes += batch
         started_ids = {x.status["peer_id"] for x in nodes}
-        wait_for(
-            lambda ids=started_ids: live_peers(boot) >= ids,
-            900.0,
-            "the bootstrap node to list the wave",
-            interval=0.5,
-        )
+        wait_for(lambda ids=started_ids: live_peers(boot) >= ids, 900.0,
+                 "the bootstrap node to list the wave", interval=0.5)
         wait_for_headroom()
     everyone = {x.status["peer_id"] for x in nodes}
     for node in nodes:
-        wait_for(
-            lambda node=node: live_peers(node) >= everyone,
-            900.0,
-            f"{node.name} to converge",
-            interval=0.5,
-        )
+        wait_for(lambda node=node: live_peers(node) >= everyone, 900.0,
+                 f"{node.name} to converge", interval=0.5)
     return nodes
 
 

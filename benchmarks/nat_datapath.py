@@ -55,11 +55,8 @@ def pct(values: list[float], q: float) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument(
-        "--no-hole-punch",
-        action="store_true",
-        help="keep A and B on the relay (measures the relayed data path)",
-    )
+    parser.add_argument("--no-hole-punch", action="store_true",
+                        help="keep A and B on the relay (measures the relayed data path)")
     args = parser.parse_args()
     topo = Topology("otbench")
     topo.down()
@@ -70,42 +67,30 @@ def main() -> int:
             topo.up()
 
             def start(name: str, ip: str, **kw: Any) -> LocalNode:
-                return fed.start_node(
-                    name, netns=topo.ns(name), host=ip, p2p_port=4001, timeout=60, **kw
-                )
+                return fed.start_node(name, netns=topo.ns(name), host=ip,
+                                      p2p_port=4001, timeout=60, **kw)
 
             relay = start("R", PUBLIC["R"], extra_args=["--relay"])
             t0 = time.monotonic()
             extra = ["--no-hole-punch"] if args.no_hole_punch else []
-            a = start(
-                "A",
-                PRIVATE["A"],
-                bootstrap=[relay],
-                extra_args=extra,
-                process=echo_engine_command(free_port(), ["model-a"]),
-            )
+            a = start("A", PRIVATE["A"], bootstrap=[relay], extra_args=extra,
+                      process=echo_engine_command(free_port(), ["model-a"]))
             b = start("B", PRIVATE["B"], bootstrap=[relay], extra_args=extra)
             a_id = a.status["peer_id"]
 
             def advertised() -> bool:
                 nodes = topo.get_json("B", f"{b.http_url}/v1/registry/nodes")["nodes"]
-                return any(
-                    n["peer_id"] == a_id and n["circuit_addrs"] and n["state"] == "SERVING"
-                    for n in nodes
-                )
+                return any(n["peer_id"] == a_id and n["circuit_addrs"] and n["state"] ==
+                           "SERVING" for n in nodes)
 
             wait_for(advertised, 60, "A's circuit address at B", interval=0.05)
             result["a_start_to_circuit_addr_at_b_s"] = round(time.monotonic() - t0, 2)
             url = f"{b.http_url}/v1/chat/completions"
             t = time.perf_counter()
-            topo.post(
-                "B",
-                url,
-                json.dumps({"model": "model-a", "messages": [{"role": "user", "content": "hi"}]}),
-            )
+            topo.post("B", url, json.dumps({"model": "model-a", "messages": [
+                {"role": "user", "content": "hi"}]}))
             result["first_request_incl_relayed_dial_and_curl_ms"] = round(
-                (time.perf_counter() - t) * 1e3, 1
-            )
+                (time.perf_counter() - t) * 1e3, 1)
 
             def punched() -> dict[str, Any] | None:
                 report = topo.get_json("B", f"{b.http_url}/v1/network?peer={a_id}")
@@ -113,16 +98,13 @@ def main() -> int:
                 return log if log and log["hole_punch"]["upgraded_to_direct"] else None
 
             try:
-                log = wait_for(punched, 5 if args.no_hole_punch else 30, "hole punch", interval=0.2)
+                log = wait_for(punched, 5 if args.no_hole_punch else 30, "hole punch",
+                               interval=0.2)
                 result["hole_punch_upgrade_after_s"] = log["hole_punch"]["upgrade_after_s"]
             except Exception:
                 result["hole_punch_upgrade_after_s"] = None
-            run = subprocess.run(
-                [*topo.exec_prefix("B"), sys.executable, "-c", CLIENT, url, str(args.requests)],
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
+            run = subprocess.run([*topo.exec_prefix("B"), sys.executable, "-c", CLIENT, url,
+                                  str(args.requests)], capture_output=True, text=True, timeout=600)
             data = json.loads(run.stdout)
             result["paths"] = data["paths"]
             for key in ("plain", "stream_first", "stream_total"):

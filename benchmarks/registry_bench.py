@@ -30,17 +30,11 @@ def signed_records(n: int, models: int = 20) -> list[dict]:
     out = []
     for i in range(n):
         record = NodeRecord(
-            session_id=f"{i:032x}",
-            peer_id=peer,
-            provider_id=f"lab-{i % 7}",
-            state=Lifecycle.SERVING,
-            version=2,
-            http_url=f"http://10.0.{i // 250}.{i % 250}:8092",
+            session_id=f"{i:032x}", peer_id=peer, provider_id=f"lab-{i % 7}",
+            state=Lifecycle.SERVING, version=2, http_url=f"http://10.0.{i // 250}.{i % 250}:8092",
             addrs=(f"/ip4/10.0.0.1/tcp/43905/p2p/{peer}",),
-            hardware=Hardware(64, 512 << 30),
-            models=(ModelInfo(f"model-{i % models}", 8192),),
-            engine="vllm",
-            updated_at=NOW,
+            hardware=Hardware(64, 512 << 30), models=(ModelInfo(f"model-{i % models}", 8192),),
+            engine="vllm", updated_at=NOW,
         )
         out.append(sign_record(record, keys.private_key))
     return out
@@ -84,11 +78,9 @@ def bench_merge() -> None:
         assert not isinstance(entry, tuple)
         registry.apply(entry, NOW)
     apply_s = time.perf_counter() - start
-    print(
-        f"merge of a 1,000-node delta: verify {verify_s * 1e3:.1f} ms "
-        f"({verify_s / 1000 * 1e6:.0f} us/record), apply {apply_s * 1e3:.1f} ms "
-        f"({apply_s / 1000 * 1e6:.1f} us/record)"
-    )
+    print(f"merge of a 1,000-node delta: verify {verify_s * 1e3:.1f} ms "
+          f"({verify_s / 1000 * 1e6:.0f} us/record), apply {apply_s * 1e3:.1f} ms "
+          f"({apply_s / 1000 * 1e6:.1f} us/record)")
 
 
 def bench_anti_entropy(n: int, envelopes: list[dict]) -> None:
@@ -106,13 +98,11 @@ def bench_anti_entropy(n: int, envelopes: list[dict]) -> None:
         bytes_join += exchange_bytes(empty, full)[0]
         exchanges += 1
     full_digest = sum(len(encode({"d": full.map.bucket_digest(b)})) for b in range(256))
-    print(
-        f"{n:>6} nodes: record ~{record_bytes:.0f} B | in sync: {bytes_same} B, "
-        f"{trips_same} round trip | 1 missing: {bytes_one / 1024:.1f} KiB, {trips_one} trips | "
-        f"10 missing: {bytes_ten / 1024:.1f} KiB | joiner from empty: "
-        f"{bytes_join / 1024 / 1024:.2f} MiB in {exchanges} exchange(s) | "
-        f"full digest would be {full_digest / 1024:.0f} KiB"
-    )
+    print(f"{n:>6} nodes: record ~{record_bytes:.0f} B | in sync: {bytes_same} B, "
+          f"{trips_same} round trip | 1 missing: {bytes_one / 1024:.1f} KiB, {trips_one} trips | "
+          f"10 missing: {bytes_ten / 1024:.1f} KiB | joiner from empty: "
+          f"{bytes_join / 1024 / 1024:.2f} MiB in {exchanges} exchange(s) | "
+          f"full digest would be {full_digest / 1024:.0f} KiB")
 
 
 def bench_lookup() -> None:
@@ -121,10 +111,8 @@ def bench_lookup() -> None:
     assert len(registry.serving_candidates(model)) == 200
     n = 200_000
     per_lookup = min(timeit.repeat(lambda: candidates_for(registry, model), number=n, repeat=5))
-    print(
-        f"candidate lookup, 10,000-entry registry (200 candidates): "
-        f"{per_lookup / n * 1e9:.0f} ns per request (paper: < 0.1 ms)"
-    )
+    print(f"candidate lookup, 10,000-entry registry (200 candidates): "
+          f"{per_lookup / n * 1e9:.0f} ns per request (paper: < 0.1 ms)")
 
 
 def main() -> None:

@@ -41,13 +41,11 @@ def vllm_python() -> Path:
     """
     import subprocess
 
-    result = subprocess.run(
-        [str(ROOT / "scripts" / "setup-vllm")], capture_output=True, text=True, timeout=1800
-    )
+    result = subprocess.run([str(ROOT / "scripts" / "setup-vllm")], capture_output=True,
+                            text=True, timeout=1800)
     if result.returncode != 0:
-        pytest.fail(
-            f"scripts/setup-vllm failed (vLLM CPU build not installable):\n{result.stderr[-3000:]}"
-        )
+        pytest.fail(f"scripts/setup-vllm failed (vLLM CPU build not installable):\n"
+                    f"{result.stderr[-3000:]}")
     from otela.localfed import vllm_python as find
 
     return find()

@@ -17,12 +17,8 @@ def quickstart_commands() -> list[str]:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```(?:sh|bash)?\n(.*?)```", section, flags=re.S)
-    return [
-        line.strip()
-        for block in blocks
-        for line in block.splitlines()
-        if line.strip() and not line.strip().startswith("#")
-    ]
+    return [line.strip() for block in blocks for line in block.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
 
 
 def test_quickstart_has_exactly_the_demo_and_test_commands():
@@ -48,10 +44,7 @@ def test_demo_runs_a_federation_and_shuts_it_down():
     # The same entry point as ./scripts/demo, minus the (already done) environment setup.
     result = subprocess.run(
         [sys.executable, "-m", "otela", "demo", "--requests", "2"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=ROOT,
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
         env={**os.environ, "COLUMNS": "120"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -70,11 +63,7 @@ def test_ctrl_c_stops_the_demo_and_every_node_cleanly(tmp_path):
     env = {**os.environ, "COLUMNS": "120", "TMPDIR": str(tmp_path)}
     demo = subprocess.Popen(
         [sys.executable, "-m", "otela", "demo", "--requests", "100000"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
         start_new_session=True,  # its own process group, like a terminal's foreground job
     )
     assert demo.stdout is not None
@@ -87,10 +76,8 @@ def test_ctrl_c_stops_the_demo_and_every_node_cleanly(tmp_path):
     rest, _ = demo.communicate(timeout=60)
     text = "".join(output) + rest
     assert demo.returncode == 130, text
-    assert re.search(
-        r"exit codes \{'node-c': 0, 'node-b': 0, 'node-a': 0, 'ingress': 0\}",
-        text.replace("\n", ""),
-    ), text
+    assert re.search(r"exit codes \{'node-c': 0, 'node-b': 0, 'node-a': 0, 'ingress': 0\}",
+                     text.replace("\n", "")), text
     deadline = time.monotonic() + 10
     while _processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.1)

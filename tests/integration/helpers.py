@@ -13,28 +13,19 @@ CONVERGE_S = 20.0
 
 def chat(node: LocalNode, model: str, content: str = "hello", **extra: Any) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": content}], **extra}
-    return httpx.post(
-        f"{node.http_url}/v1/chat/completions", json=body, timeout=30, trust_env=False
-    )
+    return httpx.post(f"{node.http_url}/v1/chat/completions", json=body, timeout=30,
+                      trust_env=False)
 
 
 def serving_node(
-    fed: LocalFederation,
-    name: str,
-    bootstrap: LocalNode,
-    model: str,
-    *engine_args: str,
+    fed: LocalFederation, name: str, bootstrap: LocalNode, model: str, *engine_args: str,
     provider: str | None = None,
 ) -> LocalNode:
     command = echo_engine_command(free_port(), [model], *engine_args)
-    return fed.start_node(
-        name, bootstrap=[bootstrap], process=command, provider_id=provider or f"prov-{name}"
-    )
+    return fed.start_node(name, bootstrap=[bootstrap], process=command,
+                          provider_id=provider or f"prov-{name}")
 
 
 def wait_state(observer: LocalNode, target: LocalNode, state: str) -> None:
-    wait_for(
-        lambda: observer.states().get(target.session_id) == state,
-        CONVERGE_S,
-        f"{observer.name} to see {target.name} {state}",
-    )
+    wait_for(lambda: observer.states().get(target.session_id) == state, CONVERGE_S,
+             f"{observer.name} to see {target.name} {state}")

@@ -65,19 +65,8 @@ class Topology:
         wan = {"R": PUBLIC["R"], "natA": NAT_WAN["A"], "natB": NAT_WAN["B"]}
         for i, (short, ip) in enumerate(wan.items()):
             outer = f"{self.prefix[:9]}w{i}"
-            _run(
-                "ip",
-                "link",
-                "add",
-                outer,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "wan",
-                "netns",
-                self.ns(short),
-            )
+            _run("ip", "link", "add", outer, "type", "veth", "peer", "name", "wan",
+                 "netns", self.ns(short))
             _run("ip", "link", "set", outer, "netns", self.ns("inet"))
             self.sh("inet", "ip", "link", "set", outer, "master", "br0", "up")
             self.sh(short, "ip", "addr", "add", f"{ip}/24", "dev", "wan")
@@ -85,22 +74,10 @@ class Topology:
             self.sh(short, "ip", "route", "add", "default", "via", "10.99.0.1")
         for k, host in enumerate(("A", "B"), start=1):
             nat = f"nat{host}"
-            _run(
-                "ip",
-                "link",
-                "add",
-                f"{self.prefix[:9]}l{k}",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                self.ns(host),
-            )
-            _run(
-                "ip", "link", "set", f"{self.prefix[:9]}l{k}", "netns", self.ns(nat), "name", "lan"
-            )
+            _run("ip", "link", "add", f"{self.prefix[:9]}l{k}", "type", "veth", "peer",
+                 "name", "eth0", "netns", self.ns(host))
+            _run("ip", "link", "set", f"{self.prefix[:9]}l{k}", "netns", self.ns(nat),
+                 "name", "lan")
             self.sh(nat, "ip", "addr", "add", f"192.168.{k}.1/24", "dev", "lan")
             self.sh(nat, "ip", "link", "set", "lan", "up")
             self.sh(nat, "sysctl", "-qw", "net.ipv4.ip_forward=1")
@@ -112,40 +89,14 @@ class Topology:
     def _masquerade(self, nat: str) -> None:
         """Outbound-only NAT: MASQUERADE out, only replies back in, the rest dropped."""
         ipt = ("iptables",)
-        self.sh(
-            nat,
-            *ipt,
-            "-A",
-            "INPUT",
-            "-i",
-            "wan",
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "ESTABLISHED,RELATED",
-            "-j",
-            "ACCEPT",
-        )
+        self.sh(nat, *ipt, "-A", "INPUT", "-i", "wan", "-m", "conntrack", "--ctstate",
+                "ESTABLISHED,RELATED", "-j", "ACCEPT")
         self.sh(nat, *ipt, "-A", "INPUT", "-i", "wan", "-j", "DROP")
         self.sh(nat, *ipt, "-t", "nat", "-A", "POSTROUTING", "-o", "wan", "-j", "MASQUERADE")
         self.sh(nat, *ipt, "-P", "FORWARD", "DROP")
         self.sh(nat, *ipt, "-A", "FORWARD", "-i", "lan", "-o", "wan", "-j", "ACCEPT")
-        self.sh(
-            nat,
-            *ipt,
-            "-A",
-            "FORWARD",
-            "-i",
-            "wan",
-            "-o",
-            "lan",
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "ESTABLISHED,RELATED",
-            "-j",
-            "ACCEPT",
-        )
+        self.sh(nat, *ipt, "-A", "FORWARD", "-i", "wan", "-o", "lan", "-m", "conntrack",
+                "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
 
     def down(self) -> list[str]:
         """Kill what runs inside, delete every namespace; returns the ones left (should be [])."""
@@ -163,11 +114,8 @@ class Topology:
         """GET ``url`` from inside namespace ``short`` (the driver has no route in)."""
         import json
 
-        result = subprocess.run(
-            [*self.exec_prefix(short), "curl", "-sf", "--max-time", "10", url],
-            capture_output=True,
-            text=True,
-        )
+        result = subprocess.run([*self.exec_prefix(short), "curl", "-sf", "--max-time", "10",
+                                 url], capture_output=True, text=True)
         if result.returncode != 0:
             raise OSError(f"curl {url} in {short}: exit {result.returncode}")
         return json.loads(result.stdout)
@@ -175,22 +123,9 @@ class Topology:
     def post(self, short: str, url: str, body: str) -> tuple[dict[str, str], str]:
         """POST JSON from inside ``short``; returns (response headers, body)."""
         result = subprocess.run(
-            [
-                *self.exec_prefix(short),
-                "curl",
-                "-sN",
-                "-D",
-                "-",
-                "--max-time",
-                "30",
-                "-H",
-                "content-type: application/json",
-                "-d",
-                body,
-                url,
-            ],
-            capture_output=True,
-            text=True,
+            [*self.exec_prefix(short), "curl", "-sN", "-D", "-", "--max-time", "30", "-H",
+             "content-type: application/json", "-d", body, url],
+            capture_output=True, text=True,
         )
         if result.returncode != 0:
             raise OSError(f"curl POST {url} in {short}: exit {result.returncode}")

@@ -24,9 +24,8 @@ def ensure_iptables() -> None:
     if shutil.which("iptables"):
         return
     subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, timeout=300)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-q", "iptables"], check=True, capture_output=True, timeout=300
-    )
+    subprocess.run(["apt-get", "install", "-y", "-q", "iptables"], check=True,
+                   capture_output=True, timeout=300)
 
 
 class Lan:
@@ -46,19 +45,8 @@ class Lan:
             for i, (ns, ip) in enumerate(self.hosts):
                 sh("ip", "netns", "add", ns)
                 self._created.append(ns)
-                sh(
-                    "ip",
-                    "link",
-                    "add",
-                    f"otpv{i}",
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    "eth0",
-                    "netns",
-                    ns,
-                )
+                sh("ip", "link", "add", f"otpv{i}", "type", "veth", "peer", "name", "eth0",
+                   "netns", ns)
                 sh("ip", "link", "set", f"otpv{i}", "master", BRIDGE, "up")
                 sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
                 sh("ip", "-n", ns, "link", "set", "eth0", "up")
@@ -94,32 +82,10 @@ class Lan:
                 ns = self.hosts[i][0]
                 for j in theirs:
                     other = self.hosts[j][1]
-                    sh(
-                        "ip",
-                        "netns",
-                        "exec",
-                        ns,
-                        "iptables",
-                        "-A",
-                        "INPUT",
-                        "-s",
-                        other,
-                        "-j",
-                        "DROP",
-                    )
-                    sh(
-                        "ip",
-                        "netns",
-                        "exec",
-                        ns,
-                        "iptables",
-                        "-A",
-                        "OUTPUT",
-                        "-d",
-                        other,
-                        "-j",
-                        "DROP",
-                    )
+                    sh("ip", "netns", "exec", ns, "iptables", "-A", "INPUT", "-s", other,
+                       "-j", "DROP")
+                    sh("ip", "netns", "exec", ns, "iptables", "-A", "OUTPUT", "-d", other,
+                       "-j", "DROP")
 
     def heal(self) -> None:
         for ns, _ in self.hosts:

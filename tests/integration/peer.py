@@ -29,21 +29,13 @@ def new_identity() -> Identity:
 
 @asynccontextmanager
 async def running_peer(
-    home: Path,
-    identity: Identity | None = None,
-    *,
-    authority: Any = None,
+    home: Path, identity: Identity | None = None, *, authority: Any = None,
     certificate: bytes | None = None,
 ) -> AsyncIterator[LocalReplica]:
     identity = identity or new_identity()
     mesh = build_host(identity, "127.0.0.1", 0)
     replica = LocalReplica(
-        identity,
-        mesh,
-        home,
-        policy=GCPolicy(),
-        authority=authority,
-        certificate=certificate,
+        identity, mesh, home, policy=GCPolicy(), authority=authority, certificate=certificate,
         anti_entropy_interval=3600.0,
     )
     replica.install(mesh.host)
@@ -70,14 +62,7 @@ def plant(replica: LocalReplica, envelope: dict[str, Any], session: str, now: fl
     """Put an unverified envelope into the peer's map so anti-entropy offers it to others."""
     record = NodeRecord(session, "x", "x", Lifecycle.SERVING, 99, "http://x", updated_at=now)
     replica.registry.map.merge(
-        Entry(
-            session,
-            Lifecycle.SERVING,
-            99,
-            now,
-            tiebreak_of(envelope["sig"]),
-            record,
-            proof=envelope,
-        ),
+        Entry(session, Lifecycle.SERVING, 99, now, tiebreak_of(envelope["sig"]), record,
+              proof=envelope),
         now,
     )

@@ -17,9 +17,7 @@ pytestmark = pytest.mark.slow
 def doctor(node: LocalNode, *args: str) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "otela", "doctor", "--node", node.http_url, *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
+        capture_output=True, text=True, timeout=30,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout

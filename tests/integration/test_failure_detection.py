@@ -78,9 +78,8 @@ def test_a_killed_node_is_suspected_everywhere_then_evicted(federation):
     # from routing) before the eviction reached it.
     for o in observers:
         peer = o.get(f"/v1/network?peer={victim.status['peer_id']}")["peer"]
-        suspected_at = [
-            e["at"] for e in peer["liveness_events"] if e["event"] in ("suspected", "confirmed")
-        ]
+        suspected_at = [e["at"] for e in peer["liveness_events"]
+                        if e["event"] in ("suspected", "confirmed")]
         assert suspected_at, f"{o.name} never suspected the killed node"
         assert min(suspected_at) <= peer["left_at"] + 0.01
 
@@ -142,9 +141,8 @@ def test_many_paused_nodes_are_evicted_one_at_a_time_and_the_rest_refute(federat
     sessions = {node.session_id for node in paused}
 
     def evicted() -> set[str]:
-        return {
-            s for s, state in survivors[0].states().items() if s in sessions and state == "LEFT"
-        }
+        return {s for s, state in survivors[0].states().items()
+                if s in sessions and state == "LEFT"}
 
     try:
         wait_for(lambda: evicted(), 60.0, "a first paused node to be evicted")
@@ -154,11 +152,8 @@ def test_many_paused_nodes_are_evicted_one_at_a_time_and_the_rest_refute(federat
     paused_ids = {node.status["peer_id"] for node in paused}
     for observer in survivors:
         # Each paused node either refuted or was evicted (then it leaves the table).
-        wait_for(
-            lambda o=observer: not paused_ids & set(o.get("/v1/health")["suspected_peers"]),
-            30.0,
-            f"{observer.name} to clear its suspicions",
-        )
+        wait_for(lambda o=observer: not paused_ids & set(o.get("/v1/health")["suspected_peers"]),
+                 30.0, f"{observer.name} to clear its suspicions")
         events = observer.get("/v1/network")["liveness"]["events"]
         assert any(e["event"] == "eviction brake on" for e in events), observer.name
     # Without the brake every paused node would have been confirmed within the same

@@ -25,21 +25,15 @@ def test_three_daemons_mesh_through_one_bootstrap_and_a_late_joiner_learns_state
     nodes = [boot, a, b]
     sessions = {n.session_id for n in nodes}
     for node in nodes:
-        wait_for(
-            lambda node=node: set(node.states()) == sessions,
-            CONVERGE_S,
-            f"{node.name} to list all three nodes",
-        )
+        wait_for(lambda node=node: set(node.states()) == sessions, CONVERGE_S,
+                 f"{node.name} to list all three nodes")
 
     late = federation.start_node("late", bootstrap=[boot])
     everyone = sessions | {late.session_id}
     wait_for(lambda: set(late.states()) == everyone, CONVERGE_S, "the late node to learn state")
     for node in nodes:  # and the others learn about it
-        wait_for(
-            lambda node=node: set(node.states()) == everyone,
-            CONVERGE_S,
-            f"{node.name} to learn about the late node",
-        )
+        wait_for(lambda node=node: set(node.states()) == everyone, CONVERGE_S,
+                 f"{node.name} to learn about the late node")
 
     listed = {n["session_id"]: n for n in boot.get("/v1/registry/nodes")["nodes"]}
     for node in [*nodes, late]:
@@ -72,16 +66,12 @@ def test_chat_completion_and_stream_through_the_ingress(federation):
     assert registry_models[0]["id"] == "echo-1"
     assert [s["session_id"] for s in registry_models[0]["sessions"]] == [server.session_id]
 
-    body = {
-        "model": "echo-1",
-        "stream": True,
-        "messages": [{"role": "user", "content": "one two three four five six"}],
-    }
+    body = {"model": "echo-1", "stream": True,
+            "messages": [{"role": "user", "content": "one two three four five six"}]}
     arrivals: list[float] = []
     events: list[str] = []
-    with httpx.stream(
-        "POST", f"{ingress.http_url}/v1/chat/completions", json=body, timeout=30, trust_env=False
-    ) as stream:
+    with httpx.stream("POST", f"{ingress.http_url}/v1/chat/completions", json=body,
+                      timeout=30, trust_env=False) as stream:
         assert stream.status_code == 200
         assert stream.headers["content-type"].startswith("text/event-stream")
         for line in stream.iter_lines():
@@ -129,18 +119,16 @@ def test_bad_requests_get_openai_errors_and_the_daemon_keeps_running(federation)
     assert unknown.json()["error"]["code"] == "model_not_found"
 
     for payload in (b"{not json", b"[1, 2]", b'{"messages": []}', b'{"model": 5}'):
-        response = httpx.post(
-            url, content=payload, trust_env=False, headers={"content-type": "application/json"}
-        )
+        response = httpx.post(url, content=payload, trust_env=False,
+                              headers={"content-type": "application/json"})
         assert response.status_code == 400, payload
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error" and error["message"]
 
     # The registry is read-only from outside.
     for method in ("POST", "PUT", "DELETE", "PATCH"):
-        response = httpx.request(
-            method, f"{ingress.http_url}/v1/registry/nodes", json={}, trust_env=False
-        )
+        response = httpx.request(method, f"{ingress.http_url}/v1/registry/nodes", json={},
+                                 trust_env=False)
         assert response.status_code == 405
         assert "error" in response.json()
 
@@ -173,8 +161,7 @@ def test_sigterm_announces_left_stops_the_engine_and_exits_zero(federation):
 
 def test_engine_that_never_becomes_ready_fails_the_node(federation):
     node = federation.start_node(
-        "broken",
-        process="python3 -c 'import sys; sys.exit(4)' --port 1",
+        "broken", process="python3 -c 'import sys; sys.exit(4)' --port 1",
     )
     assert node.process.wait(timeout=20) == 3
     assert "before becoming ready" in node.log_tail()
@@ -192,11 +179,8 @@ def test_node_retries_until_its_bootstrap_peer_appears(federation):
     assert revived.home == home and revived.status["peer_id"] == first.status["peer_id"]
     assert revived.session_id != first.session_id  # a restart is a new session
     # The joiner redials on its backoff schedule, so allow one full backoff period plus a dial.
-    wait_for(
-        lambda: revived.session_id in joiner.states(),
-        BACKOFF_MAX_S + DIAL_TIMEOUT_S,
-        "the joiner to reach the revived bootstrap peer",
-    )
+    wait_for(lambda: revived.session_id in joiner.states(), BACKOFF_MAX_S + DIAL_TIMEOUT_S,
+             "the joiner to reach the revived bootstrap peer")
 
 
 def kill_engine(node) -> None:

@@ -51,7 +51,8 @@ def topology() -> Iterator[Topology]:
 
 
 def start(fed: LocalFederation, topo: Topology, name: str, ip: str, **kw: Any) -> LocalNode:
-    return fed.start_node(name, netns=topo.ns(name), host=ip, p2p_port=P2P_PORT, timeout=60, **kw)
+    return fed.start_node(name, netns=topo.ns(name), host=ip, p2p_port=P2P_PORT,
+                          timeout=60, **kw)
 
 
 def records(topo: Topology, where: str, node: LocalNode) -> dict[str, dict[str, Any]]:
@@ -70,34 +71,16 @@ def test_nated_nodes_reach_each_other_through_a_relay(
 ) -> None:
     topo, fed = topology, federation
     relay = start(fed, topo, "R", PUBLIC["R"], extra_args=["--relay"])
-    a = start(
-        fed,
-        topo,
-        "A",
-        PRIVATE["A"],
-        bootstrap=[relay],
-        process=echo_engine_command(free_port(), ["model-a"]),
-        provider_id="site-a",
-    )
-    b = start(
-        fed,
-        topo,
-        "B",
-        PRIVATE["B"],
-        bootstrap=[relay],
-        process=echo_engine_command(free_port(), ["model-b"]),
-        provider_id="site-b",
-    )
+    a = start(fed, topo, "A", PRIVATE["A"], bootstrap=[relay],
+              process=echo_engine_command(free_port(), ["model-a"]), provider_id="site-a")
+    b = start(fed, topo, "B", PRIVATE["B"], bootstrap=[relay],
+              process=echo_engine_command(free_port(), ["model-b"]), provider_id="site-b")
     a_id, b_id, r_id = (n.status["peer_id"] for n in (a, b, relay))
 
     def sees_relayed(where: str, observer: LocalNode, peer: str) -> dict[str, Any] | None:
         record = records(topo, where, observer).get(peer)
-        if (
-            record
-            and record["state"] == "SERVING"
-            and record["reachability"] == "private-relayed"
-            and record["circuit_addrs"]
-        ):
+        if record and record["state"] == "SERVING" and record["reachability"] == \
+                "private-relayed" and record["circuit_addrs"]:
             return record
         return None
 
@@ -117,22 +100,16 @@ def test_nated_nodes_reach_each_other_through_a_relay(
     assert json.loads(payload)["choices"][0]["message"]["content"], (headers, payload)
 
     # Streaming: SSE chunks relayed as they come, ending with [DONE].
-    stream_body = json.dumps(
-        {
-            "model": "model-a",
-            "stream": True,
-            "messages": [{"role": "user", "content": "count to five"}],
-        }
-    )
+    stream_body = json.dumps({"model": "model-a", "stream": True,
+                              "messages": [{"role": "user", "content": "count to five"}]})
     headers, payload = topo.post("B", f"{b.http_url}/v1/chat/completions", stream_body)
     assert headers[":status"] == "200", payload
     assert headers["content-type"].startswith("text/event-stream")
     events = [line for line in payload.splitlines() if line.startswith("data: ")]
     assert len(events) >= 3 and events[-1] == "data: [DONE]"
     # And the other way round, A to B's engine.
-    headers, payload = topo.post(
-        "A", f"{a.http_url}/v1/chat/completions", body.replace("model-a", "model-b")
-    )
+    headers, payload = topo.post("A", f"{a.http_url}/v1/chat/completions",
+                                 body.replace("model-a", "model-b"))
     assert headers[":status"] == "200" and headers["x-otela-peer-id"] == b_id, payload
 
     # Hole punching: both NATs keep the source port and drop (not reject) unsolicited
@@ -145,17 +122,11 @@ def test_nated_nodes_reach_each_other_through_a_relay(
     punch: dict[str, Any] | None = None
     with contextlib.suppress(FederationError):
         punch = wait_for(upgraded, 20.0, "a hole-punched connection")
-    report = wait_for(
-        lambda: (r := network(topo, "B", b, a_id))["peer"]["log"] and r,
-        5.0,
-        "B to log its connection to A",
-    )
-    result = {
-        "hole_punch_upgraded": punch is not None,
-        "hole_punch": punch,
-        "connection": report["peer"]["log"]["connection"],
-        "verdict": report["peer"]["verdict"],
-    }
+    report = wait_for(lambda: (r := network(topo, "B", b, a_id))["peer"]["log"] and r, 5.0,
+                      "B to log its connection to A")
+    result = {"hole_punch_upgraded": punch is not None, "hole_punch": punch,
+              "connection": report["peer"]["log"]["connection"],
+              "verdict": report["peer"]["verdict"]}
     (tmp_path / "nat-result.json").write_text(json.dumps(result, indent=2))
     print("NAT result:", json.dumps(result))
     assert report["nat"]["reachability"] == "private-relayed"
@@ -186,15 +157,8 @@ def test_doctor_names_a_nated_node_without_a_relay(
     # The public node explains the NAT'd peer the same way, from A's signed record.
     seen = wait_for(
         lambda: network(topo, "R", public, a.status["peer_id"])["peer"]["record"],
-        JOIN_S,
-        "the public node to have A's record with its reachability",
-    )
+        JOIN_S, "the public node to have A's record with its reachability")
     assert seen is not None
-    wait_for(
-        lambda: (
-            "behind NAT with no relay reservation"
-            in network(topo, "R", public, a.status["peer_id"])["peer"]["verdict"]
-        ),
-        JOIN_S,
-        "the public node's verdict on A",
-    )
+    wait_for(lambda: "behind NAT with no relay reservation" in
+             network(topo, "R", public, a.status["peer_id"])["peer"]["verdict"], JOIN_S,
+             "the public node's verdict on A")

@@ -38,31 +38,21 @@ def _states_seen(observer, target, seen: list[str], stop: threading.Event) -> No
 def test_sigterm_drains_in_flight_requests_then_announces_left(federation):
     ingress = federation.start_node("ingress", ingress=True)
     engine = echo_engine_command(free_port(), ["slow"], "--token-delay", "0.25")
-    server = federation.start_node(
-        "server", bootstrap=[ingress], process=engine, extra_args=["--drain-grace", "20"]
-    )
+    server = federation.start_node("server", bootstrap=[ingress], process=engine,
+                                   extra_args=["--drain-grace", "20"])
     wait_state(ingress, server, "SERVING")
 
     results: list[httpx.Response] = []
     words = " ".join(f"w{i}" for i in range(12))  # 13 tokens at 0.25 s: ~3 s per answer
-
     def send() -> None:
         results.append(chat(ingress, "slow", words))
-
     threads = [threading.Thread(target=send) for _ in range(4)]
     streamed: list[str] = []
-
     def stream() -> None:
         body = {"model": "slow", "stream": True, "messages": [{"role": "user", "content": words}]}
-        with httpx.stream(
-            "POST",
-            f"{ingress.http_url}/v1/chat/completions",
-            json=body,
-            timeout=30,
-            trust_env=False,
-        ) as response:
+        with httpx.stream("POST", f"{ingress.http_url}/v1/chat/completions", json=body,
+                          timeout=30, trust_env=False) as response:
             streamed.extend(line for line in response.iter_lines() if line.startswith("data: "))
-
     threads.append(threading.Thread(target=stream))
     for thread in threads:
         thread.start()
@@ -94,13 +84,8 @@ def test_engine_crash_is_fail_stop_with_logs_in_the_sink(federation, tmp_path):
     sink = tmp_path / "sink"
     ingress = federation.start_node("ingress", ingress=True)
     engine = echo_engine_command(free_port(), ["crashy"], "--exit-after", "1")
-    server = federation.start_node(
-        "server",
-        bootstrap=[ingress],
-        process=engine,
-        provider_id="lab",
-        extra_args=["--log-sink", str(sink)],
-    )
+    server = federation.start_node("server", bootstrap=[ingress], process=engine,
+                                   provider_id="lab", extra_args=["--log-sink", str(sink)])
     wait_state(ingress, server, "SERVING")
     assert chat(ingress, "crashy").status_code == 200
     chat(ingress, "crashy")  # the engine dies on this one
@@ -116,12 +101,8 @@ def test_engine_crash_is_fail_stop_with_logs_in_the_sink(federation, tmp_path):
 def test_a_fatal_engine_log_line_evicts_the_node(federation, tmp_path):
     ingress = federation.start_node("ingress", ingress=True)
     engine = echo_engine_command(free_port(), ["oom"], "--log-on-request", OOM_LINE)
-    server = federation.start_node(
-        "server",
-        bootstrap=[ingress],
-        process=engine,
-        extra_args=["--log-sink", str(tmp_path / "sink")],
-    )
+    server = federation.start_node("server", bootstrap=[ingress], process=engine,
+                                   extra_args=["--log-sink", str(tmp_path / "sink")])
     wait_state(ingress, server, "SERVING")
     chat(ingress, "oom")
     wait_state(ingress, server, "DOWN")
@@ -133,26 +114,18 @@ def test_a_fatal_engine_log_line_evicts_the_node(federation, tmp_path):
 
 def test_idle_node_and_provider_metadata_are_in_every_registry(federation):
     ingress = federation.start_node("ingress", ingress=True)
-    idle = federation.start_node(
-        "idle", bootstrap=[ingress], extra_args=["--gpus", "2xA100-SXM4:80", "--cpus", "64"]
-    )
+    idle = federation.start_node("idle", bootstrap=[ingress],
+                                 extra_args=["--gpus", "2xA100-SXM4:80", "--cpus", "64"])
     engine = echo_engine_command(free_port(), ["meta-model"])
     server = federation.start_node(
-        "server",
-        bootstrap=[ingress],
-        process=engine,
+        "server", bootstrap=[ingress], process=engine,
         extra_args=["--model-meta", "quantization=awq-4bit", "--model-meta", "family=echo"],
     )
     wait_state(ingress, server, "SERVING")
     for observer in (ingress, idle, server):
-        wait_for(
-            lambda observer=observer: (
-                observer.states().get(idle.session_id) == "JOIN"
-                and observer.states().get(server.session_id) == "SERVING"
-            ),
-            CONVERGE_S,
-            f"{observer.name} to see both",
-        )
+        wait_for(lambda observer=observer: observer.states().get(idle.session_id) == "JOIN"
+                 and observer.states().get(server.session_id) == "SERVING",
+                 CONVERGE_S, f"{observer.name} to see both")
         nodes = {n["session_id"]: n for n in observer.get("/v1/registry/nodes")["nodes"]}
         assert nodes[idle.session_id]["idle"] is True
         assert nodes[idle.session_id]["hardware"]["cpus"] == 64
@@ -160,14 +133,9 @@ def test_idle_node_and_provider_metadata_are_in_every_registry(federation):
         assert nodes[server.session_id]["idle"] is False
         (model,) = observer.get("/v1/registry/models")["models"]
         (session,) = model["sessions"]
-        assert session["model"] == {
-            "id": "meta-model",
-            "max_context": 4096,
-            "dtype": None,
-            "quantization": "awq-4bit",
-            "tensor_parallel": None,
-            "meta": {"family": "echo"},
-        }
+        assert session["model"] == {"id": "meta-model", "max_context": 4096, "dtype": None,
+                                    "quantization": "awq-4bit", "tensor_parallel": None,
+                                    "meta": {"family": "echo"}}
 
 
 def test_fronting_an_already_running_engine_by_url(federation, tmp_path):
@@ -175,17 +143,11 @@ def test_fronting_an_already_running_engine_by_url(federation, tmp_path):
     argv = [sys.executable, "-m", "otela.engines.echo", "--port", str(port), "--model", "ext"]
     engine = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(
-            lambda: (
-                httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False).status_code == 200
-            ),
-            20,
-            "the external engine",
-        )
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False)
+                 .status_code == 200, 20, "the external engine")
         ingress = federation.start_node("ingress", ingress=True)
-        server = federation.start_node(
-            "server", bootstrap=[ingress], extra_args=["--engine-url", f"http://127.0.0.1:{port}"]
-        )
+        server = federation.start_node("server", bootstrap=[ingress],
+                                       extra_args=["--engine-url", f"http://127.0.0.1:{port}"])
         wait_state(ingress, server, "SERVING")
         assert chat(ingress, "ext", "hi").json()["choices"][0]["message"]["content"] == "echo: hi"
         assert federation.stop_node(server) == 0
@@ -195,9 +157,8 @@ def test_fronting_an_already_running_engine_by_url(federation, tmp_path):
         engine.wait(10)
 
 
-def _start(
-    tmp_path: Path, *args: str, env: dict[str, str] | None = None, config: str | None = None
-) -> subprocess.CompletedProcess[str]:
+def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+           config: str | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("OTELA_")}
     full_env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
     if config is not None:
@@ -206,25 +167,9 @@ def _start(
         path.write_text(config)
     full_env.update(env or {})
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "otela",
-            "start",
-            "--home",
-            str(tmp_path / "home"),
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--p2p-port",
-            "0",
-            *args,
-        ],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "-m", "otela", "start", "--home", str(tmp_path / "home"),
+         "--host", "127.0.0.1", "--http-port", "0", "--p2p-port", "0", *args],
+        env=full_env, capture_output=True, text=True, timeout=60,
     )
 
 
@@ -259,15 +204,11 @@ def test_init_then_config_show_reports_values_and_sources(tmp_path):
     again = subprocess.run([*otela, "init"], env=env, capture_output=True, text=True)
     assert again.returncode == 1 and "already exists" in again.stderr
     path.write_text(path.read_text().replace("# http_port = 8092", "http_port = 9000"))
-    shown = subprocess.run(
-        [*otela, "config", "show", "--json"], env=env, capture_output=True, text=True
-    )
+    shown = subprocess.run([*otela, "config", "show", "--json"], env=env, capture_output=True,
+                           text=True)
     settings = json.loads(shown.stdout)["settings"]
-    assert settings["node.http_port"] == {
-        "value": "9000",
-        "source": f"file {path}",
-        "env": "OTELA_HTTP_PORT",
-    }
+    assert settings["node.http_port"] == {"value": "9000", "source": f"file {path}",
+                                          "env": "OTELA_HTTP_PORT"}
     assert settings["shutdown.drain_grace"]["value"] == "12.0"
     assert settings["shutdown.drain_grace"]["source"] == "env"
     assert settings["node.p2p_port"]["source"] == "default"

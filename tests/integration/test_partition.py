@@ -38,27 +38,17 @@ def test_each_half_keeps_routing_and_registries_converge_after_healing(
     def start(i: int, bootstrap: list[LocalNode]) -> LocalNode:
         ns, ip = lan.hosts[i]
         return federation.start_node(
-            f"h{i}",
-            bootstrap=bootstrap,
-            netns=ns,
-            host=ip,
-            extra_args=fast,
-            process=echo_engine_command(8000, ["shared"]),
-            provider_id=f"lab-{i}",
+            f"h{i}", bootstrap=bootstrap, netns=ns, host=ip, extra_args=fast,
+            process=echo_engine_command(8000, ["shared"]), provider_id=f"lab-{i}",
         )
 
     nodes = [start(0, [])]
     nodes += [start(i, [nodes[0]]) for i in (1, 2, 3)]
     everyone = {n.session_id for n in nodes}
     for node in nodes:
-        wait_for(
-            lambda node=node: (
-                set(node.states()) == everyone
-                and all(s == "SERVING" for s in node.states().values())
-            ),
-            2 * CONVERGE_S,
-            f"{node.name} to see all four SERVING",
-        )
+        wait_for(lambda node=node: set(node.states()) == everyone
+                 and all(s == "SERVING" for s in node.states().values()),
+                 2 * CONVERGE_S, f"{node.name} to see all four SERVING")
 
     left, right = [0, 1], [2, 3]
     lan.partition(left, right)
@@ -66,19 +56,15 @@ def test_each_half_keeps_routing_and_registries_converge_after_healing(
     # Each half excludes the other (suspected, then evicted) and keeps serving on its own.
     for mine, theirs in halves:
         for i in mine:
-            wait_for(
-                lambda i=i, theirs=theirs: all(
-                    nodes[i].states().get(nodes[j].session_id) == "LEFT" for j in theirs
-                ),
-                EVICT_S,
-                f"h{i} to evict the other half",
-            )
+            wait_for(lambda i=i, theirs=theirs: all(
+                nodes[i].states().get(nodes[j].session_id) == "LEFT" for j in theirs),
+                EVICT_S, f"h{i} to evict the other half")
             for _ in range(6):
                 response = chat(nodes[i], "shared")
                 assert response.status_code == 200
-                assert response.headers["x-otela-session-id"] in {nodes[k].session_id for k in mine}
+                assert response.headers["x-otela-session-id"] in {nodes[k].session_id
+                                                                  for k in mine}
     lan.heal()
-
     # After healing, evicted nodes rejoin under new sessions and every replica converges.
     def converged() -> bool:
         views = [live_view(n) for n in nodes]

@@ -33,9 +33,8 @@ class Authority:
 
     def certify(self, peer_id: str, provider: str, ttl: float = 3600.0) -> bytes:
         now = time.time()
-        return issue_certificate(
-            self.key, peer_id=peer_id, provider_id=provider, expires_at=now + ttl, now=now
-        )
+        return issue_certificate(self.key, peer_id=peer_id, provider_id=provider,
+                                 expires_at=now + ttl, now=now)
 
     def enrol(self, fed: LocalFederation, name: str, provider: str, ttl: float = 3600.0) -> Path:
         """Create the node's identity in its home and sign it a certificate there."""
@@ -44,15 +43,8 @@ class Authority:
         (home / "certificate.cert").write_bytes(self.certify(peer_id, provider, ttl))
         return home
 
-    def start(
-        self,
-        fed: LocalFederation,
-        name: str,
-        *,
-        bootstrap: list[LocalNode] | None = None,
-        provider: str = "lab",
-        ttl: float = 3600.0,
-    ) -> LocalNode:
+    def start(self, fed: LocalFederation, name: str, *, bootstrap: list[LocalNode] | None = None,
+              provider: str = "lab", ttl: float = 3600.0) -> LocalNode:
         self.enrol(fed, name, provider, ttl)
         return fed.start_node(name, bootstrap=bootstrap, extra_args=["--authority", self.text])
 
@@ -65,20 +57,14 @@ def test_members_join_and_a_peer_without_a_certificate_is_refused(federation, tm
     authority = Authority(tmp_path)
     boot = authority.start(federation, "boot", provider="lab-a")
     member = authority.start(federation, "member", bootstrap=[boot], provider="lab-b")
-    wait_for(
-        lambda: sessions(boot) == {boot.session_id, member.session_id},
-        CONVERGE_S,
-        "members to see each other",
-    )
+    wait_for(lambda: sessions(boot) == {boot.session_id, member.session_id}, CONVERGE_S,
+             "members to see each other")
     nodes = {n["session_id"]: n for n in boot.get("/v1/registry/nodes")["nodes"]}
     assert nodes[member.session_id]["provider_id"] == "lab-b"  # bound by the certificate
 
     outsider = federation.start_node("outsider", bootstrap=[boot])  # open mode, no certificate
-    wait_for(
-        lambda: outsider.status["peer_id"] in boot.get("/v1/health")["refused_peers"],
-        CONVERGE_S,
-        "the bootstrap node to refuse the outsider",
-    )
+    wait_for(lambda: outsider.status["peer_id"] in boot.get("/v1/health")["refused_peers"],
+             CONVERGE_S, "the bootstrap node to refuse the outsider")
     time.sleep(1.0)  # give a wrongly accepted record time to show up (it must not)
     assert outsider.session_id not in sessions(boot)
     assert outsider.session_id not in sessions(member)
@@ -89,25 +75,9 @@ def test_a_node_without_a_valid_certificate_does_not_start(federation, tmp_path)
     home = federation.root / "nocert"
     load_or_create(home)
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "otela",
-            "start",
-            "--home",
-            str(home),
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--p2p-port",
-            "0",
-            "--authority",
-            authority.text,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "-m", "otela", "start", "--home", str(home), "--host", "127.0.0.1",
+         "--http-port", "0", "--p2p-port", "0", "--authority", authority.text],
+        capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
     assert "otela membership sign --peer-id" in result.stderr
@@ -129,35 +99,15 @@ def test_expired_certificates_drop_out_and_revocations_gossip(federation, tmp_pa
     revocations = federation.root / "boot" / "revocations"
     revocations.mkdir()
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "otela",
-            "membership",
-            "revoke",
-            "--cert",
-            str(cert_path),
-            "--dir",
-            str(authority.dir),
-            "--reason",
-            "compromised",
-            "--out",
-            str(revocations / "r1.revocation"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
+        [sys.executable, "-m", "otela", "membership", "revoke", "--cert", str(cert_path),
+         "--dir", str(authority.dir), "--reason", "compromised",
+         "--out", str(revocations / "r1.revocation")],
+        check=True, capture_output=True, timeout=60,
     )
-    wait_for(
-        lambda: revoked.session_id not in sessions(watcher),
-        CONVERGE_S,
-        "the watcher to drop the revoked node",
-    )
-    wait_for(
-        lambda: short.session_id not in sessions(watcher),
-        30.0,
-        "the watcher to drop the node whose certificate expired",
-    )
+    wait_for(lambda: revoked.session_id not in sessions(watcher), CONVERGE_S,
+             "the watcher to drop the revoked node")
+    wait_for(lambda: short.session_id not in sessions(watcher), 30.0,
+             "the watcher to drop the node whose certificate expired")
     assert sessions(watcher) == {boot.session_id, watcher.session_id}
 
 
@@ -165,11 +115,8 @@ def test_forged_and_unauthorised_envelopes_are_rejected_by_a_real_daemon(federat
     authority = Authority(tmp_path)
     boot = authority.start(federation, "boot")
     victim = authority.start(federation, "victim", bootstrap=[boot])
-    wait_for(
-        lambda: sessions(boot) == {boot.session_id, victim.session_id},
-        CONVERGE_S,
-        "the victim to join",
-    )
+    wait_for(lambda: sessions(boot) == {boot.session_id, victim.session_id}, CONVERGE_S,
+             "the victim to join")
     before = boot.states()
     rejected_before = boot.get("/v1/health")["replication"].get("ae_rejected", 0)
 
@@ -177,58 +124,35 @@ def test_forged_and_unauthorised_envelopes_are_rejected_by_a_real_daemon(federat
         insider = new_identity()  # admitted: it holds a valid certificate
         cert = authority.certify(insider.peer_id.to_base58(), "lab")
         outsider = new_identity()  # no certificate at all
-        async with running_peer(
-            tmp_path / "insider", insider, authority=authority.public, certificate=cert
-        ) as peer:
+        async with running_peer(tmp_path / "insider", insider, authority=authority.public,
+                             certificate=cert) as peer:
             boot_id = await connect(peer, boot.multiaddr)
             assert await peer.replicator.sync_with(boot_id)  # learn the genuine state first
             genuine = peer.registry.entry(victim.session_id)
             assert genuine is not None and genuine.proof is not None
             now = time.time()
-            victim_record = NodeRecord(
-                victim.session_id,
-                victim.status["peer_id"],
-                "lab",
-                Lifecycle.LEFT,
-                999,
-                victim.http_url,
-                updated_at=now,
-            )
+            victim_record = NodeRecord(victim.session_id, victim.status["peer_id"], "lab",
+                                       Lifecycle.LEFT, 999, victim.http_url, updated_at=now)
             # 1. a record claiming the victim's session, signed by the insider's key
-            plant(
-                peer,
-                sign_record(victim_record, insider.key_pair.private_key, cert),
-                "forged-1",
-                now,
-            )
+            plant(peer, sign_record(victim_record, insider.key_pair.private_key, cert),
+                  "forged-1", now)
             # 2. a record of a non-member (no certificate)
-            stranger = NodeRecord(
-                "stranger",
-                outsider.peer_id.to_base58(),
-                "lab",
-                Lifecycle.SERVING,
-                1,
-                "http://x",
-                updated_at=now,
-            )
+            stranger = NodeRecord("stranger", outsider.peer_id.to_base58(), "lab",
+                                  Lifecycle.SERVING, 1, "http://x", updated_at=now)
             plant(peer, sign_record(stranger, outsider.key_pair.private_key), "forged-2", now)
             # 3. an eviction of the victim signed by the non-member
-            eviction = sign_eviction(
-                genuine,
-                evictor_key=outsider.key_pair.private_key,
-                evictor_peer_id=outsider.peer_id.to_base58(),
-                reason="forged",
-                now=now,
-            )
+            eviction = sign_eviction(genuine, evictor_key=outsider.key_pair.private_key,
+                                     evictor_peer_id=outsider.peer_id.to_base58(),
+                                     reason="forged", now=now)
             plant(peer, eviction, "forged-3", now)
             assert await peer.replicator.sync_with(boot_id)
             await peer.replicator.publish(eviction)  # and through gossip (wrong publisher)
 
     trio.run(attack)
     wait_for(
-        lambda: boot.get("/v1/health")["replication"].get("ae_rejected", 0) >= rejected_before + 3,
-        CONVERGE_S,
-        "the daemon to reject the three forged envelopes",
+        lambda: boot.get("/v1/health")["replication"].get("ae_rejected", 0)
+        >= rejected_before + 3,
+        CONVERGE_S, "the daemon to reject the three forged envelopes",
     )
     assert boot.states() == before  # nothing changed: the victim is not LEFT, no stranger
     assert boot.get("/v1/health")["status"] == "ok"
@@ -243,15 +167,8 @@ def test_a_late_joiner_converges_after_200_changes_through_anti_entropy(federati
             assert await peer.replicator.sync_with(boot_id)
             me = peer.identity.peer_id.to_base58()
             for i in range(50):  # 50 sessions x 4 lifecycle steps = 200 registry changes
-                record = NodeRecord(
-                    f"churn-{i:02d}",
-                    me,
-                    "lab",
-                    Lifecycle.JOIN,
-                    0,
-                    "http://127.0.0.1:9",
-                    updated_at=time.time(),
-                )
+                record = NodeRecord(f"churn-{i:02d}", me, "lab", Lifecycle.JOIN, 0,
+                                    "http://127.0.0.1:9", updated_at=time.time())
                 for state in Lifecycle:
                     record = record.evolve(now=time.time(), state=state)
                     envelope = sign_record(record, peer.identity.key_pair.private_key)
@@ -262,11 +179,8 @@ def test_a_late_joiner_converges_after_200_changes_through_anti_entropy(federati
     trio.run(churn)
     wait_for(lambda: len(boot.states()) == 51, CONVERGE_S, "the bootstrap node to hold 200 changes")
     late = federation.start_node("late", bootstrap=[boot])
-    wait_for(
-        lambda: boot.states().items() <= late.states().items(),
-        CONVERGE_S,
-        "the late node to converge",
-    )
+    wait_for(lambda: boot.states().items() <= late.states().items(), CONVERGE_S,
+             "the late node to converge")
     states = late.states()
     assert sum(1 for s in states.values() if s == "LEFT") == 50
     # py-libp2p replays a few seconds of recent gossip to new peers, so some changes may also
@@ -298,11 +212,8 @@ def test_malformed_and_oversized_wire_messages_are_dropped_and_counted(federatio
             await trio.sleep(1.0)
 
     trio.run(garbage)
-    wait_for(
-        lambda: node.get("/v1/health")["replication"].get("ae_failed", 0) >= failed_before + 3,
-        CONVERGE_S,
-        "the three bad streams to be counted",
-    )
+    wait_for(lambda: node.get("/v1/health")["replication"].get("ae_failed", 0)
+             >= failed_before + 3, CONVERGE_S, "the three bad streams to be counted")
     health = node.get("/v1/health")
     assert health["status"] == "ok" and node.process.poll() is None
     assert set(node.states()) == {node.session_id}

@@ -33,9 +33,8 @@ CHAT = "/v1/chat/completions"
 
 
 def chat(content: str = "one two three", **extra: object) -> bytes:
-    return json.dumps(
-        {"model": "m", "messages": [{"role": "user", "content": content}], **extra}
-    ).encode()
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": content}],
+                       **extra}).encode()
 
 
 @dataclass
@@ -63,10 +62,8 @@ async def pair(token_delay: float = 0.0) -> AsyncIterator[Pair]:
         httpx.AsyncClient(trust_env=False) as http,
         meshes[0].host.run(listen_addrs=[meshes[0].listen_addr]),
         meshes[1].host.run(listen_addrs=[meshes[1].listen_addr]),
-        background_trio_service(meshes[0].pubsub),
-        background_trio_service(meshes[0].gossipsub),
-        background_trio_service(meshes[1].pubsub),
-        background_trio_service(meshes[1].gossipsub),
+        background_trio_service(meshes[0].pubsub), background_trio_service(meshes[0].gossipsub),
+        background_trio_service(meshes[1].pubsub), background_trio_service(meshes[1].gossipsub),
         trio.open_nursery() as nursery,
     ):
         binds = await nursery.start(serve, app, config)  # type: ignore[arg-type]
@@ -78,14 +75,8 @@ async def pair(token_delay: float = 0.0) -> AsyncIterator[Pair]:
         await nursery.start(client.run)
         server_id = meshes[0].host.get_id().to_base58()
         record = NodeRecord(
-            "s",
-            server_id,
-            "p",
-            Lifecycle.SERVING,
-            1,
-            "http://unused",
-            addrs=tuple(f"{a}" for a in meshes[0].host.get_addrs()),
-            reachability="public",
+            "s", server_id, "p", Lifecycle.SERVING, 1, "http://unused",
+            addrs=tuple(f"{a}" for a in meshes[0].host.get_addrs()), reachability="public",
         )
         yield Pair(client, server, record, meshes[0].host, meshes[1].host, engine)
         nursery.cancel_scope.cancel()
@@ -139,15 +130,8 @@ def test_failures_before_the_engine_are_not_delivered() -> None:
             await p.client.request(p.record, CHAT, chat(), {})
         with pytest.raises(NotDelivered, match="not relayed"):
             await p.client.request(p.record, "/admin/shutdown", chat(), {})
-        nowhere = NodeRecord(
-            "x",
-            new_identity().peer_id.to_base58(),
-            "p",
-            Lifecycle.SERVING,
-            1,
-            "http://unused",
-            reachability="private-relayed",
-        )
+        nowhere = NodeRecord("x", new_identity().peer_id.to_base58(), "p", Lifecycle.SERVING,
+                             1, "http://unused", reachability="private-relayed")
         with pytest.raises(NotDelivered, match="no direct address and no relay circuit"):
             await p.client.request(nowhere, CHAT, chat(), {})
         assert p.server.served == 0

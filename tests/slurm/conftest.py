@@ -19,8 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm-cluster"
 def slurm_cluster() -> Iterator[None]:
     result = subprocess.run([str(SCRIPT), "start"], capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
-        pytest.fail(
-            f"could not set up the Slurm test cluster ({SCRIPT} start):\n{result.stderr[-3000:]}"
-        )
+        pytest.fail(f"could not set up the Slurm test cluster ({SCRIPT} start):\n"
+                    f"{result.stderr[-3000:]}")
     yield
     subprocess.run([str(SCRIPT), "stop"], capture_output=True, text=True, timeout=120)

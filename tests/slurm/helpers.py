@@ -27,24 +27,19 @@ CONVERGE_S = 20.0
 
 def chat(node: LocalNode, model: str, content: str = "hello") -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": content}]}
-    return httpx.post(
-        f"{node.http_url}/v1/chat/completions", json=body, timeout=30, trust_env=False
-    )
+    return httpx.post(f"{node.http_url}/v1/chat/completions", json=body, timeout=30,
+                      trust_env=False)
 
 
-def serving_node(
-    fed: LocalFederation, name: str, bootstrap: LocalNode, model: str, *engine_args: str
-) -> LocalNode:
+def serving_node(fed: LocalFederation, name: str, bootstrap: LocalNode, model: str,
+                 *engine_args: str) -> LocalNode:
     command = echo_engine_command(free_port(), [model], *engine_args)
     return fed.start_node(name, bootstrap=[bootstrap], process=command)
 
 
 def wait_state(observer: LocalNode, target: LocalNode, state: str) -> None:
-    wait_for(
-        lambda: observer.states().get(target.session_id) == state,
-        CONVERGE_S,
-        f"{observer.name} to see {target.name} {state}",
-    )
+    wait_for(lambda: observer.states().get(target.session_id) == state, CONVERGE_S,
+             f"{observer.name} to see {target.name} {state}")
 
 
 def job_env(ingress: LocalNode, tmp: Path, **extra: str) -> dict[str, str]:
@@ -64,30 +59,17 @@ def job_env(ingress: LocalNode, tmp: Path, **extra: str) -> dict[str, str]:
 def submit(template: str, env: dict[str, str], tmp: Path, *args: str) -> str:
     """sbatch a template from slurm/ (no GPUs here: --gres=none); its job id."""
     result = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "--gres=none",
-            f"--output={tmp}/job-%j.out",
-            *args,
-            str(TEMPLATES / template),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        ["sbatch", "--parsable", "--gres=none", f"--output={tmp}/job-%j.out", *args,
+         str(TEMPLATES / template)],
+        env=env, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().split(";")[0]
 
 
 def job_state(job_id: str) -> str:
-    out = subprocess.run(
-        ["squeue", "-h", "-j", job_id, "-t", "all", "-o", "%T"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-t", "all", "-o", "%T"],
+                         capture_output=True, text=True, timeout=30).stdout
     return out.strip()
 
 
@@ -103,9 +85,8 @@ def node_of_job(observer: LocalNode, job_id: str) -> dict[str, Any] | None:
     return None
 
 
-def wait_job_node(
-    observer: LocalNode, job_id: str, state: str, timeout: float, tmp: Path
-) -> dict[str, Any]:
+def wait_job_node(observer: LocalNode, job_id: str, state: str, timeout: float,
+                  tmp: Path) -> dict[str, Any]:
     def found() -> dict[str, Any] | None:
         node = node_of_job(observer, job_id)
         if node is None and job_state(job_id) in ("FAILED", "COMPLETED", "CANCELLED"):
@@ -115,15 +96,10 @@ def wait_job_node(
     try:
         return wait_for(found, timeout, f"job {job_id}'s node to be {state}", interval=0.2)
     except FederationError as exc:
-        reason = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-t", "all", "-o", "%T %r"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.strip()
-        raise FederationError(
-            f"{exc}; job state: {reason or 'unknown'}\n{job_output(tmp, job_id)[-2000:]}"
-        ) from None
+        reason = subprocess.run(["squeue", "-h", "-j", job_id, "-t", "all", "-o", "%T %r"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+        raise FederationError(f"{exc}; job state: {reason or 'unknown'}\n"
+                              f"{job_output(tmp, job_id)[-2000:]}") from None
 
 
 @dataclass

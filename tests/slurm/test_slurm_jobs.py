@@ -53,19 +53,12 @@ def test_scancel_drains_the_job_node_while_in_flight_requests_complete(federatio
     assert response.headers["x-otela-session-id"] == node["session_id"]
 
     results: list[httpx.Response] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(chat(ingress, "slurm-echo", WORDS)))
-        for _ in range(3)
-    ]
+    threads = [threading.Thread(target=lambda: results.append(chat(ingress, "slurm-echo", WORDS)))
+               for _ in range(3)]
     for thread in threads:
         thread.start()
-    wait_for(
-        lambda: (
-            httpx.get(f"{node['http_url']}/v1/health", trust_env=False).json()["in_flight"] == 3
-        ),
-        10,
-        "3 requests in flight on the job's node",
-    )
+    wait_for(lambda: httpx.get(f"{node['http_url']}/v1/health", trust_env=False)
+             .json()["in_flight"] == 3, 10, "3 requests in flight on the job's node")
     with StateWatcher(ingress, node["session_id"]) as watcher:
         cancelled = time.monotonic()
         subprocess.run(["scancel", job], check=True, timeout=30)
@@ -143,9 +136,8 @@ def test_other_serving_templates_join_serve_and_leave(federation, tmp_path, temp
     ingress = federation.start_node("ingress", ingress=True)
     engine = echo_engine_command(free_port(), ["tpl-model"])
     # The test node has 8 CPUs; the TP template asks for 32 by default.
-    job = submit(
-        template, job_env(ingress, tmp_path, ENGINE_COMMAND=engine), tmp_path, "--cpus-per-task=2"
-    )
+    job = submit(template, job_env(ingress, tmp_path, ENGINE_COMMAND=engine), tmp_path,
+                 "--cpus-per-task=2")
     node = wait_job_node(ingress, job, "SERVING", JOIN_S, tmp_path)
     assert node["slurm"]["job_id"] == job
     assert chat(ingress, "tpl-model", "hi").json()["choices"][0]["message"]["content"] == "echo: hi"

@@ -38,8 +38,5 @@ def test_vllm_template_serves_and_leaves_cleanly(federation, tmp_path, vllm_pyth
         subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True, timeout=30)
         wait_for(lambda: watcher.seen[-1:] == ["LEFT"], 60, "the vLLM job's node to leave")
     assert watcher.seen[-2:] == ["DOWN", "LEFT"]
-    wait_for(
-        lambda: job_state(job) == "COMPLETED",
-        60,
-        f"the job to complete:\n{job_output(tmp_path, job)[-2000:]}",
-    )
+    wait_for(lambda: job_state(job) == "COMPLETED", 60,
+             f"the job to complete:\n{job_output(tmp_path, job)[-2000:]}")

@@ -12,45 +12,22 @@ from otela.registry.crdt import Entry, tiebreak_of
 from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
 
 
-def record(
-    session: str,
-    version: int = 1,
-    state: Lifecycle = Lifecycle.JOIN,
-    models: tuple[str, ...] = ("m",),
-    updated_at: float = 1000.0,
-    peer_id: str | None = None,
-    provider: str = "p",
-) -> NodeRecord:
+def record(session: str, version: int = 1, state: Lifecycle = Lifecycle.JOIN,
+           models: tuple[str, ...] = ("m",), updated_at: float = 1000.0,
+           peer_id: str | None = None, provider: str = "p") -> NodeRecord:
     return NodeRecord(
-        session_id=session,
-        peer_id=peer_id or f"peer-{session}",
-        provider_id=provider,
-        state=state,
-        version=version,
-        http_url=f"http://{session}",
-        models=tuple(ModelInfo(m) for m in models),
-        updated_at=updated_at,
+        session_id=session, peer_id=peer_id or f"peer-{session}", provider_id=provider,
+        state=state, version=version, http_url=f"http://{session}",
+        models=tuple(ModelInfo(m) for m in models), updated_at=updated_at,
     )
 
 
-def entry(
-    session: str,
-    version: int = 1,
-    state: Lifecycle = Lifecycle.JOIN,
-    updated_at: float = 1000.0,
-    salt: str = "",
-    **kw: object,
-) -> Entry:
+def entry(session: str, version: int = 1, state: Lifecycle = Lifecycle.JOIN,
+          updated_at: float = 1000.0, salt: str = "", **kw: object) -> Entry:
     """An unsigned entry whose proof is itself, so pure tests can ship entries around."""
     rec = record(session, version, state, updated_at=updated_at, **kw)  # type: ignore[arg-type]
-    e = Entry(
-        key=session,
-        state=state,
-        version=version,
-        updated_at=updated_at,
-        tiebreak=tiebreak_of(f"{session}|{version}|{state}|{salt}".encode()),
-        record=rec,
-    )
+    e = Entry(key=session, state=state, version=version, updated_at=updated_at,
+              tiebreak=tiebreak_of(f"{session}|{version}|{state}|{salt}".encode()), record=rec)
     object.__setattr__(e, "proof", e)  # frozen: the entry ships itself as its own proof
     return e
 

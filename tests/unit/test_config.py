@@ -35,11 +35,8 @@ def test_typed_values_from_env_and_file(tmp_path):
         "[engine]\nmodel_meta = {quantization = 'awq-4bit'}\n"
         "fatal_patterns = ['boom', 'x+y']\n[hardware]\ngpus = '2xA100:80'\n",
     )
-    env = {
-        "OTELA_INGRESS": "yes",
-        "OTELA_BOOTSTRAP": "/ip4/1/tcp/2, /ip4/3/tcp/4",
-        "OTELA_DRAIN_GRACE": "7.5",
-    }
+    env = {"OTELA_INGRESS": "yes", "OTELA_BOOTSTRAP": "/ip4/1/tcp/2, /ip4/3/tcp/4",
+           "OTELA_DRAIN_GRACE": "7.5"}
     config = resolve({}, env, path).config
     assert config.ingress is True
     assert config.bootstrap == ["/ip4/1/tcp/2", "/ip4/3/tcp/4"]

@@ -27,11 +27,8 @@ entries = st.builds(
     updated_at=st.just(NOW),
 )
 same_key = st.builds(
-    entry,
-    session=st.just("k"),
-    version=st.integers(0, 6),
-    state=st.sampled_from(list(Lifecycle)),
-    salt=st.sampled_from(["", "x", "y"]),
+    entry, session=st.just("k"), version=st.integers(0, 6),
+    state=st.sampled_from(list(Lifecycle)), salt=st.sampled_from(["", "x", "y"]),
 )
 
 

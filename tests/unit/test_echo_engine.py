@@ -37,23 +37,15 @@ def test_chat_echoes_the_last_user_message_with_usage():
 
 
 def test_max_tokens_truncates_with_finish_reason_length():
-    body = call(
-        SETTINGS,
-        "POST",
-        "/v1/completions",
-        json={"model": "m", "prompt": "a b c d", "max_tokens": 2},
-    ).json()
+    body = call(SETTINGS, "POST", "/v1/completions",
+                json={"model": "m", "prompt": "a b c d", "max_tokens": 2}).json()
     assert body["choices"][0]["text"] == "echo: a"
     assert body["choices"][0]["finish_reason"] == "length"
 
 
 def test_stream_is_sse_chunks_ending_in_done():
-    text = call(
-        SETTINGS,
-        "POST",
-        "/v1/chat/completions",
-        json={**CHAT, "stream": True, "stream_options": {"include_usage": True}},
-    ).text
+    text = call(SETTINGS, "POST", "/v1/chat/completions",
+                json={**CHAT, "stream": True, "stream_options": {"include_usage": True}}).text
     events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
@@ -77,8 +69,7 @@ def test_injected_failures_every_n_requests():
     async def go():
         transport = httpx.ASGITransport(app=create_app(settings))
         async with httpx.AsyncClient(transport=transport, base_url="http://echo") as client:
-            return [
-                (await client.post("/v1/chat/completions", json=CHAT)).status_code for _ in range(4)
-            ]
+            return [(await client.post("/v1/chat/completions", json=CHAT)).status_code
+                    for _ in range(4)]
 
     assert trio.run(go) == [200, 503, 200, 503]

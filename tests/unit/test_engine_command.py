@@ -9,13 +9,11 @@ from otela.engine.supervisor import parse_models
     [
         ("vllm serve Qwen/Qwen3-8B --port 8001", "vllm", "http://127.0.0.1:8001"),
         ("vllm serve Qwen/Qwen3-8B", "vllm", "http://127.0.0.1:8000"),
-        (
-            "python -m vllm.entrypoints.openai.api_server --port=9000 --host 0.0.0.0",
-            "vllm",
-            "http://127.0.0.1:9000",
-        ),
+        ("python -m vllm.entrypoints.openai.api_server --port=9000 --host 0.0.0.0", "vllm",
+         "http://127.0.0.1:9000"),
         ("python -m sglang.launch_server --model-path m", "sglang", "http://127.0.0.1:30000"),
-        ("llama-server -m x.gguf --host 10.1.2.3 --port 8080", "llama.cpp", "http://10.1.2.3:8080"),
+        ("llama-server -m x.gguf --host 10.1.2.3 --port 8080", "llama.cpp",
+         "http://10.1.2.3:8080"),
         ("python -m otela.engines.echo --port 7 --model 'a b'", "echo", "http://127.0.0.1:7"),
         ("myserver --host :: --port 5000", "openai-compatible", "http://127.0.0.1:5000"),
         ("myserver --host ::1 --port 5000", "openai-compatible", "http://[::1]:5000"),

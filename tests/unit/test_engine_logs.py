@@ -25,10 +25,8 @@ def test_rotation_keeps_the_newest_backups(tmp_path):
 
 def test_default_patterns_catch_nccl_timeouts_and_cuda_oom():
     patterns = FatalPatterns(DEFAULT_FATAL_PATTERNS)
-    assert patterns.match(
-        "[Rank 0] Watchdog caught collective operation timeout: "
-        "WorkNCCL(SeqNum=1) ran for 600000 ms before timing out"
-    )
+    assert patterns.match("[Rank 0] Watchdog caught collective operation timeout: "
+                          "WorkNCCL(SeqNum=1) ran for 600000 ms before timing out")
     assert patterns.match("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
     assert patterns.match("INFO 11-21 engine started, NCCL version 2.21") is None
 
@@ -40,13 +38,9 @@ def test_pump_splits_chunks_into_lines_and_reports_matches(tmp_path):
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(
-                pump_output,
-                receive,
-                log,
-                FatalPatterns(["cuda out of memory"]),
-                lambda p, line: hits.append((p, line)),
-            )
+            nursery.start_soon(pump_output, receive, log,
+                               FatalPatterns(["cuda out of memory"]),
+                               lambda p, line: hits.append((p, line)))
             for chunk in (b"ok\nRuntimeError: CUDA out", b" of memory\nfine\n"):
                 await send.send_all(chunk)
                 await trio.testing.wait_all_tasks_blocked()
@@ -59,9 +53,8 @@ def test_pump_splits_chunks_into_lines_and_reports_matches(tmp_path):
 
 def test_copy_to_sink(tmp_path):
     (tmp_path / "engine.log").write_text("boom\n")
-    target = copy_to_sink(
-        tmp_path / "sink", "prov-abc", [tmp_path / "engine.log", tmp_path / "absent.log"], "why"
-    )
+    target = copy_to_sink(tmp_path / "sink", "prov-abc", [tmp_path / "engine.log",
+                                                          tmp_path / "absent.log"], "why")
     assert (target / "engine.log").read_text() == "boom\n"
     assert (target / "reason.txt").read_text() == "why\n"
 

@@ -20,16 +20,10 @@ def meta(command: str):
 
 
 def test_vllm_serve_and_module_forms():
-    served = meta(
-        "vllm serve Qwen/Qwen3-8B --port 8001 --dtype bfloat16 -tp 4 "
-        "--quantization awq --max-model-len 32768"
-    )
+    served = meta("vllm serve Qwen/Qwen3-8B --port 8001 --dtype bfloat16 -tp 4 "
+                  "--quantization awq --max-model-len 32768")
     assert (served.dtype, served.quantization, served.tensor_parallel, served.max_context) == (
-        "bfloat16",
-        "awq",
-        4,
-        32768,
-    )
+        "bfloat16", "awq", 4, 32768)
     module = parse_engine_command(
         "python -m vllm.entrypoints.openai.api_server --model m --port 9000 "
         "--tensor-parallel-size=2 --dtype auto"
@@ -55,18 +49,15 @@ def test_sglang_and_llamacpp_forms():
 def test_sources_in_order_command_then_engine_then_overrides():
     command = meta("vllm serve m --dtype float16 --max-model-len 1000 -tp 2")
     models = [ModelInfo("a", max_context=900), ModelInfo("b")]
-    out = enrich(
-        models, command, {"quantization": "fp8"}, {"quantization": "awq-4bit", "family": "qwen3"}
-    )
+    out = enrich(models, command, {"quantization": "fp8"},
+                 {"quantization": "awq-4bit", "family": "qwen3"})
     assert out[0] == ModelInfo("a", 900, "float16", "awq-4bit", 2, (("family", "qwen3"),))
     assert out[1].max_context == 1000  # the engine did not say: the command line does
 
 
 def test_overrides_are_validated():
     assert split_overrides({"tensor_parallel": "4", "x": "y"}) == (
-        {"tensor_parallel": 4},
-        (("x", "y"),),
-    )
+        {"tensor_parallel": 4}, (("x", "y"),))
     with pytest.raises(ValueError, match="must be an integer"):
         split_overrides({"max_context": "big"})
     with pytest.raises(ValueError, match="must be positive"):
@@ -79,8 +70,7 @@ def test_engine_reports():
     ) == {"dtype": "bfloat16", "tensor_parallel": 2, "max_context": 4096}
     assert parse_sglang_server_info([1]) == {}
     assert parse_llamacpp_props({"default_generation_settings": {"n_ctx": 2048}}) == {
-        "max_context": 2048
-    }
+        "max_context": 2048}
     assert parse_llamacpp_props({"default_generation_settings": "x"}) == {}
 
 
@@ -93,7 +83,6 @@ def test_engine_url_is_checked():
 
 def test_metadata_round_trips_through_the_record():
     model = ModelInfo("a", 512, "bfloat16", "awq", 2, (("family", "llama"),))
-    record = NodeRecord(
-        "s", "p", "prov", state=Lifecycle.JOIN, version=1, http_url="h", models=(model,)
-    )
+    record = NodeRecord("s", "p", "prov", state=Lifecycle.JOIN, version=1, http_url="h",
+                        models=(model,))
     assert NodeRecord.from_dict(record.to_dict()).models == (model,)

@@ -51,7 +51,8 @@ def test_one_eviction_per_confirmed_suspect_not_one_per_member():
         tables[who] = t
     first = [who for who, t in tables.items() if t.due_evictions(now=20.0) == ["a"]]
     assert len(first) == 1 and first[0] != "bystander"
-    delays = sorted(t.members["a"].evict_at - 20.0 for who, t in tables.items() if who not in first)
+    delays = sorted(t.members["a"].evict_at - 20.0 for who, t in tables.items()
+                    if who not in first)
     assert delays == [1.0, 2.0, 10.0]  # the other suspecters one stagger apart; backup last
 
 
@@ -167,8 +168,7 @@ def test_only_strongly_evidenced_suspicions_are_published_and_only_once():
     assert t.suspicion_to_publish("slow", connection_lost=False) is None
     t.apply(Update("slow", Status.SUSPECT, 0, by="b"), now=0.5)  # corroborated
     assert t.suspicion_to_publish("slow", connection_lost=False) == Update(
-        "slow", Status.SUSPECT, 0, by="me"
-    )
+        "slow", Status.SUSPECT, 0, by="me")
     assert t.suspicion_to_publish("slow", connection_lost=False) is None  # once
 
     t.probe_failed("crashed", now=0.0)
@@ -236,9 +236,8 @@ def test_while_braking_one_eviction_at_a_time_the_same_at_every_node():
     first.sync_members(set(peers) - set(chosen) - {heard, then}, now=after_all + 66.0)
     still = sorted(first.suspected())
     for peer in still[:1]:
-        assert first.apply(
-            Update(peer, Status.ALIVE, 1, proof=b"sig"), now=after_all + 66.0, proof_valid=True
-        )
+        assert first.apply(Update(peer, Status.ALIVE, 1, proof=b"sig"), now=after_all + 66.0,
+                           proof_valid=True)
     assert not first.braking()
     assert first.expired_suspicions(now=after_all + 66.1) == []
     assert sorted(first.expired_suspicions(now=after_all + 70.1)) == still[1:]
@@ -280,9 +279,8 @@ def test_eviction_waits_grow_with_how_late_gossip_arrives():
     t.sync_members(set(members), now=0.0)
     t.apply(Update("a", Status.SUSPECT, 0, by="s1"), now=0.0)
     t.probe_failed("a", now=0.0)
-    rank = sorted(["me", "s1"], key=lambda p: hashlib.sha256(f"{p}|a".encode()).digest()).index(
-        "me"
-    )
+    rank = sorted(["me", "s1"],
+                  key=lambda p: hashlib.sha256(f"{p}|a".encode()).digest()).index("me")
     assert t.eviction_delay(t.members["a"]) == rank * 1.0
     assert t.backup_delay() == 10.0
     t.dissemination_delay = 30.0

@@ -110,24 +110,12 @@ def test_probe_tells_a_libp2p_listener_from_a_closed_port() -> None:
 
 
 def test_record_round_trips_nat_fields_and_rejects_unknown_reachability() -> None:
-    record = NodeRecord(
-        "s",
-        "p",
-        "prov",
-        Lifecycle.SERVING,
-        3,
-        "http://h",
-        reachability="private-relayed",
-        relay=True,
-        circuit_addrs=("/ip4/1/p2p-circuit",),
-    )
+    record = NodeRecord("s", "p", "prov", Lifecycle.SERVING, 3, "http://h", reachability=
+                        "private-relayed", relay=True, circuit_addrs=("/ip4/1/p2p-circuit",))
     again = NodeRecord.from_dict(record.to_dict())
     assert again == record and again.needs_relayed_path()
-    legacy = {
-        k: v
-        for k, v in record.to_dict().items()
-        if k not in ("reachability", "relay", "circuit_addrs")
-    }
+    legacy = {k: v for k, v in record.to_dict().items()
+              if k not in ("reachability", "relay", "circuit_addrs")}
     assert NodeRecord.from_dict(legacy).reachability == "unknown"
     with pytest.raises(ValueError, match="reachability"):
         NodeRecord.from_dict({**record.to_dict(), "reachability": "maybe"})
@@ -153,20 +141,9 @@ def test_netlog_records_a_hole_punch_upgrade_and_bounds_errors() -> None:
 
 
 def nat_report(state: str, **nat: Any) -> dict[str, Any]:
-    return {
-        "nat": {
-            "reachability": state,
-            "dial_back": {
-                "listen_ports": [4001],
-                "answers": [
-                    {"peer_id": "r", "observed_ip": "203.0.113.7", "reachable": [], "error": None}
-                ],
-            },
-            **nat,
-        },
-        "bootstrap": [],
-        "connected_peers": 1,
-    }
+    return {"nat": {"reachability": state, "dial_back": {"listen_ports": [4001], "answers": [
+        {"peer_id": "r", "observed_ip": "203.0.113.7", "reachable": [], "error": None}]},
+        **nat}, "bootstrap": [], "connected_peers": 1}
 
 
 def test_self_verdicts_name_the_cause_and_the_fix() -> None:
@@ -174,9 +151,8 @@ def test_self_verdicts_name_the_cause_and_the_fix() -> None:
     assert text.startswith("behind NAT, no relay reservation")
     assert "203.0.113.7:4001" in text and "no node in the registry offers relaying" in text
     assert "--relay" in text and "port 4001" in text
-    text = self_verdict(
-        nat_report("unreachable", known_relays=["R"], reservation_errors={"R": "relay R refused"})
-    )
+    text = self_verdict(nat_report("unreachable", known_relays=["R"],
+                                   reservation_errors={"R": "relay R refused"}))
     assert "relay R: relay R refused" in text
     relayed = nat_report("private-relayed", reservations=[{"relay_peer_id": "R"}])
     assert "reachable through relay(s) R" in self_verdict(relayed)
@@ -184,12 +160,8 @@ def test_self_verdicts_name_the_cause_and_the_fix() -> None:
 
 
 def test_bootstrap_verdict_only_when_no_bootstrap_is_connected() -> None:
-    failing = {
-        "addr": "/ip4/10.0.0.9/tcp/1",
-        "connected": False,
-        "failures": 4,
-        "last_error": "refused",
-    }
+    failing = {"addr": "/ip4/10.0.0.9/tcp/1", "connected": False, "failures": 4,
+               "last_error": "refused"}
     report = {"bootstrap": [failing]}
     assert "bootstrap unreachable" in (bootstrap_verdict(report) or "")
     report = {"bootstrap": [failing, {"addr": "x", "connected": True, "failures": 0}]}
@@ -203,28 +175,16 @@ def test_peer_verdicts() -> None:
     assert "evicted by y" in peer_verdict({**left, "evicted_by": "y"})
     nat = {"peer_id": "x", "record": {"state": "SERVING", "reachability": "unreachable"}}
     assert "behind NAT with no relay reservation" in peer_verdict(nat)
-    punched = {
-        "peer_id": "x",
-        "record": {"state": "SERVING", "reachability": "private-relayed"},
-        "log": {
-            "connection": "direct",
-            "hole_punch": {"upgraded_to_direct": True, "upgrade_after_s": 3.4},
-        },
-    }
+    punched = {"peer_id": "x", "record": {"state": "SERVING", "reachability": "private-relayed"},
+               "log": {"connection": "direct", "hole_punch": {"upgraded_to_direct": True,
+                                                              "upgrade_after_s": 3.4}}}
     assert "hole punching upgraded it after 3.4s" in peer_verdict(punched)
 
 
 def test_doctor_shows_the_eviction_brake_only_when_it_is_on() -> None:
-    report: dict[str, Any] = {
-        "self": {"peer_id": "me", "addrs": []},
-        "nat": {},
-        "verdict": "ok",
-        "liveness": {"eviction_brake": False},
-    }
+    report: dict[str, Any] = {"self": {"peer_id": "me", "addrs": []}, "nat": {},
+                              "verdict": "ok", "liveness": {"eviction_brake": False}}
     assert "eviction brake" not in render(report)
-    report["liveness"] = {
-        "eviction_brake": True,
-        "members": 40,
-        "suspected": {f"p{i}": None for i in range(6)},
-    }
+    report["liveness"] = {"eviction_brake": True, "members": 40,
+                          "suspected": {f"p{i}": None for i in range(6)}}
     assert "eviction brake on: 6 of 40 peers suspected at once" in render(report)

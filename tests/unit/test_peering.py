@@ -64,7 +64,8 @@ def peering(host: FakeHost, registry: Registry, trimmed: list[str]) -> Peering:
         assert peer_id not in {p.to_base58() for p in host.closed}  # told before closing
         trimmed.append(peer_id)
 
-    return Peering(host, registry, low=4, target=6, high=10, on_trim=on_trim, rng=random.Random(3))
+    return Peering(host, registry, low=4, target=6, high=10, on_trim=on_trim,
+                   rng=random.Random(3))
 
 
 def test_below_low_dials_random_peers_up_to_target():

@@ -27,12 +27,8 @@ class Admission:
 def replicator(admitted: set[ID]) -> tuple[Replicator, list[str]]:
     me = peer()
     mesh = SimpleNamespace(host=SimpleNamespace(get_id=lambda: me))
-    rep = Replicator(
-        mesh,
-        registry=None,
-        admission=Admission(admitted),  # type: ignore[arg-type]
-        anti_entropy_interval=10.0,
-    )
+    rep = Replicator(mesh, registry=None, admission=Admission(admitted),  # type: ignore[arg-type]
+                     anti_entropy_interval=10.0)
     heard: list[str] = []
     rep.on_heard = heard.append
     return rep, heard

@@ -38,14 +38,8 @@ def authority():
 
 
 def certify(authority, node, provider="lab", expires_at=NOW + 3600, serial=None):
-    return issue_certificate(
-        authority,
-        peer_id=node.peer_id,
-        provider_id=provider,
-        expires_at=expires_at,
-        now=NOW - 60,
-        serial=serial,
-    )
+    return issue_certificate(authority, peer_id=node.peer_id, provider_id=provider,
+                             expires_at=expires_at, now=NOW - 60, serial=serial)
 
 
 def test_a_record_verifies_from_its_peer_id_alone():
@@ -63,10 +57,8 @@ def test_tampered_and_forged_records_are_refused():
     body["provider_id"] = "evil"
     with pytest.raises(WireError, match="bad signature"):
         verify({**env, "body": msgpack.packb(body)}, OPEN, NOW)
-    forged = sign_record(
-        record("s1", 9, Lifecycle.LEFT, peer_id=victim.peer_id, updated_at=NOW),
-        attacker.keys.private_key,
-    )
+    forged = sign_record(record("s1", 9, Lifecycle.LEFT, peer_id=victim.peer_id,
+                                updated_at=NOW), attacker.keys.private_key)
     with pytest.raises(WireError, match="bad signature"):
         verify(forged, OPEN, NOW)
 
@@ -74,28 +66,15 @@ def test_tampered_and_forged_records_are_refused():
 def test_an_eviction_signature_cannot_be_replayed_as_a_record():
     member, target = new_node(), new_node()
     target_entry = verify(signed(target), OPEN, NOW)
-    eviction = sign_eviction(
-        target_entry,
-        evictor_key=member.keys.private_key,
-        evictor_peer_id=member.peer_id,
-        reason="dead",
-        now=NOW,
-    )
+    eviction = sign_eviction(target_entry, evictor_key=member.keys.private_key,
+                             evictor_peer_id=member.peer_id, reason="dead", now=NOW)
     with pytest.raises(WireError):
         verify({**eviction, "t": "rec"}, OPEN, NOW)
 
 
-@pytest.mark.parametrize(
-    "junk",
-    [
-        None,
-        [],
-        {"v": 2},
-        {"v": 1, "t": "nope"},
-        {"v": 1, "t": "rec", "body": "str", "sig": b""},
-        {"v": 1, "t": "rec", "body": b"\xc1", "sig": b"x"},
-    ],
-)
+@pytest.mark.parametrize("junk", [None, [], {"v": 2}, {"v": 1, "t": "nope"},
+                                  {"v": 1, "t": "rec", "body": "str", "sig": b""},
+                                  {"v": 1, "t": "rec", "body": b"\xc1", "sig": b"x"}])
 def test_malformed_envelopes_are_refused(junk):
     with pytest.raises(WireError):
         verify(junk, OPEN, NOW)
@@ -157,13 +136,8 @@ def test_revocations_verify_only_against_the_authority(authority):
 def test_a_member_eviction_is_a_left_tombstone_describing_the_session():
     member, target = new_node(), new_node()
     target_entry = verify(signed(target, models=("m",)), OPEN, NOW)
-    env = sign_eviction(
-        target_entry,
-        evictor_key=member.keys.private_key,
-        evictor_peer_id=member.peer_id,
-        reason="unreachable",
-        now=NOW + 5,
-    )
+    env = sign_eviction(target_entry, evictor_key=member.keys.private_key,
+                        evictor_peer_id=member.peer_id, reason="unreachable", now=NOW + 5)
     entry = verify(env, Trust(is_member=lambda p: p == member.peer_id), NOW + 5)
     assert entry.state is Lifecycle.LEFT and entry.evicted_by == member.peer_id
     assert entry.record.provider_id == "lab" and entry.version == target_entry.version
@@ -173,33 +147,18 @@ def test_a_member_eviction_is_a_left_tombstone_describing_the_session():
 def test_evictions_by_non_members_and_forged_evictions_are_refused(authority):
     member, target, outsider = new_node(), new_node(), new_node()
     target_entry = verify(signed(target), OPEN, NOW)
-    by_outsider = sign_eviction(
-        target_entry,
-        evictor_key=outsider.keys.private_key,
-        evictor_peer_id=outsider.peer_id,
-        reason="x",
-        now=NOW,
-    )
+    by_outsider = sign_eviction(target_entry, evictor_key=outsider.keys.private_key,
+                                evictor_peer_id=outsider.peer_id, reason="x", now=NOW)
     with pytest.raises(WireError, match="not a member"):
         verify(by_outsider, Trust(is_member=lambda p: p == member.peer_id), NOW)
     with pytest.raises(WireError, match="certificate"):  # authority mode: evictor needs one
         verify(by_outsider, Trust(authority=authority.get_public_key()), NOW)
-    claims_member = sign_eviction(
-        target_entry,
-        evictor_key=outsider.keys.private_key,
-        evictor_peer_id=member.peer_id,
-        reason="x",
-        now=NOW,
-    )
+    claims_member = sign_eviction(target_entry, evictor_key=outsider.keys.private_key,
+                                  evictor_peer_id=member.peer_id, reason="x", now=NOW)
     with pytest.raises(WireError, match="bad signature"):
         verify(claims_member, OPEN, NOW)
-    self_eviction = sign_eviction(
-        target_entry,
-        evictor_key=target.keys.private_key,
-        evictor_peer_id=target.peer_id,
-        reason="x",
-        now=NOW,
-    )
+    self_eviction = sign_eviction(target_entry, evictor_key=target.keys.private_key,
+                                  evictor_peer_id=target.peer_id, reason="x", now=NOW)
     with pytest.raises(WireError, match="itself"):
         verify(self_eviction, OPEN, NOW)
 
@@ -207,13 +166,9 @@ def test_evictions_by_non_members_and_forged_evictions_are_refused(authority):
 def test_eviction_needs_the_targets_own_signed_record():
     member = new_node()
     with pytest.raises(WireError, match="own signed record"):
-        sign_eviction(
-            Entry("s", Lifecycle.SERVING, 1, NOW, b"t", record("s")),
-            evictor_key=member.keys.private_key,
-            evictor_peer_id=member.peer_id,
-            reason="x",
-            now=NOW,
-        )
+        sign_eviction(Entry("s", Lifecycle.SERVING, 1, NOW, b"t", record("s")),
+                      evictor_key=member.keys.private_key, evictor_peer_id=member.peer_id,
+                      reason="x", now=NOW)
 
 
 def test_record_signature_check_can_skip_membership_for_embedded_history(authority):
@@ -233,30 +188,15 @@ def test_open_mode_accepts_evictions_from_known_nodes_even_if_they_were_evicted(
     registry = Registry()
     member_entry = verify(signed(member, session="m"), OPEN, NOW)
     registry.apply(member_entry, NOW)
-    evicted_member = sign_eviction(
-        member_entry,
-        evictor_key=target.keys.private_key,
-        evictor_peer_id=target.peer_id,
-        reason="partition",
-        now=NOW,
-    )
+    evicted_member = sign_eviction(member_entry, evictor_key=target.keys.private_key,
+                                   evictor_peer_id=target.peer_id, reason="partition", now=NOW)
     registry.apply(verify(evicted_member, OPEN, NOW), NOW)  # the member is LEFT here
     trust = Admission(None, None).trust(registry)
     target_entry = verify(signed(target, session="t"), OPEN, NOW)
-    by_member = sign_eviction(
-        target_entry,
-        evictor_key=member.keys.private_key,
-        evictor_peer_id=member.peer_id,
-        reason="partition",
-        now=NOW,
-    )
+    by_member = sign_eviction(target_entry, evictor_key=member.keys.private_key,
+                              evictor_peer_id=member.peer_id, reason="partition", now=NOW)
     assert verify(by_member, trust, NOW).state is Lifecycle.LEFT
-    by_stranger = sign_eviction(
-        target_entry,
-        evictor_key=stranger.keys.private_key,
-        evictor_peer_id=stranger.peer_id,
-        reason="x",
-        now=NOW,
-    )
+    by_stranger = sign_eviction(target_entry, evictor_key=stranger.keys.private_key,
+                                evictor_peer_id=stranger.peer_id, reason="x", now=NOW)
     with pytest.raises(WireError, match="not a member"):
         verify(by_stranger, trust, NOW)
