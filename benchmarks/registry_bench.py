@@ -16,6 +16,7 @@ from libp2p.peer.id import ID
 from otela.registry import antientropy
 from otela.registry.crdt import GCPolicy
 from otela.registry.records import Hardware, Lifecycle, ModelInfo, NodeRecord
+from otela.registry.session import session_id_for
 from otela.registry.store import Registry
 from otela.registry.wire import Trust, encode, sign_record, verify
 from otela.routing.policy import candidates_for
@@ -30,7 +31,7 @@ def signed_records(n: int, models: int = 20) -> list[dict]:
     out = []
     for i in range(n):
         record = NodeRecord(
-            session_id=f"{i:032x}", peer_id=peer, provider_id=f"lab-{i % 7}",
+            session_id=session_id_for(peer, f"{i:016x}"), peer_id=peer, provider_id=f"lab-{i % 7}",
             state=Lifecycle.SERVING, version=2, http_url=f"http://10.0.{i // 250}.{i % 250}:8092",
             addrs=(f"/ip4/10.0.0.1/tcp/43905/p2p/{peer}",),
             hardware=Hardware(64, 512 << 30), models=(ModelInfo(f"model-{i % models}", 8192),),

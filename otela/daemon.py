@@ -20,22 +20,23 @@ import logging
 import os
 import signal
 import time
-import uuid
 from typing import Any
 
 import httpx
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 from libp2p.tools.anyio_service import background_trio_service
 
 from otela import __version__, hardware
 from otela.api.app import create_app
 from otela.config import NodeConfig
+from otela.dataplane.asgi import serve_asgi
+from otela.dataplane.hop_auth import HopSigner, HopVerifier
+from otela.dataplane.http import HttpServer, Request, Response, ServerLimits
+from otela.dataplane.inflight import Inflight
 from otela.engine.command import EngineCommand, attached_engine, parse_engine_command
-from otela.engine.drain import Inflight
 from otela.engine.metadata import split_overrides
-from otela.engine.supervision import Supervisor
+from otela.engine.supervisor import Supervisor
+from otela.failures import os_error_in
 from otela.identity import Identity, load_or_create
 from otela.liveness.swim import DetectorConfig, FailureDetector
 from otela.mesh.bootstrap import (
@@ -52,7 +53,13 @@ from otela.mesh.peering import Peering
 from otela.netreport import network_report
 from otela.registry.crdt import GCPolicy
 from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
-from otela.replica import LocalReplica, MembershipConfigError, load_authority, load_own_certificate
+from otela.registry.session import new_session_id
+from otela.replication import (
+    LocalReplica,
+    MembershipConfigError,
+    load_authority,
+    load_own_certificate,
+)
 from otela.routing.router import Router
 from otela.slurm import job_from_env, watch_wall_time, with_end_time
 from otela.transport.client import EngineStreamClient
@@ -62,13 +69,14 @@ log = logging.getLogger("otela.node")
 
 EXIT_OK = 0
 EXIT_ENGINE_FAILED = 3
+RELAYED_PREFIXES = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/engine/")
 
 
 class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.identity: Identity = load_or_create(config.home)
-        self._first_session_id = uuid.uuid4().hex
+        self._first_session_id = new_session_id(self.identity.peer_id.to_base58())
         authority = load_authority(config.authority)
         certificate, cert = load_own_certificate(
             self.identity, config.home, config.certificate, authority, time.time()
@@ -109,12 +117,7 @@ class Node:
             self.identity,
             self.mesh.host,
             self.replica,
-            DetectorConfig(
-                probe_interval=config.probe_interval,
-                probe_timeout=config.probe_interval,
-                stale_window=3 * config.probe_interval,
-                suspicion_timeout=config.suspicion_timeout,
-            ),
+            DetectorConfig.from_settings(config.probe_interval, config.suspicion_timeout),
             pubsub=self.mesh.pubsub,
         )
         self.netlog = NetLog()
@@ -127,9 +130,20 @@ class Node:
             hole_punch=config.hole_punch,
             netlog=self.netlog,
         )
+        peer_id, seed = self.identity.peer_id.to_base58(), self.identity.key_pair.private_key
+        self.hop_signer = HopSigner(seed.to_bytes(), peer_id)
+        self.hop_verifier = HopVerifier(seed.to_bytes(), peer_id, self.registry.is_member)
         self.engine_streams = EngineStreamServer(
-            self.serving_engine_url, lambda: self.client, self.inflight
+            self.serving_engine_url, lambda: self.client, self.inflight,
+            self.registry.is_member, config.max_body_bytes,
         )
+        self.http = HttpServer(self._dispatch, ServerLimits(
+            max_body_bytes=config.max_body_bytes,
+            header_timeout=config.header_timeout,
+            body_timeout=config.body_timeout,
+            max_connections_per_client=config.max_connections_per_client,
+        ))
+        self.api = create_app(self)
         self.p2p = EngineStreamClient(self.mesh.host, self.nat.connect)
         self.addrs: list[str] = []
         self.http_url = ""
@@ -148,7 +162,7 @@ class Node:
 
     @property
     def session_id(self) -> str:
-        """Our current session (a new one after rejoining, see ``otela.replica``)."""
+        """Our current session (a new one after rejoining, see ``otela.replication.local``)."""
         record = self.replica.record
         return record.session_id if record is not None else self._first_session_id
 
@@ -176,6 +190,8 @@ class Node:
             "suspected_peers": sorted(self.detector.suspected()),
             "reachability": self.nat.state,
             "liveness": {**self.detector.stats, "local_health": self.detector.local_health},
+            "hop_refusals": {**self.hop_verifier.refusals,
+                             "not_a_member_libp2p": self.engine_streams.refused},
             "refused_peers": {
                 peer: refusal.reason for peer, refusal in self.replica.admission.refusals.items()
             },
@@ -226,8 +242,12 @@ class Node:
         self.detector.install()
         self.nat.install()
         self.engine_streams.install(self.mesh.host)
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64)
-        timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=30.0)
+        # Idle upstream connections are dropped after 2 s, well before engines' servers
+        # close them (uvicorn: 5 s), so a request never races a closing keep-alive socket.
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64,
+                              keepalive_expiry=2.0)
+        timeout = httpx.Timeout(connect=5.0, read=config.first_byte_timeout, write=60.0,
+                                pool=30.0)
         async with (
             httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client,
             self.mesh.host.run(listen_addrs=[self.mesh.listen_addr]),
@@ -242,15 +262,28 @@ class Node:
                 self.engine_command.url if self.engine_command else None,
                 suspected=self.detector.suspected,
                 p2p=self.p2p,
+                hop_signer=self.hop_signer,
+                first_byte_timeout=config.first_byte_timeout,
             )
             await self.mesh.pubsub.wait_until_ready()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._watch_signals)
                 await nursery.start(self.replica.run, self.mesh.host)
-                binds = await nursery.start(serve, create_app(self), self._http_config())
-                self.http_url = self._public_http_url(binds[0])
                 self.addrs = advertised_addrs(self.mesh.host, config.advertised_host())
+                if not self.addrs:  # py-libp2p logs a failed listen and carries on
+                    raise OSError(f"cannot listen for libp2p on {config.listen_host} port "
+                                  f"{config.p2p_port} (in use, or not an address of this host)")
+                try:
+                    binds = await nursery.start(self.http.run, config.listen_host,
+                                                config.http_port)
+                except BaseException as exc:
+                    cause = os_error_in(exc)
+                    if cause is None:
+                        raise
+                    raise OSError(f"cannot listen for HTTP on {config.listen_host} port "
+                                  f"{config.http_port}: {cause.strerror or cause}") from None
+                self.http_url = f"http://{config.advertised_host()}:{binds[0][1]}"
                 if self.slurm_job is not None:
                     self.slurm_job = await with_end_time(self.slurm_job)
                 await self.replica.start(NodeRecord(
@@ -362,17 +395,14 @@ class Node:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _http_config(self) -> HypercornConfig:
-        config = HypercornConfig()
-        config.bind = [f"{self.config.listen_host}:{self.config.http_port}"]
-        config.accesslog = None
-        config.errorlog = logging.getLogger("otela.http")
-        config.graceful_timeout = 1.0
-        return config
-
-    def _public_http_url(self, bind: str) -> str:
-        port = bind.rsplit(":", 1)[1]
-        return f"http://{self.config.advertised_host()}:{port}"
+    async def _dispatch(self, request: Request, response: Response) -> None:
+        """Every HTTP request: relayed ones (routing, the engine hop) count as in flight
+        until their response is sent or their client is gone; a draining node waits."""
+        if request.method == "POST" and request.path.startswith(RELAYED_PREFIXES):
+            with self.inflight.track():
+                await serve_asgi(self.api, request, response)
+        else:
+            await serve_asgi(self.api, request, response)
 
     def _report_started(self) -> None:
         peer_id = self.identity.peer_id.to_base58()

@@ -37,7 +37,7 @@ def free_port() -> int:
 
 
 def echo_engine_command(port: int, models: list[str], *extra: str) -> str:
-    args = [sys.executable, "-m", "otela.engines.echo", "--port", str(port)]
+    args = [sys.executable, "-m", "otela.engine.demo.echo", "--port", str(port)]
     for model in models:
         args += ["--model", model]
     return shlex.join([*args, *extra])
@@ -61,9 +61,9 @@ def vllm_python(explicit: Path | None = None) -> Path:
 
 
 def build_tiny_model(python: Path, target: Path) -> Path:
-    """Build the tiny random-weight Llama (``otela.engines.tiny_model``) with ``python``."""
+    """Build the tiny random-weight Llama (``otela.engine.demo.tiny_model``) with ``python``."""
     result = subprocess.run(
-        [str(python), "-m", "otela.engines.tiny_model", str(target)],
+        [str(python), "-m", "otela.engine.demo.tiny_model", str(target)],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,

@@ -6,8 +6,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from otela.localfed import LocalFederation
+
+# Property tests check behaviour, not speed: hypothesis's default 200 ms deadline per
+# example failed them on a loaded 2-core machine (an example that took 250 ms once).
+settings.register_profile("otela", deadline=None)
+settings.load_profile("otela")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

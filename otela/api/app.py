@@ -20,19 +20,20 @@ from fastapi.responses import Response
 from otela import __version__
 from otela.api.errors import (
     APIError,
+    clip,
     error_response,
     install_error_handlers,
     read_json_object,
     require_model,
 )
-from otela.engine.drain import Inflight
+from otela.dataplane.hop_auth import HOP_HEADER, HopRefused, HopVerifier
 from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
 from otela.routing.forward import (
     NOT_DELIVERED_HEADER,
     UpstreamUnreachable,
     forward,
-    request_headers,
+    forwarded_headers,
 )
 from otela.routing.router import Router
 
@@ -47,7 +48,7 @@ class NodeView(Protocol):
     registry: Registry
     router: Router
     client: httpx.AsyncClient
-    inflight: Inflight  # requests being relayed; a draining node waits for them
+    hop_verifier: HopVerifier  # who may use our engine hop: members only
 
     def health(self) -> dict[str, Any]: ...
 
@@ -91,7 +92,8 @@ def create_app(node: NodeView) -> FastAPI:
     async def network(peer: str | None = None) -> dict[str, Any]:
         """Read-only: addresses, reachability, relays, contacts, dial errors, verdicts."""
         if peer is not None and not _PEER_ID.match(peer):
-            raise APIError(400, f"not a peer id: {peer!r}", code="invalid_peer_id", param="peer")
+            raise APIError(400, f"not a peer id: {clip(peer)!r}", code="invalid_peer_id",
+                           param="peer")
         return node.network(peer)
 
     @app.get("/v1/registry/nodes")
@@ -147,14 +149,7 @@ def create_app(node: NodeView) -> FastAPI:
     async def route(request: Request, path: str) -> Response:
         body = await read_json_object(request)
         model = require_model(body)
-        raw = await request.body()
-        node.inflight.begin()
-        try:
-            response = await node.router.route(model, path, raw, request.headers)
-        except BaseException:
-            node.inflight.end()
-            raise
-        return node.inflight.hold_until_sent(response)
+        return await node.router.route(model, path, await request.body(), request.headers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -166,8 +161,16 @@ def create_app(node: NodeView) -> FastAPI:
 
     @app.post("/v1/engine/{path:path}")
     async def engine_proxy(path: str, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            node.hop_verifier.verify(request.headers.get(HOP_HEADER), "POST",
+                                     request.url.path, raw)
+        except HopRefused as refused:
+            # Never ran: the calling node may try another (e.g. one that already knows it).
+            return error_response(refused.status, refused.message, code=refused.code,
+                                  headers={NOT_DELIVERED_HEADER: "1"})
         if path not in ENGINE_PATHS:
-            raise APIError(404, f"/{path} is not relayed to engines", code="not_found")
+            raise APIError(404, f"/{clip(path)} is not relayed to engines", code="not_found")
         engine_url = node.serving_engine_url()
         if engine_url is None:
             # Draining or not yet ready: the request never ran, so the ingress may try
@@ -179,23 +182,16 @@ def create_app(node: NodeView) -> FastAPI:
                 headers={NOT_DELIVERED_HEADER: "1"},
             )
         await read_json_object(request)  # reject malformed bodies here, not in the engine
-        headers = request_headers(request.headers, {})
-        node.inflight.begin()
         try:
-            response = await forward(
-                node.client, f"{engine_url}/{path}", await request.body(), headers, {}
-            )
+            return await forward(node.client, f"{engine_url}/{path}", raw,
+                                 forwarded_headers(request.headers, {}), {},
+                                 node.router.first_byte_timeout)
         except UpstreamUnreachable as exc:
-            node.inflight.end()
             return error_response(
                 502,
                 f"engine unreachable: {exc}",
                 code="engine_unreachable",
                 headers={NOT_DELIVERED_HEADER: "1"},
             )
-        except BaseException:
-            node.inflight.end()
-            raise
-        return node.inflight.hold_until_sent(response)
 
     return app

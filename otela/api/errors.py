@@ -13,6 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from otela.dataplane.jsonbody import BodyError, parse_json_object
+
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -87,18 +89,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(500, f"internal error: {type(exc).__name__}", code="internal_error")
 
 
+def clip(text: str, limit: int = 200) -> str:
+    """``text`` cut to ``limit`` characters: errors never echo unbounded input back."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 async def read_json_object(request: Request) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 that says what is wrong with it."""
-    import json
-
-    raw = await request.body()
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(body, dict):
-        raise APIError(400, "request body must be a JSON object", code="invalid_json")
-    return body
+        return parse_json_object(await request.body())
+    except BodyError as exc:
+        raise APIError(400, str(exc), code=exc.code, param=exc.param) from None
 
 
 def require_model(body: dict[str, Any]) -> str:

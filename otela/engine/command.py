@@ -30,7 +30,7 @@ class EngineCommand:
 def engine_kind(argv: list[str]) -> str:
     """A best-effort engine name, recorded in the registry so routing can use it later."""
     joined = " ".join(argv)
-    if "otela.engines.echo" in joined:
+    if "otela.engine.demo.echo" in joined:
         return "echo"
     if "sglang" in joined:
         return "sglang"

@@ -1,164 +1,157 @@
-"""Run the engine as a supervised child process.
+"""Supervise one engine for a node: launch, readiness, metadata, health, fail-stop.
 
-The child gets its own process group (so a terminal's Ctrl-C reaches otela first and
-otela decides how to stop it) and a parent-death signal (so it cannot outlive a
-SIGKILLed otela and keep a GPU busy). Its output goes to a log file under the node's home.
+``Supervisor.run`` drives the engine's whole life and reports to the node through two
+callbacks: ``on_ready(models)`` once the engine serves (with metadata merged from its
+command line, its own reports and the provider's overrides), and ``on_failure(reason)``
+the first time something proves it cannot be trusted (paper §7.1, fail-stop): it exited,
+never became ready, failed ``health_failures`` checks in a row, or printed a fatal log
+line. The node then announces DOWN and calls ``stop``; ``collect_logs`` copies the engine
+logs to the sink for a post-mortem.
 
-The child is forked from the main thread on purpose: Linux delivers the parent-death
-signal when the forking *thread* exits, and trio's ``open_process`` forks from a worker
-thread that retires after ~10 s idle, which would kill a healthy engine. Waiting uses a
-pidfd, so no thread sits blocked in ``waitpid``.
+An engine given only by ``--engine-url`` (not launched by otela) is supervised the same
+way, minus the process: readiness and health checks only.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import logging
 import os
 import signal
-import subprocess
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import trio
 
+from otela.config import NodeConfig
 from otela.engine.command import EngineCommand
+from otela.engine.health import watch_health
+from otela.engine.logs import FatalPatterns, RotatingLog, copy_to_sink, pump_output
+from otela.engine.metadata import command_metadata, enrich, probe_engine_details
+from otela.engine.process import EngineFailed, EngineProcess, wait_ready
 from otela.registry.records import ModelInfo
 
-_PR_SET_PDEATHSIG = 1
+log = logging.getLogger("otela.engine")
+
+# An engine that exits cleanly or on SIGTERM was most likely stopped by the same signal
+# that is stopping us (Slurm signals every process of a job): wait this long for our own
+# stop request before calling its exit a failure.
+STOP_SIGNAL_WAIT_S = 2.0
+_CLEAN_EXIT_CODES = {0, -signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGINT}
 
 
-class EngineFailed(RuntimeError):
-    """The engine exited or never became ready."""
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def parse_models(payload: Any) -> list[ModelInfo]:
-    """Model ids (and context length where the engine says it) from ``/v1/models``."""
-    models = []
-    for item in (payload or {}).get("data", []):
-        if isinstance(item, dict) and isinstance(item.get("id"), str):
-            ctx = item.get("max_model_len") or item.get("context_length")
-            max_context = ctx if isinstance(ctx, int) else None
-            models.append(ModelInfo(id=item["id"], max_context=max_context))
-    return models
-
-
-class EngineProcess:
-    def __init__(self, command: EngineCommand, log_path: Path) -> None:
+class Supervisor:
+    def __init__(
+        self,
+        command: EngineCommand,
+        config: NodeConfig,
+        client: httpx.AsyncClient,
+        on_ready: Callable[[list[ModelInfo]], Awaitable[None]],
+        on_failure: Callable[[str], None],
+        stop_requested: trio.Event,
+    ) -> None:
         self.command = command
-        self.log_path = log_path
-        self.output: trio.lowlevel.FdStream | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._pidfd: int | None = None
-        self.exited = trio.Event()
+        self.config = config
+        self.client = client
+        self.on_ready = on_ready
+        self.on_failure = on_failure
+        self.stop_requested = stop_requested
+        self.failure: str | None = None
+        self.ready = False
+        self.process = EngineProcess(command, config.engine_log) if command.argv else None
+        self._log: RotatingLog | None = None
+        self._output_done = trio.Event()
+        self._output_done.set()
 
-    @property
-    def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
+    def fail(self, reason: str) -> None:
+        """Record the first failure and tell the node (later ones add nothing)."""
+        if self.failure is None and not self.stop_requested.is_set():
+            self.failure = reason
+            log.error("engine failed: %s; announcing DOWN (fail-stop)", reason)
+            self.on_failure(reason)
 
-    @property
-    def returncode(self) -> int | None:
-        return None if self._process is None else self._process.poll()
-
-    async def start(self, env: dict[str, str] | None = None) -> None:
-        """Launch the engine; its combined stdout/stderr is then readable from ``output``."""
-        try:
-            self._process = subprocess.Popen(
-                list(self.command.argv),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-                env=env,
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            if self.process is not None:
+                try:
+                    await self._launch(nursery)
+                except EngineFailed as exc:
+                    self.fail(str(exc))
+                    return
+            try:
+                models = await wait_ready(
+                    self.client, self.command, self.config.ready_timeout, self.process
+                )
+            except EngineFailed as exc:
+                self.fail(str(exc))
+                return
+            if self.failure is not None or self.stop_requested.is_set():
+                return
+            details = await probe_engine_details(self.client, self.command)
+            models = enrich(models, command_metadata(self.command), details, self.config.model_meta)
+            self.ready = True
+            await self.on_ready(models)
+            reason = await watch_health(
+                self.client,
+                self.command,
+                self.config.health_interval,
+                self.config.health_failures,
             )
-        except OSError as exc:
-            raise EngineFailed(f"cannot launch engine {self.command.argv[0]!r}: {exc}") from exc
-        assert self._process.stdout is not None
-        self.output = trio.lowlevel.FdStream(os.dup(self._process.stdout.fileno()))
-        self._process.stdout.close()
-        self._pidfd = os.pidfd_open(self._process.pid)
+            self.fail(reason)
 
-    async def watch(self) -> None:
-        """Own the pidfd: return (and set ``exited``) when the engine exits. Run as one task."""
-        process = self._process
-        assert process is not None and self._pidfd is not None, "engine not started"
+    async def _launch(self, nursery: trio.Nursery) -> None:
+        assert self.process is not None
+        config = self.config
+        self._log = RotatingLog(config.engine_log, config.log_max_bytes, config.log_backups)
+        self._log.write(f"--- otela: launching {' '.join(self.command.argv)}\n".encode())
+        await self.process.start(env=dict(os.environ))
+        assert self.process.output is not None
+        self._output_done = trio.Event()
+        nursery.start_soon(self._pump, self.process.output)
+        nursery.start_soon(self._watch_exit)
+        log.info("engine started (pid %s), waiting for %s", self.process.pid, self.command.url)
+
+    async def _pump(self, stream: trio.lowlevel.FdStream) -> None:
+        assert self._log is not None
+        patterns = FatalPatterns(self.config.fatal_patterns)
+
+        def fatal(pattern: str, line: str) -> None:
+            self.fail(f"fatal engine log line (pattern {pattern!r}): {line[:500]}")
+
         try:
-            while process.poll() is None:
-                await trio.lowlevel.wait_readable(self._pidfd)
+            await pump_output(stream, self._log, patterns, fatal)
         finally:
-            os.close(self._pidfd)
-            self._pidfd = None
-        self.exited.set()
+            self._output_done.set()
 
-    async def wait(self) -> int:
-        """Wait for the engine to exit; its exit code (negative: killed by that signal)."""
-        await self.exited.wait()
-        assert self._process is not None
-        return self._process.returncode
-
-    async def wait_ready(
-        self, client: httpx.AsyncClient, timeout: float, poll_interval: float = 0.25
-    ) -> list[ModelInfo]:
-        """Poll ``/v1/models`` until the engine lists at least one model.
-
-        Fails fast if the child exits while we wait, instead of waiting out the timeout.
-        """
-        return await wait_ready(client, self.command, timeout, self, poll_interval)
+    async def _watch_exit(self) -> None:
+        assert self.process is not None
+        await self.process.watch()
+        code = self.process.returncode
+        if code in _CLEAN_EXIT_CODES:
+            with trio.move_on_after(STOP_SIGNAL_WAIT_S):
+                await self.stop_requested.wait()
+        when = "" if self.ready else " before becoming ready"
+        self.fail(f"engine exited with code {code}{when} (see {self.config.engine_log})")
 
     async def stop(self, grace: float) -> None:
-        """SIGTERM the engine's process group, then SIGKILL it after ``grace`` seconds."""
-        process = self._process
-        if process is None:
+        """Stop the engine (SIGTERM, SIGKILL after ``grace``) and flush its output."""
+        if self.process is None:
             return
-        if process.poll() is not None:
-            # The leader is gone; make sure no helper it spawned (vLLM's engine core,
-            # tensor-parallel workers) lingers on the GPU.
-            self._signal_group(signal.SIGKILL)
-            return
-        self._signal_group(signal.SIGTERM)
+        await self.process.stop(grace)
         with trio.move_on_after(grace):
-            await self.wait()
-            return
-        self._signal_group(signal.SIGKILL)
-        with trio.CancelScope(shield=True):
-            await self.wait()
+            await self._output_done.wait()
+        if self._log is not None:
+            self._log.close()
 
-    def _signal_group(self, sig: int) -> None:
-        assert self._process is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._process.pid, sig)
-
-
-async def wait_ready(
-    client: httpx.AsyncClient,
-    command: EngineCommand,
-    timeout: float,
-    process: EngineProcess | None = None,
-    poll_interval: float = 0.25,
-) -> list[ModelInfo]:
-    """Poll ``/v1/models`` until the engine lists a model (or its process exits)."""
-    url = f"{command.url}/v1/models"
-    where = f" (see {process.log_path})" if process is not None else ""
-    with trio.move_on_after(timeout):
-        while True:
-            if process is not None and process.returncode is not None:
-                raise EngineFailed(
-                    f"engine exited with code {process.returncode} before becoming ready{where}"
-                )
-            try:
-                response = await client.get(url, timeout=5.0)
-                if response.status_code == 200:
-                    models = parse_models(response.json())
-                    if models:
-                        return models
-            except (httpx.HTTPError, ValueError):
-                pass
-            await trio.sleep(poll_interval)
-    raise EngineFailed(f"engine not ready after {timeout:.0f}s at {url}{where}")
+    def collect_logs(self, name: str) -> Path | None:
+        """Copy the engine logs to the configured sink; where they went, if anywhere."""
+        sink = self.config.log_sink
+        if sink is None:
+            return None
+        files = self._log.files() if self._log is not None else [self.config.engine_log]
+        node_log = self.config.home / "node.log"
+        try:
+            return copy_to_sink(sink, name, [*files, node_log], self.failure or "stopped")
+        except OSError as exc:
+            log.error("could not copy logs to %s: %s", sink, exc)
+            return None

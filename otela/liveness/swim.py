@@ -57,13 +57,14 @@ from libp2p.abc import INotifee
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
+from otela.config import default_of
 from otela.identity import Identity
 from otela.liveness.channels import Channels
 from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable, Status, Update
 from otela.liveness.watch import NeighbourWatch
 from otela.registry.records import Lifecycle
-from otela.replica import LocalReplica
+from otela.replication import LocalReplica
 
 log = logging.getLogger("otela.liveness")
 
@@ -76,14 +77,21 @@ EVENT_HISTORY = 200  # liveness events kept for /v1/network and `otela doctor`
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """Timings; defaults and their reasons are in docs/failure-detection.md."""
+    """Timings; defaults and their reasons are in docs/failure-detection.md. The two an
+    operator sets are node settings (``otela.config``); the rest follow from them."""
 
-    probe_interval: float = 1.0
-    probe_timeout: float = 1.0
+    probe_interval: float = default_of("probe_interval")
+    probe_timeout: float = default_of("probe_interval")
     indirect_probes: int = 3
-    stale_window: float = 3.0
-    suspicion_timeout: float = 6.0
+    stale_window: float = 3 * default_of("probe_interval")
+    suspicion_timeout: float = default_of("suspicion_timeout")
     max_local_health: int = 8
+
+    @classmethod
+    def from_settings(cls, probe_interval: float, suspicion_timeout: float) -> DetectorConfig:
+        """A probe times out after one period; no contact for three periods is stale."""
+        return cls(probe_interval=probe_interval, probe_timeout=probe_interval,
+                   stale_window=3 * probe_interval, suspicion_timeout=suspicion_timeout)
 
 
 class _ConnectionNotifee(INotifee):

@@ -24,7 +24,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from otela.mesh.host import MeshHost
 from otela.mesh.netlog import NetLog
-from otela.mesh.replication import Replicator
+from otela.replication.replicator import Replicator
 
 log = logging.getLogger("otela.mesh")
 

@@ -32,6 +32,7 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.tools.anyio_service import background_trio_service
 
+from otela.mesh.connections import connection_kinds
 from otela.mesh.netlog import NetLog
 from otela.mesh.reachability import (
     DialBackAnswer,
@@ -82,19 +83,6 @@ def known_relays(registry: Any, own_peer_id: str) -> list[NodeRecord]:
         r for r in registry.snapshot()
         if r.relay and r.peer_id != own_peer_id and r.state.name in ("JOIN", "SERVING")
     ]
-
-
-def connection_kinds(host: Any, peer_id: ID) -> set[str]:
-    """``{"direct", "relayed"}`` subset describing our live connections to ``peer_id``."""
-    kinds = set()
-    conns = host.get_network().get_connections(peer_id)
-    for conn in conns if isinstance(conns, list) else [conns]:
-        try:
-            addrs = [str(a) for a in conn.get_transport_addresses()]
-        except Exception:
-            continue
-        kinds.add("relayed" if any(is_circuit(a) for a in addrs) else "direct")
-    return kinds
 
 
 class NatTraversal:

@@ -27,6 +27,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
+from otela.mesh.connections import is_relayed
 from otela.registry.records import PRIVATE_RELAYED, PUBLIC, UNKNOWN, UNREACHABLE
 
 log = logging.getLogger("otela.nat")
@@ -116,7 +117,7 @@ class DialBackServer:
                 remote = stream.get_remote_address()
                 observed = remote[0] if remote else None
                 reachable: list[str] = []
-                if observed is not None and not _is_circuit_stream(stream):
+                if observed is not None and not is_relayed(getattr(stream, "muxed_conn", None)):
                     async with self._limit:
                         for port in ports:
                             if await probe(observed, port):
@@ -128,16 +129,6 @@ class DialBackServer:
             await stream.reset()
             return
         await stream.close()
-
-
-def _is_circuit_stream(stream: Any) -> bool:
-    # Over a relayed connection the "observed" address is meaningless (the relay's side).
-    try:
-        conn = stream.muxed_conn
-        addrs = conn.get_transport_addresses() if hasattr(conn, "get_transport_addresses") else []
-        return any("/p2p-circuit" in str(a) for a in addrs)
-    except Exception:
-        return False
 
 
 def _parse_ports(request: Any) -> list[int]:

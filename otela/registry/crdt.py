@@ -7,7 +7,10 @@ then the higher version, then the larger tiebreak (a hash of the signed bytes, s
 replica breaks the same tie the same way). A total order's max is commutative,
 associative and idempotent, so replicas that see the same entries in any order, with
 duplicates, converge; and because LEFT is the top state, a LEFT entry can only ever be
-replaced by another LEFT statement about the same session, never revived.
+replaced by another LEFT statement about the same session, never revived. That is only
+safe because a session has one writer: ``admit`` refuses any record whose signer did not
+create the session (``otela.registry.session``), so a higher (state, version) can only
+ever come from the owner, or from an eviction that embeds the owner's own record.
 
 Garbage collection (two tiers, see docs/registry.md):
 - LEFT entries leave the application views ``retention`` seconds after they were signed;
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otela.registry.records import Lifecycle, NodeRecord
+from otela.registry.session import owns
 
 BUCKETS = 256
 _HASH_BYTES = 16
@@ -80,6 +84,14 @@ class Rejected(Exception):
     """An entry the map refuses (stale, from the future); the caller counts it."""
 
 
+class NotOwner(Rejected):
+    """A record for a session its signer did not create (``otela.registry.session``)."""
+
+    def __init__(self, message: str, signer: str) -> None:
+        super().__init__(message)
+        self.signer = signer
+
+
 @dataclass(frozen=True)
 class GCPolicy:
     retention: float = 24 * 3600.0  # LEFT entries visible in views this long
@@ -118,7 +130,18 @@ class GMap:
         return self._entries.get(key)
 
     def admit(self, entry: Entry, now: float) -> None:
-        """Raise ``Rejected`` for entries no replica may accept at ``now``."""
+        """Raise ``Rejected`` for entries no replica may accept at ``now``.
+
+        Ownership is checked here as well as at signature verification, so no path into
+        the map (gossip, anti-entropy, an eviction's embedded record) can store a record
+        for a session whose owner did not sign it, and a forged entry never gets to win
+        a merge against the owner's."""
+        if entry.record.session_id != entry.key or not owns(entry.record.peer_id, entry.key):
+            raise NotOwner(
+                f"record for session {entry.key} is signed by {entry.record.peer_id}, "
+                "which did not create that session",
+                entry.record.peer_id,
+            )
         if entry.updated_at < now - self.policy.horizon:
             raise Rejected(f"entry for {entry.key} is older than the compaction horizon")
         if entry.updated_at > now + self.policy.max_clock_skew:

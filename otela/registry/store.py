@@ -40,6 +40,7 @@ class Registry:
         self._visible: dict[str, NodeRecord] = {}
         self._by_model: dict[str, dict[str, NodeRecord]] = {}
         self._serving: dict[str, tuple[NodeRecord, ...]] = {}
+        self._live_by_peer: dict[str, set[str]] = {}  # peer id -> its visible non-LEFT sessions
         # When this replica received the version it holds (local clock): operators read it
         # as "last update", the convergence benchmark as the apply time.
         self.received_at: dict[str, float] = {}
@@ -109,6 +110,11 @@ class Registry:
     def models(self) -> list[ModelEntry]:
         return [m for m in (self.model(k) for k in sorted(self._by_model)) if m is not None]
 
+    def is_member(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` has a live session here (JOIN, SERVING or DOWN, visible: in
+        authority mode, with a valid certificate). Who may use a node's engine hop."""
+        return peer_id in self._live_by_peer
+
     def serving_candidates(self, model_id: str) -> tuple[NodeRecord, ...]:
         """SERVING sessions for ``model_id``: the routing hot path, one dict lookup."""
         cached = self._serving.get(model_id)
@@ -142,6 +148,7 @@ class Registry:
         self._visible[key] = record
         self.generation += 1
         if entry.state is not Lifecycle.LEFT:
+            self._live_by_peer.setdefault(record.peer_id, set()).add(key)
             for model in record.models:
                 self._by_model.setdefault(model.id, {})[key] = record
                 self._serving.pop(model.id, None)
@@ -151,6 +158,11 @@ class Registry:
         if previous is None:
             return
         self.generation += 1
+        live = self._live_by_peer.get(previous.peer_id)
+        if live is not None:
+            live.discard(key)
+            if not live:
+                del self._live_by_peer[previous.peer_id]
         for model in previous.models:
             sessions = self._by_model.get(model.id)
             if sessions is not None:

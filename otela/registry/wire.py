@@ -3,9 +3,12 @@
 Three kinds of envelope travel between replicas:
 - ``rec``: a node's own record, signed by the node's Ed25519 identity key. An Ed25519
   peer id embeds the public key, so any replica verifies a record from the record alone,
-  including records relayed by third parties. In a federation with a membership
-  authority the envelope also carries the owner's certificate, which must bind the
-  record's peer id to its provider id, be unexpired and unrevoked.
+  including records relayed by third parties; and the session id commits to the peer id
+  that created it (``otela.registry.session``), so a record signed by anyone else is a
+  forgery (``ForgedRecord``), however valid its signature and certificate. In a
+  federation with a membership authority the envelope also carries the owner's
+  certificate, which must bind the record's peer id to its provider id, be unexpired and
+  unrevoked.
 - ``evict``: a member's signed statement that another session is LEFT (the failure
   detector's verdict). It embeds the evictee's last signed record, so the tombstone is
   self-describing, and it is accepted only from an admitted member.
@@ -35,6 +38,7 @@ from otela.membership.certificate import (
 )
 from otela.registry.crdt import Entry, tiebreak_of
 from otela.registry.records import Lifecycle, NodeRecord
+from otela.registry.session import owns
 
 WIRE_VERSION = 1
 MAX_RECORD_BYTES = 64 * 1024
@@ -45,6 +49,15 @@ EVICTION_DOMAIN = b"otela/registry/eviction/v1\0"
 
 class WireError(ValueError):
     """A message that must be dropped: malformed, oversized, or failing verification."""
+
+
+class ForgedRecord(WireError):
+    """A validly signed record for a session its signer did not create: an attempt to
+    write another node's entry (session hijack, forced LEFT). Counted and logged apart."""
+
+    def __init__(self, message: str, signer: str) -> None:
+        super().__init__(message)
+        self.signer = signer
 
 
 @dataclass
@@ -137,6 +150,31 @@ def signer_of(envelope: dict[str, Any]) -> str | None:
         return None
 
 
+def gossip_refusal(envelope: Any, source: str) -> str | None:
+    """Why a gossip validator must drop ``envelope`` published by ``source`` (so it is not
+    forwarded either), or ``None``. Cheap checks only: signatures are verified on ingest.
+    A revocation may come from anyone (the authority signs it); a record only from the
+    peer that created its session; an eviction only from its evictor."""
+    if not isinstance(envelope, dict):
+        return "not an envelope"
+    if envelope.get("t") == "revoke":
+        return None
+    try:
+        body = msgpack.unpackb(envelope["body"], raw=False)
+        kind = envelope["t"]
+        signer = str(body["peer_id"] if kind == "rec" else body["evictor"])
+        if signer != source:
+            return "not published by its signer"
+        if kind == "rec" and not owns(signer, str(body["session_id"])):
+            return FORGED
+    except Exception:
+        return "malformed"
+    return None
+
+
+FORGED = "record for a session its signer did not create"
+
+
 def _unpack_body(envelope: dict[str, Any]) -> tuple[bytes, bytes, dict[str, Any]]:
     body, sig = envelope.get("body"), envelope.get("sig")
     if not isinstance(body, bytes) or not isinstance(sig, bytes):
@@ -162,6 +200,12 @@ def verify_record(
         raise WireError(f"malformed record: {exc}") from exc
     if not _public_key(record.peer_id).verify(RECORD_DOMAIN + body, sig):
         raise WireError(f"bad signature on record of session {record.session_id}")
+    if not owns(record.peer_id, record.session_id):
+        raise ForgedRecord(
+            f"{record.peer_id} signed a record for session {record.session_id}, "
+            "which it did not create",
+            record.peer_id,
+        )
     certificate = (
         _check_certificate(envelope.get("cert"), record.peer_id, record.provider_id, trust, now)
         if check_membership else None

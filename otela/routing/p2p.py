@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import httpx
+import trio
 from fastapi.responses import Response, StreamingResponse
 
 from otela.api.errors import APIError
 from otela.registry.records import NodeRecord
-from otela.routing.forward import UpstreamUnreachable, response_headers
+from otela.routing.forward import (
+    DEFAULT_FIRST_BYTE_TIMEOUT_S,
+    HeaderList,
+    UpstreamUnreachable,
+    response_headers,
+    upstream_timeout,
+)
 from otela.transport.client import EngineStreamClient, NotDelivered, ResponseLost
 
 
@@ -23,17 +29,22 @@ async def forward_p2p(
     node: NodeRecord,
     path: str,
     body: bytes,
-    headers: Mapping[str, str],
+    headers: HeaderList,
     extra_response_headers: Mapping[str, str],
+    first_byte_timeout: float = DEFAULT_FIRST_BYTE_TIMEOUT_S,
 ) -> Response:
+    fields = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers}
     try:
-        upstream = await client.request(node, path, body, dict(headers))
+        with trio.fail_after(first_byte_timeout):
+            upstream = await client.request(node, path, body, fields)
     except NotDelivered as exc:
         raise UpstreamUnreachable(f"peer {node.peer_id} over libp2p: {exc}") from exc
+    except trio.TooSlowError:
+        raise upstream_timeout(first_byte_timeout) from None
     except ResponseLost as exc:
         raise APIError(502, f"The node serving the request failed: {exc}",
                        code="upstream_failed") from exc
-    out = response_headers(httpx.Headers(upstream.headers), extra_response_headers)
+    out = response_headers(upstream.headers.items(), extra_response_headers)
     out["x-otela-path"] = "libp2p"
     if upstream.headers.get("content-type", "").startswith("text/event-stream"):
         return StreamingResponse(upstream.chunks(), status_code=upstream.status, headers=out)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Collection, Sequence
 
-from otela.api.errors import APIError
+from otela.api.errors import APIError, clip
 from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
 
@@ -28,19 +28,20 @@ def candidates_for(
     if entry is None:
         raise APIError(
             404,
-            f"The model `{model_id}` does not exist in this federation.",
+            f"The model `{clip(model_id)}` does not exist in this federation.",
             code="model_not_found",
             param="model",
         )
     if registry.serving_candidates(model_id):
         raise APIError(
             503,
-            f"Every node serving `{model_id}` is suspected unreachable right now; retry later.",
+            f"Every node serving `{clip(model_id)}` is suspected unreachable right now; "
+            "retry later.",
             code="no_serving_node",
         )
     raise APIError(
         503,
-        f"No node is serving `{model_id}` right now "
+        f"No node is serving `{clip(model_id)}` right now "
         f"({len(entry.sessions)} known, none SERVING); retry later.",
         code="no_serving_node",
     )

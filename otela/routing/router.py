@@ -15,10 +15,17 @@ from collections.abc import Callable, Mapping
 import httpx
 from fastapi.responses import Response
 
-from otela.api.errors import APIError
+from otela.api.errors import APIError, clip
+from otela.dataplane.hop_auth import HOP_HEADER, HopSigner
 from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
-from otela.routing.forward import UpstreamUnreachable, forward, request_headers
+from otela.routing.forward import (
+    DEFAULT_FIRST_BYTE_TIMEOUT_S,
+    HeaderList,
+    UpstreamUnreachable,
+    forward,
+    forwarded_headers,
+)
 from otela.routing.p2p import forward_p2p
 from otela.routing.policy import candidates_for, pick_random
 from otela.transport.client import EngineStreamClient
@@ -39,6 +46,8 @@ class Router:
         rng: random.Random | None = None,
         suspected: Callable[[], frozenset[str]] = frozenset,
         p2p: EngineStreamClient | None = None,
+        hop_signer: HopSigner | None = None,
+        first_byte_timeout: float = DEFAULT_FIRST_BYTE_TIMEOUT_S,
     ) -> None:
         self.registry = registry
         self.client = client
@@ -47,6 +56,8 @@ class Router:
         self.rng = rng or random.Random()
         self.suspected = suspected  # peers the failure detector currently suspects
         self.p2p = p2p  # HTTP over libp2p, for targets plain HTTP cannot reach (behind NAT)
+        self.hop_signer = hop_signer  # proves our membership to other nodes' engine hops
+        self.first_byte_timeout = first_byte_timeout
 
     def over_libp2p(self, node: NodeRecord) -> bool:
         """Whether ``node`` must be reached through libp2p (relay or hole punch), not HTTP."""
@@ -62,12 +73,23 @@ class Router:
             return f"{self.local_engine_url}{path}"
         return f"{node.http_url}{ENGINE_PROXY_PREFIX}{path}"
 
+    def _with_hop_token(self, node: NodeRecord, path: str, body: bytes,
+                        headers: HeaderList) -> HeaderList:
+        """``headers`` plus our membership token when ``path`` goes to another node's
+        engine hop (our own engine needs none)."""
+        if self.hop_signer is None or (
+            node.session_id == self.self_session() and self.local_engine_url
+        ):
+            return headers
+        token = self.hop_signer.token(node.peer_id, "POST", ENGINE_PROXY_PREFIX + path, body)
+        return [*headers, (HOP_HEADER.encode(), token.encode())]
+
     async def route(
         self, model_id: str, path: str, body: bytes, incoming_headers: Mapping[str, str]
     ) -> Response:
         candidates = candidates_for(self.registry, model_id, self.suspected())
         request_id = incoming_headers.get("x-otela-request-id") or uuid.uuid4().hex
-        headers = request_headers(incoming_headers, {"x-otela-request-id": request_id})
+        headers = forwarded_headers(incoming_headers, {"x-otela-request-id": request_id})
         tried: list[str] = []
         while len(tried) < MAX_ATTEMPTS:
             node = pick_random(candidates, self.rng, exclude=tried)
@@ -83,14 +105,17 @@ class Router:
             try:
                 if self.over_libp2p(node):
                     assert self.p2p is not None
-                    return await forward_p2p(self.p2p, node, path, body, headers, served_by)
+                    return await forward_p2p(self.p2p, node, path, body, headers, served_by,
+                                             self.first_byte_timeout)
                 return await forward(
-                    self.client, self.target_url(node, path), body, headers, served_by
+                    self.client, self.target_url(node, path), body,
+                    self._with_hop_token(node, path, body, headers), served_by,
+                    self.first_byte_timeout,
                 )
             except UpstreamUnreachable as exc:
                 log.warning("node %s unreachable, trying another: %s", node.session_id, exc)
         raise APIError(
             502,
-            f"All {len(tried)} candidate node(s) for `{model_id}` were unreachable.",
+            f"All {len(tried)} candidate node(s) for `{clip(model_id)}` were unreachable.",
             code="all_nodes_unreachable",
         )

@@ -24,7 +24,7 @@ from typing import Any
 import trio
 from libp2p.peer.id import ID
 
-from otela.mesh.nat import connection_kinds
+from otela.mesh.connections import connection_kinds, is_relayed
 from otela.registry.records import NodeRecord
 from otela.transport.framing import Frame, FrameReader, Kind, packed
 from otela.transport.server import HTTP_PROTOCOL
@@ -33,7 +33,8 @@ log = logging.getLogger("otela.transport")
 
 OPEN_TIMEOUT_S = 10.0
 RESPONSE_BUFFER = 256  # frames buffered per request before the stream's reader waits
-HEAD_TIMEOUT_S = 600.0  # as the HTTP path's read timeout: engines may queue a request long
+HEAD_TIMEOUT_S = 600.0  # a backstop: the router applies its own first-byte timeout
+CANCEL_TIMEOUT_S = 2.0
 
 
 class NotDelivered(Exception):
@@ -74,10 +75,11 @@ class P2PResponse:
         return b"".join([chunk async for chunk in self.chunks()])
 
     async def aclose(self) -> None:
-        """Stop receiving; tells the peer to cancel the request if it is still running."""
+        """Stop receiving; tells the peer to cancel the request if it is still running
+        (also when we are being cancelled ourselves: that is when it matters most)."""
         if not self._done:
             self._done = True
-            await self._channel.cancel(self.request_id)
+            await _cancel_remotely(self._channel, self.request_id)
         self._channel.forget(self.request_id)
 
 
@@ -96,7 +98,7 @@ class _Channel:
     def relayed(self, host: Any, peer_id: ID) -> bool:
         for conn in host.get_network().get_connections(peer_id):
             if getattr(conn, "muxed_conn", None) is self.stream.muxed_conn:
-                return "relayed" in _kinds_of(conn)
+                return is_relayed(conn)
         return False
 
     async def reader(self) -> None:
@@ -152,12 +154,11 @@ class _Channel:
             self._on_empty(self)
 
 
-def _kinds_of(conn: Any) -> set[str]:
-    try:
-        addrs = [str(a) for a in conn.get_transport_addresses()]
-    except Exception:
-        return set()
-    return {"relayed" if any("/p2p-circuit" in a for a in addrs) else "direct"}
+async def _cancel_remotely(channel: _Channel, rid: int) -> None:
+    """Send CANCEL for ``rid`` even from a cancelled task (shielded, bounded), then forget it."""
+    with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_TIMEOUT_S):
+        await channel.cancel(rid)
+    channel.forget(rid)
 
 
 class EngineStreamClient:
@@ -188,11 +189,15 @@ class EngineStreamClient:
             channel = await self._channel(record)
             rid, frames = await channel.send_request(fields)
         first: Frame | None = None
-        with trio.move_on_after(HEAD_TIMEOUT_S):
-            try:
-                first = await frames.receive()
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                first = None
+        try:
+            with trio.move_on_after(HEAD_TIMEOUT_S):
+                try:
+                    first = await frames.receive()
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    first = None
+        except BaseException:  # cancelled (the client left, a timeout): stop it remotely
+            await _cancel_remotely(channel, rid)
+            raise
         if first is None or first.kind not in (Kind.HEAD, Kind.ERROR):
             channel.forget(rid)
             raise ResponseLost("the libp2p stream closed before the response began")

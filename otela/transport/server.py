@@ -1,8 +1,10 @@
 """The serving side of ``/otela/http/1``: run peers' requests against this node's engine.
 
-The same rules as the ``/v1/engine/...`` HTTP hop (``otela.api.app``): only the OpenAI
-inference paths, only while SERVING, and an answer that says "not delivered" when the engine
-never saw the request, so the ingress may try another node. Each request runs in its own
+The same rules as the ``/v1/engine/...`` HTTP hop (``otela.api.app``): only federation
+members (the stream's peer id, authenticated by Noise, must have a live session in the
+registry), only the OpenAI inference paths, bodies within the node's size limit, only while
+SERVING, and an answer that says "not delivered" when the engine never saw the request, so
+the ingress may try another node. Each request runs in its own
 task under the stream's nursery; responses of concurrent requests interleave frame by frame
 under one send lock. Responses stream: every chunk the engine sends becomes a DATA frame.
 """
@@ -18,7 +20,8 @@ import httpx
 import trio
 from libp2p.custom_types import TProtocol
 
-from otela.engine.drain import Inflight
+from otela.dataplane.inflight import Inflight
+from otela.routing.forward import forwarded_headers
 from otela.transport.framing import Frame, FrameError, FrameReader, Kind, packed
 
 log = logging.getLogger("otela.transport")
@@ -26,7 +29,6 @@ log = logging.getLogger("otela.transport")
 HTTP_PROTOCOL = TProtocol("/otela/http/1")
 # Engine paths peers may reach; anything else (engine admin APIs) stays private.
 ENGINE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
-_REQUEST_HEADERS = ("content-type", "accept", "user-agent", "x-otela-request-id")
 _DROP_RESPONSE_HEADERS = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
      "date", "server"}
@@ -52,11 +54,16 @@ class EngineStreamServer:
         engine_url: Callable[[], str | None],
         client: Callable[[], httpx.AsyncClient],
         inflight: Inflight,
+        is_member: Callable[[str], bool],
+        max_body_bytes: int,
     ) -> None:
         self.engine_url = engine_url  # None unless the node is SERVING
         self.client = client
         self.inflight = inflight
+        self.is_member = is_member
+        self.max_body_bytes = max_body_bytes
         self.served = 0
+        self.refused = 0
 
     def install(self, host: Any) -> None:
         host.set_stream_handler(HTTP_PROTOCOL, self.handle)
@@ -88,8 +95,10 @@ class EngineStreamServer:
         try:
             with scope:
                 await self._exchange(conn, rid, frame)
-        except Exception as exc:  # the client's stream broke mid-answer
+        except Exception as exc:  # the client's stream broke, or something unforeseen
             log.debug("request %d on %s aborted: %s", rid, _peer(conn.stream), exc)
+            with contextlib.suppress(Exception):  # the caller must not wait for an answer
+                await conn.send(_error(rid, f"request failed: {type(exc).__name__}", True, 502))
         finally:
             conn.scopes.pop(rid, None)
 
@@ -104,23 +113,32 @@ class EngineStreamServer:
         except (FrameError, KeyError, TypeError, ValueError) as exc:
             await conn.send(_error(rid, f"malformed request: {exc}", delivered=False, status=400))
             return
+        if not self.is_member(_peer(conn.stream)):
+            self.refused += 1
+            await conn.send(_error(rid, "the engine hop is for federation members", False, 403))
+            return
         if path not in ENGINE_PATHS:
-            await conn.send(_error(rid, f"{path} is not relayed to engines", False, 404))
+            await conn.send(_error(rid, f"{path[:200]} is not relayed to engines", False, 404))
+            return
+        if len(body) > self.max_body_bytes:
+            await conn.send(_error(rid, f"request body exceeds the {self.max_body_bytes} "
+                                   "byte limit", False, 413))
             return
         engine = self.engine_url()
         if engine is None:
             await conn.send(_error(rid, "this node is not serving", False, 503))
             return
-        forwarded = {k: headers[k] for k in _REQUEST_HEADERS if k in headers}
-        forwarded.setdefault("content-type", "application/json")
+        forwarded = forwarded_headers(headers, {})
         client = self.client()
         request = client.build_request("POST", f"{engine}{path}", content=body, headers=forwarded)
-        self.inflight.begin()
-        try:
+        with self.inflight.track():
             try:
                 upstream = await client.send(request, stream=True)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 await conn.send(_error(rid, f"engine unreachable: {exc}", False, 502))
+                return
+            except httpx.HTTPError as exc:  # it may have reached the engine: not retried
+                await conn.send(_error(rid, f"engine failed: {type(exc).__name__}", True, 502))
                 return
             self.served += 1
             try:
@@ -136,8 +154,6 @@ class EngineStreamServer:
             finally:
                 await upstream.aclose()
             await conn.send(Frame(rid, Kind.END))
-        finally:
-            self.inflight.end()
 
 
 def _error(rid: int, message: str, delivered: bool, status: int) -> Frame:

@@ -19,7 +19,8 @@ from otela.identity import Identity
 from otela.mesh.host import build_host
 from otela.registry.crdt import Entry, GCPolicy, tiebreak_of
 from otela.registry.records import Lifecycle, NodeRecord
-from otela.replica import LocalReplica
+from otela.registry.session import new_session_id
+from otela.replication import LocalReplica
 
 
 def new_identity() -> Identity:
@@ -58,9 +59,12 @@ async def connect(replica: LocalReplica, addr: str) -> ID:
     return info.peer_id
 
 
-def plant(replica: LocalReplica, envelope: dict[str, Any], session: str, now: float) -> None:
-    """Put an unverified envelope into the peer's map so anti-entropy offers it to others."""
-    record = NodeRecord(session, "x", "x", Lifecycle.SERVING, 99, "http://x", updated_at=now)
+def plant(replica: LocalReplica, envelope: dict[str, Any], now: float) -> None:
+    """Put an unverified envelope into the peer's map (under a placeholder session of its
+    own) so anti-entropy offers it to others, who must verify and refuse it."""
+    session = new_session_id("planted")
+    record = NodeRecord(session, "planted", "x", Lifecycle.SERVING, 99, "http://x",
+                        updated_at=now)
     replica.registry.map.merge(
         Entry(session, Lifecycle.SERVING, 99, now, tiebreak_of(envelope["sig"]), record,
               proof=envelope),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -140,7 +141,7 @@ def test_idle_node_and_provider_metadata_are_in_every_registry(federation):
 
 def test_fronting_an_already_running_engine_by_url(federation, tmp_path):
     port = free_port()
-    argv = [sys.executable, "-m", "otela.engines.echo", "--port", str(port), "--model", "ext"]
+    argv = [sys.executable, "-m", "otela.engine.demo.echo", "--port", str(port), "--model", "ext"]
     engine = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False)
@@ -214,3 +215,39 @@ def test_init_then_config_show_reports_values_and_sources(tmp_path):
     assert settings["node.p2p_port"]["source"] == "default"
     table = subprocess.run([*otela, "config", "show"], env=env, capture_output=True, text=True)
     assert "node.http_port" in table.stdout and "9000" in table.stdout
+
+
+def _held_port() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+@pytest.mark.parametrize("which", ["http", "p2p"])
+def test_a_port_in_use_is_one_line_and_exit_2(tmp_path, which):
+    with _held_port() as held:
+        port = str(held.getsockname()[1])
+        flag = "--http-port" if which == "http" else "--p2p-port"
+        result = _start(tmp_path, flag, port)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "──" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("otela: ")]
+    assert len(errors) == 1 and "cannot listen" in errors[0] and port in errors[0], errors
+
+
+@pytest.mark.parametrize("case", ["home is a file", "key is a directory", "key is short"])
+def test_an_unusable_home_or_key_is_one_line_and_exit_2(tmp_path, case):
+    home = tmp_path / "home"
+    if case == "home is a file":
+        home.write_text("not a directory")
+    elif case == "key is a directory":
+        (home / "identity.key").mkdir(parents=True)
+    else:
+        home.mkdir()
+        (home / "identity.key").write_bytes(b"short")
+    result = _start(tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("otela: ")

@@ -16,6 +16,7 @@ from otela.localfed import LocalFederation, LocalNode, wait_for
 from otela.membership.authority import init_authority, load_authority_key
 from otela.membership.certificate import format_authority, issue_certificate
 from otela.registry.records import Lifecycle, NodeRecord
+from otela.registry.session import new_session_id
 from otela.registry.wire import sign_eviction, sign_record
 
 from .helpers import CONVERGE_S
@@ -135,16 +136,17 @@ def test_forged_and_unauthorised_envelopes_are_rejected_by_a_real_daemon(federat
                                        Lifecycle.LEFT, 999, victim.http_url, updated_at=now)
             # 1. a record claiming the victim's session, signed by the insider's key
             plant(peer, sign_record(victim_record, insider.key_pair.private_key, cert),
-                  "forged-1", now)
+                  now)
             # 2. a record of a non-member (no certificate)
-            stranger = NodeRecord("stranger", outsider.peer_id.to_base58(), "lab",
+            stranger = NodeRecord(new_session_id(outsider.peer_id.to_base58()),
+                                  outsider.peer_id.to_base58(), "lab",
                                   Lifecycle.SERVING, 1, "http://x", updated_at=now)
-            plant(peer, sign_record(stranger, outsider.key_pair.private_key), "forged-2", now)
+            plant(peer, sign_record(stranger, outsider.key_pair.private_key), now)
             # 3. an eviction of the victim signed by the non-member
             eviction = sign_eviction(genuine, evictor_key=outsider.key_pair.private_key,
                                      evictor_peer_id=outsider.peer_id.to_base58(),
                                      reason="forged", now=now)
-            plant(peer, eviction, "forged-3", now)
+            plant(peer, eviction, now)
             assert await peer.replicator.sync_with(boot_id)
             await peer.replicator.publish(eviction)  # and through gossip (wrong publisher)
 
@@ -166,8 +168,8 @@ def test_a_late_joiner_converges_after_200_changes_through_anti_entropy(federati
             boot_id = await connect(peer, boot.multiaddr)
             assert await peer.replicator.sync_with(boot_id)
             me = peer.identity.peer_id.to_base58()
-            for i in range(50):  # 50 sessions x 4 lifecycle steps = 200 registry changes
-                record = NodeRecord(f"churn-{i:02d}", me, "lab", Lifecycle.JOIN, 0,
+            for _ in range(50):  # 50 sessions x 4 lifecycle steps = 200 registry changes
+                record = NodeRecord(new_session_id(me), me, "lab", Lifecycle.JOIN, 0,
                                     "http://127.0.0.1:9", updated_at=time.time())
                 for state in Lifecycle:
                     record = record.evolve(now=time.time(), state=state)
@@ -191,7 +193,7 @@ def test_a_late_joiner_converges_after_200_changes_through_anti_entropy(federati
 
 
 def test_malformed_and_oversized_wire_messages_are_dropped_and_counted(federation, tmp_path):
-    from otela.mesh.replication import AE_PROTOCOL, REGISTRY_TOPIC
+    from otela.replication.replicator import AE_PROTOCOL, REGISTRY_TOPIC
 
     node = federation.start_node("node")
     failed_before = node.get("/v1/health")["replication"].get("ae_failed", 0)

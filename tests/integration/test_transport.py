@@ -19,8 +19,8 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 from libp2p.tools.anyio_service import background_trio_service
 
-from otela.engine.drain import Inflight
-from otela.engines.echo import EchoSettings, create_app
+from otela.dataplane.inflight import Inflight
+from otela.engine.demo.echo import EchoSettings, create_app
 from otela.localfed import free_port
 from otela.mesh.host import build_host
 from otela.mesh.nat import NatTraversal
@@ -68,7 +68,8 @@ async def pair(token_delay: float = 0.0) -> AsyncIterator[Pair]:
     ):
         binds = await nursery.start(serve, app, config)  # type: ignore[arg-type]
         engine: dict[str, str | None] = {"url": binds[0]}
-        server = EngineStreamServer(lambda: engine["url"], lambda: http, Inflight())
+        server = EngineStreamServer(lambda: engine["url"], lambda: http, Inflight(),
+                                    lambda peer: True, 32 * 1024 * 1024)
         server.install(meshes[0].host)
         nat = NatTraversal(meshes[1].host, offer_relay=False, relays=list, publish=_noop)
         client = EngineStreamClient(meshes[1].host, nat.connect)

@@ -180,7 +180,7 @@ def test_slow_engine_times_out_and_sockets_are_released() -> None:
         [
             sys.executable,
             "-m",
-            "otela.engines.echo",
+            "otela.engine.demo.echo",
             "--port",
             str(port),
             "--model",

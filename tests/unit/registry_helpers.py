@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
@@ -10,14 +11,23 @@ from libp2p.peer.id import ID
 
 from otela.registry.crdt import Entry, tiebreak_of
 from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
+from otela.registry.session import session_id_for
+
+
+def sid(name: str, peer_id: str | None = None) -> str:
+    """The session id a test calls ``name``: owned by ``peer_id`` (default ``peer-<name>``),
+    as every session id in a registry must be (``otela.registry.session``)."""
+    nonce = hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
+    return session_id_for(peer_id or f"peer-{name}", nonce)
 
 
 def record(session: str, version: int = 1, state: Lifecycle = Lifecycle.JOIN,
            models: tuple[str, ...] = ("m",), updated_at: float = 1000.0,
            peer_id: str | None = None, provider: str = "p") -> NodeRecord:
+    """A record of the session the test calls ``session`` (its id is ``sid(session)``)."""
     return NodeRecord(
-        session_id=session, peer_id=peer_id or f"peer-{session}", provider_id=provider,
-        state=state, version=version, http_url=f"http://{session}",
+        session_id=sid(session, peer_id), peer_id=peer_id or f"peer-{session}",
+        provider_id=provider, state=state, version=version, http_url=f"http://{session}",
         models=tuple(ModelInfo(m) for m in models), updated_at=updated_at,
     )
 
@@ -26,7 +36,7 @@ def entry(session: str, version: int = 1, state: Lifecycle = Lifecycle.JOIN,
           updated_at: float = 1000.0, salt: str = "", **kw: object) -> Entry:
     """An unsigned entry whose proof is itself, so pure tests can ship entries around."""
     rec = record(session, version, state, updated_at=updated_at, **kw)  # type: ignore[arg-type]
-    e = Entry(key=session, state=state, version=version, updated_at=updated_at,
+    e = Entry(key=rec.session_id, state=state, version=version, updated_at=updated_at,
               tiebreak=tiebreak_of(f"{session}|{version}|{state}|{salt}".encode()), record=rec)
     object.__setattr__(e, "proof", e)  # frozen: the entry ships itself as its own proof
     return e

@@ -5,7 +5,7 @@ import json
 import httpx
 import trio
 
-from otela.engines.echo import EchoSettings, create_app, tokenize
+from otela.engine.demo.echo import EchoSettings, create_app, tokenize
 
 
 def call(settings, method, path, **kwargs):
@@ -73,3 +73,30 @@ def test_injected_failures_every_n_requests():
                     for _ in range(4)]
 
     assert trio.run(go) == [200, 503, 200, 503]
+
+
+def test_malformed_fields_are_400s_that_name_them_like_a_real_engine():
+    cases = [
+        ("/v1/chat/completions", {"model": "m", "messages": ["just a string"]}, "messages[0]"),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"content": "no role"}]},
+         "messages[0]"),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": 5}]},
+         "messages[0].content"),
+        ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": "yes"},
+         "stream_options"),
+        ("/v1/chat/completions", {**CHAT, "stream": "yes"}, "stream"),
+        ("/v1/chat/completions", {**CHAT, "max_tokens": -3}, "max_tokens"),
+        ("/v1/completions", {"model": "m", "prompt": {"a": 1}}, "prompt"),
+        ("/v1/completions", {"model": "m"}, "prompt"),
+    ]
+    for path, body, param in cases:
+        response = call(SETTINGS, "POST", path, json=body)
+        assert response.status_code == 400, (path, body)
+        assert response.json()["error"]["param"] == param
+
+
+def test_multipart_content_with_odd_parts_is_still_answered():
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}, {"type": "image_url", "text": None}, "stray"]}]}
+    response = call(SETTINGS, "POST", "/v1/chat/completions", json=body)
+    assert response.status_code == 200

@@ -1,7 +1,7 @@
 import pytest
 
 from otela.engine.command import EngineCommandError, parse_engine_command
-from otela.engine.supervisor import parse_models
+from otela.engine.process import parse_models
 
 
 @pytest.mark.parametrize(
@@ -14,7 +14,7 @@ from otela.engine.supervisor import parse_models
         ("python -m sglang.launch_server --model-path m", "sglang", "http://127.0.0.1:30000"),
         ("llama-server -m x.gguf --host 10.1.2.3 --port 8080", "llama.cpp",
          "http://10.1.2.3:8080"),
-        ("python -m otela.engines.echo --port 7 --model 'a b'", "echo", "http://127.0.0.1:7"),
+        ("python -m otela.engine.demo.echo --port 7 --model 'a b'", "echo", "http://127.0.0.1:7"),
         ("myserver --host :: --port 5000", "openai-compatible", "http://127.0.0.1:5000"),
         ("myserver --host ::1 --port 5000", "openai-compatible", "http://[::1]:5000"),
     ],
@@ -25,7 +25,7 @@ def test_port_and_kind_are_read_from_the_command(command, kind, url):
 
 
 def test_quoted_arguments_stay_whole():
-    parsed = parse_engine_command("python -m otela.engines.echo --model 'my model' --port 1")
+    parsed = parse_engine_command("python -m otela.engine.demo.echo --model 'my model' --port 1")
     assert "my model" in parsed.argv
 
 

@@ -6,7 +6,7 @@ from otela.registry.crdt import GCPolicy, GMap, Rejected, join
 from otela.registry.records import Lifecycle
 from otela.registry.store import Registry
 
-from .registry_helpers import entry
+from .registry_helpers import entry, sid
 
 NOW = 1000.0
 J, S, D, L = Lifecycle.JOIN, Lifecycle.SERVING, Lifecycle.DOWN, Lifecycle.LEFT
@@ -28,7 +28,7 @@ def test_left_is_final():
     reg.apply(entry("a", 5, L), NOW)
     for newer in (entry("a", 99, S), entry("a", 99, D), entry("a", 6, J)):
         assert not reg.apply(newer, NOW)
-    assert reg.entry("a").state is L and reg.entry("a").version == 5
+    assert reg.entry(sid("a")).state is L and reg.entry(sid("a")).version == 5
 
 
 def test_views_follow_state_and_routing_sees_only_serving():
@@ -37,8 +37,8 @@ def test_views_follow_state_and_routing_sees_only_serving():
     reg.apply(entry("b", 2, D, models=("m1",)), NOW)
     reg.apply(entry("c", 1, J, models=()), NOW)
     assert [m.model_id for m in reg.models()] == ["m1", "m2"]
-    assert {r.session_id for r in reg.model("m1").sessions} == {"a", "b"}
-    assert [r.session_id for r in reg.serving_candidates("m1")] == ["a"]
+    assert {r.session_id for r in reg.model("m1").sessions} == {sid("a"), sid("b")}
+    assert [r.session_id for r in reg.serving_candidates("m1")] == [sid("a")]
     reg.apply(entry("a", 3, D, models=("m1", "m2")), NOW)
     assert reg.serving_candidates("m1") == ()
     assert reg.serving_candidates("nope") == ()
@@ -50,7 +50,7 @@ def test_candidate_lookup_is_cached_until_the_model_changes():
     first = reg.serving_candidates("m")
     assert reg.serving_candidates("m") is first  # no allocation on the hot path
     reg.apply(entry("b", 1, S), NOW)
-    assert {r.session_id for r in reg.serving_candidates("m")} == {"a", "b"}
+    assert {r.session_id for r in reg.serving_candidates("m")} == {sid("a"), sid("b")}
 
 
 def test_left_entries_leave_model_views_at_once_and_node_views_after_retention():
@@ -58,13 +58,13 @@ def test_left_entries_leave_model_views_at_once_and_node_views_after_retention()
     reg.apply(entry("a", 2, S), NOW)
     reg.apply(entry("a", 3, L, updated_at=NOW), NOW)
     assert reg.model("m") is None
-    assert reg.get("a").state is L
+    assert reg.get(sid("a")).state is L
     reg.maintain(NOW + 99)
-    assert reg.get("a") is not None
+    assert reg.get(sid("a")) is not None
     reg.maintain(NOW + 101)
-    assert reg.get("a") is None and reg.entry("a") is not None  # tombstone kept
+    assert reg.get(sid("a")) is None and reg.entry(sid("a")) is not None  # tombstone kept
     reg.maintain(NOW + 201)
-    assert reg.entry("a") is None  # compacted
+    assert reg.entry(sid("a")) is None  # compacted
 
 
 def test_compacted_sessions_cannot_be_resurrected_by_replayed_gossip():
@@ -73,11 +73,11 @@ def test_compacted_sessions_cannot_be_resurrected_by_replayed_gossip():
     reg.apply(old, NOW)
     reg.apply(entry("a", 3, L, updated_at=NOW + 10), NOW + 10)
     reg.maintain(NOW + 300)
-    assert reg.entry("a") is None
+    assert reg.entry(sid("a")) is None
     for replay in (old, entry("a", 3, L, updated_at=NOW + 10)):
         with pytest.raises(Rejected):
             reg.apply(replay, NOW + 300)
-    assert reg.entry("a") is None and reg.get("a") is None
+    assert reg.entry(sid("a")) is None and reg.get(sid("a")) is None
 
 
 def test_entries_signed_in_the_future_are_refused():

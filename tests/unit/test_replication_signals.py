@@ -9,7 +9,7 @@ import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
-from otela.mesh.replication import GossipLag, Replicator
+from otela.replication.replicator import GossipLag, Replicator
 
 
 def peer() -> ID:

@@ -21,7 +21,7 @@ from otela.registry.wire import (
     verify_record,
 )
 
-from .registry_helpers import new_node, record
+from .registry_helpers import new_node, record, sid
 
 NOW = 1_800_000_000.0
 OPEN = Trust()
@@ -46,7 +46,8 @@ def test_a_record_verifies_from_its_peer_id_alone():
     node = new_node()
     entry = verify(signed(node), OPEN, NOW)
     assert isinstance(entry, Entry)
-    assert (entry.key, entry.state, entry.version) == ("s1", Lifecycle.SERVING, 3)
+    assert (entry.key, entry.state, entry.version) == (
+        sid("s1", node.peer_id), Lifecycle.SERVING, 3)
     assert signer_of(entry.proof) == node.peer_id
 
 
@@ -175,13 +176,13 @@ def test_record_signature_check_can_skip_membership_for_embedded_history(authori
     node = new_node()
     env = signed(node)  # no certificate: fine only when membership is not checked
     trust = Trust(authority=authority.get_public_key())
-    assert verify_record(env, trust, NOW, check_membership=False).key == "s1"
+    assert verify_record(env, trust, NOW, check_membership=False).key == sid("s1", node.peer_id)
 
 
 def test_open_mode_accepts_evictions_from_known_nodes_even_if_they_were_evicted():
     """After a partition each side has evicted the other's evictors; rejecting their
     evictions would keep the halves apart forever."""
-    from otela.mesh.admission import Admission
+    from otela.membership.admission import Admission
     from otela.registry.store import Registry
 
     member, target, stranger = new_node(), new_node(), new_node()

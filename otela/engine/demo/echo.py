@@ -7,7 +7,7 @@ whitespace-delimited token at a time. It can be told to be slow (``--token-delay
 ``--startup-delay``) or to fail (``--fail-every``, ``--exit-after``) so tests can
 exercise otela's behaviour under slow and failing engines.
 
-Run: ``python -m otela.engines.echo --port 8000 --model echo-small``.
+Run: ``python -m otela.engine.demo.echo --port 8000 --model echo-small``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from otela.api.errors import (
     APIError,
+    clip,
     error_response,
     install_error_handlers,
     read_json_object,
@@ -62,14 +63,46 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # multi-part content: keep the text parts
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return " ".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
     return ""
 
 
+def _validate(body: dict[str, Any], chat: bool) -> None:
+    """The checks a real engine makes before it runs anything: bad fields are a 400 that
+    names them, like vLLM's, never a 500."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise APIError(400, "'messages' must be a non-empty list", param="messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise APIError(400, f"messages[{i}] must be an object with a 'role'",
+                               param=f"messages[{i}]")
+            content = message.get("content")
+            if content is not None and not isinstance(content, str | list):
+                raise APIError(400, f"messages[{i}].content must be a string or a list of "
+                               "parts", param=f"messages[{i}].content")
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) and not (
+            isinstance(prompt, list) and all(isinstance(p, str | int) for p in prompt)
+        ):
+            raise APIError(400, "'prompt' must be a string or a list of strings or tokens",
+                           param="prompt")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+            raise APIError(400, f"'{name}' must be a positive integer", param=name)
+    if not isinstance(body.get("stream", False), bool):
+        raise APIError(400, "'stream' must be a boolean", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise APIError(400, "'stream_options' must be an object", param="stream_options")
+
+
 def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError(400, "'messages' must be a non-empty list", param="messages")
+    messages = body["messages"]
     texts = [_content_text(m.get("content")) for m in messages if isinstance(m, dict)]
     users = [
         _content_text(m.get("content"))
@@ -81,11 +114,9 @@ def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
 
 
 def _text_prompt(body: dict[str, Any]) -> tuple[str, int]:
-    prompt = body.get("prompt")
+    prompt = body["prompt"]
     if isinstance(prompt, list):
         prompt = " ".join(str(p) for p in prompt)
-    if not isinstance(prompt, str):
-        raise APIError(400, "'prompt' must be a string", param="prompt")
     return prompt, len(tokenize(prompt))
 
 
@@ -127,7 +158,9 @@ def create_app(settings: EchoSettings) -> FastAPI:
         body = await read_json_object(request)
         model = require_model(body)
         if model not in settings.models:
-            raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found")
+            raise APIError(404, f"The model `{clip(model)}` does not exist.",
+                           code="model_not_found")
+        _validate(body, chat)
         counter["requests"] += 1
         n = counter["requests"]
         if settings.log_on_request:  # lets tests make the engine print e.g. a CUDA OOM line
@@ -218,7 +251,7 @@ def create_app(settings: EchoSettings) -> FastAPI:
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, EchoSettings]:
     parser = argparse.ArgumentParser(
-        prog="python -m otela.engines.echo",
+        prog="python -m otela.engine.demo.echo",
         description="otela's stand-in OpenAI-compatible engine: echoes prompts deterministically.",
     )
     parser.add_argument("--host", default="127.0.0.1")

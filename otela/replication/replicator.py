@@ -25,19 +25,29 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from otela.mesh.admission import Admission
+from otela.membership.admission import Admission
 from otela.mesh.framing import read_frame, write_frame
 from otela.mesh.host import MeshHost
 from otela.registry import antientropy
-from otela.registry.crdt import Entry, Rejected
+from otela.registry.crdt import Entry, NotOwner, Rejected
 from otela.registry.store import Registry
-from otela.registry.wire import Trust, WireError, decode, encode, signer_of, verify
+from otela.registry.wire import (
+    FORGED,
+    ForgedRecord,
+    Trust,
+    WireError,
+    decode,
+    encode,
+    gossip_refusal,
+    verify,
+)
 
 log = logging.getLogger("otela.mesh")
 
 REGISTRY_TOPIC = "otela/registry/1"
 AE_PROTOCOL = TProtocol("/otela/registry/ae/1.0.0")
 AE_TIMEOUT_S = 10.0
+FORGERY_LOG_INTERVAL_S = 60.0  # one warning per forging peer per minute; every one counted
 
 
 class GossipLag:
@@ -86,6 +96,7 @@ class Replicator:
         # forwarded included (the failure detector counts it as recent contact).
         self.on_heard: Callable[[str], None] = lambda peer_id: None
         self.gossip_lag = GossipLag()
+        self._forgery_logged: dict[str, float] = {}
 
     def current_gossip_lag(self) -> float:
         """How late gossip arrives here now, in seconds (``GossipLag``)."""
@@ -125,11 +136,26 @@ class Replicator:
                 elif self.registry.add_revocation(item[0], item[1], now):
                     changed += 1
                     self.admission.on_revocation(item[0])
+            except (ForgedRecord, NotOwner) as exc:
+                self.stats[f"{source}_rejected"] += 1
+                self._forgery(exc.signer, str(exc), source)
             except (WireError, Rejected) as exc:
                 self.stats[f"{source}_rejected"] += 1
                 log.debug("rejected %s envelope: %s", source, exc)
         self.stats[f"{source}_applied"] += changed
         return changed
+
+    def _forgery(self, signer: str, what: str, via: str) -> None:
+        """Count an attempt to write another node's entry; warn at most once a minute per
+        signer (a forger repeating itself must not flood the log)."""
+        self.stats["forged_rejected"] += 1
+        now = self.clock()
+        last = self._forgery_logged.get(signer)
+        if last is None or now - last >= FORGERY_LOG_INTERVAL_S:
+            if len(self._forgery_logged) > 1024:  # a forger minting keys cannot grow it
+                self._forgery_logged.clear()
+            self._forgery_logged[signer] = now
+            log.warning("rejected a forged registry record (%s): %s", via, what)
 
     # -- gossip ------------------------------------------------------------------------
 
@@ -154,15 +180,16 @@ class Replicator:
             delta = decode(message.data)
             source = ID(message.from_id).to_base58()
             envelopes = delta["entries"]
-            ok = isinstance(envelopes, list) and all(
-                isinstance(e, dict) and (e.get("t") == "revoke" or signer_of(e) == source)
-                for e in envelopes
-            )
+            refusals = [gossip_refusal(e, source) for e in envelopes]
         except Exception:
-            ok = False
-        if not ok:
+            refusals = ["malformed"]
+        if not any(refusals):
+            return True
+        if FORGED in refusals:
+            self._forgery(source, f"{source} published a {FORGED}", "gossip")
+        else:
             self.stats["gossip_invalid"] += 1
-        return ok
+        return False
 
     async def _receive_gossip(self, subscription: Any) -> None:
         while True:

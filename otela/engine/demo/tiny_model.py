@@ -6,7 +6,7 @@ template, batching, streaming and OpenAI API are the real ones. Sizes follow wha
 CPU attention kernels accept (head_dim 64). Needs ``torch``, ``transformers`` and
 ``tokenizers`` (present wherever vLLM is), so run it with vLLM's interpreter:
 
-    .venv-vllm/bin/python -m otela.engines.tiny_model /tmp/tiny-llama
+    .venv-vllm/bin/python -m otela.engine.demo.tiny_model /tmp/tiny-llama
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,15 +53,18 @@ class Admission:
         own_certificate: bytes | None,
         clock: Callable[[], float] = time.time,
         grace: float = 5.0,
+        revoked: Collection[str] = frozenset(),
     ) -> None:
         self.authority = authority
         self.own_certificate = own_certificate
         self.clock = clock
         self.grace = grace
+        # Revoked certificate serials: the registry's own store (revocations gossip into
+        # it), read here, never copied, so the two can never disagree.
+        self.revoked = revoked
         self._admitted: dict[ID, Certificate] = {}
         self._first_seen: dict[ID, float] = {}
         self.refusals: dict[str, Refusal] = {}
-        self._revoked: set[str] = set()
 
     @property
     def open(self) -> bool:
@@ -82,14 +85,14 @@ class Admission:
         cert = self._admitted.get(peer)
         if cert is None:
             return False
-        if cert.expires_at <= self.clock() or cert.serial in self._revoked:
+        if cert.expires_at <= self.clock() or cert.serial in self.revoked:
             del self._admitted[peer]
             self._refuse(peer, "certificate expired or revoked")
             return False
         return True
 
     def on_revocation(self, revocation: Revocation) -> None:
-        self._revoked.add(revocation.serial)
+        """Drop a newly revoked peer at once (the revocation is already in ``revoked``)."""
         for peer, cert in list(self._admitted.items()):
             if cert.serial == revocation.serial:
                 del self._admitted[peer]
@@ -98,7 +101,7 @@ class Admission:
     def _verify(self, peer: ID, data: bytes) -> Certificate:
         assert self.authority is not None
         cert = verify_certificate(
-            data, self.authority, now=self.clock(), revoked_serials=self._revoked
+            data, self.authority, now=self.clock(), revoked_serials=self.revoked
         )
         if cert.peer_id != peer.to_base58():
             raise MembershipError(f"certificate is for {cert.peer_id}, presented by {peer}")

@@ -9,13 +9,13 @@ applies it locally and gossips it. Around that it runs the upkeep tasks:
   ``<home>/revocations`` (they then gossip to every replica);
 - eviction watch: if the federation evicted our session (a false suspicion), rejoin
   under a new session id, as the paper's lifecycle requires, without restarting the engine.
+  Any LEFT for our live session that we did not sign ourselves is treated the same way.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -25,17 +25,17 @@ import trio
 from libp2p.crypto.keys import PublicKey
 
 from otela.identity import Identity
+from otela.membership.admission import Admission
 from otela.membership.certificate import (
     Certificate,
     MembershipError,
     parse_authority,
     verify_certificate,
 )
-from otela.mesh.admission import Admission
 from otela.mesh.host import MeshHost
-from otela.mesh.replication import Replicator
 from otela.registry.crdt import Entry, GCPolicy
 from otela.registry.records import Lifecycle, NodeRecord
+from otela.registry.session import new_session_id
 from otela.registry.store import Registry
 from otela.registry.wire import (
     WireError,
@@ -44,6 +44,7 @@ from otela.registry.wire import (
     sign_record,
     verify_record,
 )
+from otela.replication.replicator import Replicator
 
 log = logging.getLogger("otela.registry")
 
@@ -110,7 +111,8 @@ class LocalReplica:
         self.identity = identity
         self.clock = clock
         self.registry = Registry(policy)
-        self.admission = Admission(authority, certificate, clock)
+        self.admission = Admission(authority, certificate, clock,
+                                   revoked=self.registry.revocations)
         self.replicator = Replicator(
             mesh, self.registry, self.admission, anti_entropy_interval, clock
         )
@@ -210,11 +212,16 @@ class LocalReplica:
         if record is None or record.state is Lifecycle.LEFT:
             return
         entry: Entry | None = self.registry.entry(record.session_id)
-        if entry is None or entry.evicted_by is None:
+        if entry is None or entry.state is not Lifecycle.LEFT:
             return
-        log.warning("the federation evicted session %s (by %s); rejoining as a new session",
-                    record.session_id, entry.evicted_by)
-        self.record = replace(record, session_id=uuid.uuid4().hex, version=0)
+        # Normally an eviction; a LEFT we did not sign cannot enter the map (records are
+        # owner-signed), but if one ever did we would be out of routing for good: rejoin.
+        by = entry.evicted_by or "a record this node did not sign"
+        log.warning("the federation marked session %s LEFT (by %s); rejoining as a new "
+                    "session", record.session_id, by)
+        self.record = replace(
+            record, session_id=new_session_id(record.peer_id), version=0
+        )
         await self.announce()
 
 

@@ -1,0 +1,304 @@
+"""Proxy benchmark: what otela's request path adds on top of an engine that costs nothing.
+
+Layout on a 2-core machine (``taskset``): the mock engine (``mock_engine.py``, answers in
+microseconds) and the load generator on core 1, every otela process on core 0. Paths:
+
+- ``direct``: the load generator talks to the mock engine (the baseline);
+- ``one-hop``: one node, ``otela start --ingress --engine-url <mock>``;
+- ``two-hop``: an ingress node and a serving node fronting the mock engine (the
+  federation's normal path: ingress -> node's engine hop -> engine), both on core 0.
+
+For each path: latency p50/p99 and req/s at c=1/16/64 (wrk, keep-alive, non-streaming chat
+completions), otela's CPU time per request (from /proc, all otela processes), p99 at a
+steady 50 req/s (an open-loop generator), and streaming time to first event at c=1 and
+c=16. ``--idle-peers N`` also starts N idle nodes that join the ingress (a federation
+gossiping around it). Prints a table; figures and the machine go in docs/performance.md.
+
+Run: ``python benchmarks/proxy.py [--duration 10] [--paths direct,one-hop,two-hop]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httptools
+import trio
+
+from otela.localfed import LocalFederation, free_port, wait_for
+
+HERE = Path(__file__).resolve().parent
+MODEL = "mock"
+BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}).encode()
+STREAM_BODY = json.dumps({"model": MODEL, "stream": True,
+                          "messages": [{"role": "user", "content": "hello"}]}).encode()
+ROUTER_CORE, LOAD_CORE = "0", "1"
+QUIET = ["--log-level", "WARNING"]
+
+
+def pinned(core: str, argv: list[str]) -> list[str]:
+    return ["taskset", "-c", core, *argv] if shutil.which("taskset") else argv
+
+
+# -- a minimal HTTP/1.1 client for the open-loop and streaming measurements --------------
+
+
+class Exchange:
+    """httptools callbacks for one response: when its first body byte came, and when done."""
+
+    def __init__(self) -> None:
+        self.first_body: float | None = None
+        self.done = False
+        self.head_of_body = b""
+
+    def on_body(self, body: bytes) -> None:
+        if self.first_body is None:
+            self.first_body = time.perf_counter()
+            self.head_of_body = body[:300]
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+class Connection:
+    def __init__(self, stream: trio.SocketStream, host: str) -> None:
+        self.stream = stream
+        self.host = host
+
+    @classmethod
+    async def open(cls, url: str) -> Connection:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        return cls(await trio.open_tcp_stream(host, int(port)), host)
+
+    async def post(self, path: str, body: bytes) -> tuple[float, float]:
+        """Send one request; (seconds to the first body byte, seconds to the end)."""
+        head = (f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json"
+                f"\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+        exchange = Exchange()
+        parser = httptools.HttpResponseParser(exchange)
+        start = time.perf_counter()
+        await self.stream.send_all(head + body)
+        while not exchange.done:
+            data = await self.stream.receive_some(65536)
+            if not data:
+                raise ConnectionError("server closed the connection")
+            parser.feed_data(data)
+        if parser.get_status_code() != 200:
+            raise RuntimeError(f"status {parser.get_status_code()}: {exchange.head_of_body!r}")
+        end = time.perf_counter()
+        return (exchange.first_body or end) - start, end - start
+
+
+async def _steady(url: str, rate: float, seconds: float) -> list[float]:
+    """Open loop: a request every 1/rate s whatever the answers do; latencies in seconds."""
+    latencies: list[float] = []
+    idle: list[Connection] = [await Connection.open(url) for _ in range(4)]
+
+    async def one() -> None:
+        conn = idle.pop() if idle else await Connection.open(url)
+        _, total = await conn.post("/v1/chat/completions", BODY)
+        latencies.append(total)
+        idle.append(conn)
+
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        for i in range(int(rate * seconds)):
+            await trio.sleep_until(start + i / rate)
+            nursery.start_soon(one)
+    return latencies
+
+
+async def _ttft(url: str, concurrency: int, seconds: float) -> list[float]:
+    firsts: list[float] = []
+    deadline = trio.current_time() + seconds
+
+    async def worker() -> None:
+        conn = await Connection.open(url)
+        while trio.current_time() < deadline:
+            first, _ = await conn.post("/v1/chat/completions", STREAM_BODY)
+            firsts.append(first)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+    return firsts
+
+
+# -- wrk ----------------------------------------------------------------------------------
+
+WRK_SCRIPT = (
+    'wrk.method = "POST"\n'
+    'wrk.headers["Content-Type"] = "application/json"\n'
+    f"wrk.body = '{BODY.decode()}'\n"
+)
+
+
+@dataclass
+class WrkResult:
+    rps: float
+    requests: int
+    p50_ms: float
+    p99_ms: float
+
+
+def _ms(text: str) -> float:
+    match = re.match(r"([\d.]+)(us|ms|s|m)$", text)
+    if match is None:
+        raise ValueError(f"unexpected wrk latency {text!r}")
+    value, unit = match.groups()
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}[unit]
+
+
+def _field(pattern: str, text: str) -> str:
+    match = re.search(pattern, text)
+    if match is None:
+        raise ValueError(pattern)
+    return match.group(1)
+
+
+def wrk(url: str, connections: int, seconds: float, script: Path) -> WrkResult:
+    out = subprocess.run(
+        pinned(LOAD_CORE, ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
+                           "--latency", "-s", str(script), f"{url}/v1/chat/completions"]),
+        capture_output=True, text=True, check=True).stdout
+    try:
+        rps = float(_field(r"Requests/sec:\s+([\d.]+)", out))
+        requests = int(_field(r"(\d+) requests in", out))
+        p50, p99 = _ms(_field(r"50%\s+(\S+)", out)), _ms(_field(r"99%\s+(\S+)", out))
+    except ValueError:
+        raise RuntimeError(f"could not read wrk's output:\n{out}") from None
+    if "Non-2xx" in out or "Socket errors" in out:
+        print(f"  wrk reported errors against {url}:\n{out}", file=sys.stderr)
+    return WrkResult(rps, requests, p50, p99)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class PathResult:
+    name: str
+    by_concurrency: dict[int, WrkResult] = field(default_factory=dict)
+    cpu_us: float | None = None
+    steady_p99_ms: float = 0.0
+    ttft_ms: dict[int, float] = field(default_factory=dict)
+
+
+def measure(name: str, url: str, pids: list[int], args: argparse.Namespace,
+            script: Path) -> PathResult:
+    result = PathResult(name)
+    wrk(url, 8, 2, script)  # warm up: connections, caches
+    for concurrency in args.concurrency:
+        before = cpu_seconds(pids) if pids else 0.0
+        run = wrk(url, concurrency, args.duration, script)
+        if pids and concurrency == max(args.concurrency):
+            result.cpu_us = (cpu_seconds(pids) - before) / run.requests * 1e6
+        result.by_concurrency[concurrency] = run
+        print(f"  {name} c={concurrency}: {run.rps:,.0f} req/s, p50 {run.p50_ms:.3f} ms, "
+              f"p99 {run.p99_ms:.3f} ms", file=sys.stderr)
+    steady = trio.run(_steady, url, 50.0, args.steady_seconds)
+    result.steady_p99_ms = statistics.quantiles(steady, n=100)[98] * 1e3
+    for concurrency in (1, 16):
+        firsts = trio.run(_ttft, url, concurrency, args.duration / 2)
+        result.ttft_ms[concurrency] = statistics.median(firsts) * 1e3
+    print(f"  {name}: steady 50 req/s p99 {result.steady_p99_ms:.2f} ms, TTFT p50 "
+          f"{result.ttft_ms[1]:.3f} ms (c=1), {result.ttft_ms[16]:.3f} ms (c=16)",
+          file=sys.stderr)
+    return result
+
+
+def report(results: list[PathResult], concurrency: list[int]) -> None:
+    direct = next((r for r in results if r.name == "direct"), None)
+    print(f"\n{'path':<10} {'added p50 c=1':>14} " + " ".join(
+        f"{'req/s c=' + str(c):>12}" for c in concurrency)
+        + f" {'CPU/req':>9} {'p99@50/s':>9} {'TTFT c=1':>9} {'TTFT c=16':>10}")
+    for r in results:
+        base = direct.by_concurrency[1].p50_ms if direct and 1 in r.by_concurrency else 0.0
+        added = r.by_concurrency[1].p50_ms - base if 1 in r.by_concurrency else float("nan")
+        cpu = f"{r.cpu_us:.0f} us" if r.cpu_us is not None else "-"
+        print(f"{r.name:<10} {added:>11.3f} ms " + " ".join(
+            f"{r.by_concurrency[c].rps:>12,.0f}" for c in concurrency)
+            + f" {cpu:>9} {r.steady_p99_ms:>6.2f} ms {r.ttft_ms[1]:>6.3f} ms"
+            f" {r.ttft_ms[16]:>7.3f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
+    parser.add_argument("--steady-seconds", type=float, default=20.0)
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[1, 16, 64])
+    parser.add_argument("--paths", default="direct,one-hop,two-hop")
+    parser.add_argument("--idle-peers", type=int, default=0,
+                        help="idle nodes joined to the ingress (gossip around it)")
+    parser.add_argument("--otela-src", type=Path, default=None,
+                        help="run the otela nodes from this source tree (e.g. a worktree of "
+                        "an older commit, to compare)")
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        sys.exit("wrk is not installed (apt-get install wrk)")
+    paths = args.paths.split(",")
+    workdir = Path(tempfile.mkdtemp(prefix="otela-proxy-bench-"))
+    script = workdir / "post.lua"
+    script.write_text(WRK_SCRIPT)
+    port = free_port()
+    mock = subprocess.Popen(pinned(LOAD_CORE, [sys.executable, str(HERE / "mock_engine.py"),
+                                               "--port", str(port), "--model", MODEL]),
+                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    mock_url = f"http://127.0.0.1:{port}"
+    launcher = pinned(ROUTER_CORE, [sys.executable, "-m", "otela"])
+    if args.otela_src is not None:
+        os.environ["PYTHONPATH"] = str(args.otela_src.resolve())  # the nodes' otela
+    results: list[PathResult] = []
+    try:
+        wait_for(lambda: subprocess.run(["curl", "-sf", f"{mock_url}/health"],
+                                        capture_output=True).returncode == 0, 10, "mock")
+        if "direct" in paths:
+            results.append(measure("direct", mock_url, [], args, script))
+        for name in ("one-hop", "two-hop"):
+            if name not in paths:
+                continue
+            with LocalFederation(workdir / name) as fed:
+                if name == "one-hop":
+                    ingress = fed.start_node("ingress", ingress=True, launcher=launcher,
+                                             extra_args=["--engine-url", mock_url, *QUIET])
+                    nodes = [ingress]
+                else:
+                    ingress = fed.start_node("ingress", ingress=True, launcher=launcher,
+                                             extra_args=QUIET)
+                    server = fed.start_node("server", bootstrap=[ingress], launcher=launcher,
+                                            extra_args=["--engine-url", mock_url, *QUIET])
+                    nodes = [ingress, server]
+                for i in range(args.idle_peers):
+                    fed.start_node(f"idle{i}", bootstrap=[ingress], extra_args=QUIET,
+                                   launcher=pinned(LOAD_CORE, [sys.executable, "-m", "otela"]))
+                wait_for(lambda ingress=ingress: any(
+                    m["id"] == MODEL for m in ingress.get("/v1/models")["data"]), 60,
+                    "the model to be served")
+                results.append(measure(name, ingress.http_url,
+                                       [n.process.pid for n in nodes], args, script))
+    finally:
+        mock.terminate()
+        mock.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+    report(results, args.concurrency)
+
+
+if __name__ == "__main__":
+    main()

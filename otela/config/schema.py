@@ -1,0 +1,336 @@
+"""Every node setting, declared once: ``NodeConfig``'s fields.
+
+A field declared with ``setting(...)`` carries everything the rest of otela needs to know
+about it: its type (the annotation), default, help, TOML section and key, ``OTELA_*``
+environment variable, command-line flag, parser (validation) and an example value. From
+these the command-line options (``options.py``), the config file ``otela init`` writes,
+``otela config show``, the resolution of the four layers (``layers.py``) and the settings
+table in docs/config.md are all generated, so adding a setting is one edit here plus its
+use. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otela.config import values as v
+from otela.paths import default_home
+
+DEFAULT_HTTP_PORT = 8092
+DEFAULT_P2P_PORT = 43905
+
+# Engine log lines after which the engine cannot be trusted to answer correctly again
+# (paper §7.1: fail-stop rather than attempt recovery). Case-insensitive regexes.
+DEFAULT_FATAL_PATTERNS: tuple[str, ...] = (
+    r"NCCL.*(timeout|timed out|timing out)",
+    r"Watchdog caught collective operation timeout",
+    r"CUDA out of memory",
+    r"torch\.(cuda\.)?OutOfMemoryError",
+    r"CUDA error: an illegal memory access",
+    r"uncorrectable ECC error",
+    r"RuntimeError: Engine core initialization failed",
+    r"EngineDeadError",
+)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the CLI, the environment, the config file and the docs know of one field."""
+
+    attr: str  # NodeConfig attribute
+    section: str  # TOML table
+    key: str  # TOML key
+    parse: Callable[[Any], Any]
+    help: str
+    example: str  # a valid value other than the default, as one would type it
+    flag: str | None  # command-line flag; None: file and environment only (advanced)
+    env: str
+    short: str | None = None
+    repeatable: bool = False  # a list given by repeating the flag
+    switch: bool = False  # a boolean given as --flag/--no-flag
+    shown_default: str | None = None  # how --help states the default, when not derivable
+    metavar: str | None = None
+
+    @property
+    def default(self) -> Any:
+        spec = NodeConfig.__dataclass_fields__[self.attr]
+        if spec.default_factory is not dataclasses.MISSING:
+            return spec.default_factory()
+        return spec.default
+
+    def describe_default(self) -> str | None:
+        """The default as ``--help`` states it (``None``: nothing worth stating)."""
+        if self.shown_default is not None:
+            return self.shown_default
+        value = self.default
+        if value is None or value == [] or value == {}:
+            return None
+        if self.parse is v.as_duration:
+            return v.format_duration(value)
+        if self.parse is v.as_size:
+            return v.format_size(value)
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return str(value)
+
+
+def setting(
+    section: str,
+    default: Any = None,
+    *,
+    parse: Callable[[Any], Any],
+    help: str,
+    example: str,
+    factory: Callable[[], Any] | None = None,
+    key: str | None = None,
+    flag: str | bool | None = True,
+    env: str | None = None,
+    short: str | None = None,
+    shown_default: str | None = None,
+    metavar: str | None = None,
+) -> Any:
+    """Declare a ``NodeConfig`` field as a setting (see the module docstring). The key
+    defaults to the attribute name, the flag to ``--key`` (``flag=False``: no flag), the
+    environment variable to ``OTELA_KEY``."""
+    meta = {"section": section, "parse": parse, "help": help, "example": example, "key": key,
+            "flag": flag, "env": env, "short": short, "shown_default": shown_default,
+            "metavar": metavar}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _setting_of(spec: dataclasses.Field[Any]) -> Setting:
+    meta = spec.metadata
+    key = meta["key"] or spec.name
+    flag = meta["flag"]
+    flag_name = None if flag is False else (flag if isinstance(flag, str) else
+                                            "--" + key.replace("_", "-"))
+    annotation = str(spec.type)
+    return Setting(
+        attr=spec.name, section=meta["section"], key=key, parse=meta["parse"],
+        help=meta["help"], example=meta["example"], flag=flag_name,
+        env=meta["env"] or "OTELA_" + key.upper(), short=meta["short"],
+        repeatable=annotation.startswith(("list[", "dict[")),
+        switch=annotation == "bool", shown_default=meta["shown_default"],
+        metavar=meta["metavar"],
+    )
+
+
+@dataclass
+class NodeConfig:
+    """The resolved settings a node runs with. Each field is one setting, declared once."""
+
+    # -- [node] ------------------------------------------------------------------------
+    home: Path = setting(
+        "node", factory=default_home, parse=v.as_path, example="/scratch/otela-node",
+        help="Node home: identity key, certificate, logs.",
+        shown_default="$XDG_CONFIG_HOME/otela/node", metavar="DIR")
+    listen_host: str = setting(
+        "node", "0.0.0.0", key="host", parse=v.as_str, example="127.0.0.1", metavar="ADDR",
+        help="Address to listen on (HTTP and libp2p).")
+    public_host: str | None = setting(
+        "node", parse=v.as_opt_str, example="10.0.0.5", metavar="ADDR",
+        help="Address other nodes reach us at. Default: --host, or this host's address.")
+    http_port: int = setting(
+        "node", DEFAULT_HTTP_PORT, parse=v.as_port, example="18092", metavar="PORT",
+        help="HTTP port (OpenAI API, inspection, engine hop); 0: any.")
+    p2p_port: int = setting(
+        "node", DEFAULT_P2P_PORT, parse=v.as_port, example="43906", metavar="PORT",
+        help="libp2p TCP port; 0: any.")
+    bootstrap: list[str] = setting(
+        "node", factory=list, parse=v.as_addresses, short="-b", metavar="MULTIADDR",
+        example="/ip4/10.0.0.5/tcp/43905/p2p/12D3KooWBootstrapPeer",
+        help="Multiaddr of a peer (or URL of a list of them) to join through. Repeatable; "
+        "env: comma or space separated.")
+    provider_id: str | None = setting(
+        "node", parse=v.as_opt_str, example="my-lab", metavar="NAME",
+        help="Who contributes this node; users allowlist providers. Default: derived from "
+        "the key.")
+    ingress: bool = setting(
+        "node", False, parse=v.as_bool, example="true",
+        help="Mark this node as an ingress (public entry point).")
+    status_file: Path | None = setting(
+        "node", parse=v.as_opt_path, example="/tmp/otela-status.json", metavar="FILE",
+        help="Write this node's peer id, addresses and HTTP URL as JSON here once listening "
+        "(for Slurm scripts that bootstrap other jobs).")
+
+    # -- [engine] ----------------------------------------------------------------------
+    process: str | None = setting(
+        "engine", parse=v.as_opt_str, metavar="COMMAND",
+        example="vllm serve Qwen/Qwen3-8B --port 8000",
+        help='Engine command to launch and supervise, e.g. "vllm serve Qwen/Qwen3-8B '
+        '--port 8000" (vLLM, SGLang, llama.cpp\'s llama-server or any OpenAI-compatible '
+        "server). Without it (and without --engine-url) the node joins as idle capacity.")
+    engine_url: str | None = setting(
+        "engine", parse=v.as_opt_str, example="http://127.0.0.1:8000", metavar="URL",
+        help="Engine base URL, when it cannot be read from the command's --port/--host; "
+        "without --process: an already running server to front (it must be reachable).")
+    model_meta: dict[str, str] = setting(
+        "engine", factory=dict, parse=v.as_meta, example="quantization=awq-4bit",
+        metavar="KEY=VALUE",
+        help="Metadata for the served models, overriding what the engine and its command "
+        "line say (dtype, quantization, tensor_parallel, max_context or any key). "
+        "Repeatable; env: comma separated.")
+    ready_timeout: float = setting(
+        "engine", 1800.0, parse=v.as_float, example="600", metavar="SECONDS",
+        help="Seconds to wait for the engine to answer before giving up; large models load "
+        "slowly.")
+    health_interval: float = setting(
+        "engine", 5.0, parse=v.as_float, example="2", metavar="SECONDS",
+        help="Seconds between engine health checks.")
+    health_failures: int = setting(
+        "engine", 3, parse=v.as_positive_int, example="5", metavar="N",
+        help="Failed health checks in a row that mean fail-stop.")
+    fatal_patterns: list[str] = setting(
+        "engine", factory=lambda: list(DEFAULT_FATAL_PATTERNS), parse=v.as_patterns,
+        flag="--fatal-pattern", example="Segmentation fault", metavar="REGEX",
+        shown_default="NCCL timeouts, CUDA out of memory... (see `otela config show`)",
+        help="Regex: an engine log line matching it means fail-stop. Repeatable; replaces "
+        "the defaults. Env: one regex (use | for several).")
+
+    # -- [logs] ------------------------------------------------------------------------
+    log_max_bytes: int = setting(
+        "logs", 50 * 1024 * 1024, parse=v.as_positive_int, flag=False, example="1000000",
+        help="Size at which the engine log is rotated.")
+    log_backups: int = setting(
+        "logs", 5, parse=v.as_int, flag=False, example="2",
+        help="Rotated engine logs kept.")
+    log_sink: Path | None = setting(
+        "logs", parse=v.as_opt_path, example="/scratch/failed-engines", metavar="DIR",
+        help="Directory to copy engine logs to when the engine fails.")
+    log_level: str = setting(
+        "logs", "INFO", parse=v.as_log_level, example="DEBUG", metavar="LEVEL",
+        help="Daemon log level (DEBUG, INFO, WARNING, ERROR).")
+
+    # -- [shutdown] --------------------------------------------------------------------
+    # Together below Slurm's default KillWait (30 s), so the engine is never SIGKILLed by
+    # Slurm mid-drain.
+    drain_grace: float = setting(
+        "shutdown", 15.0, parse=v.as_float, example="5", metavar="SECONDS",
+        help="On SIGTERM, seconds in-flight requests get to finish; keep drain grace + "
+        "engine stop grace below Slurm's KillWait.")
+    engine_stop_grace: float = setting(
+        "shutdown", 8.0, parse=v.as_float, example="3", metavar="SECONDS",
+        help="Seconds between SIGTERM and SIGKILL for the engine.")
+    leave_linger: float = setting(
+        "shutdown", 2.0, parse=v.as_duration, flag=False, example="1s",
+        help="After announcing DOWN or LEFT, how long to push the news to every peer.")
+
+    # -- [slurm] -----------------------------------------------------------------------
+    slurm_drain_margin: float = setting(
+        "slurm", 300.0, parse=v.as_float, example="120", metavar="SECONDS",
+        help="Inside a Slurm job: start draining this many seconds before the wall time.")
+    slurm_poll_interval: float = setting(
+        "slurm", 30.0, parse=v.as_float, flag=False, example="10",
+        help="Seconds between squeue polls for the job's time left.")
+
+    # -- [hardware] (override discovery) -----------------------------------------------
+    hw_cpus: int | None = setting(
+        "hardware", key="cpus", parse=v.as_opt_int, example="32", metavar="N",
+        help="Advertise this many CPU cores.")
+    hw_memory_gb: float | None = setting(
+        "hardware", key="memory_gb", parse=v.as_opt_float, example="256", metavar="GB",
+        help="Advertise this much memory.")
+    hw_gpus: str | None = setting(
+        "hardware", key="gpus", parse=v.as_opt_str, example="4xA100-SXM4-80GB:80",
+        metavar="SPEC",
+        help='Advertise these GPUs instead of what nvidia-smi/rocm-smi report, e.g. '
+        '"4xA100-SXM4-80GB:80,L40S:48" (memory in GB).')
+
+    # -- [membership] ------------------------------------------------------------------
+    authority: str | None = setting(
+        "membership", parse=v.as_opt_str, example="ed25519:AAAA", metavar="KEY",
+        help="Membership authority (the string `otela membership init` prints, or a file "
+        "holding it). With it, only nodes holding a valid certificate join. Without: open.")
+    certificate: Path | None = setting(
+        "membership", parse=v.as_opt_path, example="/etc/otela/node.cert", metavar="FILE",
+        shown_default="<home>/certificate.cert", help="This node's membership certificate.")
+
+    # -- [registry] --------------------------------------------------------------------
+    registry_retention: float = setting(
+        "registry", 24 * 3600.0, key="retention", flag="--registry-retention",
+        parse=v.as_duration, example="12h", metavar="DURATION",
+        help="How long LEFT nodes stay visible.")
+    registry_horizon: float = setting(
+        "registry", 48 * 3600.0, key="horizon", flag="--registry-horizon",
+        parse=v.as_duration, example="3d", metavar="DURATION",
+        help="Entries are compacted this long after their last signed update; live nodes "
+        "re-sign every horizon/8. At least the retention.")
+    anti_entropy_interval: float = setting(
+        "registry", 5.0, parse=v.as_duration, flag=False, example="10s",
+        help="Mean time between anti-entropy exchanges with a random peer.")
+
+    # -- [liveness] --------------------------------------------------------------------
+    probe_interval: float = setting(
+        "liveness", 1.0, parse=v.as_duration, example="2s",
+        metavar="DURATION", help="Failure detector probe period.")
+    suspicion_timeout: float = setting(
+        "liveness", 6.0, parse=v.as_duration, example="10s", metavar="DURATION",
+        help="How long a suspected node (no traffic meanwhile) has to refute before it is "
+        "evicted.")
+
+    # -- [nat] -------------------------------------------------------------------------
+    relay: bool = setting(
+        "nat", False, parse=v.as_bool, example="true",
+        help="Offer circuit-relay reservations, so nodes behind NAT become reachable "
+        "through this one. Run it on a host with a public address (see docs/nat.md).")
+    relay_reservations: int = setting(
+        "nat", 2, parse=v.as_positive_int, example="3", metavar="N",
+        help="When this node is behind NAT: how many relays to hold a reservation on.")
+    hole_punch: bool = setting(
+        "nat", True, parse=v.as_bool, example="false",
+        help="Try to upgrade relayed connections to direct ones (DCUtR). Turn off to keep "
+        "traffic on relays, e.g. to measure or debug them.")
+
+    # -- [http]: what one client may cost a node (docs/security.md) --------------------
+    max_body_bytes: int = setting(
+        "http", 32 * 1024 * 1024, key="max_body", parse=v.as_size, example="1MiB",
+        metavar="SIZE", help="Largest request body accepted on the HTTP port; larger: 413.")
+    header_timeout: float = setting(
+        "http", 10.0, parse=v.as_duration, example="5s", metavar="DURATION",
+        help="A request's headers must arrive within this time, and a new connection must "
+        "start one (slow clients cannot pin connections); else 408.")
+    body_timeout: float = setting(
+        "http", 60.0, parse=v.as_duration, example="30s", metavar="DURATION",
+        help="A request's body must arrive within this time; else 408.")
+    first_byte_timeout: float = setting(
+        "http", 300.0, parse=v.as_duration, example="2m", metavar="DURATION",
+        help="An engine that takes a request but sends nothing for this long gets it "
+        "cancelled and the client a 504. Non-streaming requests send nothing until done, "
+        "so keep it above your longest generation.")
+    max_connections_per_client: int = setting(
+        "http", 256, parse=v.as_positive_int, example="64", metavar="N",
+        help="Open connections one client address may hold; more get 429.")
+
+    def advertised_host(self) -> str:
+        """The address other nodes use to reach us (never a wildcard)."""
+        if self.public_host:
+            return self.public_host
+        if self.listen_host not in ("0.0.0.0", ""):
+            return self.listen_host
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+
+    @property
+    def engine_log(self) -> Path:
+        return self.home / "logs" / "engine.log"
+
+
+SETTINGS: tuple[Setting, ...] = tuple(
+    _setting_of(spec) for spec in dataclasses.fields(NodeConfig)
+)
+SETTINGS_BY_ATTR = {s.attr: s for s in SETTINGS}
+
+
+def default_of(attr: str) -> Any:
+    """A setting's default, for code that needs it without a resolved config (components
+    built outside a node, tests): the declaration above stays the only place it is written."""
+    return SETTINGS_BY_ATTR[attr].default

@@ -1,0 +1,229 @@
+"""Setting values: parsing what people type (flags, environment, TOML) and printing it back.
+
+Each parser takes a raw value (a string from a flag or the environment, or a TOML value)
+and returns the typed value or raises ``ValueError`` with a short reason; the caller adds
+which setting and which layer it came from. ``render_value`` prints a value the way the
+config file spells it, ``describe`` the way ``--help`` shows a default. Pure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from otela.durations import parse_duration
+
+
+def split_addresses(values: list[str]) -> list[str]:
+    """Flatten repeated flags and comma/space separated env values into one list."""
+    out: list[str] = []
+    for value in values:
+        out.extend(part for part in value.replace(",", " ").split() if part)
+    return out
+
+
+def as_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def as_opt_str(value: Any) -> str | None:
+    text = as_str(value)
+    return text or None
+
+
+def as_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"expected an integer, got {value!r}")
+
+
+def as_port(value: Any) -> int:
+    port = as_int(value)
+    if not 0 <= port < 65536:
+        raise ValueError(f"port out of range: {port}")
+    return port
+
+
+def as_positive_int(value: Any) -> int:
+    number = as_int(value)
+    if number < 1:
+        raise ValueError(f"must be at least 1, got {number}")
+    return number
+
+
+def as_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    if isinstance(value, int | float):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            raise ValueError(f"expected a number, got {value!r}") from None
+    else:
+        raise ValueError(f"expected a number, got {type(value).__name__}")
+    if number < 0:
+        raise ValueError(f"must not be negative, got {number}")
+    return number
+
+
+def as_opt_int(value: Any) -> int | None:
+    return None if value in ("", None) else as_positive_int(value)
+
+
+def as_opt_float(value: Any) -> float | None:
+    return None if value in ("", None) else as_float(value)
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"expected true/false, got {value!r}")
+
+
+def as_path(value: Any) -> Path:
+    return Path(os.path.expanduser(as_str(value)))
+
+
+def as_opt_path(value: Any) -> Path | None:
+    text = as_str(value)
+    return Path(os.path.expanduser(text)) if text else None
+
+
+def as_addresses(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return split_addresses([value])
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return split_addresses(value)
+    raise ValueError("expected a list of multiaddrs")
+
+
+def as_patterns(value: Any) -> list[str]:
+    # From env or a flag a value is one regex (alternation with | covers several).
+    patterns = [value] if isinstance(value, str) else value
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise ValueError("expected a list of regular expressions")
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"bad regular expression {pattern!r}: {exc}") from None
+    return list(patterns)
+
+
+_META_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+
+
+def parse_model_meta(items: list[str]) -> dict[str, str]:
+    """``["quantization=awq-4bit", ...]`` -> dict; rejects entries without ``=``."""
+    meta: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not _META_KEY.match(key):
+            raise ValueError(f"expected key=value with a simple key, got {item!r}")
+        meta[key] = value.strip()
+    return meta
+
+
+def as_meta(value: Any) -> dict[str, str]:
+    if isinstance(value, dict):
+        return parse_model_meta([f"{k}={v}" for k, v in value.items()])
+    if isinstance(value, str):
+        return parse_model_meta([p for p in value.split(",") if p.strip()])
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return parse_model_meta(value)
+    raise ValueError("expected key=value pairs")
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+               "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def as_size(value: Any) -> int:
+    """A byte count: an integer, or a number with a unit (``32MiB``, ``500kB``, ``1GB``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number, unit = float(value), ""
+    else:
+        match = _SIZE.match(as_str(value))
+        if match is None or match.group(2).lower() not in _SIZE_UNITS:
+            raise ValueError(f"expected a size such as 32MiB or 1000000, got {value!r}")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    size = int(number * _SIZE_UNITS[unit])
+    if size < 1:
+        raise ValueError(f"must be at least 1 byte, got {value!r}")
+    return size
+
+
+def as_duration(value: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return parse_duration(str(value))
+    return parse_duration(as_str(value))
+
+
+def as_log_level(value: Any) -> str:
+    level = as_str(value).upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+        raise ValueError(f"unknown log level {value!r}")
+    return level
+
+
+def format_duration(seconds: float) -> str:
+    """``86400`` -> ``24h``, ``300`` -> ``5m``, ``1.5`` -> ``1.5s``: as a person types it."""
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def format_size(size: int) -> str:
+    """``33554432`` -> ``32MiB``: the largest binary unit that divides it."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
+def render_value(value: Any) -> str:
+    """A value as it would appear in TOML (for ``otela config show`` and ``otela init``)."""
+    if value is None:
+        return '""'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Path):
+        return _toml_string(str(value))
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_string(str(v)) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_string(str(v))}" for k, v in value.items()) + "}"
+    return _toml_string(str(value))
+
+
+def _toml_string(text: str) -> str:
+    # A TOML literal string needs no escaping unless it contains a single quote.
+    if "'" not in text and "\n" not in text:
+        return f"'{text}'"
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'

@@ -1,0 +1,470 @@
+"""otela's HTTP/1.1 server: trio sockets and the llhttp parser (``httptools``), with limits.
+
+Every byte a client sends a node passes through here first, so this is where hostile
+input is bounded, whatever handler the request reaches afterwards:
+
+- headers must arrive within ``header_timeout`` of the first byte (or of the connection
+  opening) and fit in ``max_header_bytes`` (431 otherwise); the body must fit in
+  ``max_body_bytes`` (413, checked against ``Content-Length`` before reading, and while
+  reading a chunked body) and arrive within ``body_timeout`` (408);
+- a client address holds at most ``max_connections_per_client`` connections (429) and the
+  server ``max_connections`` (503), so no single client can take every file descriptor;
+- an idle keep-alive connection is closed after ``keep_alive_timeout``, a response that
+  the client does not read after ``send_timeout``;
+- malformed requests get a 400 and the connection is closed (never a traceback).
+
+Requests never outlive their client: while a handler runs, the connection keeps reading,
+so a client that hangs up cancels the handler (and with it every upstream request it made).
+Pipelined requests that arrive meanwhile are queued and answered in order. Responses are
+written with ``Content-Length`` when the handler knows it, chunked otherwise.
+
+Error bodies use the OpenAI shape, so clients report them properly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+import orjson
+import trio
+
+log = logging.getLogger("otela.http")
+
+Headers = list[tuple[bytes, bytes]]
+
+REASONS = {
+    100: "Continue", 200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
+    301: "Moved Permanently", 302: "Found", 304: "Not Modified", 307: "Temporary Redirect",
+    400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+    405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 413: "Content Too Large",
+    415: "Unsupported Media Type", 422: "Unprocessable Content", 429: "Too Many Requests",
+    431: "Request Header Fields Too Large", 500: "Internal Server Error",
+    501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                403: "permission_error", 404: "not_found_error", 408: "invalid_request_error",
+                413: "invalid_request_error", 429: "rate_limit_error",
+                431: "invalid_request_error", 502: "upstream_error",
+                503: "service_unavailable", 504: "upstream_timeout"}
+_RECV = 65536
+_PIPELINE_DEPTH = 16  # requests queued behind the one being answered before we stop reading
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one client may cost a node. Defaults suit a public ingress."""
+
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    keep_alive_timeout: float = 75.0  # longer than clients' pools keep idle connections
+    send_timeout: float = 60.0
+    max_connections_per_client: int = 256
+    max_connections: int = 8192
+
+
+def error_json(status: int, message: str, code: str | None = None,
+               param: str | None = None) -> bytes:
+    """An OpenAI-style error body."""
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": param,
+                                   "code": code}})
+
+
+@dataclass
+class Request:
+    """One parsed request, its body complete."""
+
+    method: str
+    target: bytes  # the raw request target: path and query, percent-encoded as sent
+    headers: Headers  # names lowercased, values as the bytes the client sent
+    body: bytes
+    client: tuple[str, int]
+    server: tuple[str, int]
+    http_version: str
+    keep_alive: bool
+
+    @property
+    def path(self) -> str:
+        return self.target.split(b"?", 1)[0].decode("latin-1")
+
+    @property
+    def query(self) -> bytes:
+        parts = self.target.split(b"?", 1)
+        return parts[1] if len(parts) > 1 else b""
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+
+class ClientGone(Exception):
+    """The client closed the connection, or stopped reading for ``send_timeout``."""
+
+
+class Response:
+    """How a handler answers: ``send`` a whole response, or ``start``/``write``/``end``."""
+
+    def __init__(self, conn: _Connection, request: Request) -> None:
+        self._conn = conn
+        self._head_only = request.method == "HEAD"
+        self._version = request.http_version
+        self.keep_alive = request.keep_alive
+        self.started = False
+        self.status = 0
+        self._chunked = False
+        self._ended = False
+
+    async def send(self, status: int, headers: Headers, body: bytes) -> None:
+        head = self._head(status, headers, len(body))
+        await self._conn.send(head if self._head_only else head + body)
+        self._ended = True
+
+    async def start(self, status: int, headers: Headers) -> None:
+        """Start a response whose length is not known yet (chunked, or close-delimited)."""
+        length = next((v for k, v in headers if k == b"content-length"), None)
+        await self._conn.send(self._head(status, headers, None if length is None
+                                         else int(length)))
+
+    async def write(self, data: bytes) -> None:
+        if not data or self._head_only:
+            return
+        if self._chunked:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        await self._conn.send(data)
+
+    async def end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self._chunked and not self._head_only:
+            await self._conn.send(b"0\r\n\r\n")
+
+    @property
+    def complete(self) -> bool:
+        return self._ended
+
+    def _head(self, status: int, headers: Headers, length: int | None) -> bytes:
+        self.started = True
+        self.status = status
+        lines = [b"HTTP/1.1 %d %b\r\n" % (status, REASONS.get(status, "").encode())]
+        for key, value in headers:
+            if key not in (b"content-length", b"transfer-encoding", b"connection"):
+                lines.append(b"%b: %b\r\n" % (key, value))
+        if length is not None:
+            lines.append(b"content-length: %d\r\n" % length)
+        elif status >= 200 and status not in (204, 304):
+            if self._version == "1.1":
+                self._chunked = True
+                lines.append(b"transfer-encoding: chunked\r\n")
+            else:
+                self.keep_alive = False  # HTTP/1.0: the end of the body is the close
+        if not self.keep_alive:
+            lines.append(b"connection: close\r\n")
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+
+Handler = Callable[[Request, Response], Awaitable[None]]
+
+
+class _Parsing:
+    """httptools callbacks: collect messages, count sizes, never raise into the parser."""
+
+    def __init__(self, limits: ServerLimits) -> None:
+        self.limits = limits
+        self.done: deque[tuple[Any, ...]] = deque()  # (target, headers, body, keep_alive, ...)
+        self.problem: tuple[int, str, str] | None = None  # status, message, code
+        self.closing = False  # no requests after the queued ones (an upgrade was asked)
+        self.in_message = False
+        self.headers_complete = False
+        self.expect_continue = False
+        self._target = bytearray()
+        self._headers: Headers = []
+        self._header_bytes = 0
+        self._body = bytearray()
+        self.parser: Any = None
+
+    def on_message_begin(self) -> None:
+        self.in_message = True
+        self.headers_complete = False
+        self._target = bytearray()
+        self._headers = []
+        self._header_bytes = 0
+        self._body = bytearray()
+
+    def on_url(self, url: bytes) -> None:
+        self._target += url
+        self._count_header(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value))
+        self._count_header(len(name) + len(value) + 4)
+
+    def _count_header(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > self.limits.max_header_bytes and self.problem is None:
+            self.problem = (431, "request headers are too large "
+                            f"(limit {self.limits.max_header_bytes} bytes)", "headers_too_large")
+
+    def on_headers_complete(self) -> None:
+        self.headers_complete = True
+        length = next((v for k, v in self._headers if k == b"content-length"), None)
+        if length is not None and length.strip().isdigit() and int(length) > \
+                self.limits.max_body_bytes and self.problem is None:
+            self.problem = self._too_large()
+        expect = next((v for k, v in self._headers if k == b"expect"), b"")
+        self.expect_continue = expect.lower() == b"100-continue"
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
+        if len(self._body) > self.limits.max_body_bytes and self.problem is None:
+            self.problem = self._too_large()
+
+    def on_message_complete(self) -> None:
+        self.in_message = False
+        self.expect_continue = False
+        if self.problem is not None:
+            return  # the request that broke a limit is refused, not answered
+        self.done.append((bytes(self._target), self._headers, bytes(self._body),
+                          self.parser.should_keep_alive(), self.parser.get_method().decode(),
+                          self.parser.get_http_version()))
+
+    def _too_large(self) -> tuple[int, str, str]:
+        return (413, f"request body exceeds the {self.limits.max_body_bytes} byte limit",
+                "request_too_large")
+
+
+class _Connection:
+    def __init__(self, server: HttpServer, stream: trio.SocketStream,
+                 client: tuple[str, int], local: tuple[str, int]) -> None:
+        self.server = server
+        self.stream = stream
+        self.client = client
+        self.local = local
+        self.limits = server.limits
+        self.parsing = _Parsing(self.limits)
+        self.parser = httptools.HttpRequestParser(self.parsing)
+        self.parsing.parser = self.parser
+        self.closed = False  # the client hung up (EOF or a reset)
+        self.served = 0  # requests answered on this connection
+        self.header_bytes = 0  # fed while the current request's headers are incomplete
+
+    async def send(self, data: bytes) -> None:
+        try:
+            with trio.fail_after(self.limits.send_timeout):
+                await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
+            self.closed = True
+            raise ClientGone(str(exc) or type(exc).__name__) from None
+
+    async def run(self) -> None:
+        try:
+            while True:
+                request = await self._next_request()
+                if request is None:
+                    return
+                keep_alive = await self._answer(request)
+                if not keep_alive or self.closed:
+                    return
+        except ClientGone:
+            return
+        finally:
+            with trio.move_on_after(1) as cleanup:
+                cleanup.shield = True
+                await self.stream.aclose()
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+            parsing = self.parsing
+            if parsing.in_message and not parsing.headers_complete:
+                # llhttp buffers a header until it is complete: bound what it may hold.
+                self.header_bytes += len(data)
+                if self.header_bytes > self.limits.max_header_bytes and parsing.problem is None:
+                    parsing.problem = (431, "request headers are too large (limit "
+                                       f"{self.limits.max_header_bytes} bytes)",
+                                       "headers_too_large")
+            else:
+                self.header_bytes = 0
+        except httptools.HttpParserUpgrade:
+            # We never switch protocols (RFC 9110 §7.8 lets a server ignore Upgrade), but
+            # what follows is not HTTP any more: answer what was asked, then close.
+            self.parsing.closing = True
+        except httptools.HttpParserError as exc:
+            detail = str(exc)[:120]
+            self.parsing.problem = self.parsing.problem or (
+                400, f"malformed HTTP request: {detail}", "malformed_request")
+
+    async def _receive(self) -> bytes:
+        try:
+            data = await self.stream.receive_some(_RECV)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if not data:
+            self.closed = True
+        return data
+
+    async def _next_request(self) -> Request | None:
+        """The next complete request, or ``None`` when the connection should close.
+
+        Deadlines: the first byte within ``header_timeout`` on a new connection (or
+        ``keep_alive_timeout`` between requests), the headers within ``header_timeout`` of
+        their first byte, the body within ``body_timeout`` of the headers."""
+        parsing = self.parsing
+        idle = self.limits.keep_alive_timeout if self.served else self.limits.header_timeout
+        wait_until = trio.current_time() + idle
+        headers_due: float | None = None
+        body_due: float | None = None
+        while not parsing.done:
+            if parsing.problem is not None:
+                await self._refuse(*parsing.problem)
+                return None
+            if self.closed or parsing.closing:
+                return None
+            if parsing.in_message and not parsing.headers_complete and headers_due is None:
+                headers_due = wait_until = trio.current_time() + self.limits.header_timeout
+            if parsing.headers_complete and body_due is None:
+                body_due = wait_until = trio.current_time() + self.limits.body_timeout
+                if parsing.expect_continue:
+                    await self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            with trio.move_on_at(wait_until):
+                data = await self._receive()
+                if data:
+                    self._feed(data)
+                continue
+            if parsing.in_message:
+                what = "body" if parsing.headers_complete else "headers"
+                await self._refuse(408, f"the request {what} did not arrive in time",
+                                   "request_timeout")
+            return None
+        target, headers, body, keep_alive, method, version = parsing.done.popleft()
+        return Request(method, target, headers, body, self.client, self.local, version,
+                       keep_alive)
+
+    async def _refuse(self, status: int, message: str, code: str) -> None:
+        body = error_json(status, message, code)
+        head = (b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n" % (status, REASONS.get(status, "").encode(),
+                                                len(body)))
+        with contextlib.suppress(ClientGone):
+            await self.send(head + body)
+
+    # -- answering ---------------------------------------------------------------------
+
+    async def _watch(self, handler_scope: trio.CancelScope) -> None:
+        """While a handler runs: notice the client hanging up (and cancel the handler);
+        queue pipelined requests; stop reading once enough are queued."""
+        parsing = self.parsing
+        while len(parsing.done) < _PIPELINE_DEPTH and parsing.problem is None \
+                and not parsing.closing:
+            data = await self._receive()
+            if not data:
+                handler_scope.cancel()
+                return
+            self._feed(data)
+        await trio.sleep_forever()
+
+    async def _answer(self, request: Request) -> bool:
+        response = Response(self, request)
+        if self.parsing.closing and not self.parsing.done:
+            response.keep_alive = False
+        self.served += 1
+        async with trio.open_nursery() as nursery:
+            handler_scope = trio.CancelScope()
+            nursery.start_soon(self._watch, handler_scope)
+            try:
+                with handler_scope:
+                    await self.server.handler(request, response)
+            except ClientGone:
+                pass
+            except Exception:
+                log.exception("handler failed for %s %s", request.method, request.path[:200])
+                if not response.started:
+                    body = error_json(500, "internal error", "internal_error")
+                    await response.send(500, [(b"content-type", b"application/json")], body)
+                else:
+                    response.keep_alive = False  # a half-sent body: the close tells the client
+            nursery.cancel_scope.cancel()
+        if self.closed:
+            return False
+        if not response.started:
+            await response.send(500, [(b"content-type", b"application/json")],
+                                error_json(500, "the handler sent no response", "internal_error"))
+        await response.end()
+        return response.keep_alive and response.complete
+
+
+class HttpServer:
+    """Serve ``handler`` on ``host:port``; ``run`` reports the bound (host, port) pairs."""
+
+    def __init__(self, handler: Handler, limits: ServerLimits | None = None) -> None:
+        self.handler = handler
+        self.limits = limits or ServerLimits()
+        self.connections = 0
+        self._per_client: dict[str, int] = {}
+
+    async def run(self, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        raise_fd_limit()
+        listeners = await trio.open_tcp_listeners(port, host=host or None, backlog=1024)
+        bound = [tuple(listener.socket.getsockname()[:2]) for listener in listeners]
+        task_status.started(bound)
+        await trio.serve_listeners(self._connection, listeners)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        try:
+            client = tuple(stream.socket.getpeername()[:2])
+            local = tuple(stream.socket.getsockname()[:2])
+        except OSError:
+            await stream.aclose()
+            return
+        address = str(client[0])
+        refusal = None
+        if self.connections >= self.limits.max_connections:
+            refusal = (503, "this node has too many open connections", "too_many_connections")
+        elif self._per_client.get(address, 0) >= self.limits.max_connections_per_client:
+            refusal = (429, f"too many connections from {address} (limit "
+                       f"{self.limits.max_connections_per_client})", "too_many_connections")
+        conn = _Connection(self, stream, client, local)
+        if refusal is not None:
+            await conn._refuse(*refusal)
+            with trio.move_on_after(1) as cleanup:
+                cleanup.shield = True
+                await stream.aclose()
+            return
+        self.connections += 1
+        self._per_client[address] = self._per_client.get(address, 0) + 1
+        try:
+            await conn.run()
+        finally:
+            self.connections -= 1
+            left = self._per_client[address] - 1
+            if left:
+                self._per_client[address] = left
+            else:
+                del self._per_client[address]
+
+
+def raise_fd_limit() -> None:
+    """Lift the soft descriptor limit to the hard one (often 1024 vs 1M): a node holds
+    a connection per client and per upstream, and running out is a silent outage."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        pass

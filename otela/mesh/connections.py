@@ -1,0 +1,38 @@
+"""What kind of libp2p connection we hold to a peer: direct, or through a relay circuit.
+
+One predicate for every place that asks (NAT traversal's connection log, the dial-back
+check, which must ignore addresses observed over a relay, and the libp2p data path, which
+moves new requests to a direct connection once hole punching made one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from libp2p.peer.id import ID
+
+from otela.mesh.relay import is_circuit
+
+
+def _addresses(conn: Any) -> list[str] | None:
+    try:
+        return [str(a) for a in conn.get_transport_addresses()]
+    except Exception:
+        return None  # not a connection that can tell (closed, or another kind)
+
+
+def is_relayed(conn: Any) -> bool:
+    """Whether a (muxed) connection runs through a relay circuit: its transport addresses
+    are ``/p2p-circuit`` ones. ``False`` when the connection cannot tell."""
+    return any(is_circuit(a) for a in _addresses(conn) or ())
+
+
+def connection_kinds(host: Any, peer_id: ID) -> set[str]:
+    """``{"direct", "relayed"}`` subset describing our live connections to ``peer_id``."""
+    conns = host.get_network().get_connections(peer_id)
+    kinds = set()
+    for conn in conns if isinstance(conns, list) else [conns]:
+        addrs = _addresses(conn)
+        if addrs is not None:
+            kinds.add("relayed" if any(is_circuit(a) for a in addrs) else "direct")
+    return kinds

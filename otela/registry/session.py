@@ -1,0 +1,56 @@
+"""Session ids that name their owner: only the peer that created a session can write it.
+
+A registry entry is keyed by session id and signed by the record's ``peer_id``. A valid
+signature alone proves only that *some* peer signed the record; without a binding between
+the key and the signer, any member could sign a record for another node's session (a
+higher version, its own URL) and every replica would take it. So a session id commits to
+its creator's peer id:
+
+    session_id = nonce || tag,   tag = BLAKE2b-96(domain || peer_id || nonce)
+
+(``nonce``: 8 random bytes, both parts in hex; 40 characters in all). Anyone can check
+``owns(peer_id, session_id)`` from the two strings alone, and writing a record for a
+victim's session would need a key pair whose peer id hits the victim's 96-bit tag: a
+second preimage, not a forgery a member can make. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+_DOMAIN = b"otela/session/v1\0"
+NONCE_HEX = 16
+TAG_HEX = 24
+SESSION_ID_LENGTH = NONCE_HEX + TAG_HEX
+_HEX = frozenset("0123456789abcdef")
+
+
+def _tag(peer_id: str, nonce: str) -> str:
+    digest = hashlib.blake2b(
+        _DOMAIN + peer_id.encode() + b"\0" + nonce.encode(), digest_size=TAG_HEX // 2
+    )
+    return digest.hexdigest()
+
+
+def session_id_for(peer_id: str, nonce: str) -> str:
+    """The session id that ``nonce`` (16 hex digits) names for ``peer_id``."""
+    if len(nonce) != NONCE_HEX or not set(nonce) <= _HEX:
+        raise ValueError(f"a session nonce is {NONCE_HEX} lowercase hex digits, got {nonce!r}")
+    return nonce + _tag(peer_id, nonce)
+
+
+def new_session_id(peer_id: str) -> str:
+    """A fresh session id owned by ``peer_id`` (a new one on every start and every rejoin)."""
+    return session_id_for(peer_id, secrets.token_hex(NONCE_HEX // 2))
+
+
+def owns(peer_id: str, session_id: str) -> bool:
+    """Whether ``session_id`` was created by ``peer_id`` (the only peer that may write it)."""
+    if len(session_id) != SESSION_ID_LENGTH:
+        return False
+    nonce, tag = session_id[:NONCE_HEX], session_id[NONCE_HEX:]
+    if not set(nonce) <= _HEX:
+        return False
+    return hmac.compare_digest(tag, _tag(peer_id, nonce))

@@ -1,0 +1,140 @@
+"""How the router classifies upstream failures (real sockets, in process): only a request
+that provably never reached an engine is retried elsewhere; everything else is a clear
+502 or 504 with an OpenAI error body, never a bare 500, and never run twice."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from otela.api.errors import APIError
+from otela.registry.crdt import Entry
+from otela.registry.records import Lifecycle
+from otela.registry.store import Registry
+from otela.routing.router import Router
+
+from .registry_helpers import entry
+
+NOW = 1000.0
+OK = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n"
+      b'{"ok":true}')
+
+
+class FirstChoice(random.Random):
+    """Picks candidates in the order given, so a test knows which one is tried first."""
+
+    def choice(self, seq: Sequence[Any]) -> Any:
+        return seq[0]
+
+
+async def read_request(stream: trio.SocketStream) -> None:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return
+        data += chunk
+
+
+Behaviour = Callable[[trio.SocketStream], Awaitable[None]]
+
+
+async def answers(stream: trio.SocketStream) -> None:
+    await read_request(stream)
+    await stream.send_all(OK)
+
+
+async def closes_without_answering(stream: trio.SocketStream) -> None:
+    await read_request(stream)  # took it: the engine may be running it now
+
+
+async def resets_after_reading(stream: trio.SocketStream) -> None:
+    await read_request(stream)
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+
+
+async def says_not_delivered(stream: trio.SocketStream) -> None:
+    await read_request(stream)
+    await stream.send_all(b"HTTP/1.1 503 Service Unavailable\r\nx-otela-not-delivered: 1\r\n"
+                          b"content-length: 0\r\n\r\n")
+
+
+async def never_answers(stream: trio.SocketStream) -> None:
+    await read_request(stream)
+    await trio.sleep_forever()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def route_through(behaviours: list[Behaviour | None], timeout: float = 5.0
+                        ) -> tuple[int, list[int]]:
+    """Route one request over candidates with these behaviours (``None``: nothing listens),
+    tried in order; the response status (or the APIError's) and hits per candidate."""
+    hits = [0] * len(behaviours)
+    registry = Registry()
+    async with trio.open_nursery() as nursery:
+        for i, behaviour in enumerate(behaviours):
+            if behaviour is None:
+                port = closed_port()
+            else:
+                async def serve(stream: trio.SocketStream, i: int = i,
+                                behaviour: Behaviour = behaviour) -> None:
+                    hits[i] += 1
+                    async with stream:
+                        await behaviour(stream)
+
+                listeners = await nursery.start(trio.serve_tcp, serve, 0)
+                port = listeners[0].socket.getsockname()[1]
+            registry.apply(serving_entry(f"node{i}", f"http://127.0.0.1:{port}"), NOW)
+        async with httpx.AsyncClient(trust_env=False) as client:
+            router = Router(registry, client, lambda: "me", None, rng=FirstChoice(),
+                            first_byte_timeout=timeout)
+            try:
+                response = await router.route("m", "/v1/chat/completions", b"{}", {})
+                status = response.status_code
+            except APIError as exc:
+                status = exc.status
+        nursery.cancel_scope.cancel()
+    return status, hits
+
+
+def serving_entry(name: str, url: str) -> Entry:
+    base = entry(name, 1, Lifecycle.SERVING, models=("m",))
+    return dataclasses.replace(base, record=dataclasses.replace(base.record, http_url=url))
+
+
+def run(behaviours: list[Behaviour | None], timeout: float = 5.0) -> tuple[int, list[int]]:
+    return trio.run(route_through, behaviours, timeout)
+
+
+def test_a_refused_connection_is_retried_on_the_next_node():
+    status, hits = run([None, answers])
+    assert status == 200 and hits == [0, 1]
+
+
+def test_a_node_that_says_it_did_not_deliver_is_retried():
+    status, hits = run([says_not_delivered, answers])
+    assert status == 200 and hits == [1, 1]
+
+
+@pytest.mark.parametrize("behaviour", [closes_without_answering, resets_after_reading],
+                         ids=["closed", "reset"])
+def test_a_connection_lost_after_sending_is_a_502_and_never_retried(behaviour):
+    status, hits = run([behaviour, answers])
+    assert status == 502 and hits == [1, 0]
+
+
+def test_an_upstream_that_never_answers_is_a_504_after_the_first_byte_timeout():
+    status, hits = run([never_answers, answers], timeout=0.5)
+    assert status == 504 and hits == [1, 0]
