@@ -1,10 +1,12 @@
 """Replay overhead: requests/s the replayer sustains on ONE core, and its arrival-time error.
 
-Starts the microsecond mock engine (`traces.replay.mock_engine`) as its own process on the
-other core, pins this process (the replayer) to one core, and replays Poisson traces at
-increasing rates, streaming (the default) and not. Prints, per rate: achieved throughput,
-send lag (actual send - scheduled arrival) p50/p99/max, errors, and the replayer's CPU use
-(user+sys seconds / wall seconds: 1.0 = one core saturated).
+Starts a microsecond mock engine as its own process on the other core — by default the
+data-path benchmark's (`benchmarks/mock_engine.py`, on otela's own HTTP server), or with
+`--engine traces` the replay package's (`traces.replay.mock_engine`) — pins this process
+(the replayer) to one core, and replays Poisson traces at increasing rates, streaming (the
+default) and not. Prints, per rate: achieved throughput, send lag (actual send - scheduled
+arrival) p50/p99/max, errors, and the replayer's CPU use (user+sys seconds / wall seconds:
+1.0 = one core saturated).
 
     .venv/bin/python benchmarks/replay_bench.py [--rates 1000,2000,3000] [--seconds 5]
 """
@@ -18,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -53,16 +56,22 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--output-tokens", type=int, default=8)
     ap.add_argument("--input-tokens", type=int, default=128)
+    ap.add_argument("--engine", choices=("data-path", "traces"), default="data-path")
     args = ap.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     port = _free_port()
     engine_cpu = [cores[-1]] if len(cores) > 1 else cores
-    cmd = [sys.executable, "-m", "traces.replay.mock_engine", "--port", str(port)]
+    if args.engine == "data-path":
+        script = str(Path(__file__).with_name("mock_engine.py"))
+        cmd = [sys.executable, script, "--port", str(port), "--model", "mock",
+               "--chunks", str(args.output_tokens)]
+    else:
+        cmd = [sys.executable, "-m", "traces.replay.mock_engine", "--port", str(port)]
     proc = subprocess.Popen(cmd, preexec_fn=lambda: os.sched_setaffinity(0, engine_cpu))
     try:
         _wait_port(port)
         os.sched_setaffinity(0, [cores[0]])
-        print(f"replayer on core {cores[0]}, mock engine on core {engine_cpu[0]}")
+        print(f"replayer on core {cores[0]}, {args.engine} mock engine on core {engine_cpu[0]}")
         print(
             f"{'mode':<10}{'rate':>7}{'reqs':>7}{'achieved/s':>12}{'lag p50':>10}"
             f"{'lag p99':>10}{'lag max':>10}{'errors':>8}{'cpu':>7}"
