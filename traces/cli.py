@@ -125,6 +125,8 @@ def gen_cmd(
         curve = None
         if diurnal:
             parts = [float(x) for x in diurnal.split(",")]
+            if not 1 <= len(parts) <= 3:
+                raise ValueError("--diurnal takes AMP[,PERIOD_S[,PEAK_S]]")
             curve = Diurnal(*parts)
         spec = GenSpec(
             rate=rate,

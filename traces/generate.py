@@ -44,6 +44,18 @@ class GenSpec:
     prefix_len: int = 0
     max_len: int = 1 << 20
 
+    def __post_init__(self) -> None:
+        if self.rate <= 0:
+            raise ValueError("rate must be > 0")
+        if self.requests is not None and self.requests < 1:
+            raise ValueError("requests must be >= 1")
+        if self.duration is not None and self.duration <= 0:
+            raise ValueError("duration must be > 0")
+        if self.cv <= 0:
+            raise ValueError("cv must be > 0")
+        if self.prefix_groups < 0 or self.prefix_len < 0:
+            raise ValueError("prefix groups and length must be >= 0")
+
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "rate": self.rate,

@@ -117,6 +117,9 @@ def test_gen_convert_and_clean_errors(tmp_path: Path) -> None:
         ["trace", "gen", str(out), "--rate", "5"],  # no duration / count
         ["trace", "gen", str(out), "--duration", "5", "--input", "gauss:3"],
         ["trace", "gen", str(out), "--duration", "5", "--preset", "nope"],
+        ["trace", "gen", str(out), "--duration", "5", "--diurnal", "0.5,1,2,3"],
+        ["trace", "gen", str(out), "--duration", "5", "--diurnal", "1.5"],
+        ["trace", "gen", str(out), "--duration", "5", "--cv", "0"],
         ["trace", "analyze", str(tmp_path / "missing.jsonl")],
         ["trace", "replay", str(out), "--url", "ftp://x"],
         ["trace", "replay", str(out), "--url", "http://127.0.0.1:1", "--speed", "0"],
