@@ -230,7 +230,8 @@ def replay_cmd(
 
     Open loop by default: request i is sent at its recorded arrival / speed, whatever the
     endpoint does. Writes the measured requests as a new trace and prints a summary
-    (TTFT/TPOT/end-to-end percentiles, goodput under the SLOs, errors by kind).
+    (TTFT/TPOT/end-to-end percentiles, goodput under the SLOs, errors by kind). Exit codes:
+    0 done, 1 every request failed, 2 bad input, 130 interrupted (partial results written).
     """
     from traces.replay.runner import Replayer, ReplayOptions
 
@@ -282,6 +283,9 @@ def replay_cmd(
     console.print(f"result trace written to {dest}")
     if replayer.live.interrupted:
         raise typer.Exit(130)
+    if summary.get("requests") and not summary.get("succeeded"):
+        err_console.print("[red]every request failed[/red] (see errors above)")
+        raise typer.Exit(1)
 
 
 # ---- analyze / compare / convert ---------------------------------------------------------
