@@ -45,6 +45,12 @@ def _wait_port(port: int, timeout: float = 10.0) -> None:
     raise SystemExit(f"mock engine did not listen on {port}")
 
 
+def _proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of another process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -74,7 +80,7 @@ def main() -> None:
         print(f"replayer on core {cores[0]}, {args.engine} mock engine on core {engine_cpu[0]}")
         print(
             f"{'mode':<10}{'rate':>7}{'reqs':>7}{'achieved/s':>12}{'lag p50':>10}"
-            f"{'lag p99':>10}{'lag max':>10}{'errors':>8}{'cpu':>7}"
+            f"{'lag p99':>10}{'lag max':>10}{'errors':>8}{'cpu':>7}{'engine':>8}"
         )
         for stream in (True, False):
             for rate in (float(r) for r in args.rates.split(",")):
@@ -89,16 +95,18 @@ def main() -> None:
                         seed=1,
                     )
                 )
-                c0, w0 = _cpu(), time.perf_counter()
+                c0, e0, w0 = _cpu(), _proc_cpu(proc.pid), time.perf_counter()
                 res = replay(trace, ReplayOptions(url=f"http://127.0.0.1:{port}", stream=stream))
-                cpu = (_cpu() - c0) / (time.perf_counter() - w0)
+                wall = time.perf_counter() - w0
+                cpu = (_cpu() - c0) / wall
+                engine_cpu = (_proc_cpu(proc.pid) - e0) / wall
                 s = summarize(res.records)
                 lag = np.array([abs(r.send_lag or 0.0) for r in res.records]) * 1e3
                 print(
                     f"{'stream' if stream else 'json':<10}{rate:>7.0f}{n:>7d}"
                     f"{s['throughput_rps']:>12.0f}{np.percentile(lag, 50):>8.3f}ms"
                     f"{np.percentile(lag, 99):>8.3f}ms{lag.max():>8.2f}ms"
-                    f"{s['failed']:>8d}{cpu:>7.2f}",
+                    f"{s['failed']:>8d}{cpu:>7.2f}{engine_cpu:>8.2f}",
                     flush=True,
                 )
     finally:
