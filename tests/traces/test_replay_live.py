@@ -1,6 +1,7 @@
 """Replay against real processes on 127.0.0.1: a local otela federation (ingress node wrapping
 the echo engine) and the microsecond mock engine that fails on request."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -23,21 +24,31 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An ingress node wrapping the echo engine. With two or more cores the federation runs on
+    the last core and this process (the replayer, and the timing control it starts) on the
+    others, as a load generator on its own client machine would."""
     root = tmp_path_factory.mktemp("fed")
-    with LocalFederation(root) as fed:
-        node = fed.start_node(
-            "ingress",
-            ingress=True,
-            provider_id="lab-replay",
-            process=echo_engine_command(free_port(), ["m1"]),
-        )
+    cores = sorted(os.sched_getaffinity(0))
+    try:
+        if len(cores) > 1:
+            os.sched_setaffinity(0, cores[-1:])  # the node and its engine inherit this at spawn
+        with LocalFederation(root) as fed:
+            node = fed.start_node(
+                "ingress",
+                ingress=True,
+                provider_id="lab-replay",
+                process=echo_engine_command(free_port(), ["m1"]),
+            )
+            os.sched_setaffinity(0, cores[:-1] or cores)
 
-        def serving() -> bool:
-            r = httpx.get(f"{node.http_url}/v1/models", timeout=5, trust_env=False)
-            return any(m["id"] == "m1" for m in r.json().get("data", []))
+            def serving() -> bool:
+                r = httpx.get(f"{node.http_url}/v1/models", timeout=5, trust_env=False)
+                return any(m["id"] == "m1" for m in r.json().get("data", []))
 
-        wait_for(serving, 60, "the ingress to serve m1", interval=0.3)
-        yield node.http_url
+            wait_for(serving, 60, "the ingress to serve m1", interval=0.3)
+            yield node.http_url
+    finally:
+        os.sched_setaffinity(0, cores)
 
 
 CONTROL = """
@@ -113,7 +124,11 @@ def test_replay_reproduces_recorded_arrivals_through_a_federation(
         s = summarize(res.records)
         assert s["succeeded"] == 240, s["errors"]
         sent = np.array([r.arrival for r in res.records])
-        err = np.abs((sent - sent[0]) - (want - want[0]))
+        # each request's offset from its recorded arrival, around the run's median offset
+        # (the time origin is arbitrary; anchoring on the first request would charge its own
+        # lateness to every other request)
+        offset = (sent - sent[0]) - (want - want[0])
+        err = np.abs(offset - np.median(offset))
         p99 = float(np.percentile(err, 99))
         results.append((control_p99, p99))
         print(
