@@ -235,6 +235,9 @@ def _mount_optional_apps() -> None:
     except ImportError:
         return
     app.add_typer(sim_app, name="sim", help="Roofline serving simulator: analyze and run.")
+    from traces.cli import app as trace_app  # type: ignore[import-not-found,unused-ignore]
+
+    app.add_typer(trace_app, name="trace", help="Request traces: gen, replay, analyze, compare.")
 
 
 _mount_optional_apps()

@@ -6,7 +6,8 @@ returns plain dicts/dataclasses, so callers never touch engine internals.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -21,25 +22,48 @@ from simulator.roofline import Op, Parallelism, Precision, StepCost, operator_br
 from simulator.workload import Workload, synthetic
 
 DEFAULT_STEP_OVERHEAD_S = 1.0e-3
-"""CPU-side cost of one engine iteration (scheduling, sampling, launching a CUDA graph):
-~1 ms in vLLM V1 / SGLang with CUDA graphs. Explicit, overridable, documented."""
+"""Historical default of the per-iteration engine overhead. The value a deployment uses now
+comes from its GPU's calibration profile (catalog/hardware.toml); kept for old callers."""
 
 
 @dataclass(frozen=True)
 class Deployment:
-    """One replica configuration: what runs where, and how the engine is set up."""
+    """One replica configuration: what runs where, and how the engine is set up.
+
+    `step_overhead_s` / `tp_overhead_s` left as None take the GPU profile's calibrated values;
+    `calibration` overrides any other profile field (e.g. ``{"memory": 0.8}``) for this
+    deployment only. `ep=tp` shards MoE experts whole across the TP group (expert parallelism).
+    `engine` left as None is set, at construction, to the defaults vLLM uses on that GPU
+    (token budget and maximum sequences per iteration, from the profile).
+    """
 
     model: str | ModelSpec
     gpu: str | GPU
     tp: int = 1
     pp: int = 1
     precision: Precision = field(default_factory=Precision)
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    engine: EngineConfig | None = None
     gpu_memory_utilization: float = 0.9
     activation_gb: float | None = None
     kv_pool_gb: float | None = None
-    step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
-    tp_overhead_s: float = 0.0
+    step_overhead_s: float | None = None
+    tp_overhead_s: float | None = None
+    ep: int = 1
+    calibration: tuple[tuple[str, float], ...] | Mapping[str, float] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.calibration, Mapping):
+            object.__setattr__(self, "calibration", tuple(sorted(self.calibration.items())))
+        if self.engine is None:  # resolve now, so `dep.engine` is always an EngineConfig
+            cal = self.gpu_spec.calibration
+            defaults = EngineConfig(
+                max_num_seqs=cal.max_num_seqs, max_batched_tokens=cal.max_batched_tokens
+            )
+            object.__setattr__(self, "engine", defaults)
+        if self.ep not in (1, self.tp):
+            raise ValueError(
+                f"expert parallelism must be 1 or equal to TP ({self.tp}), not {self.ep}"
+            )
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -47,22 +71,31 @@ class Deployment:
 
     @property
     def gpu_spec(self) -> GPU:
-        return self.gpu if isinstance(self.gpu, GPU) else get_gpu(self.gpu)
+        g = self.gpu if isinstance(self.gpu, GPU) else get_gpu(self.gpu)
+        overrides = dict(self.calibration)
+        return g.with_calibration(**overrides) if overrides else g
 
     @property
     def parallelism(self) -> Parallelism:
-        return Parallelism(self.tp, self.pp)
+        return Parallelism(self.tp, self.pp, self.ep)
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The engine settings in force: explicit, or vLLM's defaults for this GPU."""
+        assert self.engine is not None  # resolved in __post_init__
+        return self.engine
 
     def memory(self) -> MemoryPlan:
+        eng = self.engine_config
         return plan_memory(
             self.model_spec,
             self.gpu_spec,
             self.parallelism,
             self.precision,
             gpu_memory_utilization=self.gpu_memory_utilization,
-            block_size=self.engine.block_size,
-            max_batched_tokens=self.engine.max_batched_tokens,
-            max_num_seqs=self.engine.max_num_seqs,
+            block_size=eng.block_size,
+            max_batched_tokens=eng.max_batched_tokens,
+            max_num_seqs=eng.max_num_seqs,
             activation_bytes=None if self.activation_gb is None else self.activation_gb * 2**30,
             kv_pool_bytes=None if self.kv_pool_gb is None else self.kv_pool_gb * 1e9,
         )
@@ -75,7 +108,7 @@ class Deployment:
             self.precision,
             self.step_overhead_s,
             self.tp_overhead_s,
-            max(self.engine.max_batched_tokens, 1),
+            max(self.engine_config.max_batched_tokens, 1),
         )
 
 
@@ -85,8 +118,8 @@ def _cost(
     gpu: GPU,
     par: Parallelism,
     prec: Precision,
-    overhead: float,
-    tp_overhead: float,
+    overhead: float | None,
+    tp_overhead: float | None,
     max_tokens: int,
 ) -> StepCost:
     """Operator tables are pure functions of the configuration: build each one once."""
@@ -122,7 +155,7 @@ def analyze(
     mid = input_len + output_len // 2
     dec = operator_breakdown(m, g, par, prec, batch, 1, mid, dep.step_overhead_s, dep.tp_overhead_s)
     cost = dep.cost()
-    ttft = sum(o.time_s for o in pre)
+    ttft = sum(o.time_s for o in pre) + cost.request_overhead
     steps = np.arange(output_len - 1)
     ctx = (input_len + 1 + steps) * batch
     tpots = np.array([cost.step_time(batch, float(c)) for c in ctx]) if len(steps) else np.zeros(0)
@@ -148,8 +181,9 @@ def analyze(
             "compute": g.efficiency.compute,
             "memory": g.efficiency.memory,
             "comm": g.efficiency.comm,
-            "step_overhead_s": dep.step_overhead_s,
+            "step_overhead_s": cost.fixed_overhead,
         },
+        "calibration": asdict(g.calibration),
         "prefill": {"ops": _ops_dict(pre), "time_s": ttft},
         "decode": {"ops": _ops_dict(dec), "time_s": sum(o.time_s for o in dec), "context": mid},
         "totals": {
@@ -182,7 +216,9 @@ def run(
     plan = dep.memory()
     if not plan.fits:
         return {"fits": False, "reason": plan.reason}
-    out = simulate(workload, dep.cost(), plan, dep.engine, replicas, router, max_concurrency, seed)
+    out = simulate(
+        workload, dep.cost(), plan, dep.engine_config, replicas, router, max_concurrency, seed
+    )
     res = summarize(out, slo, timeline_points)
     res["fits"] = True
     res["deployment"] = {

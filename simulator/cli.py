@@ -15,9 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from simulator.api import DEFAULT_STEP_OVERHEAD_S, Deployment, analyze, run
+from simulator.api import Deployment, analyze, run
 from simulator.engine import EngineConfig
-from simulator.hardware import list_gpus
+from simulator.hardware import Calibration, list_gpus, parse_calibration
 from simulator.models import list_models
 from simulator.report import SLO
 from simulator.roofline import Precision
@@ -58,6 +58,13 @@ def _dump(obj: Any) -> str:
     return json.dumps(clean(obj), indent=2)
 
 
+CALIB_HELP = (
+    "override a calibration constant of the GPU profile, FIELD=VALUE (repeatable), e.g. "
+    "step_overhead_s=0.002, tp_overhead_s=0.0005, compute_fp8=0.5, runtime_reserve_gib=2; "
+    "`otela sim list --calibration` shows every field"
+)
+
+
 def _deployment(
     model: str,
     gpu: str,
@@ -69,7 +76,9 @@ def _deployment(
     engine: EngineConfig | None = None,
     mem_util: float = 0.9,
     kv_pool_gb: float | None = None,
-    overhead_ms: float = DEFAULT_STEP_OVERHEAD_S * 1e3,
+    overhead_ms: float | None = None,
+    calib: list[str] | None = None,
+    ep: bool = False,
 ) -> Deployment:
     try:
         dep = Deployment(
@@ -78,16 +87,32 @@ def _deployment(
             tp=tp,
             pp=pp,
             precision=Precision(weight_bits, act_bits, kv_bits),
-            engine=engine or EngineConfig(),
+            engine=engine,
             gpu_memory_utilization=mem_util,
             kv_pool_gb=kv_pool_gb,
-            step_overhead_s=overhead_ms / 1e3,
+            step_overhead_s=None if overhead_ms is None else overhead_ms / 1e3,
+            ep=tp if ep else 1,
+            calibration=parse_calibration(calib or []),
         )
         _ = dep.model_spec, dep.gpu_spec  # resolve names now: clean error, not a traceback
         return dep
-    except KeyError as e:
-        console.print(f"[red]{e.args[0]}[/red]")
+    except (KeyError, ValueError) as e:
+        console.print(f"[red]{e.args[0] if e.args else e}[/red]")
         raise typer.Exit(2) from e
+
+
+def _workload_from_trace(path: Path, model: str | None) -> Any:
+    """Load a trace file; with `model`, keep only that model's requests (otela traces)."""
+    if model is None:
+        return load_trace(path)
+    from simulator.workload import workload_from_trace
+    from traces.io import read_trace
+
+    t = read_trace(path)
+    t.records = [r for r in t.records if r.model == model]
+    if not t.records:
+        raise ValueError(f"{path}: no requests for model {model!r}")
+    return workload_from_trace(t)
 
 
 def _load_path(p: str) -> Any:
@@ -108,10 +133,12 @@ def analyze_cmd(
     weight_bits: float = typer.Option(16, "--weight-bits"),
     act_bits: float = typer.Option(16, "--act-bits"),
     kv_bits: float = typer.Option(16, "--kv-bits"),
+    ep: bool = typer.Option(False, "--ep/--no-ep", help="expert parallelism (MoE: EP = TP)"),
+    calib: list[str] = typer.Option([], "--calib", help=CALIB_HELP),
     as_json: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
 ) -> None:
     """Per-operator roofline breakdown (time, FLOPs, bytes, bound) for prefill and decode."""
-    dep = _deployment(model, gpu, tp, pp, weight_bits, act_bits, kv_bits)
+    dep = _deployment(model, gpu, tp, pp, weight_bits, act_bits, kv_bits, calib=calib, ep=ep)
     res = analyze(dep, batch, input_len, output_len)
     if as_json:
         sys.stdout.write(_dump(res) + "\n")
@@ -156,10 +183,21 @@ def analyze_cmd(
     s.add_row("max batch at this length", str(mem["max_batch_at_context"]))
     s.add_row("max context", str(mem["max_context"]))
     s.add_row("fits", "yes" if mem["fits"] else f"[red]no: {mem['reason']}[/red]")
-    eff = res["efficiency"]
+    cal = res["calibration"]
+    bits = res["precision"]
+    compute_eff = (
+        cal["compute_fp8"] or cal["compute"]
+        if max(bits["weight_bits"], bits["act_bits"]) <= 8
+        else cal["compute"]
+    )
     s.add_row(
-        "efficiency factors",
-        f"{eff['class']}: compute {eff['compute']}, memory {eff['memory']}, comm {eff['comm']}",
+        "calibration profile",
+        f"{cal['name']}: compute {compute_eff:g}, memory {cal['memory']:g}, "
+        f"comm {cal['comm']:g}; overheads: step {cal['step_overhead_s'] * 1e3:g} ms "
+        f"(+{cal['tp_overhead_s'] * 1e3:g} ms per extra rank), "
+        f"{cal['seq_overhead_s'] * 1e6:g} us/sequence, "
+        f"{cal['launch_per_layer_s'] * 1e6:g} us/layer, "
+        f"{cal['request_overhead_s'] * 1e3:g} ms/request (override: --calib FIELD=VALUE)",
     )
     console.print(s)
 
@@ -171,7 +209,17 @@ def run_cmd(
     tp: int = typer.Option(1, "--tp"),
     pp: int = typer.Option(1, "--pp"),
     replicas: int = typer.Option(1, "--replicas", "-r"),
-    trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL trace file"),
+    trace: Path | None = typer.Option(
+        None, "--trace", help="trace to simulate exactly (otela trace, or CSV/JSONL columns)"
+    ),
+    trace_model: str | None = typer.Option(
+        None, "--trace-model", help="simulate only this model's requests of a multi-model trace"
+    ),
+    out_trace: Path | None = typer.Option(
+        None,
+        "--out-trace",
+        help="write the simulated requests as an otela trace (for `otela trace compare`)",
+    ),
     rate: float | None = typer.Option(None, "--rate", help="requests per second (generator)"),
     duration: float = typer.Option(300.0, "--duration", help="seconds of generated arrivals"),
     cv: float = typer.Option(1.0, "--cv", help="arrival CV: 1 = Poisson, else Gamma"),
@@ -187,8 +235,14 @@ def run_cmd(
     router: str = typer.Option("least_outstanding", "--router", help=" | ".join(ROUTERS)),
     chunked_prefill: bool = typer.Option(True, "--chunked-prefill/--no-chunked-prefill"),
     prefix_caching: bool = typer.Option(False, "--prefix-caching/--no-prefix-caching"),
-    max_num_seqs: int = typer.Option(256, "--max-num-seqs"),
-    max_batched_tokens: int = typer.Option(8192, "--max-batched-tokens"),
+    max_num_seqs: int | None = typer.Option(
+        None, "--max-num-seqs", help="default: the engine's default on this GPU (profile)"
+    ),
+    max_batched_tokens: int | None = typer.Option(
+        None, "--max-batched-tokens", help="token budget per step; default: from the profile"
+    ),
+    ep: bool = typer.Option(False, "--ep/--no-ep", help="expert parallelism (MoE: EP = TP)"),
+    calib: list[str] = typer.Option([], "--calib", help=CALIB_HELP),
     mem_util: float = typer.Option(0.9, "--gpu-memory-utilization"),
     kv_pool_gb: float | None = typer.Option(None, "--kv-pool-gb", help="force KV pool size"),
     weight_bits: float = typer.Option(16, "--weight-bits"),
@@ -207,18 +261,36 @@ def run_cmd(
     if (trace is None) == (rate is None):
         console.print("[red]give exactly one of --trace FILE or --rate X[/red]")
         raise typer.Exit(2)
+    probe = _deployment(model, gpu, tp, pp, weight_bits, act_bits, kv_bits, calib=calib, ep=ep)
+    defaults = probe.engine_config
     engine = EngineConfig(
-        max_num_seqs=max_num_seqs,
-        max_batched_tokens=max_batched_tokens,
+        max_num_seqs=max_num_seqs or defaults.max_num_seqs,
+        max_batched_tokens=max_batched_tokens or defaults.max_batched_tokens,
         chunked_prefill=chunked_prefill,
         prefix_caching=prefix_caching,
     )
     dep = _deployment(
-        model, gpu, tp, pp, weight_bits, act_bits, kv_bits, engine, mem_util, kv_pool_gb
+        model,
+        gpu,
+        tp,
+        pp,
+        weight_bits,
+        act_bits,
+        kv_bits,
+        engine,
+        mem_util,
+        kv_pool_gb,
+        calib=calib,
+        ep=ep,
     )
+    try:
+        wl = _workload_from_trace(trace, trace_model) if trace is not None else None
+    except (ValueError, OSError) as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from e
     wl = (
-        load_trace(trace)
-        if trace is not None
+        wl
+        if wl is not None
         else synthetic(
             rate or 0.0,
             duration=duration,
@@ -235,9 +307,19 @@ def run_cmd(
         router=router,
         slo=SLO(slo_ttft, slo_tpot),
         max_concurrency=max_concurrency,
-        include_requests=per_request,
+        include_requests=per_request or out_trace is not None,
         seed=seed,
     )
+    if out_trace is not None and res.get("fits"):
+        from simulator.report import result_trace
+        from traces.io import write_trace
+
+        write_trace(
+            out_trace,
+            result_trace(res, dep.model_spec.name if trace_model is None else trace_model),
+        )
+        if not per_request:
+            res.pop("per_request", None)
     text = _dump(res)
     out.write_text(text + "\n")
     if as_json:
@@ -286,8 +368,33 @@ def run_cmd(
 
 
 @app.command("list")
-def list_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
-    """List catalog GPUs and models."""
+def list_cmd(
+    as_json: bool = typer.Option(False, "--json"),
+    calibration: bool = typer.Option(
+        False, "--calibration", help="show every GPU's calibration profile instead"
+    ),
+) -> None:
+    """List catalog GPUs and models (or the GPUs' calibration profiles)."""
+    if calibration:
+        from dataclasses import asdict
+
+        profiles = {g.key: asdict(g.calibration) for g in list_gpus()}
+        if as_json:
+            sys.stdout.write(_dump(profiles) + "\n")
+            return
+        names = [f for f in Calibration.__dataclass_fields__ if f != "name"]
+        by_profile: dict[str, list[str]] = {}
+        for key, prof in profiles.items():
+            by_profile.setdefault(prof["name"], []).append(key)
+        ct = Table(title="calibration profiles (catalog/hardware.toml; override with --calib)")
+        ct.add_column("field")
+        for name in by_profile:
+            ct.add_column(name.replace("-", "-\n", 1), justify="right")
+        ct.add_row("GPUs", *(" ".join(g) for g in by_profile.values()))
+        for f in names:
+            ct.add_row(f, *(f"{profiles[g[0]][f]:g}" for g in by_profile.values()))
+        console.print(ct)
+        return
     gpus = [
         {
             "gpu": g.key,

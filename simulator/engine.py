@@ -13,6 +13,7 @@ so its step times form an arithmetic series that is summed (and inverted) in clo
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -37,7 +38,11 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 256
     max_batched_tokens: int = 8192
-    chunked_prefill: bool = True
+    chunked_prefill: bool = True  # prefills ride with decodes in one token budget (vLLM V1)
+    # With chunked_prefill: may a prompt be split across steps? False is TensorRT-LLM's default
+    # (no chunked context): a prompt runs whole, with the decodes, in the first step whose
+    # remaining budget holds it (FCFS), so two long prompts never share a step.
+    chunk_prompts: bool = True
     prefix_caching: bool = False
     watermark: float = 0.01  # fraction of blocks kept free when admitting (vLLM V0 default)
     # SGLang-style conservative admission: reserve this fraction of every running and new
@@ -334,10 +339,17 @@ class Replica:
                 budget -= c
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 r = self.waiting[0]
+                if (
+                    not cfg.chunk_prompts
+                    and (chunks or decoding)
+                    and int(req.target[r] - req.computed[r]) > budget
+                ):
+                    break  # runs whole in a later step
                 if not self._try_admit(r):
                     break
                 self.waiting.popleft()
-                c = min(int(req.target[r] - req.computed[r]), budget)
+                whole = int(req.target[r] - req.computed[r])  # after a prefix-cache hit
+                c = whole if not cfg.chunk_prompts else min(whole, budget)
                 chunks.append((r, c, int(req.computed[r])))
                 budget -= c
         else:
@@ -441,7 +453,7 @@ class Replica:
         if k_cap < 2:
             return None
         cost = self.cost
-        a0 = cost.tokens_time(b) + cost.head_time(b) + cost.fixed_overhead + cost.attn_per_seq * b
+        a0 = cost.decode_base(b)
         s0 = float(kv.sum()) + b
         if self.window:
             a0 += cost.attn_slope_sliding * float(np.minimum(kv + 1, self.window).sum())
@@ -542,6 +554,17 @@ class SimOutput:
     makespan: float
 
 
+def _collect_finished(
+    reps: list[Replica], req: RequestTable, seen: list[int], free_slots: list[float]
+) -> None:
+    """Push the finish times of requests completed since the last call onto the slot heap
+    (`seen[i]`: how many of replica i's completions were collected already)."""
+    for i, x in enumerate(reps):
+        for r in x.finished[seen[i] :]:
+            heapq.heappush(free_slots, float(req.finish[r]))
+        seen[i] = len(x.finished)
+
+
 def simulate(
     workload: Workload,
     cost: StepCost,
@@ -566,8 +589,10 @@ def simulate(
     route = make_router(router, seed) if isinstance(router, str) else router
     too_long = (req.input_len + req.output_len) > plan.max_context
     req.status[too_long] = REJECTED
-    inflight = 0
-    done_seen = 0
+    # closed loop: the times at which client slots free up (a request takes the earliest);
+    # every slot is free at the start, and a completion frees its slot at its finish time
+    free_slots: list[float] = [0.0] * (max_concurrency or 0)
+    seen = [0] * len(reps)
     t_client = 0.0  # a closed-loop client sends in order: never before the previous send
     for r in range(req.n):
         if too_long[r]:
@@ -575,28 +600,25 @@ def simulate(
         t = float(req.arrival[r])
         if max_concurrency is not None:
             t = max(t, t_client)
-            while inflight >= max_concurrency:
+            while not free_slots:
                 busy = [x for x in reps if x.has_work]
                 if not busy:
+                    free_slots.append(t)  # nothing in flight can free a slot: never stall
                     break
-                # the replica that finishes something first frees the slot
-                for x in busy:
+                for x in busy:  # the replica that finishes something first frees a slot
                     x.advance_to_completion()
-                total = sum(len(x.finished) for x in reps)
-                inflight -= total - done_seen
-                done_seen = total
-                t = max(t, min(float(req.finish[x.finished[-1]]) for x in busy if x.finished))
+                _collect_finished(reps, req, seen, free_slots)
+            t = max(t, heapq.heappop(free_slots))
             req.sent[r] = t
             t_client = t
+        # the engine sees the request after the frontend has parsed and tokenized it
+        t_engine = t + cost.request_overhead
         for x in reps:
-            x.advance(t)
+            x.advance(t_engine)
         if max_concurrency is not None:
-            total = sum(len(x.finished) for x in reps)
-            inflight -= total - done_seen
-            done_seen = total
+            _collect_finished(reps, req, seen, free_slots)
         target = reps[route.choose(reps, r)]
-        target.enqueue(r, t)
-        inflight += 1
+        target.enqueue(r, t_engine)
     for x in reps:
         x.advance(INF)
         while x.waiting:  # anything left can never be admitted on an empty replica

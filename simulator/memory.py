@@ -78,7 +78,8 @@ def activation_reserve_bytes(
 
     What the engine's profiling run measures: the widest intermediate tensors of a step with
     `max_batched_tokens` tokens (MLP up-projection, attention buffers, logits for every running
-    sequence in fp32) plus ~1.5 GiB of CUDA context, CUDA graphs and NCCL buffers.
+    sequence in fp32). The runtime's own memory (CUDA context, graphs, NCCL) is separate:
+    `runtime_reserve_bytes`.
     """
     ab = prec.act_bits / 8
     inter = (
@@ -93,7 +94,16 @@ def activation_reserve_bytes(
     )
     act = 2 * max_batched_tokens * width * ab
     logits = max_num_seqs * model.vocab / par.tp * 4
-    return act + logits + 1.5 * GIB
+    return act + logits
+
+
+def runtime_reserve_bytes(gpu: GPU, par: Parallelism) -> float:
+    """Per-GPU memory the runtime holds outside weights, activations and KV: CUDA context and
+    CUDA graphs on every GPU, plus NCCL / custom all-reduce buffers on every rank of a TP or
+    PP group (from the GPU's calibration profile)."""
+    cal = gpu.calibration
+    extra = cal.tp_reserve_gib if par.gpus > 1 else 0.0
+    return (cal.runtime_reserve_gib + extra) * GIB
 
 
 def plan_memory(
@@ -122,17 +132,19 @@ def plan_memory(
         reasons.append(f"TP={par.tp} does not divide {model.heads} attention heads")
     if par.pp > model.layers:
         reasons.append(f"PP={par.pp} exceeds {model.layers} layers")
-    capacity = gpu.mem_bytes
+    # engines size the pool from the total the runtime reports (GiB), not the datasheet GB
+    capacity = gpu.runtime_bytes
     usable = capacity * gpu_memory_utilization
     weights = weight_bytes_per_gpu(model, par, prec)
     act = (
         activation_bytes
         if activation_bytes is not None
         else activation_reserve_bytes(model, par, prec, max_batched_tokens, max_num_seqs)
+        + runtime_reserve_bytes(gpu, par)
     )
     kv_heads_gpu = math.ceil(model.kv_heads / par.tp)
     layers_stage = math.ceil((model.layers - model.sliding_layers) / par.pp)
-    per_token = 2 * layers_stage * kv_heads_gpu * model.head_dim * prec.kv_bits / 8
+    per_token = layers_stage * model.kv_elems_per_token_layer(par.tp) * prec.kv_bits / 8
     # sliding-window layers hold at most `window` tokens per sequence: reserve that up front
     sliding = 0.0
     if model.sliding_layers:

@@ -145,3 +145,33 @@ def requests_json(out: SimOutput) -> list[dict[str, Any]]:
                 row[k] = int(v)
         rows.append(row)
     return rows
+
+
+def result_trace(res: dict[str, Any], model: str) -> Any:
+    """The per-request rows of a `run(..., include_requests=True)` result as an otela trace
+    (arrival, lengths, TTFT, end-to-end, TPOT as the mean inter-token latency), so that
+    `otela trace compare SIM REAL` can set it against a replayed one."""
+    from traces.io import Trace
+    from traces.schema import TraceRecord, make_header
+
+    records = []
+    for row in res.get("per_request", []):
+        done = row["status"] == DONE
+        records.append(
+            TraceRecord(
+                arrival=float(row["arrival"]),
+                model=model,
+                input_tokens=int(row["input_len"]),
+                output_tokens=int(row["output_len"]) if done else 0,
+                request_id=f"r{row['id']}",
+                ttft=row["ttft"] if done else None,
+                e2e=row["e2e"] if done else None,
+                itl_mean=row["tpot"] if done and row["output_len"] > 1 else None,
+                itl_max=row["max_itl"] if done and row["output_len"] > 1 else None,
+                status=200 if done else 0,
+                error=None if done else ("rejected" if row["status"] == REJECTED else "unfinished"),
+                node=f"replica-{row['replica']}",
+            )
+        )
+    meta = {"deployment": res.get("deployment")}
+    return Trace(make_header("otela sim run", start_time=0.0, simulation=meta), records).sorted()

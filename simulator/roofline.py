@@ -1,9 +1,16 @@
-"""Operator-level roofline: pure math, no I/O, no state.
+"""Operator-level roofline: ONE cost function, pure math, no I/O, no state.
 
-Every operator is costed as ``max(flops / (peak * compute_eff), bytes / (bw * memory_eff))``
-on ONE GPU of a tensor-parallel group; communication is costed separately from the
-interconnect. `StepCost` pre-tabulates these sums so the event engine can price an engine
-step (any mix of decode tokens and prefill chunks) in a few array look-ups.
+`StepCost` describes every operator of a forward pass as a `Term` (FLOPs and bytes on one
+GPU of a tensor-parallel group, and how many layers it appears in) and prices each with the
+same `kernel_time`. Two views use those terms:
+
+* the event engine asks `step_time(...)` for an iteration (decode tokens plus prefill chunks)
+  and gets a sum whose per-token part is pre-tabulated for speed;
+* `step_ops(...)` (and `operator_breakdown`, what `otela sim analyze` prints) lists the same
+  terms one by one.
+
+Both read the same terms, so they cannot drift apart; `tests/simulator/test_roofline.py`
+checks that they agree to rounding error.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ import numpy as np
 
 from simulator.hardware import GPU
 from simulator.models import ModelSpec
+
+Array = np.ndarray
 
 
 @dataclass(frozen=True)
@@ -28,8 +37,11 @@ class Precision:
 
     @property
     def compute_bits(self) -> int:
-        """8-bit tensor math only when both operands are 8-bit (W8A8 / FP8); else 16-bit."""
-        return 8 if self.weight_bits <= 8 and self.act_bits <= 8 else 16
+        """Low-precision tensor math only when both operands are that narrow (W8A8, W4A4)."""
+        widest = max(self.weight_bits, self.act_bits)
+        if widest <= 4:
+            return 4
+        return 8 if widest <= 8 else 16
 
     def expert_bits_for(self, model: ModelSpec) -> float:
         if self.expert_bits is not None:
@@ -39,10 +51,16 @@ class Precision:
 
 @dataclass(frozen=True)
 class Parallelism:
-    """Tensor- and pipeline-parallel degrees of one replica."""
+    """Tensor-, pipeline- and expert-parallel layout of one replica.
+
+    `ep` is 1 (experts sliced across the TP group, each rank holds 1/tp of every expert) or
+    equal to `tp` (vLLM's `--enable-expert-parallel`: each rank holds E/tp whole experts,
+    attention stays tensor-parallel).
+    """
 
     tp: int = 1
     pp: int = 1
+    ep: int = 1
 
     @property
     def gpus(self) -> int:
@@ -60,32 +78,81 @@ class Op:
     bound: str  # "compute" | "memory" | "comm" | "overhead"
 
 
+@dataclass(frozen=True)
+class Term:
+    """One kernel of a forward pass: per-layer FLOPs/bytes on one GPU, and its layer count."""
+
+    name: str
+    flops: Array | float
+    bytes: Array | float
+    layers: int = 1
+    compute_scale: float = 1.0  # kernel-specific efficiency relative to the profile's
+    memory_scale: float = 1.0
+
+    def time(self, cost: StepCost) -> Array | float:
+        """Roofline time of one layer's instance of this kernel."""
+        return cost._t(self.flops / self.compute_scale, self.bytes / self.memory_scale)
+
+
+def kernel_time(
+    flops: Array | float, nbytes: Array | float, peak: float, bw: float, sharpness: float = 0.0
+) -> Array | float:
+    """Time of one kernel under the roofline.
+
+    With `sharpness` 0 it is the ideal roofline, max(compute, memory). Real kernels do not
+    overlap their loads and math perfectly, least of all near the ridge point, where a GEMM
+    is neither clearly bound: `sharpness` k > 0 blends the two as (tc^k + tm^k)^(1/k), which
+    equals the max far from the ridge and exceeds it by 2^(1/k) at the ridge.
+    """
+    tc = np.asarray(flops, dtype=float) / peak if peak > 0 else np.zeros_like(flops, dtype=float)
+    tm = np.asarray(nbytes, dtype=float) / bw if bw > 0 else np.zeros_like(nbytes, dtype=float)
+    if sharpness <= 0:
+        return np.maximum(tc, tm)
+    hi = np.maximum(tc, tm)
+    safe = np.where(hi > 0, hi, 1.0)
+    return hi * ((tc / safe) ** sharpness + (tm / safe) ** sharpness) ** (1.0 / sharpness)
+
+
 def roofline_time(flops: float, nbytes: float, peak: float, bw: float) -> tuple[float, str]:
-    """Roofline time of one kernel and which roof binds it."""
+    """Ideal roofline time of one kernel and which roof binds it."""
     tc = flops / peak if peak > 0 else 0.0
     tm = nbytes / bw if bw > 0 else 0.0
     return (tc, "compute") if tc >= tm else (tm, "memory")
 
 
-def allreduce_time(nbytes: float, tp: int, gpu: GPU) -> float:
-    """Ring all-reduce: 2(n-1)/n of the message over one link direction, plus a fixed latency."""
-    if tp <= 1 or nbytes <= 0:
-        return 0.0
+def allreduce_time(nbytes: Array | float, tp: int, gpu: GPU) -> Array | float:
+    """Ring all-reduce: 2(n-1)/n of the message over one link direction, plus a fixed latency
+    (zero for an empty message or a single rank)."""
+    b = np.asarray(nbytes, dtype=float)
+    if tp <= 1:
+        return np.zeros_like(b) if b.ndim else 0.0
     bw = gpu.interconnect_bw / 2 * gpu.efficiency.comm
-    return 2 * (tp - 1) / tp * nbytes / bw + gpu.efficiency.collective_latency_s
+    t = np.where(b > 0, 2 * (tp - 1) / tp * b / bw + gpu.efficiency.collective_latency_s, 0.0)
+    return t if t.ndim else float(t)
 
 
-def p2p_time(nbytes: float, gpu: GPU) -> float:
+def p2p_time(nbytes: Array | float, gpu: GPU) -> Array | float:
     """Point-to-point activation hand-off between pipeline stages."""
-    if nbytes <= 0:
-        return 0.0
-    return nbytes / (gpu.interconnect_bw / 2 * gpu.efficiency.comm) + gpu.efficiency.p2p_latency_s
+    b = np.asarray(nbytes, dtype=float)
+    bw = gpu.interconnect_bw / 2 * gpu.efficiency.comm
+    t = np.where(b > 0, b / bw + gpu.efficiency.p2p_latency_s, 0.0)
+    return t if t.ndim else float(t)
 
 
-def expected_active_experts(tokens: np.ndarray | float, experts: int, top_k: int) -> np.ndarray:
+def expected_active_experts(tokens: Array | float, experts: int, top_k: int) -> Array:
     """Expected number of distinct experts hit by `tokens` tokens routing uniformly top-k."""
     t = np.asarray(tokens, dtype=float)
     return experts * (1.0 - (1.0 - top_k / experts) ** t)
+
+
+def busiest_rank_factor(mean: Array | float, var: Array | float, ranks: int) -> Array:
+    """Expected load of the busiest of `ranks` equally loaded ranks over the mean load
+    (Gaussian approximation of the maximum: mean + sd * sqrt(2 ln ranks))."""
+    m = np.asarray(mean, dtype=float)
+    if ranks <= 1:
+        return np.ones_like(m)
+    sd = np.sqrt(np.maximum(np.asarray(var, dtype=float), 0.0))
+    return np.where(m > 0, (m + sd * math.sqrt(2 * math.log(ranks))) / np.where(m > 0, m, 1), 1.0)
 
 
 @dataclass(frozen=True)
@@ -94,51 +161,111 @@ class _Linear:
     params: float  # weight elements on one GPU, per layer
     out_per_token: float  # output activations per token on one GPU
     in_per_token: float  # input activations per token
+    layers: int
 
 
 def _linears(m: ModelSpec, tp: int) -> list[_Linear]:
-    qkv_out = (m.heads + 2 * m.kv_heads) * m.head_dim
-    ops = [
-        _Linear("qkv_proj", m.hidden * qkv_out / tp, qkv_out / tp, m.hidden),
-        _Linear(
-            "o_proj", m.heads * m.head_dim * m.hidden / tp, m.hidden, m.heads * m.head_dim / tp
-        ),
-    ]
-    if not m.is_moe:
-        ops += [
+    """The dense projections of one GPU of a TP group, with the layers each appears in."""
+    L = m.layers
+    ops: list[_Linear] = []
+    if m.is_mla:
+        h, qk = m.heads, m.qk_head_dim
+        if m.q_lora_rank:  # q_a is replicated on every rank (vLLM fuses it with kv_a)
+            ops.append(_Linear("q_a_proj", m.hidden * m.q_lora_rank, m.q_lora_rank, m.hidden, L))
+            ops.append(
+                _Linear("q_b_proj", m.q_lora_rank * h * qk / tp, h * qk / tp, m.q_lora_rank, L)
+            )
+        else:
+            ops.append(_Linear("q_proj", m.hidden * h * qk / tp, h * qk / tp, m.hidden, L))
+        lat = m.kv_lora_rank + m.qk_rope_head_dim
+        ops.append(_Linear("kv_a_proj", m.hidden * lat, lat, m.hidden, L))
+        kv_b = m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim) / tp
+        ops.append(
             _Linear(
-                "mlp_gate_up", 2 * m.hidden * m.intermediate / tp, 2 * m.intermediate / tp, m.hidden
-            ),
-            _Linear("mlp_down", m.intermediate * m.hidden / tp, m.hidden, m.intermediate / tp),
-        ]
-    elif m.shared_expert_intermediate:
+                "kv_b_proj", kv_b, h * (m.qk_nope_head_dim + m.v_head_dim) / tp, m.kv_lora_rank, L
+            )
+        )
+        ops.append(
+            _Linear("o_proj", h * m.v_head_dim * m.hidden / tp, m.hidden, h * m.v_head_dim / tp, L)
+        )
+    else:
+        qkv_out = (m.heads + 2 * m.kv_heads) * m.head_dim
+        ops.append(_Linear("qkv_proj", m.hidden * qkv_out / tp, qkv_out / tp, m.hidden, L))
+        ops.append(
+            _Linear(
+                "o_proj",
+                m.heads * m.head_dim * m.hidden / tp,
+                m.hidden,
+                m.heads * m.head_dim / tp,
+                L,
+            )
+        )
+    dense = L - m.moe_layers
+    if dense:
+        up = m.mlp_matrices - 1  # gate+up (gated) or up alone
+        label = "" if not m.is_moe else "(dense layers)"
+        ops.append(
+            _Linear(
+                ("mlp_gate_up" if m.mlp_gated else "mlp_up") + label,
+                up * m.hidden * m.intermediate / tp,
+                up * m.intermediate / tp,
+                m.hidden,
+                dense,
+            )
+        )
+        ops.append(
+            _Linear(
+                "mlp_down" + label,
+                m.intermediate * m.hidden / tp,
+                m.hidden,
+                m.intermediate / tp,
+                dense,
+            )
+        )
+    if m.is_moe and m.shared_expert_intermediate:
         s = m.shared_expert_intermediate
-        ops.append(_Linear("shared_expert", 3 * m.hidden * s / tp, m.hidden, m.hidden))
+        ops.append(
+            _Linear(
+                "shared_expert",
+                m.mlp_matrices * m.hidden * s / tp,
+                m.hidden,
+                m.hidden,
+                m.moe_layers,
+            )
+        )
     return ops
 
 
 @dataclass
 class StepCost:
-    """Per-replica cost tables: price any engine step from token counts and context sums.
+    """The replica's roofline cost model: price any engine iteration, or list its operators.
 
     All times are the latency of one forward pass through the whole replica (all pipeline
-    stages in sequence). Construction is O(max_tokens) numpy work; pricing is O(1) plus the
-    number of prefill chunks in the step.
+    stages in sequence). Construction tabulates the per-token operators for every token
+    count up to `max_tokens` (O(max_tokens) numpy work); pricing a step is O(1) plus the
+    number of prefill chunks in it. `step_overhead_s` and `tp_overhead_s` override the GPU's
+    calibration profile when given.
     """
 
     model: ModelSpec
     gpu: GPU
     par: Parallelism = field(default_factory=Parallelism)
     prec: Precision = field(default_factory=Precision)
-    step_overhead_s: float = 1.0e-3
-    tp_overhead_s: float = 0.0
+    step_overhead_s: float | None = None
+    tp_overhead_s: float | None = None
     max_tokens: int = 8192
 
     def __post_init__(self) -> None:
-        m, g, tp, pp = self.model, self.gpu, self.par.tp, self.par.pp
-        eff = g.efficiency
-        self.peak = g.peak_flops(self.prec.compute_bits) * eff.compute
-        self.bw = g.mem_bw * eff.memory
+        m, g, tp = self.model, self.gpu, self.par.tp
+        cal = g.calibration
+        self.calib = cal
+        if self.step_overhead_s is None:
+            self.step_overhead_s = cal.step_overhead_s
+        if self.tp_overhead_s is None:
+            self.tp_overhead_s = cal.tp_overhead_s
+        self.peak = g.effective_peak(self.prec.compute_bits)
+        self.bw = g.mem_bw * cal.memory
+        self.sharp = cal.ridge_sharpness
         self.wb = self.prec.weight_bits / 8
         self.ab = self.prec.act_bits / 8
         self.kvb = self.prec.kv_bits / 8
@@ -146,99 +273,190 @@ class StepCost:
         self.kv_heads_gpu = math.ceil(m.kv_heads / tp)
         self.heads_gpu = m.heads / tp
         self.full_layers = m.layers - m.sliding_layers
-        self._table_n = self.max_tokens + 1
-        self.token_table = self._per_token_table(np.arange(self._table_n, dtype=float))
-        # Decode attention is one batched kernel; flops and bytes are both linear in the summed
-        # context, so its roofline is linear too: slope per context token over all layers.
-        d = m.head_dim
-        f_tok = 4 * self.heads_gpu * d
-        b_tok = 2 * self.kv_heads_gpu * d * self.kvb
-        self.attn_slope_per_layer = max(f_tok / self.peak, b_tok / self.bw)
+        self.linears = _linears(m, tp)
+        self.fixed_overhead = self.step_overhead_s + self.tp_overhead_s * (self.par.gpus - 1)
+        self.seq_overhead = cal.seq_overhead_s
+        self.layer_overhead = cal.launch_per_layer_s * m.layers
+        self.request_overhead = cal.request_overhead_s
+        # Decode attention is one batched kernel whose FLOPs and bytes are both linear in the
+        # summed context, so its time is linear too: a slope per context token.
+        f_ctx, b_ctx = self._decode_attn_per_token()
+        self.attn_slope_per_layer = float(self._t(f_ctx, b_ctx))
         self.attn_slope = self.attn_slope_per_layer * self.full_layers
         self.attn_slope_sliding = self.attn_slope_per_layer * m.sliding_layers
-        # per decoded sequence: read q, write o (tiny, but keeps batch-1 honest)
-        self.attn_per_seq = m.layers * 2 * self.heads_gpu * d * self.ab / self.bw
-        self.fixed_overhead = self.step_overhead_s + self.tp_overhead_s * (tp * pp - 1)
-        del eff, g
+        self.attn_per_seq = m.layers * float(self._t(0.0, self._decode_qo_bytes()))
+        self._table_n = self.max_tokens + 1
+        self.token_table = self._tokens_time(np.arange(self._table_n, dtype=float))
 
-    # ---- linear layers, norms, MoE, communication: functions of tokens in the step ----
-    def _per_token_table(self, t: np.ndarray) -> np.ndarray:
-        m, tp, pp = self.model, self.par.tp, self.par.pp
-        total = np.zeros_like(t)
-        for op in _linears(m, tp):
-            flops = 2 * op.params * t
-            nbytes = op.params * self.wb + (op.in_per_token + op.out_per_token) * t * self.ab
-            total += np.maximum(flops / self.peak, nbytes / self.bw)
+    # ---- the one roofline --------------------------------------------------------------
+    def _t(self, flops: Array | float, nbytes: Array | float) -> Array | float:
+        return kernel_time(flops, nbytes, self.peak, self.bw, self.sharp)
+
+    def _ts(self, flops: float, nbytes: float) -> float:
+        """`_t` for plain floats (the engine prices chunks one by one: no numpy overhead)."""
+        tc, tm = flops / self.peak, nbytes / self.bw
+        if self.sharp <= 0:
+            return tc if tc > tm else tm
+        hi = max(tc, tm)
+        if hi <= 0:
+            return 0.0
+        k = self.sharp
+        return hi * ((tc / hi) ** k + (tm / hi) ** k) ** (1.0 / k)
+
+    def _bound(self, flops: float, nbytes: float) -> str:
+        return "compute" if flops / self.peak >= nbytes / self.bw else "memory"
+
+    # ---- terms that scale with the tokens in the step ----------------------------------
+    def token_terms(self, t: Array) -> list[Term]:
+        """Projections, MoE, norms and the embedding for a step carrying `t` tokens."""
+        m, tp, ep = self.model, self.par.tp, self.par.ep
+        terms = [
+            Term(
+                op.name,
+                2 * op.params * t,
+                op.params * self.wb + (op.in_per_token + op.out_per_token) * t * self.ab,
+                op.layers,
+            )
+            for op in self.linears
+        ]
         if m.is_moe:
             router = m.hidden * m.experts
-            total += np.maximum(
-                2 * router * t / self.peak, (router * self.wb + m.hidden * t * self.ab) / self.bw
+            terms.append(
+                Term(
+                    "moe_router",
+                    2 * router * t,
+                    router * self.wb + m.hidden * t * self.ab,
+                    m.moe_layers,
+                )
             )
-            active = expected_active_experts(t, m.experts, m.experts_per_token)
-            flops = 2 * t * m.experts_per_token * m.expert_params / tp
-            nbytes = (
-                active * m.expert_params / tp * self.eb
-                + 3 * m.hidden * t * m.experts_per_token * self.ab
-            )
-            total += np.maximum(flops / self.peak, nbytes / self.bw)
-        # two RMSNorms + residual adds per layer: memory bound elementwise passes
-        total += 6 * m.hidden * t * self.ab / self.bw
-        total *= m.layers
-        # TP: one all-reduce after attention and one after the MLP, per layer
+            k, e = m.experts_per_token, m.experts
+            shard = ep if ep > 1 else tp
+            active = expected_active_experts(t, e, k)  # distinct experts over all ranks
+            flops = 2 * t * k * m.expert_params / shard
+            w_bytes = active * m.expert_params / shard * self.eb
+            if ep > 1:  # whole experts per rank: the busiest rank sets the pace
+                p = np.minimum(active / e, 1.0)
+                local = e / ep
+                w_bytes = w_bytes * busiest_rank_factor(local * p, local * p * (1 - p), ep)
+                routed = t * k / ep
+                flops = flops * busiest_rank_factor(routed, routed * (1 - 1 / ep), ep)
+            nbytes = w_bytes + 3 * m.hidden * t * k * self.ab / (ep if ep > 1 else 1)
+            label = f"moe_experts(ep={ep})" if ep > 1 else "moe_experts"
+            cal = self.calib
+            terms.append(Term(label, flops, nbytes, m.moe_layers, cal.moe_compute, cal.moe_memory))
+        # two RMSNorms + residual adds per layer: memory-bound elementwise passes
+        terms.append(Term("norms+residual", 0.0 * t, 6 * m.hidden * t * self.ab, m.layers))
+        terms.append(Term("embedding", 0.0 * t, t * m.hidden * (self.wb + self.ab), 1))
+        return terms
+
+    def comm_terms(self, t: Array) -> list[tuple[str, Array, Array]]:
+        """(name, bytes moved per GPU, time) of the step's collectives for `t` tokens."""
+        m, tp, pp = self.model, self.par.tp, self.par.pp
         msg = t * m.hidden * self.ab
-        if tp > 1:
-            bw = self.gpu.interconnect_bw / 2 * self.gpu.efficiency.comm
-            ar = 2 * (tp - 1) / tp * msg / bw + self.gpu.efficiency.collective_latency_s
-            total += np.where(t > 0, 2 * m.layers * ar, 0.0)
-        if pp > 1:
-            p2p = (
-                msg / (self.gpu.interconnect_bw / 2 * self.gpu.efficiency.comm)
-                + self.gpu.efficiency.p2p_latency_s
+        out = []
+        if tp > 1:  # one all-reduce after attention and one after the MLP, per layer
+            ar = np.asarray(allreduce_time(msg, tp, self.gpu))
+            out.append(
+                (f"all_reduce(tp={tp})", 2 * m.layers * 2 * (tp - 1) / tp * msg, 2 * m.layers * ar)
             )
-            total += np.where(t > 0, (pp - 1) * p2p, 0.0)
-        # embedding gather
-        total += t * m.hidden * (self.wb + self.ab) / self.bw
+        if pp > 1:
+            p2p = np.asarray(p2p_time(msg, self.gpu))
+            out.append((f"p2p(pp={pp})", (pp - 1) * msg, (pp - 1) * p2p))
+        return out
+
+    def _tokens_time(self, t: Array) -> Array:
+        total = np.zeros_like(t)
+        for term in self.token_terms(t):
+            total = total + term.layers * term.time(self)
+        for _, _, time in self.comm_terms(t):
+            total = total + time
         return total
 
     def tokens_time(self, tokens: int) -> float:
         """Time of all per-token operators for a step carrying `tokens` tokens."""
         if tokens < self._table_n:
             return float(self.token_table[tokens])
-        return float(self._per_token_table(np.array([float(tokens)]))[0])
+        return float(self._tokens_time(np.array([float(tokens)]))[0])
 
-    def head_time(self, sampled: int) -> float:
-        """Final norm + lm_head for the sequences that emit a token this step."""
-        if sampled <= 0:
-            return 0.0
+    # ---- lm_head ----------------------------------------------------------------------
+    def head_term(self, sampled: int) -> Term:
+        """Final norm + lm_head (vocab-parallel) for the sequences that emit a token."""
         m = self.model
         params = m.vocab * m.hidden / self.par.tp
-        flops = 2 * params * sampled
-        nbytes = params * self.wb + sampled * (m.hidden + m.vocab / self.par.tp) * self.ab
-        return max(flops / self.peak, nbytes / self.bw)
+        return Term(
+            "lm_head",
+            2 * params * sampled,
+            params * self.wb + sampled * (m.hidden + m.vocab / self.par.tp) * self.ab,
+        )
 
-    def prefill_attn_time(self, chunk: int, prior: int) -> float:
+    def head_time(self, sampled: int) -> float:
+        if sampled <= 0:
+            return 0.0
+        h = self.head_term(sampled)
+        return self._ts(float(h.flops), float(h.bytes))
+
+    # ---- attention --------------------------------------------------------------------
+    def _decode_attn_per_token(self) -> tuple[float, float]:
+        """Decode attention FLOPs and bytes per cached token, per layer, on one GPU."""
+        m = self.model
+        if m.is_mla:  # absorbed MLA: every head scores and mixes the shared latent
+            lat = m.kv_lora_rank + m.qk_rope_head_dim
+            return 2 * self.heads_gpu * (lat + m.kv_lora_rank), lat * self.kvb
+        d = m.head_dim
+        return 4 * self.heads_gpu * d, 2 * self.kv_heads_gpu * d * self.kvb
+
+    def _decode_qo_bytes(self) -> float:
+        """Per decoded sequence and layer: read q, write o."""
+        m = self.model
+        if m.is_mla:
+            lat = m.kv_lora_rank + m.qk_rope_head_dim
+            return self.heads_gpu * (lat + m.kv_lora_rank) * self.ab
+        return 2 * self.heads_gpu * m.head_dim * self.ab
+
+    def prefill_attn_terms(self, chunk: int, prior: int) -> list[Term]:
         """FlashAttention-style causal attention of `chunk` new tokens over `prior` cached ones.
 
-        Flops: 4·h·d per (query, key) pair, causal half within the chunk. Bytes: Q and O once,
-        the K/V of the visible context re-read once per 128-query tile, new K/V written.
+        FLOPs: 2·h·(d_qk + d_v) per (query, key) pair, causal half within the chunk. Bytes: Q
+        and O once, the visible KV re-read once per 128-query tile, new KV written. MLA
+        prefill runs un-absorbed: the prior context's latents are expanded by kv_b_proj first.
         """
         if chunk <= 0:
-            return 0.0
-        m, d = self.model, self.model.head_dim
-        t = 0.0
-        for layers, window in ((self.full_layers, 0), (m.sliding_layers, m.sliding_window)):
+            return []
+        m = self.model
+        if m.is_mla:
+            qk, vd = m.qk_head_dim, m.v_head_dim
+            kv_tok = (m.kv_lora_rank + m.qk_rope_head_dim) * self.kvb
+        else:
+            qk = vd = m.head_dim
+            kv_tok = 2 * self.kv_heads_gpu * m.head_dim * self.kvb
+        terms = []
+        for layers, window, label in (
+            (self.full_layers, 0, "attention_prefill"),
+            (m.sliding_layers, m.sliding_window, "attention_prefill(sliding)"),
+        ):
             if layers == 0:
                 continue
             keys = prior + (chunk + 1) / 2
             if window:
                 keys = min(keys, window)
-            flops = 4 * self.heads_gpu * d * chunk * keys
+            flops = 2 * self.heads_gpu * (qk + vd) * chunk * keys
             tiles = math.ceil(chunk / 128)
             visible = min(prior + chunk, window) if window else prior + chunk
-            kv = 2 * self.kv_heads_gpu * d * self.kvb
-            nbytes = 2 * chunk * self.heads_gpu * d * self.ab + tiles * visible * kv + chunk * kv
-            t += layers * max(flops / self.peak, nbytes / self.bw)
-        return t
+            nbytes = (
+                chunk * self.heads_gpu * (qk + vd) * self.ab + (tiles * visible + chunk) * kv_tok
+            )
+            if m.is_mla and prior:
+                expand = m.kv_lora_rank * self.heads_gpu * (m.qk_nope_head_dim + vd)
+                flops += 2 * expand * prior
+                nbytes += prior * self.heads_gpu * (m.qk_nope_head_dim + vd) * self.ab
+            terms.append(Term(label, flops, nbytes, layers))
+        return terms
+
+    def prefill_attn_time(self, chunk: int, prior: int) -> float:
+        return sum(
+            t.layers * self._ts(float(t.flops), float(t.bytes))
+            for t in self.prefill_attn_terms(chunk, prior)
+        )
 
     def decode_attn_time(self, n_seqs: int, ctx_sum: float, sliding_ctx_sum: float) -> float:
         """Batched decode attention over `ctx_sum` cached tokens (full-attention layers)."""
@@ -249,6 +467,40 @@ class StepCost:
             + self.attn_slope_sliding * sliding_ctx_sum
             + (self.attn_per_seq * n_seqs)
         )
+
+    # ---- overheads --------------------------------------------------------------------
+    def overhead_time(self, seqs: int, has_prefill: bool) -> float:
+        """Time that is not in the roofline of any kernel: per iteration (scheduling,
+        sampling, growing with the TP ranks the step is broadcast to), per sequence in the
+        batch (input preparation, sampling, output processing), and per layer (a dozen
+        kernels whose launch and ramp-up/tail cost a few microseconds each, CUDA graphs or
+        not). `has_prefill` is kept for engines that price prefill steps differently."""
+        return self.fixed_overhead + self.seq_overhead * seqs + self.layer_overhead
+
+    def decode_base(self, b: int) -> float:
+        """Constant part of a pure-decode step of `b` sequences (everything but the context)."""
+        return (
+            self.tokens_time(b)
+            + self.head_time(b)
+            + self.overhead_time(b, False)
+            + self.attn_per_seq * b
+        )
+
+    # ---- one iteration ----------------------------------------------------------------
+    def _defaults(
+        self,
+        decode_seqs: int,
+        decode_ctx_sum: float,
+        chunks: list[tuple[int, int]],
+        sampled: int | None,
+        sliding_ctx_sum: float | None,
+    ) -> tuple[int, float]:
+        if sampled is None:
+            sampled = decode_seqs + len(chunks)
+        if sliding_ctx_sum is None:
+            w = self.model.sliding_window
+            sliding_ctx_sum = min(decode_ctx_sum, decode_seqs * w) if w else 0.0
+        return sampled, sliding_ctx_sum
 
     def step_time(
         self,
@@ -263,16 +515,88 @@ class StepCost:
         tokens = decode_seqs + sum(c for c, _ in chunks)
         if tokens == 0:
             return 0.0
-        if sampled is None:
-            sampled = decode_seqs + len(chunks)
-        if sliding_ctx_sum is None:
-            w = self.model.sliding_window
-            sliding_ctx_sum = min(decode_ctx_sum, decode_seqs * w) if w else 0.0
-        t = self.tokens_time(tokens) + self.head_time(sampled) + self.fixed_overhead
+        sampled, sliding_ctx_sum = self._defaults(
+            decode_seqs, decode_ctx_sum, chunks, sampled, sliding_ctx_sum
+        )
+        t = self.tokens_time(tokens) + self.head_time(sampled)
+        t += self.overhead_time(decode_seqs + len(chunks), bool(chunks))
         t += self.decode_attn_time(decode_seqs, decode_ctx_sum, sliding_ctx_sum)
         for c, p in chunks:
             t += self.prefill_attn_time(c, p)
         return t
+
+    def step_ops(
+        self,
+        decode_seqs: int,
+        decode_ctx_sum: float,
+        prefill_chunks: list[tuple[int, int]] | None = None,
+        sampled: int | None = None,
+        sliding_ctx_sum: float | None = None,
+    ) -> list[Op]:
+        """The same iteration as `step_time`, operator by operator (one GPU's FLOPs/bytes;
+        times are replica latency). Its times sum to `step_time`."""
+        chunks = prefill_chunks or []
+        tokens = decode_seqs + sum(c for c, _ in chunks)
+        if tokens == 0:
+            return []
+        sampled, sliding_ctx_sum = self._defaults(
+            decode_seqs, decode_ctx_sum, chunks, sampled, sliding_ctx_sum
+        )
+        ops: list[Op] = []
+
+        def add(term: Term) -> None:
+            f, b = float(term.flops), float(term.bytes)
+            ops.append(
+                Op(
+                    term.name,
+                    f * term.layers,
+                    b * term.layers,
+                    float(term.time(self)) * term.layers,
+                    self._bound(f / term.compute_scale, b / term.memory_scale),
+                )
+            )
+
+        t = np.array(float(tokens))
+        for term in self.token_terms(t):
+            add(term)
+        if sampled > 0:
+            add(self.head_term(sampled))
+        merged: dict[str, list[float]] = {}
+        for c, p in chunks:
+            for term in self.prefill_attn_terms(c, p):
+                f, b = float(term.flops) * term.layers, float(term.bytes) * term.layers
+                acc = merged.setdefault(term.name, [0.0, 0.0, 0.0])
+                acc[0] += f
+                acc[1] += b
+                acc[2] += float(self._t(term.flops, term.bytes)) * term.layers
+        for name, (f, b, tt) in merged.items():
+            ops.append(Op(name, f, b, tt, self._bound(f, b)))
+        if decode_seqs:
+            f_ctx, b_ctx = self._decode_attn_per_token()
+            full, sw = (
+                decode_ctx_sum * self.full_layers,
+                sliding_ctx_sum * self.model.sliding_layers,
+            )
+            qo = self._decode_qo_bytes() * decode_seqs * self.model.layers
+            f = f_ctx * (full + sw)
+            b = b_ctx * (full + sw) + qo
+            tt = self.decode_attn_time(decode_seqs, decode_ctx_sum, sliding_ctx_sum)
+            ops.append(Op("attention_decode", f, b, tt, self._bound(f, b)))
+        for name, nbytes, time in self.comm_terms(t):
+            ops.append(Op(name, 0.0, float(nbytes), float(time), "comm"))
+        ops.append(
+            Op(
+                "engine_overhead",
+                0.0,
+                0.0,
+                self.overhead_time(decode_seqs + len(chunks), bool(chunks)),
+                "overhead",
+            )
+        )
+        if self.par.pp > 1:  # per-GPU work: a stage holds 1/pp of the layers
+            pp = self.par.pp
+            ops = [Op(o.name, o.flops / pp, o.bytes / pp, o.time_s, o.bound) for o in ops]
+        return ops
 
 
 def operator_breakdown(
@@ -283,86 +607,16 @@ def operator_breakdown(
     batch: int,
     new_tokens: int,
     context: int,
-    step_overhead_s: float = 1.0e-3,
-    tp_overhead_s: float = 0.0,
+    step_overhead_s: float | None = None,
+    tp_overhead_s: float | None = None,
 ) -> list[Op]:
     """Per-operator cost of ONE forward pass where each of `batch` sequences adds `new_tokens`
     tokens on top of `context` cached ones (prefill: context=0; decode: new_tokens=1).
 
-    Times are the replica latency (pipeline stages in sequence), flops/bytes per GPU.
+    Times are the replica latency (pipeline stages in sequence), FLOPs/bytes per GPU. This is
+    `StepCost.step_ops` for that iteration, so it sums to `StepCost.step_time`.
     """
-    m, tp, pp = model, par.tp, par.pp
-    eff = gpu.efficiency
-    peak = gpu.peak_flops(prec.compute_bits) * eff.compute
-    bw = gpu.mem_bw * eff.memory
-    wb, ab, kvb = prec.weight_bits / 8, prec.act_bits / 8, prec.kv_bits / 8
-    eb = prec.expert_bits_for(m) / 8
-    t = batch * new_tokens
-    L = m.layers
-    ops: list[Op] = []
-
-    def add(name: str, flops: float, nbytes: float, count: int = 1) -> None:
-        tt, bound = roofline_time(flops, nbytes, peak, bw)
-        ops.append(Op(name, flops * count, nbytes * count, tt * count, bound))
-
-    add("embedding", 0.0, t * m.hidden * (wb + ab))
-    for op in _linears(m, tp):
-        add(
-            op.name,
-            2 * op.params * t,
-            op.params * wb + (op.in_per_token + op.out_per_token) * t * ab,
-            L,
-        )
-        if op.name == "o_proj":
-            add("norms+residual", 0.0, 6 * m.hidden * t * ab, L)
-    if m.is_moe:
-        router = m.hidden * m.experts
-        add("moe_router", 2 * router * t, router * wb + m.hidden * t * ab, L)
-        active = float(expected_active_experts(t, m.experts, m.experts_per_token))
-        add(
-            f"moe_experts({active:.1f}/{m.experts} active)",
-            2 * t * m.experts_per_token * m.expert_params / tp,
-            active * m.expert_params / tp * eb + 3 * m.hidden * t * m.experts_per_token * ab,
-            L,
-        )
-    cost = StepCost(m, gpu, par, prec, step_overhead_s, tp_overhead_s, max_tokens=1)
-    d = m.head_dim
-    kv = 2 * cost.kv_heads_gpu * d * kvb
-    for layers, window, label in (
-        (cost.full_layers, 0, "attention"),
-        (m.sliding_layers, m.sliding_window, "attention(sliding)"),
-    ):
-        if not layers:
-            continue
-        if new_tokens == 1 and context > 0:
-            ctx = min(context + 1, window) if window else context + 1
-            flops = 4 * cost.heads_gpu * d * ctx * batch
-            nbytes = batch * (ctx * kv + 2 * cost.heads_gpu * d * ab)
-            add(f"{label}_decode", flops, nbytes, layers)
-        else:
-            keys = context + (new_tokens + 1) / 2
-            keys = min(keys, window) if window else keys
-            visible = min(context + new_tokens, window) if window else context + new_tokens
-            flops = 4 * cost.heads_gpu * d * new_tokens * keys * batch
-            tiles = math.ceil(new_tokens / 128)
-            nbytes = batch * (
-                2 * new_tokens * cost.heads_gpu * d * ab + tiles * visible * kv + new_tokens * kv
-            )
-            add(f"{label}_prefill", flops, nbytes, layers)
-    params = m.vocab * m.hidden / tp
-    add("lm_head", 2 * params * batch, params * wb + batch * (m.hidden + m.vocab / tp) * ab)
-    if tp > 1:
-        msg = t * m.hidden * ab
-        ar = allreduce_time(msg, tp, gpu)
-        ops.append(
-            Op(f"all_reduce(tp={tp})", 0.0, 2 * L * 2 * (tp - 1) / tp * msg, 2 * L * ar, "comm")
-        )
-    if pp > 1:
-        msg = t * m.hidden * ab
-        ops.append(Op(f"p2p(pp={pp})", 0.0, (pp - 1) * msg, (pp - 1) * p2p_time(msg, gpu), "comm"))
-    ops.append(Op("engine_overhead", 0.0, 0.0, cost.fixed_overhead, "overhead"))
-    # per-GPU flops/bytes: layer ops were per GPU of a TP group for ALL layers; a pipeline
-    # stage holds L/pp of them, but latency (time) stays the sum over stages.
-    if pp > 1:
-        ops = [Op(o.name, o.flops / pp, o.bytes / pp, o.time_s, o.bound) for o in ops]
-    return ops
+    cost = StepCost(model, gpu, par, prec, step_overhead_s, tp_overhead_s, max_tokens=1)
+    if new_tokens == 1 and context > 0:
+        return cost.step_ops(batch, float(batch * (context + 1)))
+    return cost.step_ops(0, 0.0, [(new_tokens, context)] * batch, sampled=batch)

@@ -13,6 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from traces.distributions import gamma_arrivals, poisson_arrivals, renewal_arrivals, sample_lengths
+from traces.io import Trace, read_trace
+from traces.schema import HEADER_KEY
+
 
 @dataclass
 class Workload:
@@ -67,54 +71,17 @@ class Workload:
         )
 
 
-# ---- arrival processes ------------------------------------------------------------------
-def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Poisson process: exponential gaps with mean 1/rate."""
-    if rate <= 0:
-        raise ValueError("rate must be > 0")
-    return np.cumsum(rng.exponential(1.0 / rate, size=n))
-
-
-def gamma_arrivals(rate: float, cv: float, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Gamma renewal process with mean gap 1/rate and coefficient of variation `cv`
-    (cv=1 is Poisson, cv>1 bursty, cv<1 smoother)."""
-    if rate <= 0 or cv <= 0:
-        raise ValueError("rate and cv must be > 0")
-    shape = 1.0 / cv**2
-    scale = 1.0 / (rate * shape)
-    return np.cumsum(rng.gamma(shape, scale, size=n))
-
-
-# ---- length distributions ---------------------------------------------------------------
-def sample_lengths(
-    spec: str, n: int, rng: np.random.Generator, max_len: int = 1 << 20
-) -> np.ndarray:
-    """Sample token lengths from a compact spec.
-
-    ``fixed:N`` (or just ``N``), ``normal:MEAN,STD``, ``uniform:LO,HI``,
-    ``lognormal:MEAN,STD`` (of the lengths, not of the log), ``exp:MEAN``.
-    Values are rounded and clipped to [1, max_len].
-    """
-    kind, _, args = spec.partition(":")
-    if not args:
-        kind, args = "fixed", kind
-    p = [float(x) for x in args.split(",") if x.strip()]
-    kind = kind.strip().lower()
-    if kind == "fixed":
-        x = np.full(n, p[0])
-    elif kind == "normal":
-        x = rng.normal(p[0], p[1], size=n)
-    elif kind == "uniform":
-        x = rng.uniform(p[0], p[1] + 1, size=n)
-    elif kind == "lognormal":
-        mean, std = p
-        sigma2 = np.log(1 + (std / mean) ** 2)
-        x = rng.lognormal(np.log(mean) - sigma2 / 2, np.sqrt(sigma2), size=n)
-    elif kind in ("exp", "exponential"):
-        x = rng.exponential(p[0], size=n)
-    else:
-        raise ValueError(f"unknown length distribution {spec!r}")
-    return np.clip(np.rint(x), 1, max_len).astype(np.int64)
+# Arrival processes and length distributions live in traces.distributions (one pure core
+# for the simulator and `otela trace gen`); re-exported here for existing callers.
+__all__ = [
+    "Workload",
+    "gamma_arrivals",
+    "load_trace",
+    "poisson_arrivals",
+    "sample_lengths",
+    "synthetic",
+    "workload_from_trace",
+]
 
 
 def synthetic(
@@ -138,8 +105,7 @@ def synthetic(
         if duration is None:
             raise ValueError("give duration or n")
         n = max(1, int(rate * duration * 1.2 + 10 * np.sqrt(rate * duration) + 10))
-    gen = poisson_arrivals if cv == 1.0 else None
-    arr = gen(rate, n, rng) if gen else gamma_arrivals(rate, cv, n, rng)
+    arr = renewal_arrivals(rate, cv, n, rng)
     if duration is not None:
         arr = arr[arr < duration]
     n = len(arr)
@@ -195,6 +161,8 @@ def load_trace(path: str | Path) -> Workload:
     seconds (or ISO-8601 timestamps), input and output token counts, optional prefix hash/length.
     Arrival times are shifted so the first request arrives at t=0."""
     p = Path(path)
+    if _is_otela_trace(p):
+        return workload_from_trace(read_trace(p))
     rows: list[dict[str, object]]
     if p.suffix in (".jsonl", ".json", ".ndjson"):
         text = p.read_text()
@@ -222,6 +190,27 @@ def load_trace(path: str | Path) -> Workload:
         pl.append(0 if q is None or h is None else int(float(str(q))))
     a0 = min(arr) if arr else 0.0
     return Workload.from_arrays(np.array(arr) - a0, inp, out, ph, pl)
+
+
+def _is_otela_trace(p: Path) -> bool:
+    if p.name.endswith(".gz"):
+        return True
+    with p.open(encoding="utf-8", errors="replace") as fh:
+        return HEADER_KEY in fh.readline()
+
+
+def workload_from_trace(trace: Trace) -> Workload:
+    """The arrivals and lengths of an otela trace (requests with 0 output tokens, e.g. failed
+    ones in a replay result, are simulated as 1-token answers). Prefix hashes become ids."""
+    recs = trace.records
+    a0 = recs[0].arrival if recs else 0.0
+    return Workload.from_arrays(
+        [r.arrival - a0 for r in recs],
+        [max(1, r.input_tokens) for r in recs],
+        [max(1, r.output_tokens) for r in recs],
+        [-1 if r.prefix_hash is None else _hash(r.prefix_hash) for r in recs],
+        [r.prefix_len or 0 if r.prefix_hash is not None else 0 for r in recs],
+    )
 
 
 def _to_seconds(v: object) -> float:

@@ -1,1 +1,1 @@
-"""Trace formats, generators and replay (later issue)."""
+"""Request traces: schema, generators, replay, analysis and recording (docs/traces.md)."""

@@ -26,7 +26,8 @@ def test_single_request_matches_roofline_exactly() -> None:
     wl = Workload.from_arrays([0.5], [1000], [50])
     out = _run(wl)
     q = out.req
-    ttft = COST.step_time(0, 0, [(1000, 0)])
+    # the frontend's request overhead delays the engine's view of the arrival
+    ttft = COST.request_overhead + COST.step_time(0, 0, [(1000, 0)])
     decode = sum(COST.step_time(1, 1000.0 + k + 1) for k in range(49))
     assert q.first_token[0] - 0.5 == pytest.approx(ttft, rel=1e-9)
     assert q.finish[0] - 0.5 == pytest.approx(ttft + decode, rel=1e-9)
@@ -125,3 +126,25 @@ def test_closed_loop_client_caps_concurrency() -> None:
     sent, fin = out.req.sent, out.req.finish
     for t in sent:
         assert ((sent <= t + 1e-12) & (fin > t + 1e-12)).sum() <= 4
+
+
+def test_whole_prompt_scheduling_never_splits_or_shares_long_prompts() -> None:
+    # TensorRT-LLM without chunked context: a 5000-token prompt runs whole; two of them do
+    # not fit one 8192-token step, so the second waits a step instead of being chunked
+    wl = Workload.from_arrays([0.0, 0.0], [5000, 5000], [20, 20])
+    whole = _run(wl, chunk_prompts=False, max_batched_tokens=8192)
+    split = _run(wl, chunk_prompts=True, max_batched_tokens=8192)
+    assert whole.req.first_token[0] < split.req.first_token[0]  # R1 alone in its step
+    first = whole.req.first_token
+    assert first[1] - first[0] == pytest.approx(COST.step_time(1, 5001.0, [(5000, 0)]), rel=1e-9)
+
+
+def test_closed_loop_never_sends_before_a_slot_frees() -> None:
+    wl = Workload.from_arrays(np.zeros(30), np.full(30, 3000), np.full(30, 64))
+    out = _run(wl, max_concurrency=4)
+    sent, finish = out.req.sent, out.req.finish
+    for r in range(len(sent)):
+        # at any send time, at most 3 earlier requests are still in flight
+        in_flight = ((sent[:r] <= sent[r]) & (finish[:r] > sent[r] + 1e-12)).sum()
+        assert in_flight <= 3, (r, in_flight)
+    assert (out.req.status == DONE).all()

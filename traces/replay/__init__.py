@@ -1,0 +1,1 @@
+"""Trace replay against any OpenAI-compatible endpoint (trio, raw sockets, httptools)."""
