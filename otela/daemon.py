@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import time
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -28,10 +29,12 @@ import trio
 from libp2p.tools.anyio_service import background_trio_service
 
 from otela import __version__, hardware
+from otela.api import node_metrics
 from otela.api.app import create_app
 from otela.api.dispatch import Dispatch
 from otela.api.hop import EngineHop
 from otela.api.inference import InferenceRoutes
+from otela.api.observe import AccessLog, Observer, RequestMetrics, TraceRecording
 from otela.config import NodeConfig
 from otela.dataplane.gate import EngineGate
 from otela.dataplane.hop_auth import HopSigner, HopVerifier
@@ -47,7 +50,7 @@ from otela.engine.supervisor import Supervisor
 from otela.failures import os_error_in
 from otela.identity import Identity, load_or_create
 from otela.liveness.detector import DetectorConfig, FailureDetector
-from otela.looplag import Histogram, LagSampler, SlowSteps
+from otela.looplag import LagSampler, SlowSteps
 from otela.mesh.bootstrap import (
     follow_bootstrap_list,
     is_url,
@@ -59,6 +62,7 @@ from otela.mesh.host import advertised_addrs, build_host
 from otela.mesh.nat import NatTraversal, known_relays
 from otela.mesh.netlog import NetLog
 from otela.mesh.peering import Peering
+from otela.metrics import Registry as MetricsRegistry
 from otela.netreport import network_report
 from otela.registry.crdt import GCPolicy
 from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
@@ -71,6 +75,7 @@ from otela.replication import (
 )
 from otela.routing.router import Router
 from otela.slurm import job_from_env, watch_wall_time, with_end_time
+from traces.recorder import TraceRecorder
 
 log = logging.getLogger("otela.node")
 
@@ -172,8 +177,23 @@ class Node:
         self.engine_streams = EngineStreamServer(
             gate, self.pool, self.inflight, self.registry.is_member, config.first_byte_timeout)
         self.api = create_app(self)
+        # What watches the request path: metrics always; access log and trace on demand.
+        self.metrics = MetricsRegistry()
+        self.lag = LagSampler(node_metrics.install(self.metrics, self))
+        self.slow_steps = SlowSteps()  # installed by whoever runs the loop (trio.run)
+        observers: list[Observer] = [RequestMetrics(self.metrics)]
+        self.access_log = AccessLog(config.access_log) if config.access_log else None
+        if self.access_log is not None:
+            observers.append(self.access_log)
+        self.recorder = None if config.record_trace is None else TraceRecorder(
+            config.record_trace, max_bytes=config.record_trace_max,
+            backups=config.record_trace_backups, hash_ids=config.record_trace_hash_ids,
+            record_prompts=config.record_prompts)
+        if self.recorder is not None:
+            observers.append(TraceRecording(self.recorder))
         self.http = HttpServer(
-            Dispatch(InferenceRoutes(self.router), self.hop, self.api, self.inflight),
+            Dispatch(InferenceRoutes(self.router, observers, config.record_prompts),
+                     self.hop, self.api, self.inflight, self.metrics),
             ServerLimits(
                 max_body_bytes=config.max_body_bytes,
                 header_timeout=config.header_timeout,
@@ -182,8 +202,20 @@ class Node:
             ))
         self.addrs: list[str] = []
         self.http_url = ""
-        self.lag = LagSampler()
-        self.slow_steps = SlowSteps()  # installed by whoever runs the loop (trio.run)
+
+    # -- what the node's metrics read (otela.api.node_metrics) -----------------------
+
+    def replication_stats(self) -> Counter[str]:
+        return self.replicator.stats
+
+    def liveness_stats(self) -> dict[str, int]:
+        return self.detector.stats
+
+    def suspected_count(self) -> int:
+        return len(self.detector.suspected())
+
+    def hop_refusals(self) -> dict[str, int]:
+        return {**self.hop_verifier.refusals, "not_a_member_libp2p": self.engine_streams.refused}
 
     # -- NodeView (read by the HTTP layer) --------------------------------------------
 
@@ -222,10 +254,9 @@ class Node:
             "reachability": self.nat.state,
             "liveness": {**self.detector.stats, "local_health": self.detector.local_health},
             "event_loop": {"lag_worst_ms": round(self.lag.worst * 1e3, 2),
-                           "lag_p99_bucket_ms": _p99_bucket_ms(self.lag.lag),
+                           "lag_p99_bucket_ms": _ms(self.lag.lag.quantile_bound(0.99)),
                            **self.slow_steps.report()},
-            "hop_refusals": {**self.hop_verifier.refusals,
-                             "not_a_member_libp2p": self.engine_streams.refused},
+            "hop_refusals": self.hop_refusals(),
             "refused_peers": {
                 peer: refusal.reason for peer, refusal in self.replica.admission.refusals.items()
             },
@@ -291,6 +322,10 @@ class Node:
                 nursery.start_soon(self._watch_signals)
                 nursery.start_soon(self._sweep_pool)
                 nursery.start_soon(self.lag.run)
+                if self.access_log is not None:
+                    await nursery.start(self.access_log.run)
+                if self.recorder is not None:
+                    await nursery.start(self.recorder.run)
                 await nursery.start(self.replica.run, self.mesh.host)
                 self.addrs = advertised_addrs(self.mesh.host, config.advertised_host())
                 if not self.addrs:  # py-libp2p logs a failed listen and carries on
@@ -442,11 +477,5 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def _p99_bucket_ms(histogram: Histogram) -> float | None:
-    """The upper bound of the bucket holding the 99th percentile (None: no samples)."""
-    if not histogram.count:
-        return None
-    for bound, count in histogram.cumulative():
-        if count >= 0.99 * histogram.count:
-            return bound * 1e3
-    return None
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3

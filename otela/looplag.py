@@ -5,7 +5,7 @@ a burst of gossip, a garbage collection, a synchronous file write) delays every 
 waiting behind it. Two instruments, cheap enough to stay on:
 
 - ``LagSampler``: a task that asks to sleep ``interval`` and records how late it woke
-  (a histogram: ``otela_event_loop_lag_seconds``);
+  (the ``otela_event_loop_lag_seconds`` histogram);
 - ``SlowSteps``: a trio ``Instrument`` timing every task step, keeping the slowest steps
   (task name, duration) above ``threshold``; ``/v1/health``'s ``event_loop`` shows them,
   so a stall can be traced to what caused it.
@@ -20,40 +20,13 @@ from typing import Any
 
 import trio
 
-# Histogram buckets (seconds) for loop lag and request latency alike.
-LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-
-
-class Histogram:
-    """A cumulative-bucket histogram in the Prometheus sense, without the dependency."""
-
-    def __init__(self, buckets: tuple[float, ...] = LAG_BUCKETS) -> None:
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.sum += value
-        self.count += 1
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-                return
-        self.counts[-1] += 1
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        out, total = [], 0
-        for bound, count in zip((*self.buckets, float("inf")), self.counts, strict=True):
-            total += count
-            out.append((bound, total))
-        return out
+from otela.metrics import Histogram
 
 
 class LagSampler:
-    def __init__(self, interval: float = 0.05) -> None:
+    def __init__(self, lag: Histogram, interval: float = 0.05) -> None:
         self.interval = interval
-        self.lag = Histogram()
+        self.lag = lag
         self.worst = 0.0
 
     async def run(self) -> None:

@@ -3,8 +3,8 @@
 - ``POST /v1/engine/...``: the engine hop, for other members (``hop.py``);
 - any other ``POST /v1/...`` but otela's own resources: an OpenAI request, routed to a
   node serving its model (``inference.py``);
-- everything else: the node's API (FastAPI: models, health, inspection, metrics), run in
-  process.
+- ``GET /metrics``: Prometheus metrics (``otela.metrics``);
+- everything else: the node's API (FastAPI: models, health, inspection), run in process.
 The first two count as in flight until their response is sent or their client is gone,
 so a draining node waits for them (``otela.dataplane.inflight``).
 """
@@ -17,6 +17,7 @@ from otela.dataplane.asgi import ASGIApp, serve_asgi
 from otela.dataplane.gate import ENGINE_PREFIX, inference_path
 from otela.dataplane.http import Request, Response
 from otela.dataplane.inflight import Inflight
+from otela.metrics import CONTENT_TYPE, Registry
 
 _HOP_PREFIX = ENGINE_PREFIX + "/"
 # otela's own resources under /v1: never routed to engines, whatever the method (a POST to
@@ -26,11 +27,12 @@ OWN_PREFIXES = ("/v1/registry", "/v1/health", "/v1/network", "/v1/models")
 
 class Dispatch:
     def __init__(self, inference: InferenceRoutes, hop: EngineHop, api: ASGIApp,
-                 inflight: Inflight) -> None:
+                 inflight: Inflight, metrics: Registry) -> None:
         self.inference = inference
         self.hop = hop
         self.api = api
         self.inflight = inflight
+        self.metrics = metrics
 
     async def __call__(self, request: Request, response: Response) -> None:
         if request.method == "POST":
@@ -43,4 +45,7 @@ class Dispatch:
                 with self.inflight.track():
                     await self.inference.handle(request, response)
                 return
+        if request.path == "/metrics" and request.method in ("GET", "HEAD"):
+            await response.send(200, [(b"content-type", CONTENT_TYPE)], self.metrics.render())
+            return
         await serve_asgi(self.api, request, response)

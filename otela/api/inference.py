@@ -15,9 +15,12 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections.abc import Sequence
 
+from otela.api.observe import Observer
 from otela.dataplane import headers as policy
 from otela.dataplane.errors import RequestError
+from otela.dataplane.exchange import Exchange, UsageTap, prompt_text
 from otela.dataplane.headers import Headers
 from otela.dataplane.http import Request, Response
 from otela.dataplane.jsonbody import BodyError, parse_json_object
@@ -41,36 +44,62 @@ def _timing(lookup: float, upstream: float, total: float) -> bytes:
 
 
 class InferenceRoutes:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, observers: Sequence[Observer] = (),
+                 keep_prompts: bool = False) -> None:
         self.router = router
+        self.observers = list(observers)
+        self.keep_prompts = keep_prompts  # for trace recording with --record-prompts
 
     async def handle(self, request: Request, response: Response) -> None:
-        started = time.perf_counter()
         request_id = request_id_of(request)
+        exchange = Exchange(route=request.path, request_id=request_id.decode("latin-1"))
+        try:
+            await self._handle(request, response, exchange, request_id)
+        finally:
+            exchange.finished_at = time.perf_counter()
+            exchange.status = exchange.status or response.status or 499  # 499: client left
+            for observer in self.observers:
+                observer.finished(exchange)
+
+    async def _handle(self, request: Request, response: Response, exchange: Exchange,
+                      request_id: bytes) -> None:
         extra: Headers = [(policy.REQUEST_ID, request_id)]
         try:
             try:
-                model = parse_json_object(request.body).get("model")
+                body = parse_json_object(request.body)
             except BodyError as exc:
                 raise RequestError(400, str(exc), code=exc.code) from None
+            model = body.get("model")
             if not isinstance(model, str) or not model:
                 raise RequestError(400, "'model' is required and must be a string",
                                    param="model")
+            exchange.model = model
+            if self.keep_prompts:
+                exchange.prompt = prompt_text(body)
+            exchange.stream = body.get("stream") is True
+            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+            exchange.max_tokens = max_tokens if isinstance(max_tokens, int) else None
             path = request.path if not request.query else \
                 f"{request.path}?{request.query.decode('latin-1')}"
             before = time.perf_counter()
             routed = await self.router.route(model, path, request.body,
                                              policy.forwarded(request.headers, request_id))
         except RequestError as error:
+            exchange.status, exchange.error = error.status, error.code
             await send_error(response, error, extra)
             return
-        head_at = time.perf_counter()
+        exchange.head_at = time.perf_counter()
         node = routed.node
+        exchange.node_peer, exchange.node_provider = node.peer_id, node.provider_id
+        exchange.path_kind, exchange.attempts = routed.path_kind, routed.attempts
+        exchange.status = routed.reply.status
         extra += [(b"x-otela-session-id", node.session_id.encode()),
                   (b"x-otela-peer-id", node.peer_id.encode()),
                   (b"x-otela-provider-id", node.provider_id.encode()),
-                  (b"server-timing", _timing(before - started, head_at - before,
-                                             head_at - started))]
+                  (b"server-timing", _timing(before - exchange.started,
+                                             exchange.head_at - before,
+                                             exchange.head_at - exchange.started))]
         if routed.path_kind == "libp2p":
             extra.append((b"x-otela-path", b"libp2p"))
-        await relay(routed.reply, response, extra)
+        exchange.tap = UsageTap(exchange.stream)
+        exchange.bytes_out = await relay(routed.reply, response, extra, exchange.tap)

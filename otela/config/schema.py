@@ -207,6 +207,10 @@ class NodeConfig:
     log_level: str = setting(
         "logs", "INFO", parse=v.as_log_level, example="DEBUG", metavar="LEVEL",
         help="Daemon log level (DEBUG, INFO, WARNING, ERROR).")
+    access_log: str | None = setting(
+        "logs", parse=v.as_opt_str, example="/var/log/otela/access.jsonl", metavar="FILE",
+        help="Write one JSON line per routed request here (- for stdout): request id, "
+        "model, status, serving node, timings, tokens.")
     trace_loop: bool = setting(
         "logs", False, parse=v.as_bool, example="true",
         help="Time every event-loop step and keep the slowest in /v1/health (event_loop), "
@@ -311,6 +315,25 @@ class NodeConfig:
     max_connections_per_client: int = setting(
         "http", 256, parse=v.as_positive_int, example="64", metavar="N",
         help="Open connections one client address may hold; more get 429.")
+
+    # -- [trace]: recording served requests as an otela trace (docs/traces.md) --------
+    record_trace: Path | None = setting(
+        "trace", parse=v.as_opt_path, example="/scratch/traces/ingress.jsonl",
+        metavar="FILE", help="Record every routed request in this trace file (rotated), "
+        "for `otela trace analyze`, `replay` and the simulator. Prompts are never recorded "
+        "unless --record-prompts.")
+    record_trace_max: int = setting(
+        "trace", 256 * 1024 * 1024, parse=v.as_size, example="64MiB", metavar="SIZE",
+        help="Rotate the trace file at this size.")
+    record_trace_backups: int = setting(
+        "trace", 10, parse=v.as_int, example="3", metavar="N",
+        help="Rotated trace files kept.")
+    record_trace_hash_ids: bool = setting(
+        "trace", False, parse=v.as_bool, example="true",
+        help="Hash provider and node ids in the trace (API keys are always hashed).")
+    record_prompts: bool = setting(
+        "trace", False, parse=v.as_bool, example="true",
+        help="Also record prompt text in the trace (off: lengths only).")
 
     def advertised_host(self) -> str:
         """The address other nodes use to reach us (never a wildcard)."""

@@ -44,8 +44,11 @@ def forwarded(incoming: Headers, request_id: bytes,
 
 
 def relayed(upstream: Headers, extra: Sequence[tuple[bytes, bytes]] = ()) -> Headers:
-    """The response headers the client gets."""
-    return [(k, v) for k, v in upstream if k not in DROPPED_RESPONSE] + list(extra)
+    """The response headers the client gets: the upstream's, minus hop-by-hop ones and
+    those ``extra`` sets (ours win: a serving node's request id is not said twice)."""
+    ours = {k for k, _ in extra}
+    return [(k, v) for k, v in upstream if k not in DROPPED_RESPONSE and k not in ours] + \
+        list(extra)
 
 
 def value(headers: Headers, name: bytes) -> bytes | None:

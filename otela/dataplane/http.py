@@ -232,6 +232,7 @@ class _Parsing:
 
     def on_message_complete(self) -> None:
         self.in_message = False
+        self.headers_complete = False
         self.expect_continue = False
         if self.problem is not None:
             return  # the request that broke a limit is refused, not answered
@@ -359,7 +360,7 @@ class _Connection:
                 return None
             if parsing.in_message and not parsing.headers_complete and headers_due is None:
                 headers_due = wait_until = trio.current_time() + self.limits.header_timeout
-            if parsing.headers_complete and body_due is None:
+            if parsing.in_message and parsing.headers_complete and body_due is None:
                 body_due = wait_until = trio.current_time() + self.limits.body_timeout
                 if parsing.expect_continue:
                     await self.send(b"HTTP/1.1 100 Continue\r\n\r\n")

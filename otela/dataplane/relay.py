@@ -14,17 +14,22 @@ from collections.abc import Sequence
 
 from otela.dataplane import headers as policy
 from otela.dataplane.errors import RequestError, UpstreamFailed, error_json
+from otela.dataplane.exchange import UsageTap
 from otela.dataplane.headers import Headers
 from otela.dataplane.http import Response
 from otela.dataplane.upstream import Reply
 
 
-async def relay(reply: Reply, response: Response, extra: Headers) -> int:
-    """Send ``reply`` to the client with ``extra`` headers; the body bytes relayed."""
+async def relay(reply: Reply, response: Response, extra: Headers,
+                tap: UsageTap | None = None) -> int:
+    """Send ``reply`` to the client with ``extra`` headers; the body bytes relayed. ``tap``
+    sees every chunk as it goes (timing, usage), without changing it."""
     out = policy.relayed(reply.headers, extra)
     try:
         if reply.complete:
             body = reply.take_buffered()
+            if tap is not None and body:
+                tap.chunk(body)
             await response.send(reply.status, out, body)
             return len(body)
         length = reply.content_length
@@ -34,10 +39,14 @@ async def relay(reply: Reply, response: Response, extra: Headers) -> int:
         sent = 0
         buffered = reply.take_buffered()
         if buffered:
+            if tap is not None:
+                tap.chunk(buffered)
             await response.write(buffered)
             sent += len(buffered)
         try:
             async for chunk in reply.chunks():
+                if tap is not None:
+                    tap.chunk(chunk)
                 await response.write(chunk)
                 sent += len(chunk)
         except UpstreamFailed:
@@ -46,6 +55,8 @@ async def relay(reply: Reply, response: Response, extra: Headers) -> int:
         await response.end()
         return sent
     finally:
+        if tap is not None:
+            tap.finish()
         await reply.aclose()
 
 

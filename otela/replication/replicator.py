@@ -169,15 +169,16 @@ class Replicator:
 
     async def publish(self, envelope: dict[str, Any]) -> None:
         """Gossip one delta: an envelope we signed (our record, or our eviction verdict)."""
+        data = encode({"kind": "delta", "entries": [envelope]})
         try:
-            await self.mesh.pubsub.publish(
-                REGISTRY_TOPIC, encode({"kind": "delta", "entries": [envelope]})
-            )
+            await self.mesh.pubsub.publish(REGISTRY_TOPIC, data)
             self.stats["gossip_published"] += 1
+            self.stats["gossip_bytes_sent"] += len(data)
         except Exception as exc:  # publishing with no peers yet is not an error
             log.debug("gossip publish failed: %s", exc)
 
     def validate_gossip(self, forwarder: ID, message: Any) -> bool:
+        self.stats["gossip_bytes_received"] += len(message.data or b"")
         if not self.admission.is_admitted(forwarder):
             self.stats["gossip_unadmitted"] += 1
             return False

@@ -1,0 +1,88 @@
+"""The node's own metrics, read from where they live when ``/metrics`` is scraped.
+
+Request metrics are counted as requests finish (``observe.RequestMetrics``); everything
+here (in-flight requests, retries, upstream connections, event-loop lag, the registry,
+gossip, liveness, security refusals) is copied from the component that keeps it, once
+per scrape, so nothing on the request path or the control plane pays for it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Protocol
+
+from otela.dataplane.inflight import Inflight
+from otela.dataplane.pool import HttpPool
+from otela.metrics import LAG_BUCKETS, Histogram, Registry
+from otela.registry.store import Registry as RegistryReplica
+from otela.routing.router import Router
+
+
+class NodeParts(Protocol):
+    """What the node's metrics are read from."""
+
+    inflight: Inflight
+    router: Router
+    pool: HttpPool
+    registry: RegistryReplica
+
+    def replication_stats(self) -> Counter[str]: ...
+
+    def liveness_stats(self) -> dict[str, int]: ...
+
+    def hop_refusals(self) -> dict[str, int]: ...
+
+    def suspected_count(self) -> int: ...
+
+
+def install(metrics: Registry, node: NodeParts) -> Histogram:
+    """Register the node's gauges and counters; returns the event-loop lag histogram (its
+    sampler feeds it)."""
+    lag = metrics.histogram("otela_event_loop_lag_seconds", "How late the event loop woke "
+                            "from a short sleep (requests wait this long too).", LAG_BUCKETS)
+    in_flight = metrics.gauge("otela_requests_in_flight", "Requests being relayed now.")
+    retries = metrics.counter("otela_retries_total", "Requests sent to another node after "
+                              "one did not take them (never after delivery).")
+    connects = metrics.counter("otela_upstream_connections_opened_total",
+                               "Connections opened to engines and other nodes.")
+    failures = metrics.counter("otela_upstream_connect_failures_total",
+                               "Connections to engines and other nodes that failed.")
+    sessions = metrics.gauge("otela_registry_sessions", "Sessions in this replica, by "
+                             "lifecycle state.", ("state",))
+    gossip = metrics.counter("otela_gossip_payload_bytes_total", "Registry gossip payload "
+                             "bytes published (out) and received (in).", ("direction",))
+    antientropy = metrics.counter("otela_anti_entropy_bytes_total", "Anti-entropy bytes "
+                                  "sent (out) and received (in).", ("direction",))
+    forged = metrics.counter("otela_forged_records_rejected_total", "Records for another "
+                             "node's session rejected (docs/security.md).")
+    suspected = metrics.gauge("otela_liveness_suspected_peers", "Peers suspected now.")
+    suspicions = metrics.counter("otela_liveness_suspicions_total",
+                                 "Suspicions this node raised first-hand.")
+    evictions = metrics.counter("otela_liveness_evictions_total",
+                                "Evictions this node signed.")
+    hop_refused = metrics.counter("otela_engine_hop_refusals_total", "Engine hop requests "
+                                  "refused to non-members, by reason.", ("code",))
+
+    def collect() -> None:
+        in_flight.set(value=node.inflight.count)
+        retries.set(value=node.router.retries)
+        connects.set(value=node.pool.connects)
+        failures.set(value=node.pool.connect_failures)
+        states = Counter(record.state.name for record in node.registry)
+        for state in ("JOIN", "SERVING", "DOWN", "LEFT"):
+            sessions.set(state, value=states.get(state, 0))
+        stats = node.replication_stats()
+        gossip.set("out", value=stats["gossip_bytes_sent"])
+        gossip.set("in", value=stats["gossip_bytes_received"])
+        antientropy.set("out", value=stats["ae_bytes_sent"])
+        antientropy.set("in", value=stats["ae_bytes_received"])
+        forged.set(value=stats["forged_rejected"])
+        liveness = node.liveness_stats()
+        suspected.set(value=node.suspected_count())
+        suspicions.set(value=liveness.get("suspected", 0))
+        evictions.set(value=liveness.get("evicted", 0))
+        for code, count in node.hop_refusals().items():
+            hop_refused.set(code, value=count)
+
+    metrics.collect(collect)
+    return lag

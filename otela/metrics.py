@@ -1,0 +1,162 @@
+"""Prometheus metrics for a node: counters, gauges and histograms with labels, and the
+text exposition format (0.0.4) that ``GET /metrics`` serves.
+
+Written for the request path's budget rather than taken from ``prometheus_client``: a
+node's loop is single-threaded, so an increment is a dictionary update with no lock, and
+the few values that already live elsewhere (registry size, liveness counters, pool
+statistics) are read when scraped (``Registry.collect``), never copied on every change.
+Names follow Prometheus conventions: ``otela_`` prefix, base units (seconds, bytes),
+``_total`` for counters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+LabelValues = tuple[str, ...]
+
+# Seconds, for request latency and time to first byte: 0.5 ms to 2 minutes.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# Seconds, for how late the event loop runs.
+LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(names: tuple[str, ...], values: LabelValues, extra: str = "") -> str:
+    pairs = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
+    if extra:
+        pairs.append(extra)
+    return "{" + ",".join(pairs) + "}" if pairs else ""
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+@dataclass
+class Counter:
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    values: dict[LabelValues, float] = field(default_factory=dict)
+    kind: str = "counter"
+
+    def inc(self, *label_values: str, by: float = 1.0) -> None:
+        self.values[label_values] = self.values.get(label_values, 0.0) + by
+
+    def set(self, *label_values: str, value: float) -> None:
+        self.values[label_values] = value
+
+    def lines(self) -> Iterable[str]:
+        for values, number in self.values.items():
+            yield f"{self.name}{_labels(self.labels, values)} {_number(number)}"
+
+
+def Gauge(name: str, help: str, labels: tuple[str, ...] = ()) -> Counter:
+    """A gauge: set, not only incremented (same storage as a counter)."""
+    return Counter(name, help, labels, kind="gauge")
+
+
+@dataclass
+class Histogram:
+    name: str
+    help: str
+    buckets: tuple[float, ...] = LATENCY_BUCKETS
+    labels: tuple[str, ...] = ()
+    series: dict[LabelValues, list[float]] = field(default_factory=dict)  # counts.., sum
+    kind: str = "histogram"
+
+    def observe(self, value: float, *label_values: str) -> None:
+        counts = self.series.get(label_values)
+        if counts is None:
+            counts = self.series[label_values] = [0.0] * (len(self.buckets) + 2)
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                counts[i] += 1
+                break
+        else:
+            counts[len(self.buckets)] += 1
+        counts[-1] += value
+
+    def count(self, *label_values: str) -> int:
+        counts = self.series.get(label_values)
+        return int(sum(counts[:-1])) if counts else 0
+
+    def quantile_bound(self, q: float, *label_values: str) -> float | None:
+        """The upper bound of the bucket holding quantile ``q`` (None: no samples)."""
+        counts = self.series.get(label_values)
+        total = self.count(*label_values)
+        if not counts or not total:
+            return None
+        running = 0.0
+        for bound, count in zip((*self.buckets, math.inf), counts, strict=False):
+            running += count
+            if running >= q * total:
+                return bound
+        return math.inf
+
+    def lines(self) -> Iterable[str]:
+        for values, counts in self.series.items():
+            running = 0.0
+            for bound, count in zip((*self.buckets, math.inf), counts, strict=False):
+                running += count
+                le = f'le="{_number(bound)}"'
+                yield f"{self.name}_bucket{_labels(self.labels, values, le)} {_number(running)}"
+            yield f"{self.name}_sum{_labels(self.labels, values)} {_number(counts[-1])}"
+            yield f"{self.name}_count{_labels(self.labels, values)} {_number(running)}"
+
+
+Metric = Counter | Histogram
+
+
+class Registry:
+    """The metrics of one process, and callbacks that refresh read-on-scrape values."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, Metric] = {}
+        self._collectors: list[Callable[[], None]] = []
+
+    def add(self, metric: Metric) -> Metric:
+        self.metrics[metric.name] = metric
+        return metric
+
+    def counter(self, name: str, help: str, labels: tuple[str, ...] = ()) -> Counter:
+        metric = self.add(Counter(name, help, labels))
+        assert isinstance(metric, Counter)
+        return metric
+
+    def gauge(self, name: str, help: str, labels: tuple[str, ...] = ()) -> Counter:
+        metric = self.add(Gauge(name, help, labels))
+        assert isinstance(metric, Counter)
+        return metric
+
+    def histogram(self, name: str, help: str, buckets: tuple[float, ...] = LATENCY_BUCKETS,
+                  labels: tuple[str, ...] = ()) -> Histogram:
+        metric = self.add(Histogram(name, help, buckets, labels))
+        assert isinstance(metric, Histogram)
+        return metric
+
+    def collect(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` before every rendering (to copy values kept elsewhere)."""
+        self._collectors.append(callback)
+
+    def render(self) -> bytes:
+        for callback in self._collectors:
+            callback()
+        out: list[str] = []
+        for metric in self.metrics.values():
+            out.append(f"# HELP {metric.name} {metric.help}")
+            out.append(f"# TYPE {metric.name} {metric.kind}")
+            out.extend(metric.lines())
+        return ("\n".join(out) + "\n").encode()
+
+
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"

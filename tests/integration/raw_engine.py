@@ -1,0 +1,75 @@
+"""An engine for data-path tests that answers with exact, chosen bytes.
+
+``python -m tests.integration.raw_engine --port P`` serves model ``raw``. ``POST`` bodies
+pick what comes back by their ``case`` field: ``echo`` (the request body, byte for byte,
+and the request's path and ids in headers), ``sse`` (``SSE``: comments, a usage chunk, a
+multi-byte character split across writes, ``[DONE]``), ``big`` (``BIG_SIZE`` bytes of
+JSON). It is the byte-exactness oracle: tests compare what went through otela with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import trio
+
+from otela.dataplane.http import HttpServer, Request, Response, ServerLimits
+
+BIG_SIZE = 5 * 1024 * 1024
+SSE_PARTS = [
+    b": otela test stream\n\n",
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,'
+    b'"delta":{"role":"assistant","content":""}}],"usage":null}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,'
+    b'"delta":{"content":"caf\xc3',  # a UTF-8 character split across two writes
+    b'\xa9 \xe6\x97\xa5\xe6\x9c\xac"}}],"usage":null}\n\n',
+    b": keep-alive\n\n",
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n',
+    b"data: [DONE]\n\n",
+]
+SSE = b"".join(SSE_PARTS)
+
+
+def big_body() -> bytes:
+    filler = "x" * (BIG_SIZE - 40)
+    return json.dumps({"object": "big", "filler": filler}).encode()
+
+
+async def handle(request: Request, response: Response) -> None:
+    if request.method == "GET":
+        if request.path == "/v1/models":
+            body = json.dumps({"object": "list", "data": [
+                {"id": "raw", "object": "model", "owned_by": "test", "max_model_len": 2048}]})
+            await response.send(200, [(b"content-type", b"application/json")], body.encode())
+        else:
+            await response.send(200, [], b"ok")
+        return
+    case = json.loads(request.body).get("case", "echo")
+    seen = [(b"x-seen-path", request.target),
+            (b"x-seen-request-id", request.header(b"x-request-id") or b""),
+            (b"x-seen-authorization", request.header(b"authorization") or b"-")]
+    if case == "sse":
+        await response.start(200, [(b"content-type", b"text/event-stream"), *seen])
+        for part in SSE_PARTS:
+            await response.write(part)
+            await trio.sleep(0.01)
+        await response.end()
+    elif case == "big":
+        await response.send(200, [(b"content-type", b"application/json"), *seen], big_body())
+    else:
+        await response.send(200, [(b"content-type", b"application/json"), *seen],
+                            request.body)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    limits = ServerLimits(max_body_bytes=64 * 1024 * 1024)
+    trio.run(HttpServer(handle, limits).run, "127.0.0.1", args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The upstream pool against a real server on 127.0.0.1 (in process): keep-alive reuse, a
+pooled connection the server closed is replaced, an abandoned response closes its
+connection, and a stream arrives chunk by chunk."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from otela.dataplane.http import HttpServer, Request, Response, ServerLimits
+from otela.dataplane.pool import HttpPool
+
+JSON = [(b"content-type", b"application/json")]
+
+
+async def handler(request: Request, response: Response) -> None:
+    if request.path == "/stream":
+        await response.start(200, [(b"content-type", b"text/event-stream")])
+        for i in range(3):
+            await response.write(b"data: %d\n\n" % i)
+            await trio.sleep(0.05)
+        await response.end()
+    elif request.path == "/slow":
+        await trio.sleep(10)
+    else:
+        await response.send(200, JSON, b'{"ok":true,"body":%d}' % len(request.body))
+
+
+async def with_server(test, limits: ServerLimits) -> None:  # type: ignore[no-untyped-def]
+    server = HttpServer(handler, limits)
+    async with trio.open_nursery() as nursery:
+        (bound,) = await nursery.start(server.run, "127.0.0.1", 0)
+        pool = HttpPool()
+        try:
+            await test(pool, bound[1], server)
+        finally:
+            pool.close()
+        nursery.cancel_scope.cancel()
+
+
+def run(test, limits: ServerLimits | None = None) -> None:  # type: ignore[no-untyped-def]
+    trio.run(with_server, test, limits or ServerLimits())
+
+
+def test_sequential_requests_share_one_connection():
+    async def test(pool: HttpPool, port: int, server: HttpServer) -> None:
+        for size in (0, 10, 100_000):
+            reply = await pool.request("127.0.0.1", port, b"POST", b"/x", JSON, b"a" * size, 5)
+            assert reply.status == 200
+            assert await reply.read() == b'{"ok":true,"body":%d}' % size
+        assert pool.connects == 1
+
+    run(test)
+
+
+def test_a_connection_the_server_closed_is_replaced_not_used():
+    async def test(pool: HttpPool, port: int, server: HttpServer) -> None:
+        reply = await pool.request("127.0.0.1", port, b"POST", b"/x", JSON, b"", 5)
+        await reply.read()
+        await trio.sleep(0.3)  # the server closes the idle connection after 0.1 s
+        again = await pool.request("127.0.0.1", port, b"POST", b"/x", JSON, b"", 5)
+        assert again.status == 200 and await again.read()
+        assert pool.connects == 2
+
+    run(test, ServerLimits(keep_alive_timeout=0.1))
+
+
+def test_a_stream_arrives_in_chunks_and_an_abandoned_reply_closes_its_connection():
+    async def test(pool: HttpPool, port: int, server: HttpServer) -> None:
+        reply = await pool.request("127.0.0.1", port, b"POST", b"/stream", JSON, b"", 5)
+        chunks = reply.chunks()
+        first = await chunks.__anext__()
+        assert first.startswith(b"data: 0")
+        await chunks.aclose()  # the client went away
+        with trio.fail_after(5):
+            while server.connections:
+                await trio.sleep(0.01)  # the server saw the close
+        reply = await pool.request("127.0.0.1", port, b"POST", b"/x", JSON, b"", 5)
+        assert await reply.read() and pool.connects == 2
+
+    run(test)
