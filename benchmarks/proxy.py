@@ -20,6 +20,7 @@ Run: ``python benchmarks/proxy.py [--duration 10] [--paths direct,one-hop,two-ho
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,13 +76,25 @@ class Connection:
     def __init__(self, stream: trio.SocketStream, host: str) -> None:
         self.stream = stream
         self.host = host
+        self.url = ""
 
     @classmethod
     async def open(cls, url: str) -> Connection:
         host, port = url.removeprefix("http://").rsplit(":", 1)
-        return cls(await trio.open_tcp_stream(host, int(port)), host)
+        conn = cls(await trio.open_tcp_stream(host, int(port)), host)
+        conn.url = url
+        return conn
 
     async def post(self, path: str, body: bytes) -> tuple[float, float]:
+        """``_post``, on a fresh connection if the server had closed this idle one."""
+        try:
+            return await self._post(path, body)
+        except (ConnectionError, trio.BrokenResourceError):
+            fresh = await Connection.open(self.url)
+            self.stream, self.host = fresh.stream, fresh.host
+            return await self._post(path, body)
+
+    async def _post(self, path: str, body: bytes) -> tuple[float, float]:
         """Send one request; (seconds to the first body byte, seconds to the end)."""
         head = (f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json"
                 f"\r\ncontent-length: {len(body)}\r\n\r\n").encode()
@@ -174,7 +188,9 @@ def wrk(url: str, connections: int, seconds: float, script: Path) -> WrkResult:
     try:
         rps = float(_field(r"Requests/sec:\s+([\d.]+)", out))
         requests = int(_field(r"(\d+) requests in", out))
-        p50, p99 = _ms(_field(r"50%\s+(\S+)", out)), _ms(_field(r"99%\s+(\S+)", out))
+        # Anchored: "75.99%" in the thread stats must not pass for the 99th percentile.
+        p50 = _ms(_field(r"(?m)^\s+50%\s+(\S+)", out))
+        p99 = _ms(_field(r"(?m)^\s+99%\s+(\S+)", out))
     except ValueError:
         raise RuntimeError(f"could not read wrk's output:\n{out}") from None
     if "Non-2xx" in out or "Socket errors" in out:
@@ -237,6 +253,72 @@ def report(results: list[PathResult], concurrency: list[int]) -> None:
             f" {r.ttft_ms[16]:>7.3f} ms")
 
 
+def _with_children(pids: list[int]) -> list[int]:
+    """The processes and their direct children (data-path workers; not engines here)."""
+    out = list(pids)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return out
+
+
+MODELS_JSON = json.dumps({"object": "list", "data": [
+    {"id": MODEL, "object": "model", "owned_by": "mock", "max_model_len": 4096}]})
+ANSWER_JSON = json.dumps({"id": "chatcmpl-mock", "object": "chat.completion", "model": MODEL,
+                          "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                              "role": "assistant", "content": "mock answer"}}]})
+NGINX_ENGINE_CONF = """worker_processes 1;
+pid {dir}/engine.pid;
+error_log stderr warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    default_type application/json;
+    server {{
+        listen 127.0.0.1:{port};
+        location = /v1/models {{ return 200 '{models}'; }}
+        location / {{ return 200 '{answer}'; }}
+    }}
+}}
+"""
+NGINX_CONF = """worker_processes 1;
+pid {dir}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    upstream engine {{ server 127.0.0.1:{upstream}; keepalive 128; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+@contextlib.contextmanager
+def nginx_proxy(workdir: Path, upstream: int) -> Iterator[tuple[str, Callable[[], list[int]]]]:
+    """nginx as a reverse proxy in front of the engine, on the router's core: the baseline
+    for what a proxy hop costs."""
+    port = free_port()
+    conf = workdir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=workdir, upstream=upstream, port=port))
+    process = subprocess.Popen(pinned(ROUTER_CORE, ["nginx", "-c", str(conf), "-p",
+                                                    str(workdir), "-g", "daemon off;"]))
+    try:
+        wait_for(lambda: subprocess.run(["curl", "-sf", f"http://127.0.0.1:{port}/health"],
+                                        capture_output=True).returncode == 0, 10, "nginx")
+        yield f"http://127.0.0.1:{port}", lambda: _with_children([process.pid])
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -244,7 +326,16 @@ def main() -> None:
     parser.add_argument("--steady-seconds", type=float, default=20.0)
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1, 16, 64])
-    parser.add_argument("--paths", default="direct,one-hop,two-hop")
+    parser.add_argument("--paths", default="direct,nginx,one-hop,two-hop",
+                        help="direct, nginx (a reverse proxy baseline, if installed), "
+                        "one-hop, two-hop")
+    parser.add_argument("--engine", choices=["python", "nginx"], default="python",
+                        help="the mock engine: python (mock_engine.py, streams real SSE) or "
+                        "nginx (fixed JSON answers at a fraction of the CPU, leaving more of "
+                        "the machine to the router; TTFT then means first byte of JSON)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="otela --workers for the one-hop node; above 1 it may use both "
+                        "cores (the load generator and engine share core 1)")
     parser.add_argument("--idle-peers", type=int, default=0,
                         help="idle nodes joined to the ingress (gossip around it)")
     parser.add_argument("--otela-src", type=Path, default=None,
@@ -258,9 +349,17 @@ def main() -> None:
     script = workdir / "post.lua"
     script.write_text(WRK_SCRIPT)
     port = free_port()
-    mock = subprocess.Popen(pinned(LOAD_CORE, [sys.executable, str(HERE / "mock_engine.py"),
-                                               "--port", str(port), "--model", MODEL]),
-                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    if args.engine == "nginx":
+        conf = workdir / "engine.conf"
+        conf.write_text(NGINX_ENGINE_CONF.format(dir=workdir, port=port, models=MODELS_JSON,
+                                                 answer=ANSWER_JSON))
+        mock = subprocess.Popen(pinned(LOAD_CORE, ["nginx", "-c", str(conf), "-p",
+                                                   str(workdir), "-g", "daemon off;"]))
+    else:
+        mock = subprocess.Popen(
+            pinned(LOAD_CORE, [sys.executable, str(HERE / "mock_engine.py"), "--port",
+                               str(port), "--model", MODEL]),
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     mock_url = f"http://127.0.0.1:{port}"
     launcher = pinned(ROUTER_CORE, [sys.executable, "-m", "otela"])
     if args.otela_src is not None:
@@ -271,13 +370,20 @@ def main() -> None:
                                         capture_output=True).returncode == 0, 10, "mock")
         if "direct" in paths:
             results.append(measure("direct", mock_url, [], args, script))
+        if "nginx" in paths and shutil.which("nginx"):
+            with nginx_proxy(workdir, port) as (nginx_url, nginx_pids):
+                results.append(measure("nginx", nginx_url, nginx_pids(), args, script))
         for name in ("one-hop", "two-hop"):
             if name not in paths:
                 continue
             with LocalFederation(workdir / name) as fed:
                 if name == "one-hop":
-                    ingress = fed.start_node("ingress", ingress=True, launcher=launcher,
-                                             extra_args=["--engine-url", mock_url, *QUIET])
+                    workers = ["--workers", str(args.workers)] if args.workers > 1 else []
+                    ingress = fed.start_node(
+                        "ingress", ingress=True,
+                        launcher=launcher if args.workers == 1 else pinned(
+                            "0,1", [sys.executable, "-m", "otela"]),
+                        extra_args=["--engine-url", mock_url, *workers, *QUIET])
                     nodes = [ingress]
                 else:
                     ingress = fed.start_node("ingress", ingress=True, launcher=launcher,
@@ -291,8 +397,10 @@ def main() -> None:
                 wait_for(lambda ingress=ingress: any(
                     m["id"] == MODEL for m in ingress.get("/v1/models")["data"]), 60,
                     "the model to be served")
-                results.append(measure(name, ingress.http_url,
-                                       [n.process.pid for n in nodes], args, script))
+                label = name if args.workers == 1 else f"{name} x{args.workers}"
+                results.append(measure(label, ingress.http_url,
+                                       _with_children([n.process.pid for n in nodes]), args,
+                                       script))
     finally:
         mock.terminate()
         mock.wait(10)

@@ -15,7 +15,6 @@ Exit codes: 0 after a clean stop (SIGTERM/SIGINT), 3 when the engine failed (fai
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ from otela.api.hop import EngineHop
 from otela.api.inference import InferenceRoutes
 from otela.api.observe import AccessLog, Observer, RequestMetrics, TraceRecording
 from otela.config import NodeConfig
+from otela.dataplane.asgi import AsgiHandler
 from otela.dataplane.gate import EngineGate
 from otela.dataplane.hop_auth import HopSigner, HopVerifier
 from otela.dataplane.http import HttpServer, ServerLimits
@@ -50,7 +50,7 @@ from otela.engine.supervisor import Supervisor
 from otela.failures import os_error_in
 from otela.identity import Identity, load_or_create
 from otela.liveness.detector import DetectorConfig, FailureDetector
-from otela.looplag import LagSampler, SlowSteps
+from otela.looplag import LagSampler, SlowSteps, freeze_startup_objects
 from otela.mesh.bootstrap import (
     follow_bootstrap_list,
     is_url,
@@ -75,6 +75,8 @@ from otela.replication import (
 )
 from otela.routing.router import Router
 from otela.slurm import job_from_env, watch_wall_time, with_end_time
+from otela.workers.control import InternalRoutes, WorkerPool
+from otela.workers.view import snapshot_of
 from traces.recorder import TraceRecorder
 
 log = logging.getLogger("otela.node")
@@ -191,15 +193,19 @@ class Node:
             record_prompts=config.record_prompts)
         if self.recorder is not None:
             observers.append(TraceRecording(self.recorder))
-        self.http = HttpServer(
-            Dispatch(InferenceRoutes(self.router, observers, config.record_prompts),
-                     self.hop, self.api, self.inflight, self.metrics),
-            ServerLimits(
-                max_body_bytes=config.max_body_bytes,
-                header_timeout=config.header_timeout,
-                body_timeout=config.body_timeout,
-                max_connections_per_client=config.max_connections_per_client,
-            ))
+        self.dispatch = Dispatch(
+            InferenceRoutes(self.router, observers, config.record_prompts), self.hop,
+            AsgiHandler(self.api), self.inflight, self.metrics)
+        self.http = HttpServer(self.dispatch, ServerLimits(
+            max_body_bytes=config.max_body_bytes,
+            header_timeout=config.header_timeout,
+            body_timeout=config.body_timeout,
+            max_connections_per_client=config.max_connections_per_client,
+        ))
+        # With --workers N the port is served by N data-path processes instead.
+        self.workers = None if config.workers <= 1 else WorkerPool(
+            config, config.workers, self._worker_state_key, self._worker_snapshot,
+            self._record_worker_traces)
         self.addrs: list[str] = []
         self.http_url = ""
 
@@ -210,6 +216,21 @@ class Node:
 
     def liveness_stats(self) -> dict[str, int]:
         return self.detector.stats
+
+    def in_flight(self) -> int:
+        """Requests being relayed by this node, data-path workers included."""
+        return self.inflight.count + (self.workers.in_flight() if self.workers else 0)
+
+    def data_path_totals(self) -> dict[str, int]:
+        totals = {"retries": self.router.retries, "connects": self.pool.connects,
+                  "connect_failures": self.pool.connect_failures}
+        if self.workers is not None:
+            for key in totals:
+                totals[key] += self.workers.total(key)
+        return totals
+
+    def worker_metric_states(self) -> list[dict[str, Any]]:
+        return self.workers.metric_states() if self.workers else []
 
     def suspected_count(self) -> int:
         return len(self.detector.suspected())
@@ -243,7 +264,9 @@ class Node:
             "ingress": self.config.ingress,
             "engine": self.engine_command.kind if self.engine_command else None,
             "models": [m.id for m in record.models] if record else [],
-            "in_flight": self.inflight.count,
+            "in_flight": self.in_flight(),
+            "workers": None if self.workers is None else {
+                "count": self.workers.count, "restarts": self.workers.restarts},
             "slurm": self.slurm_job.to_dict() if self.slurm_job else None,
             "engine_failure": self.supervisor.failure if self.supervisor else None,
             "connected_peers": len(self.replicator.connected_peers()),
@@ -254,7 +277,8 @@ class Node:
             "reachability": self.nat.state,
             "liveness": {**self.detector.stats, "local_health": self.detector.local_health},
             "event_loop": {"lag_worst_ms": round(self.lag.worst * 1e3, 2),
-                           "lag_p99_bucket_ms": _ms(self.lag.lag.quantile_bound(0.99)),
+                           "lag_p99_bucket_ms": _ms(self.lag.lag.quantile_bound(
+                               0.99, self.lag.label)),
                            **self.slow_steps.report()},
             "hop_refusals": self.hop_refusals(),
             "refused_peers": {
@@ -332,15 +356,14 @@ class Node:
                     raise OSError(f"cannot listen for libp2p on {config.listen_host} port "
                                   f"{config.p2p_port} (in use, or not an address of this host)")
                 try:
-                    binds = await nursery.start(self.http.run, config.listen_host,
-                                                config.http_port)
+                    port = await self._serve_http(nursery)
                 except BaseException as exc:
                     cause = os_error_in(exc)
                     if cause is None:
                         raise
                     raise OSError(f"cannot listen for HTTP on {config.listen_host} port "
                                   f"{config.http_port}: {cause.strerror or cause}") from None
-                self.http_url = f"http://{config.advertised_host()}:{binds[0][1]}"
+                self.http_url = f"http://{config.advertised_host()}:{port}"
                 if self.slurm_job is not None:
                     self.slurm_job = await with_end_time(self.slurm_job)
                 await self.replica.start(NodeRecord(
@@ -395,15 +418,15 @@ class Node:
             assert self.record is not None
             if self.record.state < Lifecycle.DOWN:
                 await self.announce(state=Lifecycle.DOWN, push=True)
-            drained = self.exit_code != EXIT_OK or await self.inflight.wait_idle(
-                self.config.drain_grace
-            )
+            drained = self.exit_code != EXIT_OK or await self._drain(self.config.drain_grace)
             if not drained:
                 log.warning(
                     "%d request(s) still in flight after the %.0fs drain grace",
-                    self.inflight.count,
+                    self.in_flight(),
                     self.config.drain_grace,
                 )
+            if self.workers is not None:
+                await self.workers.stop()
             if supervisor is not None:
                 await supervisor.stop(self.config.engine_stop_grace)
             if self.exit_code == EXIT_OK:
@@ -412,6 +435,41 @@ class Node:
                 where = supervisor.collect_logs(f"{self.provider_id}-{self.session_id[:12]}")
                 if where is not None:
                     print(f"otela: engine logs copied to {where}", flush=True)
+
+    async def _drain(self, grace: float) -> bool:
+        """Wait until no request is in flight anywhere on this node, at most ``grace`` s."""
+        if self.workers is None:
+            return await self.inflight.wait_idle(grace)
+        with trio.move_on_after(grace):
+            while self.in_flight():
+                await trio.sleep(0.05)  # workers report four times a second
+            return True
+        return False
+
+    async def _serve_http(self, nursery: trio.Nursery) -> int:
+        """Serve the HTTP port, in this process or through data-path workers; the port."""
+        if self.workers is None:
+            binds = await nursery.start(self.http.run, self.config.listen_host,
+                                        self.config.http_port)
+            return int(binds[0][1])
+        internal = InternalRoutes(self.workers, self.registry, self.p2p, self.dispatch,
+                                  self.config.first_byte_timeout)
+        return int(await nursery.start(self.workers.run, internal))
+
+    # -- data-path workers (``--workers``) -------------------------------------------
+
+    def _worker_state_key(self) -> tuple[Any, ...]:
+        return (self.registry.generation, self.detector.suspected(), self.session_id,
+                self.serving_engine_url(), self.served_models())
+
+    def _worker_snapshot(self) -> dict[str, Any]:
+        return snapshot_of(self.registry.snapshot(), self.detector.suspected(),
+                           self.session_id, self.serving_engine_url(), self.served_models())
+
+    def _record_worker_traces(self, records: list[dict[str, Any]]) -> None:
+        if self.recorder is not None:
+            for record in records:
+                self.recorder.record(**record)
 
     async def _engine_ready(self, models: list[ModelInfo]) -> None:
         if self._stopping:
@@ -467,14 +525,6 @@ class Node:
             tmp.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(status, indent=2))
             tmp.replace(self.config.status_file)
-
-
-def freeze_startup_objects() -> None:
-    """Move everything allocated while starting (libp2p, imports, the registry) out of the
-    garbage collector's reach: a full collection walked all of it, holding the event loop
-    for 80-100 ms (every request waiting behind it). Later garbage is still collected."""
-    gc.collect()
-    gc.freeze()
 
 
 def _ms(seconds: float | None) -> float | None:

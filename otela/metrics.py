@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 LabelValues = tuple[str, ...]
 
@@ -147,6 +148,41 @@ class Registry:
     def collect(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` before every rendering (to copy values kept elsewhere)."""
         self._collectors.append(callback)
+
+    def state(self) -> dict[str, list[list[Any]]]:
+        """Every series's current value, for another process to add up (``absorb``)."""
+        out: dict[str, list[list[Any]]] = {}
+        for name, metric in self.metrics.items():
+            if isinstance(metric, Histogram):
+                out[name] = [[list(k), list(v)] for k, v in metric.series.items()]
+            else:
+                out[name] = [[list(k), v] for k, v in metric.values.items()]
+        return out
+
+    def absorb(self, states: Iterable[dict[str, list[list[Any]]]]) -> None:
+        """Set each series that appears in ``states`` (other processes' ``state()``, e.g.
+        data-path workers) to its sum over them; series they do not have are untouched."""
+        counters: dict[tuple[str, LabelValues], float] = {}
+        series: dict[tuple[str, LabelValues], list[float]] = {}
+        for state in states:
+            for name, rows in state.items():
+                metric = self.metrics.get(name)
+                for labels, value in rows:
+                    key = (name, tuple(labels))
+                    if isinstance(metric, Histogram):
+                        total = series.setdefault(key, [0.0] * len(value))
+                        for i, count in enumerate(value[:len(total)]):
+                            total[i] += count
+                    elif metric is not None:
+                        counters[key] = counters.get(key, 0.0) + float(value)
+        for (name, labels), value in counters.items():
+            counter = self.metrics[name]
+            assert isinstance(counter, Counter)
+            counter.values[labels] = value
+        for (name, labels), counts in series.items():
+            histogram = self.metrics[name]
+            assert isinstance(histogram, Histogram)
+            histogram.series[labels] = counts
 
     def render(self) -> bytes:
         for callback in self._collectors:

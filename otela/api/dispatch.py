@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from otela.api.hop import EngineHop
 from otela.api.inference import InferenceRoutes
-from otela.dataplane.asgi import ASGIApp, serve_asgi
 from otela.dataplane.gate import ENGINE_PREFIX, inference_path
-from otela.dataplane.http import Request, Response
+from otela.dataplane.http import Handler, Request, Response
 from otela.dataplane.inflight import Inflight
 from otela.metrics import CONTENT_TYPE, Registry
 
@@ -26,13 +25,13 @@ OWN_PREFIXES = ("/v1/registry", "/v1/health", "/v1/network", "/v1/models")
 
 
 class Dispatch:
-    def __init__(self, inference: InferenceRoutes, hop: EngineHop, api: ASGIApp,
-                 inflight: Inflight, metrics: Registry) -> None:
+    def __init__(self, inference: InferenceRoutes, hop: EngineHop, fallback: Handler,
+                 inflight: Inflight, metrics: Registry | None) -> None:
         self.inference = inference
         self.hop = hop
-        self.api = api
+        self.fallback = fallback  # the node's API (in process, or a worker's control)
         self.inflight = inflight
-        self.metrics = metrics
+        self.metrics = metrics  # None: metrics are served elsewhere (a worker's control)
 
     async def __call__(self, request: Request, response: Response) -> None:
         if request.method == "POST":
@@ -45,7 +44,8 @@ class Dispatch:
                 with self.inflight.track():
                     await self.inference.handle(request, response)
                 return
-        if request.path == "/metrics" and request.method in ("GET", "HEAD"):
+        if (self.metrics is not None and request.path == "/metrics"
+                and request.method in ("GET", "HEAD")):
             await response.send(200, [(b"content-type", CONTENT_TYPE)], self.metrics.render())
             return
-        await serve_asgi(self.api, request, response)
+        await self.fallback(request, response)

@@ -102,4 +102,7 @@ class InferenceRoutes:
         if routed.path_kind == "libp2p":
             extra.append((b"x-otela-path", b"libp2p"))
         exchange.tap = UsageTap(exchange.stream)
-        exchange.bytes_out = await relay(routed.reply, response, extra, exchange.tap)
+        try:
+            exchange.bytes_out = await relay(routed.reply, response, extra, exchange.tap)
+        finally:
+            self.router.release(routed)

@@ -9,22 +9,26 @@ per scrape, so nothing on the request path or the control plane pays for it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Protocol
+from typing import Any, Protocol
 
-from otela.dataplane.inflight import Inflight
-from otela.dataplane.pool import HttpPool
 from otela.metrics import LAG_BUCKETS, Histogram, Registry
 from otela.registry.store import Registry as RegistryReplica
-from otela.routing.router import Router
 
 
 class NodeParts(Protocol):
     """What the node's metrics are read from."""
 
-    inflight: Inflight
-    router: Router
-    pool: HttpPool
     registry: RegistryReplica
+
+    def in_flight(self) -> int: ...
+
+    def data_path_totals(self) -> dict[str, int]:
+        """``retries``, ``connects``, ``connect_failures``, over every data-path process."""
+        ...
+
+    def worker_metric_states(self) -> list[dict[str, Any]]:
+        """Data-path workers' metrics (``Registry.state``), to be added up here."""
+        ...
 
     def replication_stats(self) -> Counter[str]: ...
 
@@ -39,7 +43,8 @@ def install(metrics: Registry, node: NodeParts) -> Histogram:
     """Register the node's gauges and counters; returns the event-loop lag histogram (its
     sampler feeds it)."""
     lag = metrics.histogram("otela_event_loop_lag_seconds", "How late the event loop woke "
-                            "from a short sleep (requests wait this long too).", LAG_BUCKETS)
+                            "from a short sleep (requests wait this long too), by process.",
+                            LAG_BUCKETS, labels=("process",))
     in_flight = metrics.gauge("otela_requests_in_flight", "Requests being relayed now.")
     retries = metrics.counter("otela_retries_total", "Requests sent to another node after "
                               "one did not take them (never after delivery).")
@@ -64,10 +69,12 @@ def install(metrics: Registry, node: NodeParts) -> Histogram:
                                   "refused to non-members, by reason.", ("code",))
 
     def collect() -> None:
-        in_flight.set(value=node.inflight.count)
-        retries.set(value=node.router.retries)
-        connects.set(value=node.pool.connects)
-        failures.set(value=node.pool.connect_failures)
+        metrics.absorb(node.worker_metric_states())
+        in_flight.set(value=node.in_flight())
+        totals = node.data_path_totals()
+        retries.set(value=totals["retries"])
+        connects.set(value=totals["connects"])
+        failures.set(value=totals["connect_failures"])
         states = Counter(record.state.name for record in node.registry)
         for state in ("JOIN", "SERVING", "DOWN", "LEFT"):
             sessions.set(state, value=states.get(state, 0))

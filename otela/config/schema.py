@@ -312,6 +312,11 @@ class NodeConfig:
         help="An engine that takes a request but sends nothing for this long gets it "
         "cancelled and the client a 504. Non-streaming requests send nothing until done, "
         "so keep it above your longest generation.")
+    workers: int = setting(
+        "http", 1, parse=v.as_workers, example="2", metavar="N|auto",
+        help="Processes serving the HTTP port (SO_REUSEPORT); with more than one, the node "
+        "runs libp2p and the registry in a control process and requests in N data-path "
+        "workers. auto: one per CPU core.")
     max_connections_per_client: int = setting(
         "http", 256, parse=v.as_positive_int, example="64", metavar="N",
         help="Open connections one client address may hold; more get 429.")

@@ -174,6 +174,13 @@ def as_size(value: Any) -> int:
     return size
 
 
+def as_workers(value: Any) -> int:
+    """A number of processes: a positive integer, or ``auto`` (one per CPU core)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return len(os.sched_getaffinity(0)) or 1
+    return as_positive_int(value)
+
+
 def as_duration(value: Any) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return parse_duration(str(value))

@@ -78,3 +78,13 @@ async def serve_asgi(app: ASGIApp, request: Request, response: Response) -> None
                 await response.end()
 
     await app(scope_of(request), receive, send)
+
+
+class AsgiHandler:
+    """An ASGI app as an ``otela.dataplane.http`` handler."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, request: Request, response: Response) -> None:
+        await serve_asgi(self.app, request, response)

@@ -24,7 +24,6 @@ from otela.dataplane.errors import NotDelivered, UpstreamTimeout
 from otela.dataplane.gate import ENGINE_PREFIX
 from otela.dataplane.headers import Headers
 from otela.dataplane.hop_auth import HOP_HEADER, HopSigner
-from otela.dataplane.p2p_client import EngineStreamClient
 from otela.dataplane.pool import HttpPool
 from otela.registry.records import NodeRecord
 
@@ -63,10 +62,18 @@ def engine_address(url: str) -> tuple[str, int, str]:
     return parts.hostname, parts.port or 80, parts.path.rstrip("/")
 
 
+class RelayedSender(Protocol):
+    """Sends a request to a node behind NAT: over libp2p (``EngineStreamClient``), or, in
+    a data-path worker, through the control process that owns the libp2p host."""
+
+    async def request(self, record: NodeRecord, path: str, body: bytes,
+                      headers: Headers) -> Reply: ...
+
+
 class Upstreams:
     def __init__(self, pool: HttpPool, *, self_session: Callable[[], str],
                  local_engine: Callable[[], str | None], hop_signer: HopSigner | None,
-                 p2p: EngineStreamClient | None) -> None:
+                 p2p: RelayedSender | None) -> None:
         self.pool = pool
         self.self_session = self_session  # ours changes if we rejoin after an eviction
         self.local_engine = local_engine  # our engine's URL, None unless we serve

@@ -13,7 +13,6 @@ pidfd, so no thread sits blocked in ``waitpid``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -23,19 +22,13 @@ from typing import Any
 import httpx
 import trio
 
+from otela.children import die_with_parent, wait_exited
 from otela.engine.command import EngineCommand
 from otela.registry.records import ModelInfo
-
-_PR_SET_PDEATHSIG = 1
 
 
 class EngineFailed(RuntimeError):
     """The engine exited or never became ready."""
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def parse_models(payload: Any) -> list[ModelInfo]:
@@ -75,7 +68,7 @@ class EngineProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
                 env=env,
             )
         except OSError as exc:
@@ -90,8 +83,7 @@ class EngineProcess:
         process = self._process
         assert process is not None and self._pidfd is not None, "engine not started"
         try:
-            while process.poll() is None:
-                await trio.lowlevel.wait_readable(self._pidfd)
+            await wait_exited(process, self._pidfd)
         finally:
             os.close(self._pidfd)
             self._pidfd = None

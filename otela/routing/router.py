@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,6 +58,16 @@ class Router:
         self.rng = rng or random.Random()
         self.suspected = suspected  # peers the failure detector currently suspects
         self.retries = 0  # attempts after a first one that was not delivered
+        # Requests this router has running on each session (load-aware routing reads it;
+        # with data-path workers the control process adds up every worker's).
+        self.busy: Counter[str] = Counter()
+
+    def release(self, routed: Routed) -> None:
+        """``routed``'s response is over (sent, failed, or its client left)."""
+        session = routed.node.session_id
+        self.busy[session] -= 1
+        if self.busy[session] <= 0:
+            del self.busy[session]
 
     async def route(self, model_id: str, path: str, body: bytes, headers: Headers) -> Routed:
         """Send ``body`` to ``path`` on a node serving ``model_id``; raises ``RequestError``
@@ -85,6 +96,7 @@ class Router:
                 raise RequestError(
                     502, f"The node serving the request failed before it answered ({exc}); "
                     "it may have run, so it was not retried.", code="upstream_failed") from None
+            self.busy[node.session_id] += 1
             return Routed(reply, node, self.upstreams.path_kind(node), len(tried))
         raise RequestError(
             502,

@@ -1,0 +1,260 @@
+"""The control process's side of ``--workers N``: spawn the data-path workers, keep them
+fed with the federation's state, add up what they report, and stop them.
+
+- The node's HTTP port is reserved here (bound with ``SO_REUSEPORT``, never listened on)
+  so that ``--http-port 0`` still gives every worker the same port; each worker binds it
+  too and listens, and the kernel spreads connections over them.
+- A snapshot (``view.snapshot_of``) goes to every worker whenever the registry, the
+  suspected peers or this node's own state changed, checked every ``PUSH_INTERVAL_S``.
+- Each worker reports requests in flight (total and per serving session), its metrics and
+  its trace records; the node adds them up for draining, ``/v1/health``, ``/metrics``,
+  load-aware routing and the trace file.
+- An internal HTTP port on 127.0.0.1 serves the workers: the node's API (inspection,
+  models, metrics) and requests for nodes behind NAT, sent on over libp2p (this process
+  owns the libp2p host); the latter require the per-run token the workers were given.
+- A worker that dies while the node runs is started again; workers exit when told to,
+  or when this process dies (the channel closes, and the parent-death signal fires).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from otela.children import die_with_parent, wait_exited
+from otela.config import NodeConfig
+from otela.dataplane import headers as policy
+from otela.dataplane.errors import NotDelivered, RequestError, UpstreamFailed, clip
+from otela.dataplane.http import Handler, Request, Response
+from otela.dataplane.p2p_client import EngineStreamClient
+from otela.dataplane.relay import relay, send_error
+from otela.registry.store import Registry
+from otela.workers.channel import Channel, ChannelClosed
+from otela.workers.worker import INTERNAL_PREFIX, INTERNAL_TOKEN
+
+log = logging.getLogger("otela.workers")
+
+PUSH_INTERVAL_S = 0.05
+RESTART_DELAY_S = 1.0
+STOP_TIMEOUT_S = 5.0
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """Bind (not listen) ``host:port`` with ``SO_REUSEPORT``: the port is ours and the
+    workers can bind it too; no connection is ever queued on this socket."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host or "0.0.0.0", port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+@dataclass
+class _Worker:
+    index: int
+    channel: Channel | None = None
+    process: subprocess.Popen[bytes] | None = None
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+class WorkerPool:
+    def __init__(self, config: NodeConfig, count: int, state_key: Callable[[], Any],
+                 snapshot: Callable[[], dict[str, Any]],
+                 on_traces: Callable[[list[dict[str, Any]]], None]) -> None:
+        self.config = config
+        self.count = count
+        self.state_key = state_key  # cheap: changes whenever ``snapshot`` would
+        self.snapshot = snapshot  # the current state to route with (``view.snapshot_of``)
+        self.on_traces = on_traces
+        self.token = os.urandom(16).hex().encode()
+        self.workers = [_Worker(i + 1) for i in range(count)]
+        self.port = 0
+        self.internal_port = 0
+        self.restarts = 0
+        self._stopping = False
+        self._last_key: Any = None
+        self._last_busy: dict[str, int] = {}
+
+    # -- what the workers report ---------------------------------------------------------
+
+    def in_flight(self) -> int:
+        return sum(int(w.report.get("inflight", 0)) for w in self.workers)
+
+    def busy(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for worker in self.workers:
+            total.update(worker.report.get("busy", {}))
+        return total
+
+    def total(self, key: str) -> int:
+        return sum(int(w.report.get(key, 0)) for w in self.workers)
+
+    def metric_states(self) -> list[dict[str, Any]]:
+        return [w.report["metrics"] for w in self.workers if "metrics" in w.report]
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def run(self, internal: Handler, *,
+                  task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Reserve the port, serve the internal port, start and supervise the workers."""
+        from otela.dataplane.http import HttpServer
+
+        reserved = reserve_port(self.config.listen_host, self.config.http_port)
+        self.port = int(reserved.getsockname()[1])
+        try:
+            async with trio.open_nursery() as nursery:
+                bound = await nursery.start(HttpServer(internal).run, "127.0.0.1", 0)
+                self.internal_port = int(bound[0][1])
+                ready = []
+                for worker in self.workers:
+                    started = trio.Event()
+                    ready.append(started)
+                    nursery.start_soon(self._supervise, worker, started)
+                for started in ready:
+                    await started.wait()
+                nursery.start_soon(self._push)
+                task_status.started(self.port)
+                await trio.sleep_forever()
+        finally:
+            reserved.close()
+
+    async def stop(self) -> None:
+        """Tell every worker to stop; wait (bounded) until they have."""
+        self._stopping = True
+        for worker in self.workers:
+            if worker.channel is not None:
+                with contextlib.suppress(ChannelClosed):
+                    await worker.channel.send({"stop": True})
+        with trio.move_on_after(STOP_TIMEOUT_S):
+            for worker in self.workers:
+                while worker.process is not None and worker.process.poll() is None:
+                    await trio.sleep(0.02)
+        for worker in self.workers:
+            if worker.process is not None and worker.process.poll() is None:
+                worker.process.kill()
+
+    async def _supervise(self, worker: _Worker, started: trio.Event) -> None:
+        while not self._stopping:
+            ours, theirs = socket.socketpair()
+            env = {**os.environ, "OTELA_WORKER_FD": str(theirs.fileno())}
+            process = subprocess.Popen(
+                [sys.executable, "-m", "otela.workers.worker"], pass_fds=[theirs.fileno()],
+                env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+            theirs.close()
+            pidfd = os.pidfd_open(process.pid)
+            channel = Channel(ours)
+            worker.channel, worker.process, worker.report = channel, process, {}
+            try:
+                async with trio.open_nursery() as nursery:
+                    await channel.send({"config": pickle.dumps(self.config),
+                                        "index": worker.index, "port": self.port,
+                                        "internal_port": self.internal_port,
+                                        "token": self.token})
+                    await channel.send(self.snapshot())
+                    nursery.start_soon(self._listen, worker, channel)
+                    started.set()
+                    code = await wait_exited(process, pidfd)
+                    nursery.cancel_scope.cancel()
+            except ChannelClosed:
+                code = await wait_exited(process, pidfd)
+            finally:
+                os.close(pidfd)
+                channel.close()
+                worker.channel = None
+                worker.report = {}
+            if self._stopping:
+                return
+            self.restarts += 1
+            log.error("data-path worker %d exited with %s; starting it again", worker.index,
+                      code)
+            await trio.sleep(RESTART_DELAY_S)
+
+    async def _listen(self, worker: _Worker, channel: Channel) -> None:
+        try:
+            while True:
+                report = await channel.receive()
+                traces = report.pop("traces", None)
+                if traces:
+                    self.on_traces(traces)
+                worker.report = report
+        except ChannelClosed:
+            return
+
+    async def _push(self) -> None:
+        """A full snapshot when the state changed; the federation-wide per-session load
+        (which changes with every request) on its own, when it changed."""
+        while True:
+            key = self.state_key()
+            if key != self._last_key:
+                self._last_key = key
+                await self._broadcast(self.snapshot())
+            busy = dict(self.busy())
+            if busy != self._last_busy:
+                self._last_busy = busy
+                await self._broadcast({"busy": busy})
+            await trio.sleep(PUSH_INTERVAL_S)
+
+    async def _broadcast(self, message: dict[str, Any]) -> None:
+        for worker in self.workers:
+            if worker.channel is not None:
+                # (closed: its supervisor restarts it, and sends it the state)
+                with contextlib.suppress(ChannelClosed):
+                    await worker.channel.send(message)
+
+
+class InternalRoutes:
+    """The control process's internal port: requests for nodes behind NAT, relayed over
+    libp2p on the workers' behalf (token required), and the node's API."""
+
+    def __init__(self, pool: WorkerPool, registry: Registry, p2p: EngineStreamClient,
+                 api: Handler, first_byte_timeout: float) -> None:
+        self.pool = pool
+        self.registry = registry
+        self.p2p = p2p
+        self.api = api
+        self.first_byte_timeout = first_byte_timeout
+
+    async def __call__(self, request: Request, response: Response) -> None:
+        prefix = INTERNAL_PREFIX + "/p2p/"
+        if not request.path.startswith(prefix):
+            await self.api(request, response)
+            return
+        if request.header(INTERNAL_TOKEN) != self.pool.token:
+            await send_error(response, RequestError(403, "not for you", code="forbidden"))
+            return
+        target = request.target.decode("latin-1")[len(prefix):]
+        session, _, rest = target.partition("/")
+        node = self.registry.get(session)
+        headers = [(k, v) for k, v in request.headers if k != INTERNAL_TOKEN]
+        try:
+            if node is None:
+                raise NotDelivered(f"no session {clip(session)}")
+            with trio.fail_after(self.first_byte_timeout):
+                reply = await self.p2p.request(node, "/" + rest, request.body, headers)
+        except NotDelivered as exc:
+            await send_error(response, RequestError(
+                502, str(exc), code="not_delivered",
+                headers={policy.NOT_DELIVERED.decode(): "1"}))
+            return
+        except (UpstreamFailed, trio.TooSlowError) as exc:
+            await send_error(response, RequestError(502, f"libp2p: {exc}",
+                                                    code="upstream_failed"))
+            return
+        await relay(reply, response, [])

@@ -1,0 +1,227 @@
+"""A data-path worker: one of ``--workers N`` processes sharing a node's HTTP port.
+
+The control process (the node: libp2p, the registry, the failure detector, the engine)
+spawns it with one end of a socket pair and sends it the node's settings, the port, and a
+snapshot of the federation whenever it changes (``view.py``). The worker answers what
+reaches it on the port (the kernel spreads connections over the workers, ``SO_REUSEPORT``):
+
+- routed OpenAI requests and the engine hop, exactly as a single-process node does;
+- requests for nodes behind NAT go through the control process (it owns libp2p);
+- everything else (inspection, models, metrics) is relayed to the control process.
+Every quarter second it reports what only it knows: requests in flight (in total and per
+serving session, so a draining node waits for all of them and load-aware routing sees the
+whole node), its metrics, and the trace records it made. It exits when the control process
+tells it to, or when the channel closes (the control process died: a worker must not
+outlive it). Stop signals are the control process's business.
+
+Run by the control process as ``python -m otela.workers.worker`` with
+``OTELA_WORKER_FD`` naming the inherited socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import trio
+
+from otela.api.dispatch import Dispatch
+from otela.api.hop import EngineHop
+from otela.api.inference import InferenceRoutes
+from otela.api.observe import AccessLog, Observer, RequestMetrics
+from otela.config import NodeConfig
+from otela.dataplane import headers as policy
+from otela.dataplane.errors import NotDelivered
+from otela.dataplane.exchange import Exchange
+from otela.dataplane.gate import EngineGate
+from otela.dataplane.hop_auth import HopSigner, HopVerifier
+from otela.dataplane.http import HttpServer, Request, Response, ServerLimits
+from otela.dataplane.inflight import Inflight
+from otela.dataplane.pool import HttpPool
+from otela.dataplane.relay import relay
+from otela.dataplane.upstream import Reply, Upstreams
+from otela.identity import load_or_create
+from otela.looplag import LagSampler, freeze_startup_objects
+from otela.metrics import LAG_BUCKETS, Registry
+from otela.registry.records import NodeRecord
+from otela.routing.router import Router
+from otela.workers.channel import Channel, ChannelClosed
+from otela.workers.view import WorkerView
+
+log = logging.getLogger("otela.worker")
+
+INTERNAL_PREFIX = "/otela-internal"
+INTERNAL_TOKEN = b"x-otela-internal"
+REPORT_INTERVAL_S = 0.25
+
+
+class ControlRelay:
+    """Requests for nodes behind NAT, and everything that is not the request path, go to
+    the control process's internal HTTP port (``otela.workers.control``)."""
+
+    def __init__(self, pool: HttpPool, port: int, token: bytes, timeout: float) -> None:
+        self.pool = pool
+        self.port = port
+        self.token = token
+        self.timeout = timeout
+
+    async def request(self, record: NodeRecord, path: str, body: bytes,
+                      headers: list[tuple[bytes, bytes]]) -> Reply:
+        target = f"{INTERNAL_PREFIX}/p2p/{record.session_id}{path}".encode()
+        reply = await self.pool.request("127.0.0.1", self.port, b"POST", target,
+                                        [*headers, (INTERNAL_TOKEN, self.token)], body,
+                                        self.timeout)
+        if policy.value(reply.headers, policy.NOT_DELIVERED) == b"1":
+            await reply.aclose()
+            raise NotDelivered(f"node {record.peer_id} over libp2p: not delivered")
+        return reply
+
+    async def api(self, request: Request, response: Response) -> None:
+        """Relay a request for the node's API to the control process."""
+        headers = [(k, v) for k, v in request.headers if k != b"host"]
+        reply = await self.pool.request("127.0.0.1", self.port, request.method.encode(),
+                                        request.target, headers, request.body, self.timeout)
+        await relay(reply, response, [])
+
+
+class TraceForwarding:
+    """Trace records go to the control process, which owns the (rotating) trace file."""
+
+    def __init__(self) -> None:
+        self.pending: list[dict[str, Any]] = []
+
+    def finished(self, exchange: Exchange) -> None:
+        tap = exchange.tap
+        self.pending.append({
+            "arrival": exchange.arrival, "model": exchange.model,
+            "input_tokens": (tap.prompt_tokens or 0) if tap else 0,
+            "output_tokens": tap.output_tokens if tap else 0, "status": exchange.status,
+            "ttft_s": exchange.first_byte, "e2e_s": exchange.duration,
+            "itl_s": tap.gaps if tap and tap.gaps else None, "error": exchange.error,
+            "provider": exchange.node_provider or None, "node": exchange.node_peer or None,
+            "api_key": exchange.api_key, "stream": exchange.stream,
+            "max_tokens": exchange.max_tokens, "request_id": exchange.request_id,
+            "prompt": exchange.prompt})
+
+
+class Worker:
+    def __init__(self, config: NodeConfig, index: int, port: int, internal_port: int,
+                 token: bytes, channel: Channel) -> None:
+        self.config = config
+        self.index = index
+        self.port = port
+        self.channel = channel
+        self.view = WorkerView()
+        identity = load_or_create(config.home)
+        peer_id, key = identity.peer_id.to_base58(), identity.key_pair.private_key
+        self.pool = HttpPool()
+        self.control = ControlRelay(self.pool, internal_port, token, config.first_byte_timeout)
+        self.upstreams = Upstreams(self.pool, self_session=lambda: self.view.session_id,
+                                   local_engine=lambda: self.view.engine_url,
+                                   hop_signer=HopSigner(key.to_bytes(), peer_id),
+                                   p2p=self.control)
+        self.router = Router(self.view.registry, self.upstreams, config.first_byte_timeout,
+                             suspected=lambda: self.view.suspected)
+        gate = EngineGate(lambda: self.view.engine_url, lambda: self.view.models,
+                          config.max_body_bytes)
+        verifier = HopVerifier(key.to_bytes(), peer_id,
+                               lambda peer: self.view.registry.is_member(peer))
+        self.inflight = Inflight()
+        self.metrics = Registry()
+        lag = self.metrics.histogram("otela_event_loop_lag_seconds", "Event-loop lag.",
+                                     LAG_BUCKETS, labels=("process",))
+        self.lag = LagSampler(lag, label=f"worker-{index}")
+        observers: list[Observer] = [RequestMetrics(self.metrics)]
+        self.access_log = AccessLog(config.access_log) if config.access_log else None
+        if self.access_log is not None:
+            observers.append(self.access_log)
+        self.traces = TraceForwarding() if config.record_trace else None
+        if self.traces is not None:
+            observers.append(self.traces)
+        self.server = HttpServer(
+            Dispatch(InferenceRoutes(self.router, observers, config.record_prompts),
+                     EngineHop(verifier, gate, self.pool, config.first_byte_timeout),
+                     self.control.api, self.inflight, metrics=None),
+            ServerLimits(max_body_bytes=config.max_body_bytes,
+                         header_timeout=config.header_timeout,
+                         body_timeout=config.body_timeout,
+                         max_connections_per_client=config.max_connections_per_client),
+            reuse_port=True)
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.lag.run)
+            if self.access_log is not None:
+                await nursery.start(self.access_log.run)
+            # The first snapshot before the first request: no request routes on nothing.
+            self._take(await self.channel.receive())
+            await nursery.start(self.server.run, self.config.listen_host, self.port)
+            nursery.start_soon(self._report)
+            nursery.start_soon(self._sweep)
+            try:
+                while True:
+                    message = await self.channel.receive()
+                    if message.get("stop"):
+                        break
+                    self._take(message)
+            except ChannelClosed:
+                log.warning("worker %d: the control process is gone; exiting", self.index)
+            nursery.cancel_scope.cancel()
+        self.pool.close()
+
+    def _take(self, snapshot: dict[str, Any]) -> None:
+        self.view.update(snapshot, time.time())
+        self.router.registry = self.view.registry
+
+    async def _report(self) -> None:
+        while True:
+            await trio.sleep(REPORT_INTERVAL_S)
+            traces = self._take_traces()
+            await self.channel.send({
+                "inflight": self.inflight.count, "busy": dict(self.router.busy),
+                "retries": self.router.retries, "connects": self.pool.connects,
+                "connect_failures": self.pool.connect_failures,
+                "metrics": self.metrics.state(), "traces": traces})
+
+    def _take_traces(self) -> list[dict[str, Any]]:
+        if self.traces is None:
+            return []
+        taken, self.traces.pending = self.traces.pending, []
+        return taken
+
+    async def _sweep(self) -> None:
+        while True:
+            await trio.sleep(self.pool.idle_timeout)
+            self.pool.sweep()
+
+
+def main() -> None:
+    for name in ("SIGINT", "SIGTERM"):  # the control process decides when we stop
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    sock = socket.socket(fileno=int(os.environ["OTELA_WORKER_FD"]))
+    channel = Channel(sock)
+
+    async def start() -> None:
+        hello = await channel.receive()
+        config: NodeConfig = pickle.loads(hello["config"])
+        logging.basicConfig(level=getattr(logging, config.log_level, logging.INFO),
+                            stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        worker = Worker(config, int(hello["index"]), int(hello["port"]),
+                        int(hello["internal_port"]), hello["token"], channel)
+        freeze_startup_objects()
+        await worker.run()
+
+    with contextlib.suppress(ChannelClosed):
+        trio.run(start)
+
+
+if __name__ == "__main__":
+    main()
