@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,10 +22,15 @@ pytestmark = pytest.mark.slow
 
 
 def worker_pids(node) -> list[int]:
-    children = f"/proc/{node.process.pid}/task/{node.process.pid}/children"
-    pids = [int(p) for p in open(children).read().split()]
-    return [p for p in pids if b"otela.workers.worker" in open(f"/proc/{p}/cmdline", "rb")
-            .read()]
+    children = Path(f"/proc/{node.process.pid}/task/{node.process.pid}/children")
+    pids = [int(p) for p in children.read_text().split()]
+    return [p for p in pids
+            if b"otela.workers.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def gone(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    return not status.exists() or "zombie" in status.read_text()
 
 
 def requests_total(node) -> float:
@@ -67,9 +73,7 @@ def test_workers_share_the_port_report_as_one_node_and_drain_on_sigterm(federati
     reader.join(30)
     assert events and events[-1] == "data: [DONE]"  # drained, not cut
     assert federation.stop_node(ingress, signal_it=False) == 0
-    for pid in workers:
-        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(
-            f"/proc/{pid}/status").read()
+    assert all(gone(pid) for pid in workers)
     assert json.loads(events[0][6:])["object"] == "chat.completion.chunk"
 
 
