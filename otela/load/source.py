@@ -44,17 +44,21 @@ class LoadSource:
     def end(self) -> None:
         self.in_flight -= 1
 
-    def current(self) -> NodeLoad:
+    def current(self, answering: int = 0) -> NodeLoad:
+        """The node's load; ``answering`` requests are left out (see ``header``)."""
         engine = self.engine
-        return NodeLoad(in_flight=self.in_flight + self.others_in_flight(),
-                        running=engine.running, waiting=engine.waiting,
+        in_flight = max(0, self.in_flight + self.others_in_flight() - answering)
+        return NodeLoad(in_flight=in_flight, running=engine.running, waiting=engine.waiting,
                         kv_usage=engine.kv_usage, capacity=self.capacity)
 
     def header(self) -> bytes:
-        """``current()`` as the ``x-otela-load`` value (rebuilt only when it changed)."""
+        """The ``x-otela-load`` value for an answer (rebuilt only when it changed). It
+        leaves out the request being answered: the ingress counts that one itself while
+        it lasts, and counting it twice would make a node look busy to a user's next
+        request once this one is done (prefix affinity would then move the user)."""
         key = (self.in_flight + self.others_in_flight(), self.engine)
         if key != self._header_key:
-            self._header_key, self._header = key, self.current().header()
+            self._header_key, self._header = key, self.current(answering=1).header()
         assert self._header is not None
         return self._header
 

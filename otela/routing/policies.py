@@ -163,9 +163,11 @@ class PrefixAffinity(_Base):
         key = _hash64(request.affinity_key.encode("utf-8", "surrogatepass"))
         ranked = sorted(candidates, key=lambda c: _score(key, c), reverse=True)
         # Bounded load: the mean includes the request being placed, so an idle
-        # federation always admits the first choice.
+        # federation always admits the first choice. The bound is at least 2: loads are
+        # partly reported, and one stale count (an engine's metrics polled while the
+        # user's previous request ran) must not move a user off an otherwise idle node.
         total = sum(c.relative_load for c in candidates) + 1
-        bound = math.ceil((1 + self.epsilon) * total / len(candidates))
+        bound = max(2, math.ceil((1 + self.epsilon) * total / len(candidates)))
         for candidate in ranked:
             if candidate.relative_load + 1 <= bound:
                 return candidate
