@@ -8,6 +8,9 @@ re-register on demand (benchmarks/churn_node.py). Then:
   its SERVING announcement is one fresh registry change. Every replica records when it
   received that version (``received_at`` in /v1/registry/nodes); minus the signer's
   ``updated_at`` (same machine, same clock) that is the node's apply latency;
+- load reports (``--load-reports``): bytes per node while every node reports a load that
+  changes all the time (benchmarks/churn_node.py), the worst case for the load gossip
+  topic; the figure is the median added over idle;
 - churn, last: bytes per node and total CPU while the ten nodes re-register (sign and
   gossip a new record version) every 3 s, the load the paper measured;
 - evictions: how many the failure detectors signed before churn and during it. No node
@@ -33,6 +36,7 @@ from fedbench import (
     cpu_seconds,
     percentile,
     set_churn,
+    set_load,
     start_federation,
 )
 
@@ -49,10 +53,12 @@ CHURNERS = 10
 CHURN_EVERY_S = 3.0
 
 
-def run_size(n: int, root: Path, window: float) -> dict[str, float]:
+def run_size(n: int, root: Path, window: float, load_reports: bool = False
+             ) -> dict[str, float]:
     with LocalFederation(root / f"n{n}") as fed:
         started = time.monotonic()
-        nodes = start_federation(fed, n, churners=min(CHURNERS, n - 1), churn_every=CHURN_EVERY_S)
+        nodes = start_federation(fed, n, churners=min(CHURNERS, n - 1),
+                                 churn_every=CHURN_EVERY_S, switchable=load_reports)
         converged_s = time.monotonic() - started
         progress(f"{n} nodes joined and converged in {converged_s:.0f} s")
         pids = {x.process.pid for x in nodes}
@@ -83,6 +89,18 @@ def run_size(n: int, root: Path, window: float) -> dict[str, float]:
                      f"evictions {evictions(nodes)}")
 
         false_evictions = evictions(nodes)  # nobody died: every eviction so far was false
+        load_bps = [0.0]
+        if load_reports:
+            # One report per node per max(2 s, members x 0.5 s): measure over two of them,
+            # after the first burst (every node's first report goes out at once).
+            interval = max(2.0, len(nodes) * 0.5)
+            set_load(nodes, True)
+            time.sleep(interval + 2)
+            loaded = bytes_per_second(pids, max(window, 2 * interval))
+            set_load(nodes, False)
+            load_bps = [b - statistics.median(idle) for b in loaded]
+            progress(f"load reports: +{statistics.median(load_bps):.0f} B/s per node "
+                     f"(median; max +{max(load_bps):.0f})")
 
         # Churn last: on 2 cores it can saturate the machine at 64+ nodes, and what follows
         # a saturated period (false suspicions, rejoins) must not leak into the figures
@@ -102,6 +120,8 @@ def run_size(n: int, root: Path, window: float) -> dict[str, float]:
             "idle_bps_median": statistics.median(idle),
             "idle_bps_max": max(idle),
             "idle_cpu_median": statistics.median(idle_cpu),
+            "load_bps_median": statistics.median(load_bps),
+            "load_bps_max": max(load_bps),
             "churn_bps_median": statistics.median(churn),
             "churn_bps_max": max(churn),
             "churn_cpu_total": churn_cpu,
@@ -125,6 +145,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--window", type=float, default=20.0,
                         help="seconds over which bytes and CPU are measured")
+    parser.add_argument("--load-reports", action="store_true",
+                        help="also measure the load gossip's bytes (every node reporting)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="otela-bench-") as tmp:
         print(f"{'nodes':>5} {'join s':>7} {'p50 ms':>7} {'p95 ms':>7} {'max ms':>7} "
@@ -132,7 +154,7 @@ def main() -> None:
               f"{'churn CPU % (all)':>17} {'evictions (idle/churn)':>22}")
         for n in args.nodes:
             try:
-                r = run_size(n, Path(tmp), args.window)
+                r = run_size(n, Path(tmp), args.window, args.load_reports)
             except (httpx.HTTPError, FederationError) as exc:
                 print(f"{n:>5} failed: {exc}")
                 continue
@@ -142,6 +164,9 @@ def main() -> None:
                   f"{r['churn_bps_median']:>9.0f}/{r['churn_bps_max']:<9.0f} "
                   f"{r['churn_cpu_total']:>17.0f} "
                   f"{r['false_evictions']:>11}/{r['churn_evictions']:<10}", flush=True)
+            if args.load_reports:
+                print(f"{'':>5} load reports: +{r['load_bps_median']:.0f} B/s per node "
+                      f"(median), +{r['load_bps_max']:.0f} max", flush=True)
 
 
 if __name__ == "__main__":

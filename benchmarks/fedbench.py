@@ -90,7 +90,7 @@ def wait_for_headroom(max_busy: float = 0.5, timeout: float = 120.0) -> None:
 
 def start_federation(
     fed: LocalFederation, n: int, *, churners: int = 0, churn_every: float = 3.0,
-    wave: int = 4,
+    wave: int = 4, switchable: bool = False,
 ) -> list[LocalNode]:
     """``n`` nodes joined through the first one; returns once every replica lists every
     node as live. Processes start ``wave`` at a time: starting a Python daemon costs ~2 s
@@ -99,13 +99,15 @@ def start_federation(
     the machine has headroom again (its start-up and join gossip done), so that the
     benchmark measures a federation, not a start-up storm on a saturated machine.
     ``churners`` of them can re-register every ``churn_every`` seconds, from when
-    ``set_churn(nodes, True)`` is called."""
+    ``set_churn(nodes, True)`` is called; with ``switchable`` every node runs the churn
+    launcher (so ``set_load`` works on all of them), re-registering only where asked."""
     boot = fed.start_node("boot", extra_args=QUIET)
     nodes = [boot]
     for first in range(0, n - 1, wave):
         batch = []
         for i in range(first, min(first + wave, n - 1)):
-            launcher = [sys.executable, CHURN_NODE, str(churn_every)] if i < churners else None
+            wrapped = switchable or i < churners
+            launcher = [sys.executable, CHURN_NODE, str(churn_every)] if wrapped else None
             batch.append(fed.start_node(f"m{i:03d}", bootstrap=[boot], wait=False,
                                         extra_args=QUIET, launcher=launcher))
         for node in batch:
@@ -124,8 +126,17 @@ def start_federation(
 
 def set_churn(nodes: list[LocalNode], on: bool) -> None:
     """Switch re-registration of the churn nodes on or off (see churn_node.py)."""
+    _switch(nodes, "churn", on)
+
+
+def set_load(nodes: list[LocalNode], on: bool) -> None:
+    """Switch changing load reports on or off (see churn_node.py)."""
+    _switch(nodes, "load", on)
+
+
+def _switch(nodes: list[LocalNode], name: str, on: bool) -> None:
     for node in nodes:
-        switch = node.home / "churn"
+        switch = node.home / name
         if on:
             switch.touch()
         else:

@@ -346,6 +346,10 @@ class NodeConfig:
         "routing", 512, parse=v.as_positive_int, example="2048", metavar="CHARS",
         help="prefix_affinity: how many leading characters of the prompt form a request's "
         "key when it has no `user` field.")
+    affinity_balance: float = setting(
+        "routing", 2.0, parse=v.as_balance, example="1.5", metavar="FACTOR",
+        help="prefix_affinity: a key's node is passed over while its load would exceed "
+        "this many times the mean (lower: evener load, fewer warm-cache hits; > 1).")
     eject_after: int = setting(
         "routing", 5, parse=v.as_positive_int, example="3", metavar="N",
         help="Consecutive failures (no connection, 5xx, no first byte) after which this "

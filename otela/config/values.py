@@ -138,6 +138,14 @@ def as_fraction(value: Any) -> float:
     return number
 
 
+def as_balance(value: Any) -> float:
+    """A load bound relative to the mean: above 1 (1 would leave no room to keep keys)."""
+    number = as_float(value)
+    if not number > 1 or number > 100:
+        raise ValueError(f"must be above 1 (and at most 100), got {number}")
+    return number
+
+
 def as_policy(value: Any) -> str:
     """A routing policy's name: built in, or a plugin's (checked when the node starts,
     since plugins are looked up among installed packages)."""

@@ -61,6 +61,7 @@ class RoutingSettings:
     eject_max_time: float = 300.0
     eject_max_share: float = 0.5
     load_ttl: float = 15.0
+    affinity_balance: float = 2.0
 
 
 def routing_settings(config: NodeConfig) -> RoutingSettings:
@@ -71,7 +72,8 @@ def routing_settings(config: NodeConfig) -> RoutingSettings:
         first_byte_timeout=config.first_byte_timeout,
         eject_after=config.eject_after, eject_time=config.eject_time,
         eject_max_time=config.eject_max_time, eject_max_share=config.eject_max_share,
-        load_ttl=max(15.0, 3 * config.load_interval))
+        load_ttl=max(15.0, 3 * config.load_interval),
+        affinity_balance=config.affinity_balance)
 
 
 @dataclass
@@ -94,6 +96,7 @@ class _Policies:
     name (a policy may keep state, e.g. round robin's turn)."""
 
     default: Policy
+    affinity_balance: float = 2.0
     named: dict[str, Policy] = field(default_factory=dict)
 
     def get(self, name: str | None) -> Policy:
@@ -102,7 +105,7 @@ class _Policies:
         policy = self.named.get(name)
         if policy is None:
             try:
-                policy = load_policy(name)
+                policy = load_policy(name, self.affinity_balance)
             except UnknownPolicy as exc:
                 raise RequestError(400, str(exc), code="unknown_policy",
                                    param="X-Otela-Policy") from None
@@ -129,7 +132,8 @@ class Router:
         self.suspected = suspected  # peers the failure detector currently suspects
         self.clock = clock
         self.trust = ANY.narrowed(settings.trusted_providers, "--trusted-providers")
-        self.policies = _Policies(load_policy(settings.policy))
+        self.policies = _Policies(load_policy(settings.policy, settings.affinity_balance),
+                                  settings.affinity_balance)
         self.ejections = Ejections(settings.eject_after, settings.eject_time,
                                    settings.eject_max_time, settings.eject_max_share)
         self.loads = LoadBoard(settings.load_ttl)

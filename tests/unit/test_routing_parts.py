@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import Counter
+from pathlib import Path
 
 import orjson
 import pytest
@@ -332,3 +333,82 @@ def test_trust_set_describe():
     assert ANY.describe() == "any provider"
     empty = TrustSet(frozenset(), ("a", "b"))
     assert "none" in empty.describe()
+
+
+# -- plugins --------------------------------------------------------------------------
+
+# The example plugin of docs/routing.md, installed the way pip would (a module and a
+# dist-info directory with an entry point).
+PLUGIN = '''
+import random
+from collections.abc import Sequence
+
+from otela.routing.policies import Candidate, Pick
+
+
+class LowestLatency:
+    """Sends each request to the node whose recent answers were fastest (an
+    exponentially weighted mean of how long each node took, per model)."""
+
+    name = "lowest_latency"
+    uses_affinity_key = False
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.mean_s: dict[str, float] = {}
+        self.started: dict[str, float] = {}
+
+    def pick(self, candidates: Sequence[Candidate], request: Pick,
+             rng: random.Random) -> Candidate:
+        unknown = [c for c in candidates if c.session not in self.mean_s]
+        if unknown:  # try every node once
+            return rng.choice(unknown)
+        return min(candidates, key=lambda c: self.mean_s[c.session])
+
+    def on_start(self, node: Candidate, request: Pick) -> None:
+        import time
+        self.started[node.session] = time.monotonic()
+
+    def on_end(self, node: Candidate, request: Pick, outcome: str) -> None:
+        import time
+        began = self.started.pop(node.session, None)
+        if began is None or outcome != "ok":
+            return
+        took = time.monotonic() - began
+        old = self.mean_s.get(node.session, took)
+        self.mean_s[node.session] = (1 - self.alpha) * old + self.alpha * took
+'''
+
+
+def install_plugin(root: Path, module: str, source: str, entry_points_txt: str) -> None:
+    (root / f"{module}.py").write_text(source)
+    info = root / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points_txt)
+
+
+def test_a_policy_plugin_is_found_by_its_entry_point_and_routes(tmp_path, monkeypatch):
+    install_plugin(tmp_path, "latency_policy", PLUGIN,
+                   "[otela.routing_policies]\nlowest_latency = latency_policy:LowestLatency\n"
+                   "broken = latency_policy:Pick\nnot_a_policy = collections:OrderedDict\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "lowest_latency" in available()
+    policy = load_policy("lowest_latency")
+    candidates = [Candidate(record=serving(name).record, load=0.0, capacity=1.0)
+                  for name in "abc"]
+    rng, request = random.Random(1), Pick(model="m")
+    tried = set()
+    for _ in range(3):  # every node once, learning how long each takes
+        node = policy.pick(candidates, request, rng)
+        policy.on_start(node, request)
+        policy.on_end(node, request, "ok")
+        tried.add(node.session)
+    assert tried == {c.session for c in candidates}
+    slow = candidates[0]
+    policy.mean_s[slow.session] = 5.0  # type: ignore[attr-defined]
+    assert all(policy.pick(candidates, request, rng) is not slow for _ in range(20))
+    with pytest.raises(UnknownPolicy, match=r"broken.*failed to load: TypeError"):
+        load_policy("broken")
+    with pytest.raises(UnknownPolicy, match="does not implement"):
+        load_policy("not_a_policy")
