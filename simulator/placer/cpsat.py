@@ -98,10 +98,16 @@ class Solution:
         return self.phases[0].gap if self.phases else math.inf
 
 
+def flow_scale(problem: Problem) -> int:
+    """S, flow units per req/s: a power of ten giving the smallest rate >= 1000 units.
+    Rates are rounded, and per-replica capacities floored, to this grid."""
+    min_rate = min(problem.rates.values())
+    return int(10 ** max(2, math.ceil(math.log10(1000.0 / min_rate))))
+
+
 def _scales(problem: Problem) -> tuple[int, float]:
     """S (flow units per req/s) and U (cost units per latency-second per second)."""
-    min_rate = min(problem.rates.values())
-    s = 10 ** max(2, math.ceil(math.log10(1000.0 / min_rate)))
+    s = flow_scale(problem)
     slopes = [b for o in problem.options for _, b in o.pieces if b > 0]
     min_b = min(slopes) if slopes else 1.0
     u = 1000.0 * s / min_b  # the gentlest slope keeps >= 3 significant digits
@@ -119,7 +125,7 @@ def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2,
     if not problem.options:
         raise PlanError("no configuration of any model fits on the pool's GPUs")
     missing = [s for s in problem.rates if not any(o.service == s for o in problem.options)]
-    if missing:
+    if missing and problem.objective is not Objective.GOODPUT:
         raise PlanError(f"no configuration fits for {', '.join(missing)} "
                         "(see the rejected configurations)")
     s_units, u_units = _scales(problem)
