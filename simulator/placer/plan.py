@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulator.placer.cpsat import ClassSpec, Option, Problem, Solution, solve
+from simulator.placer.cpsat import ClassSpec, Option, PlanError, Problem, Solution, solve
 from simulator.placer.demand import Demand, Objective, Service
 from simulator.placer.packing import assign_groups
 from simulator.placer.pool import Pool
@@ -109,6 +109,7 @@ def build_problem(demand: Demand, pool: Pool, candidates: Sequence[Candidate],
     services = {s.name: s for s in demand.services}
     existing = dict(existing or {})
     options = []
+    too_slow: dict[str, int] = {}
     for c in candidates:
         svc = services[c.service]
         curve = c.curve
@@ -119,6 +120,7 @@ def build_problem(demand: Demand, pool: Pool, candidates: Sequence[Candidate],
         else:
             cap = max_utilization * curve.mu
         if cap <= 0:
+            too_slow[c.service] = too_slow.get(c.service, 0) + 1
             continue
         spec = c.variant.spec()
         options.append(Option(
@@ -127,6 +129,13 @@ def build_problem(demand: Demand, pool: Pool, candidates: Sequence[Candidate],
             cost_per_hour=spec.cost_per_hour * c.tp,
             existing=existing.pop((c.service, c.variant.name, c.tp), 0),
         ))
+    if demand.objective is not Objective.GOODPUT:
+        for name in too_slow:
+            if not any(o.service == name for o in options):
+                svc = services[name]
+                raise PlanError(f"{name}: none of its {too_slow[name]} configurations meets its "
+                                f"SLO ({svc.slo.describe()}) even at the lightest simulated "
+                                "load; relax the SLO or plan for --objective goodput")
     classes = tuple(ClassSpec(k.variant.name, k.gpus_per_host, k.count)
                     for k in pool.classes())
     return Problem({s.name: s.rate for s in demand.services}, tuple(options), classes,

@@ -24,17 +24,26 @@ def show(plan: Plan, console: Console) -> None:
     sol = plan.solution
     t = Table(title=f"otela plan: {plan.demand.objective.value} objective, "
                     f"{plan.pool.summary()}")
-    for col in ("model", "rate", "served", "GPUs", "replicas", "predicted e2e",
-                "utilisation"):
-        t.add_column(col, justify="left" if col in ("model", "replicas") else "right")
-    groups = Counter((r.service, r.variant, r.tp) for r in plan.replicas)
+    for col in ("model", "rate", "served", "GPUs", "predicted e2e", "utilisation"):
+        t.add_column(col, justify="left" if col == "model" else "right")
     for f in plan.forecasts:
-        reps = ", ".join(f"{n}x {v} TP{tp}" for (s, v, tp), n in sorted(groups.items())
-                         if s == f.service) or "none"
-        t.add_row(f.service, f"{f.rate:g}/s", f"{f.served:.4g}/s", str(f.gpus), reps,
+        t.add_row(f.service, f"{f.rate:g}/s", f"{f.served:.4g}/s", str(f.gpus),
                   _fmt_s(f.latency_s), f"{f.utilization:.0%}" if f.utilization == f.utilization
                   else "-")
     console.print(t)
+    g = Table(title="replicas")
+    for col in ("model", "GPU", "TP", "replicas", "share", "hosts"):
+        g.add_column(col, justify="right" if col in ("TP", "replicas", "share") else "left")
+    groups: dict[tuple[str, str, int], list[str]] = {}
+    for r in plan.replicas:
+        groups.setdefault((r.service, r.variant, r.tp), []).append(r.host or "(running)")
+    weights = {f.service: f.weights for f in plan.forecasts}
+    for (svc, var, tp), hosts in sorted(groups.items()):
+        share = weights.get(svc, {}).get(f"{var} TP{tp}", 0.0)
+        names = sorted(Counter(hosts).items())
+        g.add_row(svc, var, str(tp), str(len(hosts)), f"{share:.0%}",
+                  ", ".join(f"{h}" + (f" x{n}" if n > 1 else "") for h, n in names))
+    console.print(g)
     s = Table(title="solver (CP-SAT)")
     for col in ("phase", "status", "objective", "best bound", "gap", "time"):
         s.add_column(col, justify="left" if col in ("phase", "status") else "right")
