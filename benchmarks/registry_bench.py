@@ -19,7 +19,7 @@ from otela.registry.records import Hardware, Lifecycle, ModelInfo, NodeRecord
 from otela.registry.session import session_id_for
 from otela.registry.store import Registry
 from otela.registry.wire import Trust, encode, sign_record, verify
-from otela.routing.policy import candidates_for
+from otela.routing.candidates import eligible
 
 NOW = time.time()
 TRUST = Trust()
@@ -111,7 +111,7 @@ def bench_lookup() -> None:
     model = "model-7"
     assert len(registry.serving_candidates(model)) == 200
     n = 200_000
-    per_lookup = min(timeit.repeat(lambda: candidates_for(registry, model), number=n, repeat=5))
+    per_lookup = min(timeit.repeat(lambda: eligible(registry, model), number=n, repeat=5))
     print(f"candidate lookup, 10,000-entry registry (200 candidates): "
           f"{per_lookup / n * 1e9:.0f} ns per request (paper: < 0.1 ms)")
 

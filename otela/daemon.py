@@ -50,6 +50,9 @@ from otela.engine.supervisor import Supervisor
 from otela.failures import os_error_in
 from otela.identity import Identity, load_or_create
 from otela.liveness.detector import DetectorConfig, FailureDetector
+from otela.load.capacity import capacity_of
+from otela.load.gossip import LoadGossip
+from otela.load.source import LoadSource, poll_engine
 from otela.looplag import LagSampler, SlowSteps, freeze_startup_objects
 from otela.mesh.bootstrap import (
     follow_bootstrap_list,
@@ -73,7 +76,9 @@ from otela.replication import (
     load_authority,
     load_own_certificate,
 )
-from otela.routing.router import Router
+from otela.routing.load import NodeLoad
+from otela.routing.router import Router, routing_settings
+from otela.routing.trust import TrustSet
 from otela.slurm import job_from_env, watch_wall_time, with_end_time
 from otela.workers.control import InternalRoutes, WorkerPool
 from otela.workers.view import snapshot_of
@@ -167,17 +172,29 @@ class Node:
         peer_id, key = self.identity.peer_id.to_base58(), self.identity.key_pair.private_key
         self.hop_signer = HopSigner(key.to_bytes(), peer_id)
         self.hop_verifier = HopVerifier(key.to_bytes(), peer_id, self.registry.is_member)
-        self.pool = HttpPool()
+        self.pool = HttpPool(connect_timeout=config.connect_timeout)
         self.p2p = EngineStreamClient(self.mesh.host, self.nat.connect)
         self.upstreams = Upstreams(
             self.pool, self_session=lambda: self.session_id,
             local_engine=self.serving_engine_url, hop_signer=self.hop_signer, p2p=self.p2p)
-        self.router = Router(self.registry, self.upstreams, config.first_byte_timeout,
-                             suspected=self.detector.suspected)
+        # Load: ours, reported on every answer and gossiped; others', read by the router.
+        self.load = LoadSource(
+            config.capacity if config.capacity is not None else capacity_of(self.hardware),
+            others=lambda: self.workers.total("engine_in_flight") if self.workers else 0)
+        self.router = Router(self.registry, self.upstreams, routing_settings(config),
+                             suspected=self.detector.suspected,
+                             own_load=self._own_load)
+        self.load_gossip = LoadGossip(
+            self.mesh, lambda: self.registry, self.load, self._take_load_report,
+            session=lambda: self.session_id,
+            serving=lambda: self.serving_engine_url() is not None,
+            admitted=self.replica.admission.is_admitted, min_interval=config.load_interval)
         gate = EngineGate(self.serving_engine_url, self.served_models, config.max_body_bytes)
-        self.hop = EngineHop(self.hop_verifier, gate, self.pool, config.first_byte_timeout)
+        self.hop = EngineHop(self.hop_verifier, gate, self.pool, config.first_byte_timeout,
+                             self.load)
         self.engine_streams = EngineStreamServer(
-            gate, self.pool, self.inflight, self.registry.is_member, config.first_byte_timeout)
+            gate, self.pool, self.inflight, self.registry.is_member, config.first_byte_timeout,
+            self.load)
         self.api = create_app(self)
         # What watches the request path: metrics always; access log and trace on demand.
         self.metrics = MetricsRegistry()
@@ -194,7 +211,8 @@ class Node:
         if self.recorder is not None:
             observers.append(TraceRecording(self.recorder))
         self.dispatch = Dispatch(
-            InferenceRoutes(self.router, observers, config.record_prompts), self.hop,
+            InferenceRoutes(self.router, observers, config.record_prompts,
+                            config.affinity_prefix), self.hop,
             AsgiHandler(self.api), self.inflight, self.metrics)
         self.http = HttpServer(self.dispatch, ServerLimits(
             max_body_bytes=config.max_body_bytes,
@@ -205,7 +223,7 @@ class Node:
         # With --workers N the port is served by N data-path processes instead.
         self.workers = None if config.workers <= 1 else WorkerPool(
             config, config.workers, self._worker_state_key, self._worker_snapshot,
-            self._record_worker_traces)
+            self._record_worker_traces, self._worker_load_state)
         self.addrs: list[str] = []
         self.http_url = ""
 
@@ -300,7 +318,7 @@ class Node:
             data_path={"served": self.engine_streams.served, "streams": self.p2p.stats()},
             liveness=self.detector.report(),
             peer=peer,
-        )
+        ) | {"routing": self.routing_report()}
 
     async def _publish_reachability(self, reachability: str, circuits: tuple[str, ...]) -> None:
         if not self._stopping:
@@ -335,6 +353,7 @@ class Node:
         self.detector.install()
         self.nat.install()
         self.engine_streams.install(self.mesh.host)
+        self.load_gossip.install()
         async with (
             self.client,
             self.mesh.host.run(listen_addrs=[self.mesh.listen_addr]),
@@ -351,6 +370,7 @@ class Node:
                 if self.recorder is not None:
                     await nursery.start(self.recorder.run)
                 await nursery.start(self.replica.run, self.mesh.host)
+                await nursery.start(self.load_gossip.run)
                 self.addrs = advertised_addrs(self.mesh.host, config.advertised_host())
                 if not self.addrs:  # py-libp2p logs a failed listen and carries on
                     raise OSError(f"cannot listen for libp2p on {config.listen_host} port "
@@ -404,6 +424,8 @@ class Node:
                     )
                 if self.supervisor is not None:
                     nursery.start_soon(self.supervisor.run)
+                    nursery.start_soon(poll_engine, self.load, self.pool,
+                                       self.serving_engine_url, config.load_interval)
                 if self.slurm_job is not None:
                     nursery.start_soon(self._watch_wall_time, self.slurm_job.job_id)
                 await self._stop.wait()
@@ -498,10 +520,64 @@ class Node:
     # -- helpers ------------------------------------------------------------------------
 
     async def _sweep_pool(self) -> None:
-        """Close upstream connections idle past the pool's timeout."""
+        """Close upstream connections idle past the pool's timeout; forget routing state
+        (ejections, load reports) of sessions that are gone."""
         while True:
             await trio.sleep(self.pool.idle_timeout)
             self.pool.sweep()
+            self.router.prune()
+
+    # -- load (otela.load, otela.routing.load) ----------------------------------------
+
+    def ejected_nodes(self) -> dict[str, dict[str, float]]:
+        """Nodes ejected now by any of this node's data-path processes (the longest
+        remaining ejection of each)."""
+        now = trio.current_time()
+        merged = dict(self.router.ejections.report(now))
+        for report in self.workers.reports() if self.workers else ():
+            for session, ejection in report.get("ejected", {}).items():
+                if session not in merged or \
+                        ejection["remaining_s"] > merged[session]["remaining_s"]:
+                    merged[session] = ejection
+        return merged
+
+    def routing_stats(self) -> dict[str, int]:
+        ejections = self.router.ejections.total + (
+            self.workers.total("ejections") if self.workers else 0)
+        return {"ejections": ejections, "ejected": len(self.ejected_nodes()),
+                **self.load_gossip.stats}
+
+    def routing_report(self) -> dict[str, Any]:
+        """For /v1/network: how this node routes, whom it keeps out, what loads it sees."""
+        now = trio.current_time()
+        router = self.router
+        return {"policy": router.policies.default.name,
+                "trusted_providers": None if router.trust.providers is None
+                else sorted(router.trust.providers),
+                "ejected": self.ejected_nodes(),
+                "loads": router.loads.snapshot(now),
+                "own_load": self.load.current().to_dict(),
+                "engine_metrics": self.load.engine_source,
+                "load_gossip": dict(self.load_gossip.stats)}
+
+    def base_trust(self) -> TrustSet:
+        return self.router.base_trust()
+
+    def _own_load(self) -> NodeLoad | None:
+        """Our own load, for routing to our own engine (no hop, so no report header)."""
+        return self.load.current() if self.serving_engine_url() else None
+
+    def _take_load_report(self, session: str, load: NodeLoad, ttl: float) -> None:
+        self.router.loads.report(session, load, trio.current_time(), ttl)
+
+    def _worker_load_state(self) -> dict[str, Any]:
+        """For data-path workers: the node's engine figures and in-flight total, and the
+        load reports gossip brought (workers see only their own answers' reports)."""
+        engine = self.load.engine
+        return {"engine": {"running": engine.running, "waiting": engine.waiting,
+                           "kv_usage": engine.kv_usage}, "capacity": self.load.capacity,
+                "engine_in_flight": self.load.in_flight + self.load.others_in_flight(),
+                "reports": self.router.loads.snapshot(trio.current_time())}
 
     def _report_started(self) -> None:
         peer_id = self.identity.peer_id.to_base58()

@@ -13,13 +13,17 @@ from __future__ import annotations
 import re
 from typing import Any, Protocol
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from otela import __version__
 from otela.api.errors import install_error_handlers
 from otela.dataplane.errors import RequestError, clip
 from otela.registry.records import NodeRecord
-from otela.registry.store import ModelEntry, Registry
+from otela.registry.store import Registry
+from otela.routing.ask import PROVIDERS_HEADER, REQUIRE_HEADER
+from otela.routing.catalog import catalog, model_object, usable_nodes
+from otela.routing.constraints import Clause, ConstraintError, parse
+from otela.routing.trust import TrustError, TrustSet, parse_providers
 
 _PEER_ID = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{20,128}$")  # base58
 
@@ -35,6 +39,29 @@ class NodeView(Protocol):
         """Connectivity facts and verdicts (``otela.netreport``), optionally for one peer."""
         ...
 
+    def base_trust(self) -> TrustSet:
+        """The trust set requests start from here (``--trusted-providers``)."""
+        ...
+
+
+def _catalog_filter(request: Request, base: TrustSet) -> tuple[TrustSet, tuple[Clause, ...]]:
+    """``/v1/models`` narrowed like a request: ``X-Otela-Providers``/``?providers=`` and
+    ``X-Otela-Require``/``?require=``; 400 naming a bad one."""
+    providers = request.query_params.get("providers") or \
+        request.headers.get(PROVIDERS_HEADER.decode())
+    require = request.query_params.get("require") or \
+        request.headers.get(REQUIRE_HEADER.decode())
+    trust = base
+    try:
+        if providers is not None:
+            trust = trust.narrowed(parse_providers(providers, "providers"), "providers")
+        clauses = parse(require) if require else ()
+    except (TrustError, ConstraintError) as exc:
+        raise RequestError(400, str(exc), code="invalid_routing_request",
+                           param="require" if isinstance(exc, ConstraintError)
+                           else "providers") from None
+    return trust, clauses
+
 
 def _session_summary(record: NodeRecord, model_id: str) -> dict[str, Any]:
     model = next((m for m in record.models if m.id == model_id), None)
@@ -48,21 +75,6 @@ def _session_summary(record: NodeRecord, model_id: str) -> dict[str, Any]:
         "engine": record.engine,
         "model": model.to_dict() if model else None,
         "slurm": None if record.slurm is None else record.slurm.to_dict(),
-    }
-
-
-def _model_object(entry: ModelEntry) -> dict[str, Any]:
-    """A model in the OpenAI ``/v1/models`` shape, plus what the federation knows of it."""
-    serving = entry.serving()
-    contexts = [m.max_context for r in serving for m in r.models
-                if m.id == entry.model_id and m.max_context]
-    return {
-        "id": entry.model_id,
-        "object": "model",
-        "created": 0,
-        "owned_by": ",".join(sorted({r.provider_id for r in serving})),
-        "max_model_len": max(contexts) if contexts else None,
-        "serving_nodes": len(serving),
     }
 
 
@@ -112,16 +124,22 @@ def create_app(node: NodeView) -> FastAPI:
         }
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        data = [_model_object(entry) for entry in node.registry.models() if entry.serving()]
-        return {"object": "list", "data": data}
+    async def models(request: Request) -> dict[str, Any]:
+        """Models the caller could use now; ``?providers=a,b`` and ``?require=...`` (or
+        the routing headers) narrow it as they would a request."""
+        trust, clauses = _catalog_filter(request, node.base_trust())
+        return {"object": "list", "data": catalog(node.registry, trust, clauses)}
 
     @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str) -> dict[str, Any]:
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        trust, clauses = _catalog_filter(request, node.base_trust())
         entry = node.registry.model(model_id)
-        if entry is None or not entry.serving():
+        nodes = usable_nodes(entry, trust, clauses) if entry is not None else ()
+        if entry is None or not nodes:
             raise RequestError(404, f"The model `{clip(model_id)}` is not served in this "
-                               "federation.", code="model_not_found", param="model")
-        return _model_object(entry)
+                               "federation" + ("" if entry is None or not entry.serving()
+                                               else " by a node you may use") + ".",
+                               code="model_not_found", param="model")
+        return model_object(entry, nodes)
 
     return app

@@ -15,6 +15,8 @@ from otela.dataplane.http import Request, Response
 from otela.dataplane.pool import HttpPool
 from otela.dataplane.relay import relay, send_error
 from otela.dataplane.upstream import engine_address
+from otela.load.source import LoadSource
+from otela.routing.load import LOAD_HEADER
 
 _HOP = HOP_HEADER.encode()
 _NOT_DELIVERED = {policy.NOT_DELIVERED.decode(): "1"}
@@ -22,11 +24,12 @@ _NOT_DELIVERED = {policy.NOT_DELIVERED.decode(): "1"}
 
 class EngineHop:
     def __init__(self, verifier: HopVerifier, gate: EngineGate, pool: HttpPool,
-                 first_byte_timeout: float) -> None:
+                 first_byte_timeout: float, load: LoadSource) -> None:
         self.verifier = verifier
         self.gate = gate
         self.pool = pool
         self.first_byte_timeout = first_byte_timeout
+        self.load = load  # counts what we relay; its report rides on every answer
         self.served = 0
 
     async def handle(self, request: Request, response: Response) -> None:
@@ -51,9 +54,17 @@ class EngineHop:
             raise RequestError(verdict.status, verdict.message, code=verdict.code,
                                headers=_NOT_DELIVERED)
         host, port, prefix = engine_address(verdict)
+        self.load.start()
+        try:
+            await self._relay(request, response, request_id, host, port, prefix + path)
+        finally:
+            self.load.end()
+
+    async def _relay(self, request: Request, response: Response, request_id: bytes,
+                     host: str, port: int, target: str) -> None:
         try:
             reply = await self.pool.request(
-                host, port, b"POST", (prefix + path).encode("latin-1"),
+                host, port, b"POST", target.encode("latin-1"),
                 policy.forwarded(request.headers, request_id), request.body,
                 self.first_byte_timeout)
         except NotDelivered as exc:
@@ -66,4 +77,5 @@ class EngineHop:
             raise RequestError(502, f"the engine failed: {exc}",
                                code="upstream_failed") from None
         self.served += 1
-        await relay(reply, response, [(policy.REQUEST_ID, request_id)])
+        await relay(reply, response, [(policy.REQUEST_ID, request_id),
+                                      (LOAD_HEADER, self.load.header())])

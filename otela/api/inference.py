@@ -25,6 +25,7 @@ from otela.dataplane.headers import Headers
 from otela.dataplane.http import Request, Response
 from otela.dataplane.jsonbody import BodyError, parse_json_object
 from otela.dataplane.relay import relay, send_error
+from otela.routing.ask import AskError, read_ask
 from otela.routing.router import Router
 
 _ID_PREFIX = os.urandom(6).hex()  # this process; ids are unique across a federation
@@ -45,10 +46,11 @@ def _timing(lookup: float, upstream: float, total: float) -> bytes:
 
 class InferenceRoutes:
     def __init__(self, router: Router, observers: Sequence[Observer] = (),
-                 keep_prompts: bool = False) -> None:
+                 keep_prompts: bool = False, affinity_chars: int = 512) -> None:
         self.router = router
         self.observers = list(observers)
         self.keep_prompts = keep_prompts  # for trace recording with --record-prompts
+        self.affinity_chars = affinity_chars  # prefix_affinity: the prompt's first N
 
     async def handle(self, request: Request, response: Response) -> None:
         request_id = request_id_of(request)
@@ -81,9 +83,23 @@ class InferenceRoutes:
             exchange.max_tokens = max_tokens if isinstance(max_tokens, int) else None
             path = request.path if not request.query else \
                 f"{request.path}?{request.query.decode('latin-1')}"
+            try:
+                ask = read_ask(request.headers, body, request.body, self.router.base_trust())
+            except AskError as exc:
+                raise RequestError(400, str(exc), code="invalid_routing_request",
+                                   param=exc.param) from None
+
+            def affinity_key() -> str | None:
+                user = body.get("user")
+                if isinstance(user, str) and user:
+                    return user
+                prompt = exchange.prompt or prompt_text(body)
+                return prompt[:self.affinity_chars] if prompt else None
+
             before = time.perf_counter()
-            routed = await self.router.route(model, path, request.body,
-                                             policy.forwarded(request.headers, request_id))
+            routed = await self.router.route(
+                model, path, policy.forwarded(request.headers, request_id), ask,
+                affinity_key)
         except RequestError as error:
             exchange.status, exchange.error = error.status, error.code
             await send_error(response, error, extra)

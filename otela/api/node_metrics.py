@@ -38,6 +38,11 @@ class NodeParts(Protocol):
 
     def suspected_count(self) -> int: ...
 
+    def routing_stats(self) -> dict[str, int]:
+        """``ejections`` so far, ``ejected`` nodes now (every data-path process), and the
+        load gossip's ``published``/``received``/``bytes_sent``/``bytes_received``."""
+        ...
+
 
 def install(metrics: Registry, node: NodeParts) -> Histogram:
     """Register the node's gauges and counters; returns the event-loop lag histogram (its
@@ -65,6 +70,16 @@ def install(metrics: Registry, node: NodeParts) -> Histogram:
                                  "Suspicions this node raised first-hand.")
     evictions = metrics.counter("otela_liveness_evictions_total",
                                 "Evictions this node signed.")
+    ejections = metrics.counter("otela_routing_ejections_total", "Times a node was "
+                                "ejected from this ingress's candidates after repeated "
+                                "failures (docs/routing.md).")
+    ejected = metrics.gauge("otela_routing_ejected_nodes", "Nodes ejected now.")
+    load_reports = metrics.counter("otela_load_reports_total", "Load reports gossiped by "
+                                   "this node (out) and taken from others (in).",
+                                   ("direction",))
+    load_bytes = metrics.counter("otela_load_gossip_payload_bytes_total", "Load report "
+                                 "payload bytes published (out) and received (in).",
+                                 ("direction",))
     hop_refused = metrics.counter("otela_engine_hop_refusals_total", "Engine hop requests "
                                   "refused to non-members, by reason.", ("code",))
 
@@ -88,6 +103,13 @@ def install(metrics: Registry, node: NodeParts) -> Histogram:
         suspected.set(value=node.suspected_count())
         suspicions.set(value=liveness.get("suspected", 0))
         evictions.set(value=liveness.get("evicted", 0))
+        routing = node.routing_stats()
+        ejections.set(value=routing["ejections"])
+        ejected.set(value=routing["ejected"])
+        load_reports.set("out", value=routing["published"])
+        load_reports.set("in", value=routing["received"])
+        load_bytes.set("out", value=routing["bytes_sent"])
+        load_bytes.set("in", value=routing["bytes_received"])
         for code, count in node.hop_refusals().items():
             hop_refused.set(code, value=count)
 

@@ -317,9 +317,60 @@ class NodeConfig:
         help="Processes serving the HTTP port (SO_REUSEPORT); with more than one, the node "
         "runs libp2p and the registry in a control process and requests in N data-path "
         "workers. auto: one per CPU core.")
+    connect_timeout: float = setting(
+        "http", 5.0, parse=v.as_duration, example="2s", metavar="DURATION",
+        help="A node (or engine) that does not accept a connection within this time did "
+        "not get the request: another node is tried, and the failure counts towards "
+        "ejecting it.")
     max_connections_per_client: int = setting(
         "http", 256, parse=v.as_positive_int, example="64", metavar="N",
         help="Open connections one client address may hold; more get 429.")
+
+    # -- [routing]: which node serves a request (docs/routing.md) ---------------------
+    routing_policy: str = setting(
+        "routing", "power_of_two", parse=v.as_policy, example="least_in_flight",
+        metavar="NAME",
+        help="How this ingress picks among the nodes that may serve a request: random, "
+        "round_robin, weighted, least_in_flight, power_of_two, prefix_affinity, or an "
+        "installed plugin's name. A request may ask for another with X-Otela-Policy.")
+    trusted_providers: list[str] = setting(
+        "routing", factory=list, parse=v.as_providers, example="cscs,epfl", metavar="IDS",
+        help="Providers whose nodes this ingress ever sends requests to (default: any). "
+        "Requests (X-Otela-Providers) and API keys can narrow the set, never widen it.")
+    route_attempts: int = setting(
+        "routing", 3, parse=v.as_positive_int, example="2", metavar="N",
+        help="Nodes tried for one request, when the earlier ones provably did not take it "
+        "(refused the connection, not serving). A request an engine may have started is "
+        "never sent again.")
+    affinity_prefix: int = setting(
+        "routing", 512, parse=v.as_positive_int, example="2048", metavar="CHARS",
+        help="prefix_affinity: how many leading characters of the prompt form a request's "
+        "key when it has no `user` field.")
+    eject_after: int = setting(
+        "routing", 5, parse=v.as_positive_int, example="3", metavar="N",
+        help="Consecutive failures (no connection, 5xx, no first byte) after which this "
+        "ingress stops sending a node requests for a while.")
+    eject_time: float = setting(
+        "routing", 10.0, parse=v.as_duration, example="30s", metavar="DURATION",
+        help="How long a first ejection lasts; each further one of the same node lasts "
+        "twice as long.")
+    eject_max_time: float = setting(
+        "routing", 300.0, parse=v.as_duration, example="10m", metavar="DURATION",
+        help="Longest ejection.")
+    eject_max_share: float = setting(
+        "routing", 0.5, parse=v.as_fraction, example="0.3", metavar="FRACTION",
+        help="Largest share of a model's nodes ejected at once (the oldest ejection ends "
+        "first): failures everywhere must not turn into an outage.")
+    load_interval: float = setting(
+        "routing", 2.0, parse=v.as_duration, example="5s", metavar="DURATION",
+        help="How often a serving node reads its engine's metrics, and the least time "
+        "between two load reports it gossips (which grows with the federation: 0.5 s per "
+        "member, so a federation of any size carries at most ~2 reports a second).")
+    capacity: float | None = setting(
+        "routing", parse=v.as_opt_float, example="2.5", metavar="WEIGHT",
+        shown_default="from the GPUs' memory bandwidth (1 = 2 TB/s)",
+        help="Relative serving capacity this node reports to ingresses (weighted and "
+        "load-aware policies divide load by it).")
 
     # -- [trace]: recording served requests as an otela trace (docs/traces.md) --------
     record_trace: Path | None = setting(

@@ -116,6 +116,37 @@ def as_addresses(value: Any) -> list[str]:
     raise ValueError("expected a list of multiaddrs")
 
 
+def as_providers(value: Any) -> list[str]:
+    """Provider ids, comma separated or repeated; checked as requests' lists are."""
+    from otela.routing.trust import TrustError, parse_providers
+
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str) for v in items):
+        raise ValueError("expected provider ids")
+    if not "".join(items).replace(",", "").strip():
+        return []  # none named: any provider
+    try:
+        return sorted(parse_providers(",".join(items), "the list"))
+    except TrustError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def as_fraction(value: Any) -> float:
+    number = as_float(value)
+    if number > 1:
+        raise ValueError(f"must be between 0 and 1, got {number}")
+    return number
+
+
+def as_policy(value: Any) -> str:
+    """A routing policy's name: built in, or a plugin's (checked when the node starts,
+    since plugins are looked up among installed packages)."""
+    name = as_str(value).strip()
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+        raise ValueError(f"not a policy name: {name!r}")
+    return name
+
+
 def as_patterns(value: Any) -> list[str]:
     # From env or a flag a value is one regex (alternation with | covers several).
     patterns = [value] if isinstance(value, str) else value

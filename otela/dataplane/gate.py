@@ -1,7 +1,7 @@
 """The engine hop's gate: what a federation member may ask of this node's engine.
 
 One set of rules for both ways a member reaches it (the HTTP ``/v1/engine/...`` hop and
-the libp2p ``/otela/http/1`` protocol), applied after the caller is authenticated as a
+the libp2p ``/otela/http/2`` protocol), applied after the caller is authenticated as a
 member (``hop_auth`` or the libp2p peer id):
 
 - only ``POST /v1/...`` inference paths; never the engine's administration (vLLM's LoRA

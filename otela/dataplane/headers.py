@@ -22,11 +22,16 @@ ENGINE_REQUEST_ID = b"x-request-id"
 # Set by a node on its answer when it could not deliver the request to its own engine:
 # the request never ran, so the ingress may safely try another node.
 NOT_DELIVERED = b"x-otela-not-delivered"
+# Set by a serving node on every answer it relays: its load, for the ingress (routing.load).
+LOAD = b"x-otela-load"
 FORWARDED_REQUEST = frozenset({b"content-type", b"accept", b"user-agent"})
 DROPPED_RESPONSE = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
     b"trailer", b"transfer-encoding", b"upgrade", b"content-length", b"host", b"date",
     b"server",
+    # otela's own between nodes: the serving node's load report is for the ingress, and
+    # "not delivered" only means something to the hop that says it.
+    LOAD, NOT_DELIVERED,
 })
 JSON = (b"content-type", b"application/json")
 

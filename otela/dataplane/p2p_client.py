@@ -1,4 +1,4 @@
-"""The calling side of ``/otela/http/1``: send HTTP requests to a peer's engine over libp2p.
+"""The calling side of ``/otela/http/2``: send HTTP requests to a peer's engine over libp2p.
 
 One long-lived stream per peer carries every request to it (request-id framing, see
 ``framing``); a reader task per stream hands each frame to the request it belongs to. The

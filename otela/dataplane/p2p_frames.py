@@ -1,4 +1,4 @@
-"""Frames of the ``/otela/http/1`` protocol: many HTTP exchanges on one long-lived stream.
+"""Frames of the ``/otela/http/2`` protocol: many HTTP exchanges on one long-lived stream.
 
 A new libp2p stream per request costs ~4 ms direct and 7-10 ms through a relay (each
 multistream-select round trip crosses the Python relay), so requests share streams and are

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -36,6 +36,16 @@ from otela.dataplane.pool import HttpPool
 from otela.dataplane.upstream import engine_address
 
 log = logging.getLogger("otela.dataplane")
+
+
+class LoadCounter(Protocol):
+    """Counts engine requests and says the node's load (``otela.load.source.LoadSource``)."""
+
+    def start(self) -> None: ...
+
+    def end(self) -> None: ...
+
+    def header(self) -> bytes: ...
 
 
 class _Connection:
@@ -59,10 +69,12 @@ class EngineStreamServer:
         inflight: Inflight,
         is_member: Callable[[str], bool],
         first_byte_timeout: float,
+        load: LoadCounter,
     ) -> None:
         self.gate = gate
         self.pool = pool
         self.inflight = inflight
+        self.load = load
         self.is_member = is_member
         self.first_byte_timeout = first_byte_timeout
         self.served = 0
@@ -126,30 +138,41 @@ class EngineStreamServer:
             return
         host, port, prefix = engine_address(verdict)
         request_id = policy.value(incoming, policy.REQUEST_ID) or uuid.uuid4().hex.encode()
-        with self.inflight.track():
-            try:
-                reply = await self.pool.request(
-                    host, port, b"POST", (prefix + path).encode(),
-                    policy.forwarded(incoming, request_id), body, self.first_byte_timeout)
-            except NotDelivered as exc:
-                await conn.send(_error(rid, f"engine unreachable: {exc}", False, 502))
-                return
-            except (UpstreamFailed, UpstreamTimeout) as exc:  # it may have run: not retried
-                await conn.send(_error(rid, f"engine failed: {exc}", True, 502))
-                return
-            self.served += 1
-            try:
-                await conn.send(packed(rid, Kind.HEAD, {
-                    "status": reply.status,
-                    "headers": [list(h) for h in policy.relayed(reply.headers)]}))
-                async for chunk in reply.chunks():
-                    await conn.send(Frame(rid, Kind.DATA, chunk))
-            except UpstreamFailed as exc:  # the engine broke off mid-answer
-                await conn.send(_error(rid, f"engine failed mid-response: {exc}", True, 502))
-                return
-            finally:
-                await reply.aclose()
-            await conn.send(Frame(rid, Kind.END))
+        self.load.start()
+        try:
+            with self.inflight.track():
+                await self._relay(conn, rid, host, port, prefix + path, incoming, request_id,
+                                  body)
+        finally:
+            self.load.end()
+
+    async def _relay(self, conn: _Connection, rid: int, host: str, port: int, target: str,
+                     incoming: list[tuple[bytes, bytes]], request_id: bytes, body: bytes
+                     ) -> None:
+        try:
+            reply = await self.pool.request(
+                host, port, b"POST", target.encode(),
+                policy.forwarded(incoming, request_id), body, self.first_byte_timeout)
+        except NotDelivered as exc:
+            await conn.send(_error(rid, f"engine unreachable: {exc}", False, 502))
+            return
+        except (UpstreamFailed, UpstreamTimeout) as exc:  # it may have run: not retried
+            await conn.send(_error(rid, f"engine failed: {exc}", True, 502))
+            return
+        self.served += 1
+        try:
+            await conn.send(packed(rid, Kind.HEAD, {
+                "status": reply.status,
+                "headers": [list(h) for h in policy.relayed(
+                    reply.headers, [(policy.LOAD, self.load.header())])]}))
+            async for chunk in reply.chunks():
+                await conn.send(Frame(rid, Kind.DATA, chunk))
+        except UpstreamFailed as exc:  # the engine broke off mid-answer
+            await conn.send(_error(rid, f"engine failed mid-response: {exc}", True, 502))
+            return
+        finally:
+            await reply.aclose()
+        await conn.send(Frame(rid, Kind.END))
 
 
 def _error(rid: int, message: str, delivered: bool, status: int) -> Frame:

@@ -38,7 +38,6 @@ from otela.dataplane.errors import NotDelivered, UpstreamFailed, UpstreamTimeout
 Headers = list[tuple[bytes, bytes]]
 
 _RECV = 65536
-CONNECT_TIMEOUT_S = 5.0
 FRESH_S = 0.02  # idle this briefly, a pooled connection is reused without checking it
 
 
@@ -162,6 +161,7 @@ class HttpPool:
 
     max_idle: int = 64  # idle connections kept per upstream
     idle_timeout: float = 2.0
+    connect_timeout: float = 5.0  # --connect-timeout
     _idle: dict[tuple[str, int], list[_Conn]] = field(default_factory=dict)
     connects: int = 0  # connections opened (for metrics)
     connect_failures: int = 0
@@ -228,7 +228,7 @@ class HttpPool:
         host, port = key
         sock = sockio.connected_socket(_family(host))
         try:
-            with trio.fail_after(CONNECT_TIMEOUT_S):
+            with trio.fail_after(self.connect_timeout):
                 await sockio.connect(sock, (host, port))
         except (OSError, trio.TooSlowError) as exc:
             sockio.close(sock)

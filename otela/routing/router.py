@@ -1,10 +1,13 @@
-"""The ingress side of routing: pick a serving node, send it the request, and try another
-only when the request provably never reached an engine.
+"""The ingress side of routing: choose a node, send it the request, learn from the answer,
+and try another only when the request provably never reached an engine.
 
-Which node: ``policy.py`` (pure). How to reach it: ``otela.dataplane.upstream``. What
-counts as "never reached": ``NotDelivered`` alone, so no request is ever executed twice;
-a failure after delivery is a 502 (``upstream_failed``), silence past the first-byte
-timeout a 504 (``upstream_timeout``).
+Which nodes may serve it: ``candidates.eligible`` (trust, suspicion, requirements,
+ejections). Which of them: the policy (``policies``), fed load estimates
+(``load.LoadBoard``). How to reach it: ``otela.dataplane.upstream``. What counts as "never
+reached": ``NotDelivered`` alone, so no request is ever executed twice; a failure after
+delivery is a 502 (``upstream_failed``), silence past the first-byte timeout a 504
+(``upstream_timeout``). Connection failures, 5xx answers and timeouts count towards the
+node's ejection (``ejection``); 4xx answers are the client's business and do not.
 """
 
 from __future__ import annotations
@@ -12,9 +15,13 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+import trio
+
+from otela.dataplane import headers as policy_headers
 from otela.dataplane.errors import (
     NotDelivered,
     RequestError,
@@ -26,11 +33,45 @@ from otela.dataplane.headers import Headers
 from otela.dataplane.upstream import Reply, Upstreams
 from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
-from otela.routing.policy import candidates_for, pick_random
+from otela.routing.ask import Ask
+from otela.routing.candidates import eligible
+from otela.routing.ejection import Ejections
+from otela.routing.load import LOAD_HEADER, LoadBoard, NodeLoad, parse_load
+from otela.routing.policies import Candidate, Pick, Policy, UnknownPolicy, load_policy
+from otela.routing.trust import ANY, TrustSet
+
+if TYPE_CHECKING:
+    from otela.config import NodeConfig
 
 log = logging.getLogger("otela.routing")
 
-MAX_ATTEMPTS = 3
+OK, CLIENT_ERROR, FAILED, NOT_DELIVERED = "ok", "client_error", "failed", "not_delivered"
+
+
+@dataclass(frozen=True)
+class RoutingSettings:
+    """What an operator chooses about routing (``[routing]`` settings)."""
+
+    policy: str = "power_of_two"
+    trusted_providers: frozenset[str] | None = None
+    max_attempts: int = 3
+    first_byte_timeout: float = 300.0
+    eject_after: int = 5
+    eject_time: float = 10.0
+    eject_max_time: float = 300.0
+    eject_max_share: float = 0.5
+    load_ttl: float = 15.0
+
+
+def routing_settings(config: NodeConfig) -> RoutingSettings:
+    return RoutingSettings(
+        policy=config.routing_policy,
+        trusted_providers=frozenset(config.trusted_providers) or None,
+        max_attempts=config.route_attempts,
+        first_byte_timeout=config.first_byte_timeout,
+        eject_after=config.eject_after, eject_time=config.eject_time,
+        eject_max_time=config.eject_max_time, eject_max_share=config.eject_max_share,
+        load_ttl=max(15.0, 3 * config.load_interval))
 
 
 @dataclass
@@ -41,6 +82,32 @@ class Routed:
     node: NodeRecord
     path_kind: str  # "local", "http" or "libp2p"
     attempts: int
+    candidate: Candidate | None = None
+    policy: Policy | None = None
+    pick: Pick | None = None
+    outcome: str = OK
+
+
+@dataclass
+class _Policies:
+    """The ingress's policy, and one instance of each other policy a request asked for by
+    name (a policy may keep state, e.g. round robin's turn)."""
+
+    default: Policy
+    named: dict[str, Policy] = field(default_factory=dict)
+
+    def get(self, name: str | None) -> Policy:
+        if name is None or name == self.default.name:
+            return self.default
+        policy = self.named.get(name)
+        if policy is None:
+            try:
+                policy = load_policy(name)
+            except UnknownPolicy as exc:
+                raise RequestError(400, str(exc), code="unknown_policy",
+                                   param="X-Otela-Policy") from None
+            self.named[name] = policy
+        return policy
 
 
 class Router:
@@ -48,58 +115,155 @@ class Router:
         self,
         registry: Registry,
         upstreams: Upstreams,
-        first_byte_timeout: float,
+        settings: RoutingSettings,
         rng: random.Random | None = None,
         suspected: Callable[[], frozenset[str]] = frozenset,
+        clock: Callable[[], float] = trio.current_time,
+        own_load: Callable[[], NodeLoad | None] = lambda: None,
     ) -> None:
         self.registry = registry
         self.upstreams = upstreams
-        self.first_byte_timeout = first_byte_timeout
+        self.settings = settings
+        self.first_byte_timeout = settings.first_byte_timeout
         self.rng = rng or random.Random()
         self.suspected = suspected  # peers the failure detector currently suspects
+        self.clock = clock
+        self.trust = ANY.narrowed(settings.trusted_providers, "--trusted-providers")
+        self.policies = _Policies(load_policy(settings.policy))
+        self.ejections = Ejections(settings.eject_after, settings.eject_time,
+                                   settings.eject_max_time, settings.eject_max_share)
+        self.loads = LoadBoard(settings.load_ttl)
         self.retries = 0  # attempts after a first one that was not delivered
-        # Requests this router has running on each session (load-aware routing reads it;
+        # Requests this router has running on each session (load-aware policies read it;
         # with data-path workers the control process adds up every worker's).
         self.busy: Counter[str] = Counter()
+        # With data-path workers: every worker's requests per session, as last added up
+        # by the control process (a worker sets it; ours are in it, a moment late).
+        self.shared_busy: Mapping[str, int] = {}
+        self.own_load = own_load  # our own engine's, when we serve (no hop: no header)
+
+    def base_trust(self, key_trust: frozenset[str] | None = None) -> TrustSet:
+        """The trust set before the request's own statement: the ingress default,
+        narrowed by the caller's API key's set when it has one."""
+        return self.trust.narrowed(key_trust, "API key")
+
+    def policy_for(self, name: str | None) -> Policy:
+        return self.policies.get(name)
 
     def release(self, routed: Routed) -> None:
         """``routed``'s response is over (sent, failed, or its client left)."""
-        session = routed.node.session_id
+        self._unbusy(routed.node.session_id)
+        if routed.policy is not None and routed.candidate is not None and \
+                routed.pick is not None:
+            routed.policy.on_end(routed.candidate, routed.pick, routed.outcome)
+
+    async def route(self, model_id: str, path: str, headers: Headers, ask: Ask,
+                    affinity_key: Callable[[], str | None] | None = None) -> Routed:
+        """Send ``ask.body`` to ``path`` on a node serving ``model_id`` that ``ask``
+        allows; raises ``RequestError`` (400 bad policy, 404/503 no node, 502 unreachable
+        or failed, 504 timed out)."""
+        policy = self.policies.get(ask.policy)
+        now = self.clock()
+        nodes = eligible(self.registry, model_id, trust=ask.trust, clauses=ask.clauses,
+                         suspected=self.suspected(),
+                         ejected=lambda sessions: self.ejections.ejected(sessions, now))
+        pick = Pick(model_id, affinity_key() if policy.uses_affinity_key and affinity_key
+                    else None)
+        tried: set[str] = set()
+        while len(tried) < self.settings.max_attempts:
+            remaining = [r for r in nodes if r.session_id not in tried] if tried else nodes
+            if not remaining:
+                break
+            candidate = policy.pick([self._candidate(r, now) for r in remaining], pick,
+                                    self.rng)
+            node = candidate.record
+            if tried:
+                self.retries += 1
+            tried.add(node.session_id)
+            routed = await self._attempt(node, candidate, policy, pick, path, headers,
+                                         ask.body, len(tried))
+            if routed is not None:
+                return routed
+            now = self.clock()
+        raise RequestError(
+            502, f"All {len(tried)} candidate node(s) for `{clip(model_id)}` were unreachable.",
+            code="all_nodes_unreachable")
+
+    def _candidate(self, record: NodeRecord, now: float) -> Candidate:
+        session = record.session_id
+        ours = self.busy.get(session, 0)
+        if self.shared_busy:
+            ours = max(ours, self.shared_busy.get(session, 0))
+        if session == self.upstreams.self_session():
+            own = self.own_load()
+            if own is not None:
+                return Candidate(record, float(max(ours, own.outstanding)), own.capacity)
+        return Candidate(record, self.loads.estimate(session, ours, now),
+                         self.loads.capacity(session, now))
+
+    async def _attempt(self, node: NodeRecord, candidate: Candidate, policy: Policy,
+                       pick: Pick, path: str, headers: Headers, body: bytes, attempt: int
+                       ) -> Routed | None:
+        """One try; ``None`` if the node did not take the request (try another)."""
+        session = node.session_id
+        policy.on_start(candidate, pick)
+        self.busy[session] += 1
+        self.loads.sent(session)
+        try:
+            reply = await self.upstreams.send(node, path, body, headers,
+                                              self.first_byte_timeout)
+        except NotDelivered as exc:
+            self._failed(node, candidate, policy, pick, NOT_DELIVERED)
+            log.warning("node %s did not take the request, trying another: %s",
+                        session, exc)
+            return None
+        except UpstreamTimeout:
+            self._failed(node, candidate, policy, pick, FAILED)
+            raise RequestError(
+                504, f"The serving engine accepted the request but sent nothing for "
+                f"{self.first_byte_timeout:.0f} s.", code="upstream_timeout") from None
+        except UpstreamFailed as exc:
+            self._failed(node, candidate, policy, pick, FAILED)
+            raise RequestError(
+                502, f"The node serving the request failed before it answered ({exc}); "
+                "it may have run, so it was not retried.", code="upstream_failed") from None
+        except BaseException:  # cancelled: the client left before an answer
+            self._unbusy(session)
+            policy.on_end(candidate, pick, FAILED)
+            raise
+        now = self.clock()
+        report = policy_headers.value(reply.headers, LOAD_HEADER)
+        if report is not None:
+            load = parse_load(report)
+            if load is not None:
+                self.loads.report(session, load, now)
+        if reply.status >= 500:
+            outcome = FAILED
+            if self.ejections.failure(session, now):
+                log.warning("ejecting node %s (provider %s) from routing after repeated "
+                            "failures (last: HTTP %d)", session, node.provider_id,
+                            reply.status)
+        else:
+            outcome = CLIENT_ERROR if reply.status >= 400 else OK
+            self.ejections.success(session)
+        return Routed(reply, node, self.upstreams.path_kind(node), attempt, candidate,
+                      policy, pick, outcome)
+
+    def _failed(self, node: NodeRecord, candidate: Candidate, policy: Policy, pick: Pick,
+                outcome: str) -> None:
+        self._unbusy(node.session_id)
+        if self.ejections.failure(node.session_id, self.clock()):
+            log.warning("ejecting node %s (provider %s) from routing after repeated "
+                        "failures (last: %s)", node.session_id, node.provider_id, outcome)
+        policy.on_end(candidate, pick, outcome)
+
+    def _unbusy(self, session: str) -> None:
         self.busy[session] -= 1
         if self.busy[session] <= 0:
             del self.busy[session]
 
-    async def route(self, model_id: str, path: str, body: bytes, headers: Headers) -> Routed:
-        """Send ``body`` to ``path`` on a node serving ``model_id``; raises ``RequestError``
-        (404/503 no node, 502 unreachable or failed, 504 timed out)."""
-        candidates = candidates_for(self.registry, model_id, self.suspected())
-        tried: list[str] = []
-        while len(tried) < MAX_ATTEMPTS:
-            node = pick_random(candidates, self.rng, exclude=tried)
-            if node is None:
-                break
-            if tried:
-                self.retries += 1
-            tried.append(node.session_id)
-            try:
-                reply = await self.upstreams.send(node, path, body, headers,
-                                                  self.first_byte_timeout)
-            except NotDelivered as exc:
-                log.warning("node %s did not take the request, trying another: %s",
-                            node.session_id, exc)
-                continue
-            except UpstreamTimeout:
-                raise RequestError(
-                    504, f"The serving engine accepted the request but sent nothing for "
-                    f"{self.first_byte_timeout:.0f} s.", code="upstream_timeout") from None
-            except UpstreamFailed as exc:
-                raise RequestError(
-                    502, f"The node serving the request failed before it answered ({exc}); "
-                    "it may have run, so it was not retried.", code="upstream_failed") from None
-            self.busy[node.session_id] += 1
-            return Routed(reply, node, self.upstreams.path_kind(node), len(tried))
-        raise RequestError(
-            502,
-            f"All {len(tried)} candidate node(s) for `{clip(model_id)}` were unreachable.",
-            code="all_nodes_unreachable",
-        )
+    def prune(self) -> None:
+        """Forget ejection and load state of sessions no longer in the registry."""
+        live = {r.session_id for r in self.registry.snapshot()}
+        self.ejections.forget_except(live)
+        self.loads.forget_except(live)

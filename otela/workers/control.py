@@ -46,6 +46,7 @@ from otela.workers.worker import INTERNAL_PREFIX, INTERNAL_TOKEN
 log = logging.getLogger("otela.workers")
 
 PUSH_INTERVAL_S = 0.05
+LOAD_PUSH_EVERY = 10  # push intervals between two load states (0.5 s)
 RESTART_DELAY_S = 1.0
 STOP_TIMEOUT_S = 5.0
 
@@ -77,12 +78,14 @@ class _Worker:
 class WorkerPool:
     def __init__(self, config: NodeConfig, count: int, state_key: Callable[[], Any],
                  snapshot: Callable[[], dict[str, Any]],
-                 on_traces: Callable[[list[dict[str, Any]]], None]) -> None:
+                 on_traces: Callable[[list[dict[str, Any]]], None],
+                 load_state: Callable[[], dict[str, Any]] = dict) -> None:
         self.config = config
         self.count = count
         self.state_key = state_key  # cheap: changes whenever ``snapshot`` would
         self.snapshot = snapshot  # the current state to route with (``view.snapshot_of``)
         self.on_traces = on_traces
+        self.load_state = load_state  # the node's load and others' reports, for routing
         self.token = os.urandom(16).hex().encode()
         self.workers = [_Worker(i + 1) for i in range(count)]
         self.port = 0
@@ -102,6 +105,9 @@ class WorkerPool:
         for worker in self.workers:
             total.update(worker.report.get("busy", {}))
         return total
+
+    def reports(self) -> list[dict[str, Any]]:
+        return [w.report for w in self.workers]
 
     def total(self, key: str) -> int:
         return sum(int(w.report.get(key, 0)) for w in self.workers)
@@ -199,8 +205,13 @@ class WorkerPool:
 
     async def _push(self) -> None:
         """A full snapshot when the state changed; the federation-wide per-session load
-        (which changes with every request) on its own, when it changed."""
+        (which changes with every request) on its own, when it changed; load figures and
+        reports every ``LOAD_PUSH_EVERY`` rounds."""
+        rounds = 0
         while True:
+            rounds += 1
+            if rounds % LOAD_PUSH_EVERY == 0:
+                await self._broadcast({"load": self.load_state()})
             key = self.state_key()
             if key != self._last_key:
                 self._last_key = key

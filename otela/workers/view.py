@@ -28,12 +28,15 @@ class WorkerView:
     engine_url: str | None = None  # this node's engine, while SERVING
     models: frozenset[str] = frozenset()
     busy: dict[str, int] = field(default_factory=dict)  # federation-wide per session
+    load: dict[str, Any] = field(default_factory=dict)  # the node's, and others' reports
 
     def update(self, snapshot: dict[str, Any], now: float) -> None:
         """Take a snapshot: the views are rebuilt (O(sessions), on changes only); or just
         the federation-wide per-session load."""
         if "busy" in snapshot:
             self.busy = dict(snapshot["busy"])
+        if "load" in snapshot:
+            self.load = dict(snapshot["load"])
         if "records" not in snapshot:
             return
         registry = Registry()

@@ -48,10 +48,12 @@ from otela.dataplane.pool import HttpPool
 from otela.dataplane.relay import relay
 from otela.dataplane.upstream import Reply, Upstreams
 from otela.identity import load_or_create
+from otela.load.engine_metrics import EngineLoad
+from otela.load.source import LoadSource
 from otela.looplag import LagSampler, freeze_startup_objects
 from otela.metrics import LAG_BUCKETS, Registry
 from otela.registry.records import NodeRecord
-from otela.routing.router import Router
+from otela.routing.router import Router, routing_settings
 from otela.workers.channel import Channel, ChannelClosed
 from otela.workers.view import WorkerView
 
@@ -121,14 +123,17 @@ class Worker:
         self.view = WorkerView()
         identity = load_or_create(config.home)
         peer_id, key = identity.peer_id.to_base58(), identity.key_pair.private_key
-        self.pool = HttpPool()
+        self.pool = HttpPool(connect_timeout=config.connect_timeout)
         self.control = ControlRelay(self.pool, internal_port, token, config.first_byte_timeout)
         self.upstreams = Upstreams(self.pool, self_session=lambda: self.view.session_id,
                                    local_engine=lambda: self.view.engine_url,
                                    hop_signer=HopSigner(key.to_bytes(), peer_id),
                                    p2p=self.control)
-        self.router = Router(self.view.registry, self.upstreams, config.first_byte_timeout,
-                             suspected=lambda: self.view.suspected)
+        self.load = LoadSource(1.0, others=self._others_in_flight)
+        self.router = Router(self.view.registry, self.upstreams, routing_settings(config),
+                             suspected=lambda: self.view.suspected,
+                             own_load=lambda: self.load.current() if self.view.engine_url
+                             else None)
         gate = EngineGate(lambda: self.view.engine_url, lambda: self.view.models,
                           config.max_body_bytes)
         verifier = HopVerifier(key.to_bytes(), peer_id,
@@ -146,8 +151,10 @@ class Worker:
         if self.traces is not None:
             observers.append(self.traces)
         self.server = HttpServer(
-            Dispatch(InferenceRoutes(self.router, observers, config.record_prompts),
-                     EngineHop(verifier, gate, self.pool, config.first_byte_timeout),
+            Dispatch(InferenceRoutes(self.router, observers, config.record_prompts,
+                                     config.affinity_prefix),
+                     EngineHop(verifier, gate, self.pool, config.first_byte_timeout,
+                               self.load),
                      self.control.api, self.inflight, metrics=None),
             ServerLimits(max_body_bytes=config.max_body_bytes,
                          header_timeout=config.header_timeout,
@@ -179,6 +186,19 @@ class Worker:
     def _take(self, snapshot: dict[str, Any]) -> None:
         self.view.update(snapshot, time.time())
         self.router.registry = self.view.registry
+        self.router.shared_busy = self.view.busy
+        if "load" in snapshot:
+            load = self.view.load
+            self.router.loads.absorb(load.get("reports", {}), trio.current_time())
+            engine = load.get("engine") or {}
+            self.load.engine = EngineLoad(engine.get("running"), engine.get("waiting"),
+                                          engine.get("kv_usage"))
+            self.load.capacity = float(load.get("capacity", self.load.capacity))
+
+    def _others_in_flight(self) -> int:
+        """The node's engine requests through its other processes, as last reported."""
+        total = int(self.view.load.get("engine_in_flight", 0))
+        return max(0, total - self.load.in_flight)
 
     async def _report(self) -> None:
         while True:
@@ -186,6 +206,9 @@ class Worker:
             traces = self._take_traces()
             await self.channel.send({
                 "inflight": self.inflight.count, "busy": dict(self.router.busy),
+                "engine_in_flight": self.load.in_flight,
+                "ejections": self.router.ejections.total,
+                "ejected": self.router.ejections.report(trio.current_time()),
                 "retries": self.router.retries, "connects": self.pool.connects,
                 "connect_failures": self.pool.connect_failures,
                 "metrics": self.metrics.state(), "traces": traces})

@@ -12,7 +12,11 @@ publishes records for the victim's session id:
 They go out both ways a member could send them: gossip (its own topic validator is
 switched off so its pubsub lets them out) and anti-entropy, by claiming in a digest
 exchange to hold a newer version of the victim's session and then sending the forgery
-when asked for it. Run: ``python -m tests.integration.forger --victim SESSION start <otela
+when asked for it. With ``--claim-provider NAME`` it instead publishes its own
+session's record claiming to belong to provider NAME (to receive the requests of
+users who trust NAME).
+
+Run: ``python -m tests.integration.forger --victim SESSION start <otela
 start flags>`` (``LocalFederation.start_node(launcher=...)`` does); prints ``forger: sent
 N`` after each round.
 """
@@ -85,9 +89,33 @@ async def forge(node: Node, session: str, rounds: int) -> None:
         await trio.sleep(1.0)
 
 
-async def run(node: Node, session: str, rounds: int) -> int:
+async def claim_provider(node: Node, provider: str, rounds: int) -> None:
+    """Publish our own session's record as if we were ``provider``'s node (an attacker
+    that wants a trusted provider's traffic), signed with our own key and certificate."""
+    node.mesh.pubsub.set_topic_validator(REGISTRY_TOPIC, lambda *_: True, False)
+    while (own := node.replica.record) is None or own.state is not Lifecycle.SERVING:
+        await trio.sleep(0.1)
+    claim = dataclasses.replace(own, provider_id=provider, version=own.version + 1000,
+                                updated_at=own.updated_at + 1)
+    envelope = sign_record(claim, node.identity.key_pair.private_key,
+                           node.replica.certificate)
+    for _ in range(rounds):
+        await node.replicator.publish(envelope)
+        for peer in node.replicator.connected_peers():
+            try:
+                await push_by_anti_entropy(node, peer, own.session_id, [envelope])
+            except Exception as exc:  # a peer that hung up on us: try the others
+                print(f"forger: anti-entropy with {peer} failed: {exc}", flush=True)
+        print("forger: sent claim", flush=True)
+        await trio.sleep(1.0)
+
+
+async def run(node: Node, session: str | None, provider: str | None, rounds: int) -> int:
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(forge, node, session, rounds)
+        if session is not None:
+            nursery.start_soon(forge, node, session, rounds)
+        if provider is not None:
+            nursery.start_soon(claim_provider, node, provider, rounds)
         code = await node.run()
         nursery.cancel_scope.cancel()
     return code
@@ -95,7 +123,8 @@ async def run(node: Node, session: str, rounds: int) -> int:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--victim", required=True, help="session id to forge records for")
+    parser.add_argument("--victim", help="session id to forge records for")
+    parser.add_argument("--claim-provider", help="claim to be this provider's node")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("start", nargs=argparse.REMAINDER, help="start, then otela start flags")
     args = parser.parse_args(argv)
@@ -103,14 +132,15 @@ def main(argv: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     flags = _start_flags([a for a in args.start if a not in ("--", "start")])
     node = Node(resolve(flags).config)
-    return trio.run(run, node, args.victim, args.rounds)
+    return trio.run(run, node, args.victim, args.claim_provider, args.rounds)
 
 
 def _start_flags(argv: list[str]) -> dict[str, Any]:
     """The few ``otela start`` flags the tests pass, as ``resolve`` takes them."""
     names = {"--home": "home", "--host": "listen_host", "--http-port": "http_port",
              "--p2p-port": "p2p_port", "--bootstrap": "bootstrap", "--authority": "authority",
-             "--status-file": "status_file", "--provider-id": "provider_id"}
+             "--status-file": "status_file", "--provider-id": "provider_id",
+             "--process": "process"}
     flags: dict[str, Any] = {}
     for flag, value in zip(argv[::2], argv[1::2], strict=True):
         attr = names[flag]

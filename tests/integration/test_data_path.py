@@ -134,7 +134,7 @@ def test_metrics_parse_and_move_as_requests_are_made(fed):
     assert after[("otela_output_tokens_total", (("model", "raw"),))] >= 6  # engine's usage
     assert after[("otela_requests_in_flight", ())] == 0
     assert after[("otela_registry_sessions", (("state", "SERVING"),))] == 1
-    assert ("otela_event_loop_lag_seconds_count", ()) in after
+    assert ("otela_event_loop_lag_seconds_count", (("process", "node"),)) in after
     server_side = scrape(server)
     assert server_side[("otela_upstream_connections_opened_total", ())] >= 1
 

@@ -38,7 +38,7 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LocalNod
     try:
         ingress = federation.start_node("ingress", ingress=True)
         impatient = federation.start_node("impatient", ingress=True, bootstrap=[ingress],
-                                          extra_args=timeouts)
+                                          extra_args=[*timeouts, "--eject-after", "1"])
         slow = federation.start_node(
             "slow", bootstrap=[ingress],
             process=echo_engine_command(free_port(), [SLOW], "--token-delay", "3"))
@@ -117,3 +117,6 @@ def test_a_hung_engine_gives_a_504_after_the_first_byte_timeout(fed):
         wait_for(lambda node=node: in_flight(node) == 0, 15, f"{node.name} in-flight back to 0")
     health = httpx.get(f"{hung.http_url}/v1/health", trust_env=False).json()
     assert health["state"] == "SERVING"  # the engine is slow, not dead: no fail-stop
+    # ...but the silence counts against the node at the ingress (ejected after one here).
+    metrics = httpx.get(f"{ingress.http_url}/metrics", trust_env=False).text
+    assert "otela_routing_ejections_total 1" in metrics

@@ -25,6 +25,7 @@ from otela.dataplane.p2p_frames import HTTP_PROTOCOL
 from otela.dataplane.p2p_server import EngineStreamServer
 from otela.dataplane.pool import HttpPool
 from otela.engine.demo.echo import EchoSettings, create_app
+from otela.load.source import LoadSource
 from otela.localfed import free_port
 from otela.mesh.host import build_host
 from otela.mesh.nat import NatTraversal
@@ -70,7 +71,8 @@ async def pair(token_delay: float = 0.0) -> AsyncIterator[Pair]:
         binds = await nursery.start(serve, app, config)  # type: ignore[arg-type]
         engine: dict[str, str | None] = {"url": binds[0]}
         gate = EngineGate(lambda: engine["url"], lambda: {"m"}, 32 * 1024 * 1024)
-        server = EngineStreamServer(gate, HttpPool(), Inflight(), lambda peer: True, 60.0)
+        server = EngineStreamServer(gate, HttpPool(), Inflight(), lambda peer: True, 60.0,
+                                    LoadSource(1.0))
         server.install(meshes[0].host)
         nat = NatTraversal(meshes[1].host, offer_relay=False, relays=list, publish=_noop)
         client = EngineStreamClient(meshes[1].host, nat.connect)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -19,7 +19,9 @@ from otela.dataplane.upstream import Upstreams
 from otela.registry.crdt import Entry
 from otela.registry.records import Lifecycle
 from otela.registry.store import Registry
-from otela.routing.router import Router
+from otela.routing.ask import Ask
+from otela.routing.router import Router, RoutingSettings
+from otela.routing.trust import ANY
 
 from .registry_helpers import entry
 
@@ -29,10 +31,11 @@ OK = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\
 
 
 class FirstChoice(random.Random):
-    """Picks candidates in the order given, so a test knows which one is tried first."""
+    """With the random policy, picks candidates in the order given, so a test knows which
+    one is tried first."""
 
-    def choice(self, seq: Sequence[Any]) -> Any:
-        return seq[0]
+    def randrange(self, *args: Any, **kwargs: Any) -> int:
+        return 0
 
 
 async def read_request(stream: trio.SocketStream) -> None:
@@ -101,9 +104,11 @@ async def route_through(behaviours: list[Behaviour | None], timeout: float = 5.0
         pool = HttpPool()
         upstreams = Upstreams(pool, self_session=lambda: "me", local_engine=lambda: None,
                               hop_signer=None, p2p=None)
-        router = Router(registry, upstreams, timeout, rng=FirstChoice())
+        router = Router(registry, upstreams,
+                        RoutingSettings(policy="random", first_byte_timeout=timeout),
+                        rng=FirstChoice())
         try:
-            routed = await router.route("m", "/v1/chat/completions", b"{}", [])
+            routed = await router.route("m", "/v1/chat/completions", [], Ask(ANY, body=b"{}"))
             status = routed.reply.status
             await routed.reply.aclose()
         except RequestError as exc:

@@ -105,4 +105,4 @@ def test_the_docs_table_is_the_generated_one():
     page = (ROOT / "docs" / "config.md").read_text()
     assert settings_markdown() in page, (
         "docs/config.md is out of date: replace its settings table with the output of "
-        "`python -m otela.config --markdown`")
+        "`python -m otela.config --update docs/config.md`")

@@ -48,6 +48,9 @@ class EchoSettings:
     fail_status: int = 500
     exit_after: int = 0
     log_on_request: str = ""
+    request_delay: float = 0.0
+    max_concurrency: int = 0  # 0: unlimited
+    fail_while: str = ""  # a path: while it exists, every completion request fails
 
 
 def tokenize(text: str) -> list[str]:
@@ -131,7 +134,18 @@ def create_app(settings: EchoSettings) -> FastAPI:
     app = FastAPI(title="otela echo engine", docs_url=None, redoc_url=None)
     install_error_handlers(app)
     created = int(time.time())
-    counter = {"requests": 0}
+    counter = {"requests": 0, "running": 0, "waiting": 0}
+    slots = trio.Semaphore(settings.max_concurrency) if settings.max_concurrency else None
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """vLLM's load gauges, so routing's engine-metrics path runs against this too."""
+        labels = f'model_name="{settings.models[0]}"'
+        text = (f"# TYPE vllm:num_requests_running gauge\n"
+                f"vllm:num_requests_running{{{labels}}} {counter['running']}.0\n"
+                f"# TYPE vllm:num_requests_waiting gauge\n"
+                f"vllm:num_requests_waiting{{{labels}}} {counter['waiting']}.0\n")
+        return Response(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/health")
     async def health() -> Response:
@@ -168,6 +182,34 @@ def create_app(settings: EchoSettings) -> FastAPI:
             os._exit(17)  # simulate an engine crash: no cleanup, like a real fault
         if settings.fail_every and n % settings.fail_every == 0:
             return error_response(settings.fail_status, f"echo engine: injected failure #{n}")
+        if settings.fail_while and os.path.exists(settings.fail_while):
+            return error_response(settings.fail_status, "echo engine: failing while "
+                                  f"{settings.fail_while} exists")
+        if slots is None:
+            return await _answer_request(body, model, chat)
+        counter["waiting"] += 1
+        try:
+            await slots.acquire()
+        finally:
+            counter["waiting"] -= 1
+        try:
+            return await _answer_request(body, model, chat)
+        finally:
+            slots.release()
+
+    async def _answer_request(body: dict[str, Any], model: str, chat: bool) -> Response:
+        """Generate, holding one of the engine's slots until the answer is ready (a
+        streamed answer's tokens follow after the slot is free: slots model the prefill
+        and the whole of a non-streamed answer)."""
+        counter["running"] += 1
+        try:
+            if settings.request_delay:
+                await trio.sleep(settings.request_delay)
+            return await _respond(body, model, chat)
+        finally:
+            counter["running"] -= 1
+
+    async def _respond(body: dict[str, Any], model: str, chat: bool) -> Response:
         prompt, prompt_tokens = _chat_prompt(body) if chat else _text_prompt(body)
         tokens, finish = _answer(prompt, body)
         usage = {
@@ -276,6 +318,25 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
     )
     parser.add_argument("--fail-status", type=int, default=500)
     parser.add_argument(
+        "--fail-while",
+        default="",
+        metavar="PATH",
+        help="while this file exists, every completion request fails with --fail-status",
+    )
+    parser.add_argument(
+        "--request-delay",
+        type=float,
+        default=0.0,
+        help="seconds of work per request before the first token (a slower GPU)",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=0,
+        help="requests generated at once (an engine's batch slots); more wait (default: no "
+        "limit)",
+    )
+    parser.add_argument(
         "--exit-after",
         type=int,
         default=0,
@@ -301,6 +362,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
         fail_status=args.fail_status,
         exit_after=args.exit_after,
         log_on_request=args.log_on_request,
+        request_delay=args.request_delay,
+        max_concurrency=args.max_concurrency,
+        fail_while=args.fail_while,
     )
     return args, settings
 
