@@ -1,15 +1,17 @@
 """The planner side: sign assignments and POST them to nodes (``POST URL/v1/assignments``).
 
 Responses the node gives (docs/placer.md): 202 ``{"accepted": true, "assignment": id,
-"command": "..."}``, or 4xx ``{"accepted": false, "code": "...", "reason": "..."}`` (400
-malformed, 403 not opted in / unauthorised / forged / not allowed, 409 replayed or busy,
-410 expired). A node without the endpoint answers 404; that is reported, not retried.
+"command": "..."}``, or 4xx in the OpenAI error shape ``{"error": {"message", "type",
+"param", "code"}}`` (400 malformed, 403 not opted in / unauthorised / forged / not allowed,
+409 replayed or busy, 410 expired). A node without the endpoint answers 404; that is
+reported, not retried.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from libp2p.crypto.keys import PrivateKey
@@ -27,6 +29,7 @@ class SendResult:
     status: int  # HTTP status, 0 when the node could not be reached
     accepted: bool
     detail: str
+    code: str = ""  # the node's refusal code (not_opted_in, forged, replayed...)
 
 
 def make(issuer: str, key: PrivateKey, *, target: str, engine: str, model: str, tp: int,
@@ -60,8 +63,13 @@ def send(url: str, target: str, assignment: Assignment, envelope: bytes,
     if not isinstance(body, dict):
         body = {}
     accepted = resp.status_code == 202 and bool(body.get("accepted"))
+    raw_error = body.get("error")
+    error: dict[str, Any] = raw_error if isinstance(raw_error, dict) else {}
     if resp.status_code == 404:
-        detail = "the node has no assignment endpoint (not started with --accept-assignments?)"
+        detail = "the node has no assignment endpoint (an otela older than assignments?)"
+    elif accepted:
+        detail = str(body.get("command"))
     else:
-        detail = str(body.get("command") if accepted else body.get("reason") or resp.text[:200])
-    return SendResult(target, target_url, assignment.id, resp.status_code, accepted, detail)
+        detail = str(error.get("message") or body.get("reason") or resp.text[:200])
+    return SendResult(target, target_url, assignment.id, resp.status_code, accepted, detail,
+                      str(error.get("code") or body.get("code") or ""))

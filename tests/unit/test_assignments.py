@@ -7,6 +7,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -15,6 +16,7 @@ from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.peer.id import ID
 
 from otela.assignments import message, sender
+from otela.assignments.acceptor import Acceptor, load_policy
 from otela.assignments.decide import decide
 from otela.assignments.message import Assignment, AssignmentError, from_http, sign, to_http
 from otela.assignments.policy import Policy, PolicyError, parse_accept_from, parse_allowlist
@@ -180,23 +182,15 @@ def test_bad_policies_are_one_line_errors() -> None:
 
 
 class _Node(BaseHTTPRequestHandler):
-    """A stand-in node endpoint that runs the real decision function."""
+    """A stand-in node endpoint that runs the node's real endpoint logic."""
 
-    guard = ReplayGuard()
+    acceptor = Acceptor(policy(), launch=lambda command, a: None, busy=lambda: False,
+                        clock=lambda: NOW, pick_port=lambda: 21000)
 
     def do_POST(self) -> None:
         length = int(self.headers["content-length"])
-        payload = json.loads(self.rfile.read(length))
-        try:
-            data = from_http(payload)
-        except AssignmentError as exc:
-            self._reply(400, {"accepted": False, "code": "malformed", "reason": str(exc)})
-            return
-        d = decide(data, policy(), now=NOW, replay=self.guard, port=21000)
-        body = ({"accepted": True, "assignment": d.assignment.id, "command": d.command}
-                if d.launch and d.assignment else
-                {"accepted": False, "code": d.code, "reason": d.reason})
-        self._reply(d.http_status, body)
+        answer = self.acceptor.submit(json.loads(self.rfile.read(length)))
+        self._reply(answer.status, answer.body)
 
     def _reply(self, status: int, body: dict[str, Any]) -> None:
         raw = json.dumps(body).encode()
@@ -231,5 +225,83 @@ def test_sender_posts_and_reports_each_outcome(node_url: str) -> None:
                           model="meta-llama/Llama-2-13b-hf", tp=1, now=NOW)
     bad = sender.send(node_url, NODE, b, env2)
     assert not bad.accepted and bad.status == 403 and "signature" in bad.detail
+    assert bad.code == "forged"
     down = sender.send("http://127.0.0.1:9", NODE, a, env)
     assert down.status == 0 and not down.accepted
+
+
+# -- the node side (otela.assignments.acceptor) -------------------------------------------
+
+
+def acceptor(tmp_path: Path, launched: list[Any], *, busy: bool = False,
+             pol: Policy | None = None, opted_in: bool = True) -> Acceptor:
+    return Acceptor((pol or policy()) if opted_in else None,
+                    launch=lambda command, a: launched.append((command, a)),
+                    busy=lambda: busy, replay_path=tmp_path / "seen.json", clock=lambda: NOW,
+                    pick_port=lambda: 21000)
+
+
+def test_the_acceptor_launches_once_and_remembers_across_restarts(tmp_path: Path) -> None:
+    launched: list[Any] = []
+    data = to_http(sign(assignment(), PLANNER_KEY))
+    answer = acceptor(tmp_path, launched).submit(data)
+    assert answer.status == 202 and answer.body["accepted"]
+    assert answer.body["engine_url"] == "http://127.0.0.1:21000"
+    (command, a), = launched
+    assert a.model == "meta-llama/Llama-3.3-70B-Instruct"
+    assert command.argv[:2] == ("vllm", "serve") and command.kind == "vllm"
+    # a restarted node (a new acceptor over the same home) still refuses the replay
+    again = acceptor(tmp_path, launched).submit(data)
+    assert again.status == 409 and again.body["error"]["code"] == "replayed"
+    assert len(launched) == 1
+
+
+def test_the_acceptor_answers_refusals_as_openai_errors(tmp_path: Path) -> None:
+    launched: list[Any] = []
+    cases = [
+        (acceptor(tmp_path, launched, opted_in=False), to_http(sign(assignment(), PLANNER_KEY)),
+         403, "not_opted_in"),
+        (acceptor(tmp_path, launched), {"envelope": 3}, 400, "malformed"),
+        (acceptor(tmp_path, launched), to_http(sign(assignment(), peer()[0])), 403, "forged"),
+        (acceptor(tmp_path, launched, busy=True), to_http(sign(assignment(), PLANNER_KEY)),
+         409, "busy"),
+    ]
+    for acc, payload, status, code in cases:
+        answer = acc.submit(payload)
+        assert answer.status == status
+        error = answer.body["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == code
+    assert not launched
+    assert acceptor(tmp_path, launched, opted_in=False).describe()["accepting"] is False
+    view = acceptor(tmp_path, launched).describe()
+    assert view["accepting"] and view["peers"] == [PLANNER]
+    assert view["engines"] == ["echo", "vllm"] and "command" not in json.dumps(view)
+
+
+def test_a_damaged_replay_memory_is_ignored(tmp_path: Path) -> None:
+    (tmp_path / "seen.json").write_text("[not json")
+    launched: list[Any] = []
+    assert acceptor(tmp_path, launched).submit(to_http(sign(assignment(), PLANNER_KEY))).status \
+        == 202
+
+
+def test_node_settings_become_a_policy(tmp_path: Path) -> None:
+    auth = AUTH_KEY.get_public_key()
+    assert load_policy([], None, tmp_path, node_peer_id=NODE, federation_authority=None,
+                       local_gpus=0) is None
+    with pytest.raises(PolicyError, match="engine allowlist"):
+        load_policy([PLANNER], None, tmp_path, node_peer_id=NODE, federation_authority=None,
+                    local_gpus=0)
+    (tmp_path / "engines.toml").write_text(ALLOW)
+    with pytest.raises(PolicyError, match="needs --authority"):
+        load_policy(["authority"], None, tmp_path, node_peer_id=NODE,
+                    federation_authority=None, local_gpus=0)
+    pol = load_policy(["authority", PLANNER], None, tmp_path, node_peer_id=NODE,
+                      federation_authority=auth, local_gpus=0)
+    assert pol is not None and pol.opted_in and pol.peers == {PLANNER}
+    assert list(pol.authorities.values()) == [auth]
+    assert pol.local_gpus == 1  # a CPU-only node still runs TP 1
+    issuer = message.issuer_for_authority(auth)
+    d = decide(sign(assignment(issuer=issuer, tp=1), AUTH_KEY), pol, now=NOW,
+               replay=ReplayGuard(), port=1)
+    assert d.launch, d.reason
