@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
+from libp2p.crypto.keys import PrivateKey
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -32,6 +33,7 @@ from simulator.placer.evaluate import Group, evaluate, groups_of_plan
 from simulator.placer.federation import (
     FederationError,
     Running,
+    assignable,
     existing_counts,
     fetch_nodes,
     running_replicas,
@@ -221,6 +223,7 @@ def plan_command(
     if assign and (identity is None) == (authority is None):
         _fail("--assign needs exactly one of --identity HOME or --authority DIR to sign with")
     mapping = _gpu_map(gpu_map)
+    signer = _signer(identity, authority) if assign else None
 
     # -- demand --------------------------------------------------------------------------
     try:
@@ -245,8 +248,12 @@ def plan_command(
         else:
             assert from_url is not None
             nodes = fetch_nodes(from_url)
+            left_out: list[str] = []
+            if signer is not None:  # only nodes that would take our assignments
+                nodes, left_out = assignable(nodes, signer[1], engine)
             pool = pool_from_records(nodes, mapping)
             running, notes = running_replicas(nodes, demand.services, mapping)
+            notes = left_out + notes
     except (PoolError, FederationError) as exc:
         _fail(str(exc))
     if not pool.hosts and not running:
@@ -285,8 +292,8 @@ def plan_command(
         result["evaluation"] = _evaluate(plan, eval_s, compare_memp)
     if emit_sbatch is not None:
         result["sbatch"] = _emit(plan, emit_sbatch, engine, engine_command, templates)
-    if assign:
-        result["assignments"] = _assign(plan, identity, authority, engine, assign_ttl)
+    if signer is not None:
+        result["assignments"] = _assign(plan, *signer, engine, assign_ttl)
 
     if out is not None:
         try:
@@ -399,9 +406,8 @@ def _emit(plan: Plan, out_dir: Path, engine: str, custom: str | None,
     return [str(p) for p in paths]
 
 
-def _assign(plan: Plan, identity: Path | None, authority: Path | None, engine: str,
-            ttl: float) -> list[dict[str, Any]]:
-    from otela.assignments import sender
+def _signer(identity: Path | None, authority: Path | None) -> tuple[PrivateKey, str]:
+    """The key assignments are signed with, and the issuer it stands for."""
     from otela.assignments.message import issuer_for_authority
 
     if identity is not None:
@@ -425,6 +431,13 @@ def _assign(plan: Plan, identity: Path | None, authority: Path | None, engine: s
         except (MembershipError, OSError) as exc:
             _fail(f"--authority: {exc}")
         issuer = issuer_for_authority(key.get_public_key())
+    return key, issuer
+
+
+def _assign(plan: Plan, key: PrivateKey, issuer: str, engine: str,
+            ttl: float) -> list[dict[str, Any]]:
+    from otela.assignments import sender
+
     hosts = {h.name: h for h in plan.pool.hosts}
     results = []
     for r in plan.replicas:
@@ -436,7 +449,7 @@ def _assign(plan: Plan, identity: Path | None, authority: Path | None, engine: s
         res = sender.send(h.http_url, h.peer_id, a, env)
         results.append({"node": h.name, "peer_id": h.peer_id, "model": r.service, "tp": r.tp,
                         "assignment": a.id, "status": res.status, "accepted": res.accepted,
-                        "detail": res.detail})
+                        "code": res.code, "detail": res.detail})
     return results
 
 

@@ -10,7 +10,8 @@ Variables, for every option o = (service, GPU variant, TP degree t):
 Constraints:
 
 * C1/C3: per class, ``sum_p z_kp <= hosts``; per (variant, t), the replicas fit in the
-  t-slots the chosen patterns provide (a TP group never spans hosts, GPUs = DP x TP);
+  t-slots the chosen patterns provide (a TP group never spans hosts, GPUs = DP x TP; on
+  hosts that are otela nodes, one group per host: a node runs one engine);
 * C2 is upstream of the model: options exist only for configurations that fit;
 * demand: ``sum_o f_o = rate_s`` per service (``<=`` for the goodput objective);
 * capacity: ``f_o <= cap_o * (x_o + existing_o)``;
@@ -55,6 +56,7 @@ class ClassSpec:
     variant: str
     gpus_per_host: int
     hosts: int
+    one_group: bool = False  # at most one TP group per host (an otela node runs one engine)
 
 
 @dataclass(frozen=True)
@@ -137,8 +139,8 @@ def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2,
     slots_ub: dict[tuple[str, int], int] = {}
     for c in problem.classes:
         for t in {o.tp for o in opts if o.variant == c.variant}:
-            slots_ub[(c.variant, t)] = slots_ub.get((c.variant, t), 0) + \
-                c.hosts * (c.gpus_per_host // t)
+            per_host = min(1, c.gpus_per_host // t) if c.one_group else c.gpus_per_host // t
+            slots_ub[(c.variant, t)] = slots_ub.get((c.variant, t), 0) + c.hosts * per_host
     x = [m.new_int_var(0, slots_ub.get((o.variant, o.tp), 0), f"x{i}") for i, o in
          enumerate(opts)]
     f = [m.new_int_var(0, rate_units[o.service], f"f{i}") for i, o in enumerate(opts)]
@@ -148,7 +150,7 @@ def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2,
     slot_terms: dict[tuple[str, int], list[cp_model.LinearExprT]] = {}
     for k, c in enumerate(problem.classes):
         degrees = sorted({o.tp for o in opts if o.variant == c.variant})
-        pats = host_patterns(c.gpus_per_host, degrees)
+        pats = host_patterns(c.gpus_per_host, degrees, c.one_group)
         z[k] = [(p, m.new_int_var(0, c.hosts, f"z{k}_{j}")) for j, p in enumerate(pats)]
         if z[k]:
             m.add(sum(v for _, v in z[k]) <= c.hosts)

@@ -110,9 +110,9 @@ def fits_hosts(problem: Problem, replicas: Sequence[int]) -> bool:
                 groups[o.tp] = groups.get(o.tp, 0) + n
         if not groups:
             continue
-        hosts = [c.gpus_per_host for c in problem.classes if c.variant == var
+        hosts = [(c.gpus_per_host, c.one_group) for c in problem.classes if c.variant == var
                  for _ in range(c.hosts)]
-        if pack(groups, hosts) is None:
+        if pack(groups, [g for g, _ in hosts], [one for _, one in hosts]) is None:
             return False
     return True
 

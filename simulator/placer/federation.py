@@ -1,6 +1,7 @@
 """A live federation as input: its idle nodes (the pool) and what already serves (`--from`).
 
-`fetch_nodes` is the only I/O (``GET URL/v1/registry/nodes``); `running_replicas` is pure:
+`fetch_nodes` reads ``GET URL/v1/registry/nodes`` and `assignable` asks idle nodes whether
+they would take an assignment (``GET /v1/assignments``); `running_replicas` is pure:
 replicas that already serve a planned model count as existing capacity (the paper leaves
 running replicas in place, §3.5), so the plan only fills idle nodes, and the diff says what
 changes.
@@ -9,11 +10,13 @@ changes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from otela.assignments.message import AUTHORITY_ISSUER
 from simulator.placer.demand import Service
 from simulator.placer.pool import PoolError, resolve_gpu
 
@@ -38,6 +41,58 @@ def fetch_nodes(url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
     if not isinstance(nodes, list):
         raise FederationError(f"{target}: 'nodes' is not a list")
     return [n for n in nodes if isinstance(n, dict)]
+
+
+def _is_idle(node: Mapping[str, Any]) -> bool:
+    return bool(node.get("idle")) and node.get("state") in ("JOIN", "SERVING")
+
+
+def accepts(policy: Any, issuer: str, engine: str) -> str | None:
+    """Why a node whose ``GET /v1/assignments`` answered `policy` would refuse an
+    assignment from `issuer` for `engine`; None if it would take it."""
+    if not isinstance(policy, dict) or not policy.get("accepting"):
+        return "does not accept assignments (no --accept-assignments)"
+    if policy.get("busy"):
+        return "already runs an engine"
+    if issuer.startswith(AUTHORITY_ISSUER):
+        if issuer[len(AUTHORITY_ISSUER):] not in (policy.get("authorities") or []):
+            return "does not accept assignments from this authority"
+    elif issuer not in (policy.get("peers") or []):
+        return "does not accept assignments from this planner"
+    if engine not in (policy.get("engines") or []):
+        return f"has no engine {engine!r} in its allowlist"
+    return None
+
+
+def assignable(nodes: Sequence[dict[str, Any]], issuer: str, engine: str,
+               timeout_s: float = 5.0) -> tuple[list[dict[str, Any]], list[str]]:
+    """`nodes` without the idle ones that would refuse an assignment from `issuer` for
+    `engine` (asked concurrently), and a note for each left out: a plan to be assigned must
+    never count on a node whose owner did not opt in."""
+    idle = [n for n in nodes if _is_idle(n) and n.get("http_url")]
+
+    def ask(node: dict[str, Any]) -> str | None:
+        url = str(node["http_url"]).rstrip("/") + "/v1/assignments"
+        try:
+            resp = httpx.get(url, timeout=timeout_s, trust_env=False)
+            policy = resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            return f"unreachable at {url} ({type(exc).__name__})"
+        if policy is None:
+            return f"answered HTTP {resp.status_code} at {url}"
+        return accepts(policy, issuer, engine)
+
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(idle)))) as pool:
+        verdicts = dict(zip((id(n) for n in idle), pool.map(ask, idle), strict=True))
+    kept, notes = [], []
+    for node in nodes:
+        why = verdicts.get(id(node))
+        if why is None:
+            kept.append(node)
+        else:
+            label = f"{node.get('provider_id', '?')}/{str(node.get('peer_id', '?'))[-8:]}"
+            notes.append(f"{label} left out of the pool: {why}")
+    return kept, notes
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,13 @@ from typing import TypeVar
 K = TypeVar("K", bound=Hashable)
 
 
-def host_patterns(gpus: int, degrees: Sequence[int]) -> list[tuple[int, ...]]:
-    """Maximal multisets of `degrees` (descending tuples) with sum <= `gpus`."""
+def host_patterns(gpus: int, degrees: Sequence[int],
+                  one_group: bool = False) -> list[tuple[int, ...]]:
+    """Maximal multisets of `degrees` (descending tuples) with sum <= `gpus`; with
+    `one_group`, one group per host (each degree that fits, alone)."""
     ds = sorted({d for d in degrees if 1 <= d <= gpus}, reverse=True)
+    if one_group:
+        return [(d,) for d in ds]
     out: list[tuple[int, ...]] = []
 
     def rec(start: int, left: int, acc: list[int]) -> None:
@@ -37,10 +41,13 @@ def host_patterns(gpus: int, degrees: Sequence[int]) -> list[tuple[int, ...]]:
     return out
 
 
-def pack(groups: Mapping[int, int], hosts: Sequence[int]) -> list[list[int]] | None:
-    """Place `groups` ({tp: count}) on hosts with the given GPU counts, or None if they do
-    not fit; returns, per host, the TP degrees placed on it. Exhaustive (backtracking,
-    largest groups first, identical free capacities tried once)."""
+def pack(groups: Mapping[int, int], hosts: Sequence[int],
+         one_group: Sequence[bool] = ()) -> list[list[int]] | None:
+    """Place `groups` ({tp: count}) on hosts with the given GPU counts (hosts flagged in
+    `one_group` take at most one group), or None if they do not fit; returns, per host, the
+    TP degrees placed on it. Exhaustive (backtracking, largest groups first, identical free
+    hosts tried once)."""
+    single = list(one_group) + [False] * (len(hosts) - len(one_group))
     items = sorted((t for t, n in groups.items() for _ in range(n)), reverse=True)
     if sum(items) > sum(hosts):
         return None
@@ -50,10 +57,12 @@ def pack(groups: Mapping[int, int], hosts: Sequence[int]) -> list[list[int]] | N
     def rec(i: int) -> bool:
         if i == len(items):
             return True
-        tried: set[int] = set()
+        tried: set[tuple[int, bool]] = set()
         for h, cap in enumerate(free):
-            if cap >= items[i] and cap not in tried:
-                tried.add(cap)
+            if single[h] and placed[h]:
+                continue
+            if cap >= items[i] and (cap, single[h]) not in tried:
+                tried.add((cap, single[h]))
                 free[h] -= items[i]
                 placed[h].append(items[i])
                 if rec(i + 1):

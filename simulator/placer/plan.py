@@ -136,7 +136,7 @@ def build_problem(demand: Demand, pool: Pool, candidates: Sequence[Candidate],
                 raise PlanError(f"{name}: none of its {too_slow[name]} configurations meets its "
                                 f"SLO ({svc.slo.describe()}) even at the lightest simulated "
                                 "load; relax the SLO or plan for --objective goodput")
-    classes = tuple(ClassSpec(k.variant.name, k.gpus_per_host, k.count)
+    classes = tuple(ClassSpec(k.variant.name, k.gpus_per_host, k.count, k.one_engine)
                     for k in pool.classes())
     return Problem({s.name: s.rate for s in demand.services}, tuple(options), classes,
                    demand.objective)

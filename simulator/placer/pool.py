@@ -62,15 +62,18 @@ class Host:
     peer_id: str | None = None  # an idle otela node: who to send an assignment to
     http_url: str | None = None
     provider_id: str | None = None
+    one_engine: bool = False  # an otela node runs one engine: one replica, whatever its GPUs
 
 
 @dataclass(frozen=True)
 class HostClass:
-    """Identical hosts (same variant, same GPU count): the model reasons about classes."""
+    """Identical hosts (same variant, same GPU count, same one-engine rule): the model
+    reasons about classes."""
 
     variant: Variant
     gpus_per_host: int
     hosts: tuple[Host, ...]
+    one_engine: bool = False
 
     @property
     def count(self) -> int:
@@ -83,12 +86,13 @@ class Pool:
     skipped: tuple[str, ...] = field(default=())  # entries not usable, with the reason
 
     def classes(self) -> list[HostClass]:
-        groups: dict[tuple[Variant, int], list[Host]] = {}
+        groups: dict[tuple[Variant, int, bool], list[Host]] = {}
         for h in self.hosts:
-            groups.setdefault((h.variant, h.gpus), []).append(h)
+            groups.setdefault((h.variant, h.gpus, h.one_engine), []).append(h)
         return [
-            HostClass(v, g, tuple(hs))
-            for (v, g), hs in sorted(groups.items(), key=lambda kv: (kv[0][0].name, kv[0][1]))
+            HostClass(v, g, tuple(hs), one)
+            for (v, g, one), hs in sorted(groups.items(),
+                                          key=lambda kv: (kv[0][0].name, kv[0][1], kv[0][2]))
         ]
 
     def variants(self) -> list[Variant]:
@@ -273,5 +277,6 @@ def pool_from_records(nodes: Iterable[Mapping[str, Any]],
                 http_url=str(node.get("http_url")),
                 provider_id=str(node.get("provider_id")),
                 partition=((node.get("slurm") or {}).get("partition")),
+                one_engine=True,
             ))
     return Pool(tuple(hosts), tuple(skipped))

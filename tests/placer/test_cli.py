@@ -1,5 +1,6 @@
 """`otela plan` end to end against a stand-in federation: real HTTP, the registry snapshot
-format, the real assignment decision on each node, real Ed25519 signatures."""
+format, the nodes' real assignment endpoint logic (otela.assignments.acceptor), real Ed25519
+signatures. tests/integration/test_assign.py does the same with real nodes."""
 
 from __future__ import annotations
 
@@ -13,10 +14,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from otela.assignments.decide import decide
-from otela.assignments.message import AssignmentError, from_http
+from otela.assignments.acceptor import Acceptor
 from otela.assignments.policy import Policy, parse_accept_from, parse_allowlist
-from otela.assignments.replay import ReplayGuard
 from otela.cli import app
 from otela.identity import load_or_create
 
@@ -32,44 +31,38 @@ output = "normal:100,30"
 
 
 class Federation:
-    """Serves GET /v1/registry/nodes and POST /v1/assignments for several fake nodes, each
-    node at its own path prefix (``/n1``...)."""
+    """Serves GET /v1/registry/nodes, and GET and POST /v1/assignments for several fake
+    nodes, each node at its own path prefix (``/n1``...)."""
 
     def __init__(self, planner: str) -> None:
         self.nodes: list[dict[str, Any]] = []
-        self.policies: dict[str, Policy] = {}
+        self.policies: dict[str, Policy | None] = {}
+        self.acceptors: dict[str, Acceptor] = {}
         self.launched: dict[str, list[str]] = {}
-        self.guard = ReplayGuard()
+        self.posted: list[str] = []
         self.planner = planner
         fed = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                prefix, _, rest = self.path.lstrip("/").partition("/")
                 if self.path == "/v1/registry/nodes":
                     self._reply(200, {"nodes": fed.nodes, "count": len(fed.nodes)})
+                elif rest == "v1/assignments" and prefix in fed.acceptors:
+                    self._reply(200, fed.acceptors[prefix].describe())
                 else:
                     self._reply(404, {})
 
             def do_POST(self) -> None:
                 prefix, _, rest = self.path.lstrip("/").partition("/")
                 payload = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                pol = fed.policies.get(prefix)
-                if rest != "v1/assignments" or pol is None:
+                acceptor = fed.acceptors.get(prefix)
+                if rest != "v1/assignments" or acceptor is None:
                     self._reply(404, {})
                     return
-                try:
-                    data = from_http(payload)
-                except AssignmentError as exc:
-                    self._reply(400, {"accepted": False, "reason": str(exc)})
-                    return
-                d = decide(data, pol, now=__import__("time").time(), replay=fed.guard,
-                           port=30000)
-                if d.launch:
-                    fed.launched.setdefault(prefix, []).append(d.command)
-                    self._reply(202, {"accepted": True, "command": d.command})
-                else:
-                    self._reply(d.http_status, {"accepted": False, "code": d.code,
-                                                "reason": d.reason})
+                fed.posted.append(prefix)
+                answer = acceptor.submit(payload)
+                self._reply(answer.status, answer.body)
 
             def _reply(self, status: int, body: dict[str, Any]) -> None:
                 raw = json.dumps(body).encode()
@@ -93,8 +86,15 @@ class Federation:
             "hardware": {"cpus": 8, "memory_bytes": 1 << 36, "gpus": [A100]},
             "idle": idle, "models": [{"id": m} for m in models], "slurm": None,
         })
-        peers, auths = parse_accept_from([self.planner] if opted_in else [])
-        self.policies[name] = Policy(peer_id, peers, auths, parse_allowlist(ALLOW), 1)
+        peers, auths = parse_accept_from([self.planner])
+        pol = Policy(peer_id, peers, auths, parse_allowlist(ALLOW), 1) if opted_in else None
+        self.policies[name] = pol
+
+        def launch(command: Any, assignment: Any, name: str = name) -> None:
+            self.launched.setdefault(name, []).append(" ".join(command.argv))
+
+        self.acceptors[name] = Acceptor(pol, launch=launch, busy=lambda: False,
+                                        pick_port=lambda: 30000)
 
 
 @pytest.fixture
@@ -132,23 +132,31 @@ def test_plan_from_a_federation_assigns_idle_nodes(federation: Federation, tmp_p
         "--assign", "--identity", str(planner_home)])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    assert plan["pool"]["gpus"] == 3  # the three idle nodes; n4 serves already
+    # n1 and n2 (n3 did not opt in: asked, and left out); n4 serves already
+    assert plan["pool"]["gpus"] == 2
+    assert any("left out of the pool: does not accept assignments" in n for n in plan["notes"])
     change = {(c["gpu"], c["tp"]): c for c in plan["changes"]}
     assert change[("a100-80g-sxm", 1)]["now"] == 1
     assert change[("a100-80g-sxm", 1)]["planned"] == 1 + len(plan["assignments"])
-    assert len(plan["assignments"]) == 3  # the demand needs every idle GPU
-    for a in plan["assignments"]:
-        node = next(n for n in federation.nodes if n["peer_id"] == a["peer_id"])
-        opted = federation.policies[node["session_id"]].peers
-        assert a["accepted"] == bool(opted), a
-        if not opted:
-            assert a["status"] == 403 and "accepts no assignments" in a["detail"]
+    assert len(plan["assignments"]) == 2  # the demand needs every idle GPU
+    assert all(a["accepted"] and a["status"] == 202 for a in plan["assignments"])
     launched = [c for cmds in federation.launched.values() for c in cmds]
     assert launched and all(c.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct "
                                          "--port 30000") for c in launched)
-    assert sorted(federation.launched) == ["n1", "n2"]  # n3 did not opt in
-    refused = [a for a in plan["assignments"] if not a["accepted"]]
-    assert len(refused) == 1 and refused[0]["status"] == 403
+    assert sorted(federation.launched) == ["n1", "n2"]
+    assert "n3" not in federation.posted  # never sent anything
+
+    # n3 refuses what it is sent anyway: 403 in the OpenAI error shape
+    from otela.assignments import sender
+    from otela.identity import load_or_create as identity
+
+    key = identity(planner_home).key_pair.private_key
+    n3 = next(n for n in federation.nodes if n["session_id"] == "n3")
+    a, env = sender.make(federation.planner, key, target=n3["peer_id"], engine="vllm",
+                         model="m", tp=1)
+    res = sender.send(n3["http_url"], n3["peer_id"], a, env)
+    assert (res.status, res.accepted, res.code) == (403, False, "not_opted_in")
+    assert "accepts no assignments" in res.detail
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:

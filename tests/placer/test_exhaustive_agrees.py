@@ -2,7 +2,8 @@
 
 Curves here are random convex piecewise-linear costs (not simulated): the property is about
 the optimisation model, which must find the enumerator's optimum for any convex curve.
-Every CP-SAT plan is also packed onto the hosts independently (packing.pack).
+Every CP-SAT plan is also packed onto the hosts independently (packing.pack); some hosts
+take one TP group only (otela nodes, one engine each).
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ def problems(draw: st.DrawFn) -> Problem:
     classes = []
     for v in variants:
         for _ in range(draw(st.integers(1, 2))):
-            classes.append(ClassSpec(v, draw(st.integers(1, 4)), draw(st.integers(1, 2))))
+            classes.append(ClassSpec(v, draw(st.integers(1, 4)), draw(st.integers(1, 2)),
+                                     one_group=draw(st.integers(0, 3)) == 0))
     budget = {v: sum(c.gpus_per_host * c.hosts for c in classes if c.variant == v)
               for v in variants}
     if any(b > 6 for b in budget.values()):  # keep enumeration small
-        classes = [ClassSpec(c.variant, min(c.gpus_per_host, 3), 1) for c in classes]
+        classes = [ClassSpec(c.variant, min(c.gpus_per_host, 3), 1, c.one_group)
+                   for c in classes]
     services = [f"m{i}" for i in range(draw(st.integers(1, 2)))]
     rates = {s: round(draw(st.floats(0.5, 8.0)), 2) for s in services}
     price = {v: draw(st.floats(0.5, 3.0)) for v in variants}
