@@ -235,6 +235,10 @@ def _mount_optional_apps() -> None:
     except ImportError:
         return
     app.add_typer(sim_app, name="sim", help="Roofline serving simulator: analyze and run.")
+    from simulator.placer.cli import HELP as plan_help  # type: ignore[import-not-found,unused-ignore]
+    from simulator.placer.cli import plan_command  # type: ignore[import-not-found,unused-ignore]
+
+    app.command("plan", help=plan_help, no_args_is_help=True)(plan_command)
     from traces.cli import app as trace_app  # type: ignore[import-not-found,unused-ignore]
 
     app.add_typer(trace_app, name="trace", help="Request traces: gen, replay, analyze, compare.")

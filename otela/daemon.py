@@ -28,12 +28,15 @@ import trio
 from libp2p.tools.anyio_service import background_trio_service
 
 from otela import __version__, hardware
+from otela.api import assignments as assignment_routes
 from otela.api import node_metrics
 from otela.api.app import create_app
 from otela.api.dispatch import Dispatch
 from otela.api.hop import EngineHop
 from otela.api.inference import InferenceRoutes
 from otela.api.observe import AccessLog, Observer, RequestMetrics, TraceRecording
+from otela.assignments.acceptor import REPLAY_FILE, Acceptor, load_policy
+from otela.assignments.message import Assignment
 from otela.config import NodeConfig
 from otela.dataplane.asgi import AsgiHandler
 from otela.dataplane.gate import EngineGate
@@ -160,14 +163,16 @@ class Node:
         self.exit_code = EXIT_OK
         self._stop = trio.Event()
         self._stopping = False
-        self.supervisor = None if self.engine_command is None else Supervisor(
-            self.engine_command,
-            config,
-            self.client,
-            self._engine_ready,
-            lambda reason: self.request_stop(EXIT_ENGINE_FAILED),
-            self._stop,
-        )
+        self.supervisor = None if self.engine_command is None else \
+            self._supervisor_for(self.engine_command)
+        # Engines a planner may start here (``--accept-assignments``; refused otherwise).
+        self._nursery: trio.Nursery | None = None
+        self.assignments = Acceptor(
+            load_policy(config.accept_assignments, config.engine_allowlist, config.home,
+                        node_peer_id=self.identity.peer_id.to_base58(),
+                        federation_authority=authority, local_gpus=len(self.hardware.gpus)),
+            launch=self._launch_assigned, busy=self._busy,
+            replay_path=config.home / REPLAY_FILE)
         # The request path (otela.dataplane, otela.routing, otela.api).
         peer_id, key = self.identity.peer_id.to_base58(), self.identity.key_pair.private_key
         self.hop_signer = HopSigner(key.to_bytes(), peer_id)
@@ -196,6 +201,7 @@ class Node:
             gate, self.pool, self.inflight, self.registry.is_member, config.first_byte_timeout,
             self.load)
         self.api = create_app(self)
+        assignment_routes.install(self.api, self.assignments)
         # What watches the request path: metrics always; access log and trace on demand.
         self.metrics = MetricsRegistry()
         self.lag = LagSampler(node_metrics.install(self.metrics, self))
@@ -362,6 +368,7 @@ class Node:
         ):
             await self.mesh.pubsub.wait_until_ready()
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._watch_signals)
                 nursery.start_soon(self._sweep_pool)
                 nursery.start_soon(self.lag.run)
@@ -423,15 +430,44 @@ class Node:
                         self.netlog
                     )
                 if self.supervisor is not None:
-                    nursery.start_soon(self.supervisor.run)
-                    nursery.start_soon(poll_engine, self.load, self.pool,
-                                       self.serving_engine_url, config.load_interval)
+                    self._start_engine(nursery, self.supervisor)
                 if self.slurm_job is not None:
                     nursery.start_soon(self._watch_wall_time, self.slurm_job.job_id)
                 await self._stop.wait()
                 await self._shutdown()
                 nursery.cancel_scope.cancel()
         return self.exit_code
+
+    def _supervisor_for(self, command: EngineCommand) -> Supervisor:
+        return Supervisor(command, self.config, self.client, self._engine_ready,
+                          lambda reason: self.request_stop(EXIT_ENGINE_FAILED), self._stop)
+
+    def _start_engine(self, nursery: trio.Nursery, supervisor: Supervisor) -> None:
+        nursery.start_soon(supervisor.run)
+        nursery.start_soon(poll_engine, self.load, self.pool, self.serving_engine_url,
+                           self.config.load_interval)
+
+    # -- assignments (otela.assignments.acceptor) ---------------------------------------
+
+    def _busy(self) -> bool:
+        """An assignment cannot run now: an engine is already ours, or we are stopping."""
+        return self.engine_command is not None or self._stopping or self._nursery is None \
+            or self.record is None
+
+    def _launch_assigned(self, command: EngineCommand, assignment: Assignment) -> None:
+        """Run an accepted assignment's engine exactly as ``--process`` runs one: the node
+        stops being idle at once, and announces SERVING when the engine answers."""
+        assert self._nursery is not None
+        self.engine_command = command
+        self.supervisor = self._supervisor_for(command)
+        print(f"otela: assignment {assignment.id} from {assignment.issuer}: launching "
+              f"{' '.join(command.argv)}", flush=True)
+        self._nursery.start_soon(self._run_assigned, self._nursery, self.supervisor)
+
+    async def _run_assigned(self, nursery: trio.Nursery, supervisor: Supervisor) -> None:
+        assert self.engine_command is not None
+        await self.announce(idle=False, engine=self.engine_command.kind)
+        self._start_engine(nursery, supervisor)
 
     async def _shutdown(self) -> None:
         """Fail-stop: DOWN, stop the engine, keep its logs. Clean stop: drain, then LEFT."""

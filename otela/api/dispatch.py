@@ -21,7 +21,8 @@ from otela.metrics import CONTENT_TYPE, Registry
 _HOP_PREFIX = ENGINE_PREFIX + "/"
 # otela's own resources under /v1: never routed to engines, whatever the method (a POST to
 # one is a 405 from the API, not an inference request).
-OWN_PREFIXES = ("/v1/registry", "/v1/health", "/v1/network", "/v1/models")
+OWN_PREFIXES = ("/v1/registry", "/v1/health", "/v1/network", "/v1/models",
+                "/v1/assignments")
 
 
 class Dispatch:

@@ -376,6 +376,21 @@ class NodeConfig:
         help="Relative serving capacity this node reports to ingresses (weighted and "
         "load-aware policies divide load by it).")
 
+    # -- [assignments]: engines a planner may start on this idle node (docs/placer.md) --
+    accept_assignments: list[str] = setting(
+        "assignments", factory=list, parse=v.as_issuers, metavar="FROM",
+        example="authority",
+        help="Let these issuers start an engine on this idle node (`otela plan --assign`): "
+        "peer ids, authority strings, or `authority` (this federation's --authority). Only "
+        "signed, unexpired, never-seen assignments naming an engine of --engine-allowlist "
+        "run. Without it the node refuses every assignment. Repeatable; env: comma "
+        "separated.")
+    engine_allowlist: Path | None = setting(
+        "assignments", parse=v.as_opt_path, example="/etc/otela/engines.toml",
+        metavar="FILE", shown_default="<home>/engines.toml",
+        help="TOML file of the engine command templates assignments may start: one table "
+        "per engine name with a command using {model}, {tp} and {port} (docs/placer.md).")
+
     # -- [trace]: recording served requests as an otela trace (docs/traces.md) --------
     record_trace: Path | None = setting(
         "trace", parse=v.as_opt_path, example="/scratch/traces/ingress.jsonl",

@@ -131,6 +131,23 @@ def as_providers(value: Any) -> list[str]:
         raise ValueError(str(exc)) from None
 
 
+def as_issuers(value: Any) -> list[str]:
+    """Who may assign engines (``--accept-assignments``): peer ids, authority strings
+    (``otela-authority:<key>``) or ``authority`` (the node's own ``--authority``); comma or
+    space separated, or repeated. Each is checked as the node will use it."""
+    from otela.assignments.policy import PolicyError, parse_accept_from
+
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str) for v in items):
+        raise ValueError("expected peer ids or authority strings")
+    issuers = split_addresses(items)
+    try:
+        parse_accept_from([i for i in issuers if i != "authority"])
+    except PolicyError as exc:
+        raise ValueError(str(exc)) from None
+    return issuers
+
+
 def as_fraction(value: Any) -> float:
     number = as_float(value)
     if number > 1:
