@@ -193,6 +193,7 @@ class Cluster:
         self._used: list[set[int]] = [set() for _ in pool.hosts]
         self._deps: dict[tuple[str, Shape], tuple[Deployment, MemoryPlan]] = {}
         self._elastic_gpu = 0
+        self.held: list[list[Any]] = []  # [gpus, gpu type, since, until] held by a policy
 
     # ---- configurations -------------------------------------------------------------
     def deployment(self, model: str, shape: Shape) -> tuple[Deployment, MemoryPlan]:
@@ -277,6 +278,31 @@ class Cluster:
                      + (f" (ready +{delay_s:g}s)" if delay_s else ""))
         return inst
 
+    def adopt(
+        self, model: str, shape: Shape, replica: Replica, now: float, ready_at: float,
+        host: int = -1, plan: MemoryPlan | None = None,
+    ) -> Instance:
+        """Register a replica a policy built itself (Prism's engines sharing a GPU). It holds
+        no GPUs of its own: the policy accounts for them with `hold`."""
+        dep, base = self.deployment(model, shape)
+        plan = plan or base
+        replica.clock = max(replica.clock, ready_at)
+        inst = Instance(len(self.instances), model, shape, dep, plan, replica, host, (), now,
+                        ready_at, plan.max_context)
+        replica.idx = inst.id
+        self.instances.append(inst)
+        self.live.append(inst)
+        return inst
+
+    def hold(self, gpus: int, gpu: str, now: float) -> list[Any]:
+        """Count `gpus` GPUs of type `gpu` as held from `now` (until `release_held`)."""
+        entry: list[Any] = [gpus, gpu, now, None]
+        self.held.append(entry)
+        return entry
+
+    def release_held(self, entry: list[Any], now: float) -> None:
+        entry[3] = now
+
     def drain(self, inst: Instance, now: float) -> None:
         """No new requests; the GPUs are released once the queued and running ones finish."""
         if inst.draining or not inst.live:
@@ -341,11 +367,15 @@ class Cluster:
         ]
 
     def gpu_seconds(self, end: float) -> float:
-        """GPU-time held by every instance from acquisition to release (or `end`)."""
+        """GPU-time held by every instance from acquisition to release (or `end`), plus
+        GPUs a policy holds directly."""
         total = 0.0
         for inst in self.instances:
             stop = inst.retired_at if inst.retired_at is not None else end
             total += inst.gpus * max(0.0, min(stop, end) - inst.acquired)
+        for gpus, _gpu, since, until in self.held:
+            stop = until if until is not None else end
+            total += gpus * max(0.0, min(stop, end) - since)
         return total
 
     def instance_seconds(self, end: float, model: str | None = None) -> float:

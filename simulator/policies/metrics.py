@@ -79,6 +79,9 @@ def summarize(run: ClusterRun, slo: Slo | None = None, groups: str | None = None
         stop = inst.retired_at if inst.retired_at is not None else run.horizon
         held = max(0.0, min(stop, run.horizon) - inst.acquired)
         cost += inst.gpus * held / 3600 * get_gpu(inst.shape.gpu).cost_per_hour
+    for gpus, gpu, since, until in c.held:
+        stop = until if until is not None else run.horizon
+        cost += gpus * max(0.0, min(stop, run.horizon) - since) / 3600 * get_gpu(gpu).cost_per_hour
     n = max(1, int(q.n))
     res: dict[str, Any] = {
         "policy": run.policy,
