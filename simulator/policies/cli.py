@@ -109,7 +109,7 @@ def run_policies(
     models = _model_overrides(wl, options)
     for name in names:
         entry = get(name)
-        ctx = Context(wl, pool, dict(slo.ttft_by_model or {}), options)
+        ctx = Context(wl, pool, dict(slo.ttft_by_model or {}), options, models)
         policy = entry.build(ctx)
         run = run_cluster(wl, policy, Pool() if entry.elastic else pool, horizon=horizon,
                           models=models)
@@ -126,17 +126,21 @@ def _model_overrides(wl: ClusterWorkload, options: dict[str, str]) -> dict[str, 
     import dataclasses
 
     from simulator.models import get_model
+
+    out = known_models(wl)
+    if "max_context" in options:
+        for m in wl.models:
+            base = out.get(m) or get_model(m)
+            out[m] = dataclasses.replace(base, max_context=int(options["max_context"]))
+    return out
+
+
+def known_models(wl: ClusterWorkload) -> dict[str, Any]:
+    """Specs of the workload's models that are not in the catalog but that otela's scenarios
+    define (Llama-3.2-1B/3B of the Prism scenario)."""
     from simulator.policies.prism.scenario import EXTRA_MODELS
 
-    out: dict[str, Any] = {}
-    for m in wl.models:
-        spec = EXTRA_MODELS.get(m)
-        if "max_context" in options:
-            base = spec or get_model(m)
-            spec = dataclasses.replace(base, max_context=int(options["max_context"]))
-        if spec is not None:
-            out[m] = spec
-    return out
+    return {m: EXTRA_MODELS[m] for m in wl.models if m in EXTRA_MODELS}
 
 
 def show_table(rows: Sequence[dict[str, Any]], title: str) -> None:

@@ -203,7 +203,10 @@ class Cluster:
             spec: str | ModelSpec = self.models.get(model, model)
             dep = Deployment(spec, shape.gpu, tp=shape.tp, pp=shape.pp, engine=self.engine,
                              calibration=self.calibration)
-            self._deps[key] = (dep, dep.memory())
+            try:
+                self._deps[key] = (dep, dep.memory())
+            except KeyError as exc:
+                raise PolicyError(str(exc.args[0] if exc.args else exc)) from exc
         return self._deps[key]
 
     # ---- GPUs -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.api import Deployment
+from simulator.models import ModelSpec
 from simulator.policies.baselines import StaticPolicy
 from simulator.policies.cluster import ClusterPolicy, PolicyError, Pool
 from simulator.policies.interfaces import Shape
@@ -26,6 +27,10 @@ class Context:
     pool: Pool
     ttft_slo: Mapping[str, float] = field(default_factory=dict)  # per model
     options: Mapping[str, str] = field(default_factory=dict)
+    models: Mapping[str, ModelSpec] = field(default_factory=dict)  # specs not in the catalog
+
+    def spec(self, model: str) -> str | ModelSpec:
+        return self.models.get(model, model)
 
     def opt(self, key: str, default: Any, kind: Callable[[str], Any] = str) -> Any:
         v = self.options.get(key)
@@ -50,7 +55,7 @@ class Entry:
     elastic: bool = False
 
 
-def _min_tp(model: str, gpu: str, per_host: int) -> int:
+def _min_tp(model: str | ModelSpec, gpu: str, per_host: int) -> int:
     for tp in (1, 2, 4, 8):
         if tp <= per_host and Deployment(model, gpu, tp=tp).memory().fits:
             return tp
@@ -66,7 +71,7 @@ def _static(router: str) -> Callable[[Context], ClusterPolicy]:
         gpu = hosts[0].gpu
         per = max(h.gpus for h in hosts)
         models = ctx.wl.models
-        tps = {m: _min_tp(m, gpu, per) for m in models}
+        tps = {m: _min_tp(ctx.spec(m), gpu, per) for m in models}
         share = ctx.pool.total_gpus // len(models)
         for m in models:
             n = max(1, share // tps[m])
@@ -114,7 +119,7 @@ def _dedicated(ctx: Context) -> ClusterPolicy:
         raise PolicyError("dedicated GPUs need a pool of hosts")
     gpu = ctx.pool.hosts[0].gpu
     per = max(h.gpus for h in ctx.pool.hosts)
-    return StaticPolicy({m: [Shape(gpu, _min_tp(m, gpu, per))] for m in ctx.wl.models},
+    return StaticPolicy({m: [Shape(gpu, _min_tp(ctx.spec(m), gpu, per))] for m in ctx.wl.models},
                         "least_loaded", name="dedicated")
 
 

@@ -205,6 +205,43 @@ def _bottlenecks(
     return (over, set(range(n))) if not under else (over, under)
 
 
+def _mutate(
+    d: list[int], over: list[int], under: list[int], valid: list[int],
+    by_size: Mapping[int, list[Shape]], rng: random.Random,
+) -> list[int] | None:
+    """One of Algorithm 1's moves, picked at random: merge two bottleneck replicas, split an
+    under-used one in two, or swap GPUs from an under-used replica to a bottleneck. Returns
+    the new replica sizes, or None if the move leaves a size no shape has."""
+    op = rng.choice(("merge", "split", "swap"))
+    d = list(d)
+    if op == "merge" and len(over) > 1:
+        a, b = rng.sample(over, 2)
+        d[a] += d[b]
+        d.pop(b)
+    elif op == "split" and under:
+        r = rng.choice(under)
+        cuts = [c for c in valid if c < d[r] and d[r] - c in by_size]
+        if not cuts:
+            return None
+        c = rng.choice(cuts)
+        d[r] -= c
+        d.append(c)
+    elif op == "swap" and over and under:
+        o = rng.choice(over)
+        u = rng.choice([x for x in under if x != o] or [o])
+        if u == o:
+            return None
+        delta = rng.choice(valid)
+        if d[u] - delta < 0:
+            return None
+        d[o] += delta
+        d[u] -= delta
+        d = [x for x in d if x > 0]
+    else:
+        return None
+    return d if all(x in by_size for x in d) else None
+
+
 def flow_guided_search(
     shapes: Sequence[Shape],
     caps: Mapping[Shape, np.ndarray],
@@ -215,7 +252,10 @@ def flow_guided_search(
     max_iter: int = 200,
     start: Sequence[Shape] | None = None,
 ) -> tuple[Scored, SearchTrace]:
-    """The paper's heuristic; `start` warm-starts from a running layout (adaptive switching)."""
+    """The paper's heuristic; `start` warm-starts from a running layout (adaptive switching).
+    Each iteration applies one randomly chosen move (merge / split / swap) guided by the
+    current bottlenecks, re-picks every replica's parallel shape and keeps the result only
+    if it is better; it stops after `patience` iterations without improvement."""
     rng = random.Random(seed)
     by_size: dict[int, list[Shape]] = {}
     for s in sorted(set(shapes), key=lambda s: (s.pp, s.tp)):
@@ -231,41 +271,12 @@ def flow_guided_search(
     stale = 0
     while stale < patience and trace.iterations < max_iter:
         trace.iterations += 1
-        over, under_set = _bottlenecks(best, caps, demand, trace)
-        d = [s.gpus for s in best.layout]
-        alive = [True] * len(d)
-        extra: list[int] = []
-        for r in sorted(over):
-            if not alive[r]:
-                continue
-            others = [o for o in over if o != r and alive[o]]
-            under = [u for u in under_set if u != r and alive[u]]
-            if rng.random() < 0.5 and others:  # merge two saturated replicas
-                o = rng.choice(others)
-                d[r] += d[o]
-                alive[o] = False
-            elif under:  # take GPUs from an under-used replica
-                u = rng.choice(under)
-                delta = rng.choice(valid)
-                if d[u] - delta >= 0:
-                    d[r] += delta
-                    d[u] -= delta
-        for r in sorted(under_set):
-            if not alive[r] or d[r] == 0:
-                continue
-            if rng.random() < 0.5:  # split an under-used replica in two
-                cuts = [c for c in valid if c < d[r] and d[r] - c in by_size]
-                if cuts:
-                    c = rng.choice(cuts)
-                    d[r] -= c
-                    extra.append(c)
-            elif over:  # give GPUs to a saturated replica
-                o = rng.choice([x for x in over if alive[x] and x != r] or [r])
-                delta = rng.choice(valid)
-                if o != r and d[r] - delta >= 0:
-                    d[r] -= delta
-                    d[o] += delta
-        sizes = [x for x, keep in zip(d, alive, strict=True) if keep and x > 0] + extra
+        over, under = _bottlenecks(best, caps, demand, trace)
+        sizes = _mutate([s.gpus for s in best.layout], sorted(over), sorted(under), valid,
+                        by_size, rng)
+        if sizes is None:
+            stale += 1
+            continue
         cand = _pick_shapes(sizes, by_size, caps, demand, host_gpus, trace)
         if _better(cand, best):
             assert cand is not None

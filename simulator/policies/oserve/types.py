@@ -39,12 +39,26 @@ def _features(input_len: np.ndarray, output_len: np.ndarray) -> np.ndarray:
     return np.column_stack([np.log(np.maximum(input_len, 1)), np.log(np.maximum(output_len, 1))])
 
 
-def kmeans(x: np.ndarray, k: int, seed: int = 0, iters: int = 100) -> np.ndarray:
-    """Lloyd's algorithm with k-means++ seeding; returns the centroids (sorted for stability:
-    by first coordinate, then second)."""
+def kmeans(
+    x: np.ndarray, k: int, seed: int = 0, iters: int = 100, restarts: int = 8
+) -> np.ndarray:
+    """Lloyd's algorithm with k-means++ seeding, best of `restarts` runs (lowest inertia:
+    one run easily splits a big cluster and merges two small ones); returns the centroids
+    sorted by first coordinate, then second."""
     if len(x) < k:
         raise ValueError(f"k-means needs at least {k} points, got {len(x)}")
-    rng = np.random.default_rng(seed)
+    best, best_inertia = None, np.inf
+    for i in range(restarts):
+        c = _lloyd(x, k, np.random.default_rng(seed + i), iters)
+        inertia = float(((x[:, None, :] - c[None]) ** 2).sum(axis=2).min(axis=1).sum())
+        if inertia < best_inertia:
+            best, best_inertia = c, inertia
+    assert best is not None
+    order = np.lexsort((best[:, 1], best[:, 0]))
+    return best[order]
+
+
+def _lloyd(x: np.ndarray, k: int, rng: np.random.Generator, iters: int) -> np.ndarray:
     cents = [x[rng.integers(len(x))]]
     for _ in range(1, k):
         d = np.min(((x[:, None, :] - np.array(cents)[None]) ** 2).sum(axis=2), axis=1)
@@ -57,8 +71,7 @@ def kmeans(x: np.ndarray, k: int, seed: int = 0, iters: int = 100) -> np.ndarray
         if np.allclose(new, c):
             break
         c = new
-    order = np.lexsort((c[:, 1], c[:, 0]))
-    return c[order]
+    return c
 
 
 def fit_types(
@@ -74,9 +87,10 @@ def fit_types(
 
 
 def name_types(centroids: np.ndarray) -> tuple[str, ...]:
-    """SI/LI x SO/LO labels relative to the median centroid (e.g. 'SILO': short input, long
-    output), numbered when two centroids share a label."""
-    mi, mo = np.median(centroids[:, 0]), np.median(centroids[:, 1])
+    """SI/LI x SO/LO labels relative to the middle of the centroids' range in log space (e.g.
+    'SILO': short input, long output), numbered when two centroids share a label."""
+    mi = (centroids[:, 0].min() + centroids[:, 0].max()) / 2
+    mo = (centroids[:, 1].min() + centroids[:, 1].max()) / 2
     names: list[str] = []
     for c in centroids:
         base = ("LI" if c[0] > mi else "SI") + ("LO" if c[1] > mo else "SO")

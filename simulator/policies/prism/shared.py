@@ -57,7 +57,8 @@ class SharedGPU:
         self.index = index
         self.usable = usable_bytes
         self.free = usable_bytes  # bytes not held by weights, workspaces or KV blocks
-        self.engines: list[Replica] = []  # SharedReplica, or a fixed-pool Replica (static)
+        self.engines: list[Replica] = []
+        self.released_at = 0.0  # engine time of the latest KV release
 
     def reserve(self, nbytes: float) -> bool:
         """Take `nbytes` (weights, workspace) if they are free."""
@@ -104,7 +105,10 @@ class SharedReplica(Replica):
         if self._gpu is None:
             self._init_free = value
             return
-        self._gpu.free += (value - self.free_blocks) * self.block_bytes
+        delta = value - self.free_blocks
+        self._gpu.free += delta * self.block_bytes
+        if delta > 0:
+            self._gpu.released_at = max(self._gpu.released_at, self.clock)
 
     @property
     def kv_held_bytes(self) -> float:
@@ -143,6 +147,9 @@ class SharedReplica(Replica):
         if self._stuck():
             self.stalled = True
             return
+        if self.stalled and self._gpu is not None:
+            # memory came free while this engine waited: it starts when it did, not earlier
+            self.clock = max(self.clock, self._gpu.released_at)
         self.stalled = False
         super().step()
 
