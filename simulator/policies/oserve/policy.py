@@ -3,10 +3,11 @@
 At start the policy clusters the requests into types, estimates each type's rate, profiles
 every candidate shape, chooses a layout (the heuristic search, the exhaustive reference, or
 the best homogeneous layout for the baseline) and launches it. Each arrival is classified and
-sent by smooth weighted round-robin along the assignment LP's fractions for its type (or to
-the least-loaded replica for the baselines). With `adapt_s` set, the policy re-plans every
-span from a forecast of the per-type rates and switches layouts by parameter copying
-(`switching`), as §5 describes.
+routed by the assignment LP: `lp` (default) sends it to the replica with the fewest requests
+per unit of LP share among those the LP gives its type; `lp-wrr` follows the LP fractions
+alone (smooth weighted round-robin), which lets random bursts pile up; `least_loaded` ignores
+types (the baseline). With `adapt_s` set, the policy re-plans every span from a forecast of
+the per-type rates and switches layouts by parameter copying (`switching`), as §5 describes.
 
 The workload the policy reads at start is the run's own trace: for a stationary mix that is
 what a perfect predictor would report. Types are assigned from known output lengths; the live
@@ -35,7 +36,7 @@ from simulator.policies.oserve.switching import SwitchCost, switch_cost
 from simulator.policies.oserve.types import RequestTypes, fit_types
 
 LAYOUTS = ("search", "exhaustive", "homogeneous")
-ROUTING = ("lp", "least_loaded")
+ROUTING = ("lp", "lp-wrr", "least_loaded")
 
 
 class SmoothWRR:
@@ -96,6 +97,7 @@ class OservePolicy(BasePolicy):
         self.replicas: list[Instance] = []
         self.wrr: list[SmoothWRR] = []
         self.switches: list[dict[str, Any]] = []
+        self.refused = 0
         self._forecast: TypeRateForecaster | None = None
 
     # ---- planning ---------------------------------------------------------------------
@@ -155,24 +157,46 @@ class OservePolicy(BasePolicy):
         j = int(self.type_of[r])
         if self.routing == "least_loaded":
             target = min(self.replicas, key=lambda i: (i.outstanding, i.id))
-        else:
+        elif self.routing == "lp-wrr":
             target = self.replicas[self.wrr[j].pick()]
+        else:
+            target = self._weighted_jsq(j)
         if self._forecast is not None:
             self._forecast.observe(j)
         cluster.dispatch(r, target, now)
 
+    def _weighted_jsq(self, j: int) -> Instance:
+        """Among the replicas the LP gives type j, the one with the fewest requests per unit
+        of its share: the assignment decides where a type may go, the queues decide which
+        of those serves it now (fixed fractions alone let random bursts pile up)."""
+        w = self.wrr[j].w
+        best, key = self.replicas[0], float("inf")
+        for k, inst in enumerate(self.replicas):
+            if w[k] <= 1e-9:
+                continue
+            load = (inst.outstanding + 1) / w[k]
+            if load < key:
+                best, key = inst, load
+        return best
+
     # ---- adaptive switching -----------------------------------------------------------
     def on_tick(self, cluster: Cluster, now: float) -> None:
+        """Every span: forecast the per-type rates, re-solve the assignment on the running
+        layout (cheap, always), and switch to a new layout when it sustains 5 % more."""
         if self._forecast is None or self.plan is None or self.adapt_s is None:
             return
+        from simulator.policies.oserve.assignment import AssignmentError, assign
+        from simulator.policies.oserve.search import Scored
+
         self._forecast.close_span(self.adapt_s)
         demand = np.maximum(self._forecast.predict(), 1e-6)
         cur = self.plan
         try:
-            from simulator.policies.oserve.assignment import assign
-
             cur_a = assign([self._caps[s] for s in cur.layout], demand)
-        except Exception:
+            self.plan = Scored(cur.layout, cur.hosts, cur_a)
+            frac = cur_a.fractions()
+            self.wrr = [SmoothWRR(frac[:, j]) for j in range(frac.shape[1])]
+        except AssignmentError:  # the running layout cannot serve a type any more
             cur_a = None
         new = self._solve(cluster, demand, cur.layout)
         if cur_a is not None and new.throughput <= cur_a.throughput * 1.05:
@@ -203,6 +227,7 @@ class OservePolicy(BasePolicy):
                 pool = pool[s.gpus:]
             got = cluster.reshape(olds, news, now, cost.seconds) if news else None
             if got is None:
+                self.refused += 1
                 return  # leave this switch (KV would not fit): keep the current layout
             made.extend(got)
         self.plan = new
@@ -235,4 +260,6 @@ class OservePolicy(BasePolicy):
             }
         if self.switches:
             out["switches"] = self.switches
+        if self.refused:
+            out["switches_refused"] = self.refused
         return out

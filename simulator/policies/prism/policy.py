@@ -3,7 +3,8 @@
 Modes (all single-GPU models, each with at most one engine):
 
 * `prism`: on-demand KV memory shared by a GPU's engines; KVPR placement every
-  `place_every_s` with a migration threshold; idle models evicted when the GPU is short of
+  `place_every_s` with a migration threshold (the moved model keeps serving on its old GPU
+  until its weights are loaded on the new one); idle models evicted when the GPU is short of
   memory (larger SLO first) and activated on their next request (0.7-1.5 s, the paper's
   measured activation times); a GPU-level queue admitting requests in Moore-Hodgson order
   only when their engine can start them at once.
@@ -66,6 +67,7 @@ class _Model:
         self.last_seen = 0.0
         self.expected_rate = 0.0
         self.placed_at = -math.inf
+        self.next: tuple[Instance, int | None] | None = None  # engine being loaded elsewhere
 
 
 class PrismPolicy(BasePolicy):
@@ -275,7 +277,8 @@ class PrismPolicy(BasePolicy):
 
     def _evict_for(self, cluster: Cluster, g: int, need: float, now: float,
                    min_idle: float) -> None:
-        on_gpu = {n: self._idle(m, now) for n, m in self.models.items() if m.gpu == g}
+        on_gpu = {n: self._idle(m, now) for n, m in self.models.items()
+                  if m.gpu == g and m.next is None}
         idle = {n: t for n, t in on_gpu.items() if t is not None}
         freed = 0.0
         for n in evict_order(idle, {k: v.slo for k, v in self.models.items()}, min_idle):
@@ -332,6 +335,7 @@ class PrismPolicy(BasePolicy):
         if self.mode != "prism":
             return
         self._reap(cluster)
+        self._handoff(cluster, now)
         if now >= self.next_place:
             self.next_place = now + self.place_every
             self._replace(cluster, now)
@@ -381,18 +385,30 @@ class PrismPolicy(BasePolicy):
             dst = where.get(m.name)
             if dst is None or dst == m.gpu or now - m.placed_at < self.dwell:
                 continue
-            if self.gpus[dst].free < m.weights:
-                continue  # the target has no room until something drains
-            old = m.gpu
-            assert old is not None
-            moved = [r for r in self.queues[old] if self.models[self._model_of(r)] is m]
-            self._retire(cluster, m, now, "migrate")
-            self.queues[old] = deque(r for r in self.queues[old] if r not in set(moved))
+            if m.next is not None or self.gpus[dst].free < m.weights:
+                continue  # already moving, or the target has no room until something drains
+            # load the weights on the target first; the old engine serves until it is ready
+            old_inst, old_gpu = m.inst, m.gpu
             if self._activate(cluster, m, dst, now, activation_seconds(m.weights)):
+                assert m.inst is not None
+                m.next = (m.inst, m.gpu)
+                m.inst, m.gpu = old_inst, old_gpu
                 self.stats["migrations"] += 1
-                self.queues[dst].extend(moved)
-            else:
-                self.waiting_activation.extend(moved)
+
+    def _handoff(self, cluster: Cluster, now: float) -> None:
+        """Migrations whose new engine is ready: move the queued requests, drain the old."""
+        for m in self.models.values():
+            if m.next is None or now < m.next[0].ready_at:
+                continue
+            new_inst, new_gpu = m.next
+            m.next = None
+            old = m.gpu
+            assert old is not None and new_gpu is not None
+            moved = [r for r in self.queues[old] if self.models[self._model_of(r)] is m]
+            self.queues[old] = deque(r for r in self.queues[old] if r not in set(moved))
+            self._retire(cluster, m, now, "migrate")
+            m.inst, m.gpu = new_inst, new_gpu
+            self.queues[new_gpu].extend(moved)
 
     def holding(self) -> int:
         return len(self.waiting_activation) + sum(len(q) for q in self.queues)
