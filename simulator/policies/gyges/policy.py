@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from simulator.policies.baselines import make_router, request_info
-from simulator.policies.cluster import BasePolicy, Cluster, Instance, PolicyError
+from simulator.policies.cluster import (
+    BasePolicy,
+    Cluster,
+    Instance,
+    PolicyError,
+    pending_tokens_of,
+)
 from simulator.policies.gyges.core import (
     Decision,
     Slot,
@@ -87,19 +93,20 @@ class GygesPolicy(BasePolicy):
     # ---- views ------------------------------------------------------------------------
     def _slots(self, cluster: Cluster, host: int) -> list[Slot]:
         base = sum(x.gpus for x in cluster.pool.hosts[:host])
-        out = []
-        for inst in cluster.live:
-            if inst.host != host:
-                continue
-            out.append(Slot(
+        insts = [i for i in cluster.live if i.host == host]
+        loads = pending_tokens_of(insts)
+        return [
+            Slot(
                 id=inst.id,
                 first_gpu=min(inst.gpu_ids) - base,
                 tp=inst.shape.tp,
-                load=float(inst.pending_tokens()),
-                long_requests=self._long_on(cluster, inst),
+                load=float(load),
+                # only a merged instance can hold a long request
+                long_requests=self._long_on(cluster, inst) if inst.shape.tp > 1 else 0,
                 max_seq=inst.max_seq,
-            ))
-        return out
+            )
+            for inst, load in zip(insts, loads, strict=True)
+        ]
 
     def _long_on(self, cluster: Cluster, inst: Instance) -> int:
         req = cluster.req

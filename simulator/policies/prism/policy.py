@@ -110,8 +110,8 @@ class PrismPolicy(BasePolicy):
         self.draining: list[tuple[Instance, SharedGPU, float]] = []
         self.next_place = 0.0
         self.next_contention = 0.0
-        self.busy_seen: dict[int, float] = {}
-        self.scaled: dict[int, ScaledCost] = {}  # engine -> its compute-sharing cost
+        self.busy_seen: dict[Replica, float] = {}
+        self.scaled: dict[Replica, ScaledCost] = {}  # engine -> its compute-sharing cost
         self.stats = {"evictions": 0, "activations": 0, "migrations": 0, "late_admits": 0}
 
     # ---- setup ------------------------------------------------------------------------
@@ -175,7 +175,7 @@ class PrismPolicy(BasePolicy):
                 plan = fixed.memory()
                 cost = ScaledCost(dep.cost())
                 rep = Replica(0, cast(StepCost, cost), plan, dep.engine_config, cluster.req)
-                self.scaled[id(rep)] = cost
+                self.scaled[rep] = cost
                 inst = cluster.adopt(n, shape, rep, now, now, host=g, plan=plan)
                 m.inst, m.gpu = inst, g
                 self.gpus[g].engines.append(rep)
@@ -188,7 +188,7 @@ class PrismPolicy(BasePolicy):
         shape = Shape(self.gpu_type)
         dep, plan = cluster.deployment(m.name, shape)
         rep = SharedReplica(0, ScaledCost(dep.cost()), plan, dep.engine_config, cluster.req, gpu)
-        self.scaled[id(rep)] = rep.scaled
+        self.scaled[rep] = rep.scaled
         inst = cluster.adopt(m.name, shape, rep, now, now + delay, host=g)
         m.inst, m.gpu = inst, g
         m.last_seen = now
@@ -217,7 +217,8 @@ class PrismPolicy(BasePolicy):
             rep = inst.replica
             if rep in gpu.engines:
                 gpu.engines.remove(rep)
-                self.scaled.pop(id(rep), None)
+                self.scaled.pop(rep, None)
+                self.busy_seen.pop(rep, None)
             gpu.release(weights)
         self.draining = keep
 
@@ -349,14 +350,13 @@ class PrismPolicy(BasePolicy):
         for gpu in self.gpus:
             shares = []
             for rep in gpu.engines:
-                key = id(rep)
-                last = self.busy_seen.get(key, rep.busy)
-                self.busy_seen[key] = rep.busy
-                f = self.scaled[id(rep)].factor
+                last = self.busy_seen.get(rep, rep.busy)
+                self.busy_seen[rep] = rep.busy
+                f = self.scaled[rep].factor
                 shares.append(min(1.0, max(0.0, (rep.busy - last) / f)))
             tot = sum(shares)
             for rep, u in zip(gpu.engines, shares, strict=True):
-                self.scaled[id(rep)].factor = 1.0 + min(3.0, tot - u)
+                self.scaled[rep].factor = 1.0 + min(3.0, tot - u)
 
     def _rate(self, m: _Model, now: float) -> float:
         while m.arrivals and m.arrivals[0] < now - self.window:

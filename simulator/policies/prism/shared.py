@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, cast
 
-from simulator.engine import EngineConfig, Replica, RequestTable, _Plan
+from simulator.engine import REJECTED, WAITING, EngineConfig, Replica, RequestTable, _Plan
 from simulator.memory import MemoryPlan
 from simulator.roofline import StepCost
 
@@ -151,7 +151,17 @@ class SharedReplica(Replica):
             # memory came free while this engine waited: it starts when it did, not earlier
             self.clock = max(self.clock, self._gpu.released_at)
         self.stalled = False
+        mine = [*self.running, *self.waiting]
         super().step()
+        # the engine rejects a request that cannot fit an empty engine; here the engine may be
+        # empty because its lone request was just preempted when another model took the
+        # pool's last blocks: that request waits for memory instead
+        for r in mine:
+            if self.req.status[r] == REJECTED and \
+                    math.ceil(int(self.req.target[r]) / self.bs) <= self.total_blocks:
+                self.req.status[r] = WAITING
+                self.waiting.appendleft(r)
+                self.stalled = True
 
     def advance(self, t_until: float) -> None:
         while self.has_work and self.clock < t_until:

@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 
 from simulator.api import Deployment, max_throughput
-from simulator.policies.cluster import BasePolicy, Cluster, Instance, PolicyError
+from simulator.policies.cluster import (
+    BasePolicy,
+    Cluster,
+    Instance,
+    PolicyError,
+    pending_tokens_of,
+)
 from simulator.policies.interfaces import Shape
 from simulator.policies.sageserve import ilp
 from simulator.policies.sageserve.forecast import forecast_series
@@ -240,7 +246,8 @@ class SageServePolicy(BasePolicy):
             ready = [i for i in cluster.endpoints(key[0], now)] or self._members(cluster, key)
         if not ready:
             raise PolicyError(f"no instance of {key[0]} at all")
-        return min(ready, key=lambda i: (i.pending_tokens(), i.id))
+        loads = pending_tokens_of(ready)
+        return min(zip(loads, ready, strict=True), key=lambda x: (x[0], x[1].id))[1]
 
     # ---- scaling ----------------------------------------------------------------------
     def _scale(self, cluster: Cluster, key: tuple[str, str], now: float) -> None:
