@@ -20,7 +20,7 @@ from simulator.policies.gyges.experiment import PAPER_CALIBRATION, figure12
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--loads", default="1,1.5,2,2.5,3,3.5,4")
+    ap.add_argument("--loads", default="1,1.5,2,2.25,2.5,2.75,3,3.25,3.5,3.75,4")
     ap.add_argument("--duration", type=float, default=1200.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--calibrated", action="store_true")
