@@ -8,8 +8,9 @@ Batch (NIW) requests wait in the queue manager (§6.2) until an endpoint signals
 they are 10 h old.
 Scaling (§4, §6.4): `reactive` is the O365 baseline; `lt-i`, `lt-u`, `lt-ua` add the hourly
 forecast (`forecast`) and ILP (`ilp`) and differ in when they move towards its target
-(`rules`). A new instance holds its GPUs for `provision_s` before it serves (the paper's
-10-minute redeployment), and those GPU-hours count.
+(`rules`); until a region has any history to forecast from (a trace given without one), they
+scale it reactively. A new instance holds its GPUs for `provision_s` before it serves (the
+paper's 10-minute redeployment), and those GPU-hours count.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class SageServePolicy(BasePolicy):
         self.next_hour = HOUR
         self.plans: list[dict[str, Any]] = []
         self._tier: list[tuple[str, str]] = []
+        self.blind: set[tuple[str, str]] = set()  # no history to forecast from yet
 
     # ---- setup ------------------------------------------------------------------------
     def start(self, cluster: Cluster, now: float) -> None:
@@ -178,9 +180,11 @@ class SageServePolicy(BasePolicy):
         """Forecast the next hour per (model, region), solve the ILP; returns target counts."""
         steps = round(HOUR / self.bin_s)
         peak: dict[tuple[str, str], float] = {}
+        self.blind = set()
         for k in self.keys:
             series = self._series(k)
-            if len(series) == 0:
+            if len(series) == 0:  # nothing seen yet: scale reactively until there is
+                self.blind.add(k)
                 pred = np.full(steps, self.theta[k[0]] * self.th.min_instances)
             else:
                 pred = forecast_series(series, self.season, steps)
@@ -251,7 +255,7 @@ class SageServePolicy(BasePolicy):
 
     # ---- scaling ----------------------------------------------------------------------
     def _scale(self, cluster: Cluster, key: tuple[str, str], now: float) -> None:
-        if self.mode == "lt-i":
+        if self.mode == "lt-i" and key not in self.blind:
             return
         members = self._members(cluster, key)
         ratio = None
@@ -260,8 +264,9 @@ class SageServePolicy(BasePolicy):
             b = int((now % HOUR) // self.bin_s)
             if pred is not None and len(pred) > b and pred[b] > 0:
                 ratio = self.observed[key][-1] / pred[b]
+        mode = "reactive" if key in self.blind else self.mode
         step = scaling_step(
-            self.mode, self._util(cluster, key, now), len(members), now,
+            mode, self._util(cluster, key, now), len(members), now,
             self.last_event[key], self.th, self.target.get(key), ratio, now % HOUR)
         if step > 0:
             self._launch(cluster, key, now, self.provision_s)
