@@ -19,6 +19,7 @@ from simulator.api import Deployment, analyze, run
 from simulator.engine import EngineConfig
 from simulator.hardware import Calibration, list_gpus, parse_calibration
 from simulator.models import list_models
+from simulator.policies.cli import compare_cmd
 from simulator.report import SLO
 from simulator.roofline import Precision
 from simulator.router import ROUTERS
@@ -256,11 +257,23 @@ def run_cmd(
         True, "--per-request/--no-per-request", help="per-request rows in JSON"
     ),
     as_json: bool = typer.Option(False, "--json", help="print the JSON report instead of tables"),
+    policy: str | None = typer.Option(
+        None, "--policy",
+        help="run a companion policy (oserve, sageserve, prism, gyges, ...: see `otela sim "
+        "compare --help`) on --replicas x TP x PP GPUs of --gpu instead of fixed replicas"),
+    opt: list[str] = typer.Option([], "--opt", help="policy option KEY=VALUE (repeatable)"),
 ) -> None:
     """Simulate serving a trace or generated workload; print a report and write JSON."""
     if (trace is None) == (rate is None):
         console.print("[red]give exactly one of --trace FILE or --rate X[/red]")
         raise typer.Exit(2)
+    if policy is not None:
+        from simulator.policies.cli import run_from_sim_run
+
+        run_from_sim_run(policy, model, gpu, replicas * tp * pp, trace, trace_model, rate,
+                         duration, cv, input_dist, output_dist, seed, slo_ttft, slo_tpot, opt,
+                         out, as_json)
+        return
     probe = _deployment(model, gpu, tp, pp, weight_bits, act_bits, kv_bits, calib=calib, ep=ep)
     defaults = probe.engine_config
     engine = EngineConfig(
@@ -365,6 +378,14 @@ def run_cmd(
         lt.add_row(label, *(_fmt_t(v[p]) for p in ("mean", "p50", "p90", "p99")))
     console.print(lt)
     console.print(f"JSON report written to {out}")
+
+
+app.command(
+    "compare",
+    help="Run several policies (OSERVE, SageServe, Prism, Gyges and baselines) on one "
+    "workload and pool; print the side-by-side table, write CSV and optionally a plot.",
+    no_args_is_help=True,
+)(compare_cmd)
 
 
 @app.command("list")

@@ -208,7 +208,17 @@ def plan_command(
         help="Sign assignments with the membership authority key in DIR."),
     assign_ttl: float = typer.Option(600.0, "--assign-ttl", metavar="S",
                                      help="Assignments expire after S seconds."),
+    policy: str = typer.Option(
+        "cpsat", "--policy",
+        help="cpsat (this placer), or a companion planner on --pool and --trace: oserve "
+        "(heterogeneous layout and per-type assignment for one model), prism (KV-pressure "
+        "model-to-GPU placement), sageserve (next hour's instances per model and region)."),
 ) -> None:
+    if policy != "cpsat":
+        from simulator.policies.plan import policy_plan_command
+
+        policy_plan_command(policy, pool_file, trace, as_json, out, _fail)
+        return
     if (pool_file is None) == (from_url is None):
         _fail("give exactly one of --pool FILE or --from URL")
     if (demand_file is None) == (trace is None):

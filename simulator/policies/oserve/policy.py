@@ -1,0 +1,265 @@
+"""OSERVE in the cluster simulator: a workload-aware layout and per-type routing.
+
+At start the policy clusters the requests into types, estimates each type's rate, profiles
+every candidate shape, chooses a layout (the heuristic search, the exhaustive reference, or
+the best homogeneous layout for the baseline) and launches it. Each arrival is classified and
+routed by the assignment LP: `lp` (default) sends it to the replica with the fewest requests
+per unit of LP share among those the LP gives its type; `lp-wrr` follows the LP fractions
+alone (smooth weighted round-robin), which lets random bursts pile up; `least_loaded` ignores
+types (the baseline). With `adapt_s` set, the policy re-plans every span from a forecast of
+the per-type rates and switches layouts by parameter copying (`switching`), as §5 describes.
+
+The workload the policy reads at start is the run's own trace: for a stationary mix that is
+what a perfect predictor would report. Types are assigned from known output lengths; the live
+federation would use `max_tokens` or a length predictor (see `RequestInfo`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from simulator.policies.cluster import BasePolicy, Cluster, Instance, PolicyError
+from simulator.policies.interfaces import Shape
+from simulator.policies.oserve.predict import TypeRateForecaster
+from simulator.policies.oserve.profile import candidate_shapes, capacity_table
+from simulator.policies.oserve.search import (
+    Scored,
+    best_homogeneous,
+    exhaustive,
+    flow_guided_search,
+)
+from simulator.policies.oserve.switching import SwitchCost, switch_cost
+from simulator.policies.oserve.types import RequestTypes, fit_types
+
+LAYOUTS = ("search", "exhaustive", "homogeneous")
+ROUTING = ("lp", "lp-wrr", "least_loaded")
+
+
+class SmoothWRR:
+    """Nginx's smooth weighted round-robin: deterministic, proportional, well interleaved."""
+
+    def __init__(self, weights: ArrayLike) -> None:
+        self.w = np.asarray(weights, dtype=float)
+        self.cur = np.zeros(len(self.w))
+
+    def pick(self) -> int:
+        self.cur += self.w
+        i = int(np.argmax(self.cur))
+        self.cur[i] -= self.w.sum()
+        return i
+
+
+class OservePolicy(BasePolicy):
+    """Workload-aware heterogeneous layout plus per-type assignment (one model)."""
+
+    def __init__(
+        self,
+        model: str,
+        layout: str = "search",
+        routing: str = "lp",
+        types: int = 4,
+        seed: int = 0,
+        shapes: Sequence[Shape] | None = None,
+        pipeline: bool = True,
+        adapt_s: float | None = None,
+        restart_s: float = 10.0,
+        reload_s: float = 50.0,
+        copy: bool = True,
+        calibration: Mapping[str, float] | None = None,
+        name: str | None = None,
+    ) -> None:
+        if layout not in LAYOUTS:
+            raise PolicyError(f"OSERVE layout {layout!r}: choose from {', '.join(LAYOUTS)}")
+        if routing not in ROUTING:
+            raise PolicyError(f"OSERVE routing {routing!r}: choose from {', '.join(ROUTING)}")
+        self.model = model
+        self.layout_mode = layout
+        self.routing = routing
+        self.k = types
+        self.seed = seed
+        self.shapes_cfg = list(shapes) if shapes else None
+        self.pipeline = pipeline
+        self.adapt_s = adapt_s
+        self.tick_s = adapt_s
+        self.restart_s = restart_s
+        self.reload_s = reload_s
+        self.copy = copy
+        self.calibration = dict(calibration or {})
+        default = "oserve" if layout != "homogeneous" else "homogeneous"
+        self.name = name or (default if routing == "lp" else f"{default}-ll")
+        self.types: RequestTypes | None = None
+        self.type_of = np.zeros(0, np.int64)
+        self.plan: Scored | None = None
+        self.replicas: list[Instance] = []
+        self.wrr: list[SmoothWRR] = []
+        self.switches: list[dict[str, Any]] = []
+        self.refused = 0
+        self._forecast: TypeRateForecaster | None = None
+
+    # ---- planning ---------------------------------------------------------------------
+    def _host_gpus(self, cluster: Cluster) -> list[int]:
+        if cluster.pool.elastic or len(cluster.pool.gpu_types) != 1:
+            raise PolicyError("OSERVE plans one GPU type on fixed hosts: give a uniform pool")
+        return [h.gpus for h in cluster.pool.hosts]
+
+    def _solve(self, cluster: Cluster, demand: np.ndarray, start: Sequence[Shape] | None) -> Scored:
+        assert self.types is not None
+        gpu = cluster.pool.gpu_types[0]
+        host_gpus = self._host_gpus(cluster)
+        shapes = self.shapes_cfg or candidate_shapes(
+            cluster.models.get(self.model, self.model), gpu, max(host_gpus), self.pipeline)
+        if not shapes:
+            raise PolicyError(f"{self.model} fits no shape on {gpu}")
+        spec = cluster.models.get(self.model, self.model)
+        caps = capacity_table(spec, shapes, self.types.mean_lengths(),
+                              self.calibration or cluster.calibration)
+        self._caps = caps
+        if self.layout_mode == "homogeneous":
+            return best_homogeneous(shapes, caps, demand, host_gpus)
+        if self.layout_mode == "exhaustive":
+            return exhaustive(shapes, caps, demand, host_gpus)
+        best, trace = flow_guided_search(shapes, caps, demand, host_gpus, self.seed, start=start)
+        self._search = trace
+        return best
+
+    def start(self, cluster: Cluster, now: float) -> None:
+        wl = cluster.wl
+        if len(wl.models) != 1 or wl.models[0] != self.model:
+            raise PolicyError(f"OSERVE serves one model; the workload has {', '.join(wl.models)}"
+                              " (use --trace-model)")
+        b = wl.base
+        self.types = fit_types(b.input_len, b.output_len, self.k, self.seed)
+        self.type_of = self.types.classify(b.input_len, b.output_len)
+        span = max(wl.duration, 1.0)
+        if self.adapt_s:
+            self._forecast = TypeRateForecaster(self.types.k)
+            first = self.type_of[b.arrival < self.adapt_s]
+            demand = np.bincount(first, minlength=self.types.k) / self.adapt_s
+        else:
+            demand = np.bincount(self.type_of, minlength=self.types.k) / span
+        demand = np.maximum(demand, 1e-6)
+        self.plan = self._solve(cluster, demand, None)
+        self._launch(cluster, self.plan, now, 0.0)
+
+    def _launch(self, cluster: Cluster, plan: Scored, now: float, delay: float) -> None:
+        self.replicas = []
+        for shape, host in zip(plan.layout, plan.hosts, strict=True):
+            self.replicas.append(cluster.launch(self.model, shape, now, delay, host=host))
+        frac = plan.assignment.fractions()
+        self.wrr = [SmoothWRR(frac[:, j]) for j in range(frac.shape[1])]
+
+    # ---- routing ----------------------------------------------------------------------
+    def on_arrival(self, cluster: Cluster, r: int, now: float) -> None:
+        j = int(self.type_of[r])
+        if self.routing == "least_loaded":
+            target = min(self.replicas, key=lambda i: (i.outstanding, i.id))
+        elif self.routing == "lp-wrr":
+            target = self.replicas[self.wrr[j].pick()]
+        else:
+            target = self._weighted_jsq(j)
+        if self._forecast is not None:
+            self._forecast.observe(j)
+        cluster.dispatch(r, target, now)
+
+    def _weighted_jsq(self, j: int) -> Instance:
+        """Among the replicas the LP gives type j, the one with the fewest requests per unit
+        of its share: the assignment decides where a type may go, the queues decide which
+        of those serves it now (fixed fractions alone let random bursts pile up)."""
+        w = self.wrr[j].w
+        best, key = self.replicas[0], float("inf")
+        for k, inst in enumerate(self.replicas):
+            if w[k] <= 1e-9:
+                continue
+            load = (inst.outstanding + 1) / w[k]
+            if load < key:
+                best, key = inst, load
+        return best
+
+    # ---- adaptive switching -----------------------------------------------------------
+    def on_tick(self, cluster: Cluster, now: float) -> None:
+        """Every span: forecast the per-type rates, re-solve the assignment on the running
+        layout (cheap, always), and switch to a new layout when it sustains 5 % more."""
+        if self._forecast is None or self.plan is None or self.adapt_s is None:
+            return
+        from simulator.policies.oserve.assignment import AssignmentError, assign
+        from simulator.policies.oserve.search import Scored
+
+        self._forecast.close_span(self.adapt_s)
+        demand = np.maximum(self._forecast.predict(), 1e-6)
+        cur = self.plan
+        try:
+            cur_a = assign([self._caps[s] for s in cur.layout], demand)
+            self.plan = Scored(cur.layout, cur.hosts, cur_a)
+            frac = cur_a.fractions()
+            self.wrr = [SmoothWRR(frac[:, j]) for j in range(frac.shape[1])]
+        except AssignmentError:  # the running layout cannot serve a type any more
+            cur_a = None
+        new = self._solve(cluster, demand, cur.layout)
+        if cur_a is not None and new.throughput <= cur_a.throughput * 1.05:
+            return  # not worth a switch
+        if sorted(new.layout, key=str) == sorted(cur.layout, key=str):
+            return
+        cost = switch_cost(cur, new, cluster.deployment(self.model, cur.layout[0])[0],
+                           restart_s=self.restart_s, reload_s=self.reload_s, copy=self.copy)
+        self._switch(cluster, new, cost, now)
+
+    def _switch(self, cluster: Cluster, new: Scored, cost: SwitchCost, now: float) -> None:
+        """Reshape host by host: running requests' KV moves to the new replicas (the paper
+        migrates long sequences and drains short ones; here every sequence migrates)."""
+        old_by_host: dict[int, list[Instance]] = {}
+        for inst in self.replicas:
+            old_by_host.setdefault(inst.host, []).append(inst)
+        made: list[Instance] = []
+        for h, olds in old_by_host.items():
+            base = sum(x.gpus for x in cluster.pool.hosts[:h])
+            want = [(s, hh) for s, hh in zip(new.layout, new.hosts, strict=True) if hh == h]
+            gpus = sorted(g for o in olds for g in o.gpu_ids)
+            free = [base + g for g in range(cluster.pool.hosts[h].gpus)
+                    if base + g not in gpus and base + g in cluster.free_gpus(h)]
+            pool = gpus + free
+            news = []
+            for s, _ in sorted(want, key=lambda x: -x[0].gpus):
+                news.append((s, pool[: s.gpus], None))
+                pool = pool[s.gpus:]
+            got = cluster.reshape(olds, news, now, cost.seconds) if news else None
+            if got is None:
+                self.refused += 1
+                return  # leave this switch (KV would not fit): keep the current layout
+            made.extend(got)
+        self.plan = new
+        frac = new.assignment.fractions()
+        # map the plan's replica order onto the instances just made
+        ordered: list[Instance] = []
+        remaining = list(made)
+        for s, h in zip(new.layout, new.hosts, strict=True):
+            inst = next(i for i in remaining if i.shape == s and i.host == h)
+            remaining.remove(inst)
+            ordered.append(inst)
+        self.replicas = ordered
+        self.wrr = [SmoothWRR(frac[:, j]) for j in range(frac.shape[1])]
+        self.switches.append({"t": now, "layout": new.describe(), "seconds": cost.seconds,
+                              "bytes": cost.bytes_moved, "method": cost.method})
+        cluster.log(now, "switch", f"{new.describe()} ({cost.method}, {cost.seconds:.1f} s)")
+
+    def notes(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.types is not None:
+            out["types"] = {n: list(ln) for n, ln in
+                            zip(self.types.names, self.types.mean_lengths(), strict=True)}
+        if self.plan is not None:
+            out["layout"] = self.plan.describe()
+            out["lp_throughput_rps"] = self.plan.throughput
+            out["assignment"] = {
+                f"{s.label}#{i}": [round(float(x), 3) for x in row]
+                for i, (s, row) in enumerate(
+                    zip(self.plan.layout, self.plan.assignment.fractions(), strict=True))
+            }
+        if self.switches:
+            out["switches"] = self.switches
+        if self.refused:
+            out["switches_refused"] = self.refused
+        return out

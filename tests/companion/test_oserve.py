@@ -1,0 +1,129 @@
+"""OSERVE's cores on hand-checkable cases: the assignment LP, the layout search against the
+exhaustive optimum, request types, the switch plan and the rate forecaster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.policies.interfaces import Shape
+from simulator.policies.oserve.assignment import AssignmentError, assign
+from simulator.policies.oserve.predict import TypeRateForecaster, holt
+from simulator.policies.oserve.search import (
+    best_homogeneous,
+    exhaustive,
+    flow_guided_search,
+    layouts,
+    pack,
+)
+from simulator.policies.oserve.switching import greedy_plan, holdings, transfer_seconds
+from simulator.policies.oserve.types import fit_types
+
+
+def test_lp_two_replicas_hand_checked() -> None:
+    # A serves 10 type-1 or 5 type-2 req/s, B 5 or 3; demand 100 and 50 (the paper's App. C
+    # numbers). A is relatively better at type 1 (10/5 > 5/3), so it takes all of type 1 and
+    # y of type 2: 100/10 + y/5 = (50 - y)/3  =>  y = 12.5, U = 12.5.
+    a = assign([[10, 5], [5, 3]], [100, 50])
+    assert a.load == pytest.approx(12.5)
+    assert a.flow == pytest.approx(np.array([[100, 12.5], [0, 37.5]]))
+    assert a.utilization == pytest.approx([12.5, 12.5])
+    assert a.throughput == pytest.approx(150 / 12.5)
+    assert a.fractions()[:, 1] == pytest.approx([0.25, 0.75])
+
+
+def test_lp_identical_replicas_split_the_work() -> None:
+    a = assign([[10, 5], [10, 5]], [100, 50])
+    # total work 100/10 + 50/5 = 20 replica-seconds over 2 replicas
+    assert a.load == pytest.approx(10.0)
+    assert a.flow.sum(axis=0) == pytest.approx([100, 50])
+
+
+def test_lp_respects_edges_a_replica_cannot_serve() -> None:
+    a = assign([[10, 0], [5, 3]], [10, 3])  # replica 0 cannot hold type 1 (too long)
+    assert a.flow[0, 1] == 0.0
+    assert a.flow[1, 1] == pytest.approx(3.0)
+    with pytest.raises(AssignmentError):
+        assign([[10, 0], [5, 0]], [1, 1])
+
+
+def _caps() -> dict[Shape, np.ndarray]:
+    # per replica: small replicas are good at type 0, big ones at type 1 (per GPU)
+    return {
+        Shape("x", 2): np.array([10.0, 1.0]),
+        Shape("x", 4): np.array([14.0, 6.0]),
+    }
+
+
+def test_search_finds_the_exhaustive_optimum_and_beats_homogeneous() -> None:
+    caps = _caps()
+    shapes = list(caps)
+    demand = np.array([6.0, 1.0])
+    ex = exhaustive(shapes, caps, demand, [8])
+    hom = best_homogeneous(shapes, caps, demand, [8])
+    for seed in range(3):
+        found, trace = flow_guided_search(shapes, caps, demand, [8], seed=seed)
+        assert found.throughput == pytest.approx(ex.throughput)
+        assert trace.evaluations > 0
+    assert len(set(ex.layout)) == 2  # the optimum mixes both shapes
+    assert ex.throughput > hom.throughput * 1.05
+
+
+def test_layouts_and_packing() -> None:
+    s2, s4 = Shape("x", 2), Shape("x", 4)
+    got = {tuple(sorted(x.label for x in lay)) for lay in layouts([s2, s4], 8)}
+    assert got == {("TP2",) * 4, ("TP2", "TP2", "TP4"), ("TP4", "TP4")}
+    assert pack([s4, s4, s4], [8, 4]) == (0, 0, 1)
+    assert pack([Shape("x", 8)], [4, 4]) is None  # a replica never spans hosts
+
+
+def test_types_recover_four_clusters() -> None:
+    rng = np.random.default_rng(0)
+    centres = [(200, 50), (200, 1000), (2000, 50), (2000, 1000)]
+    inp = np.concatenate([rng.lognormal(np.log(i), 0.2, 500) for i, _ in centres])
+    out = np.concatenate([rng.lognormal(np.log(o), 0.2, 500) for _, o in centres])
+    t = fit_types(inp, out, k=4)
+    assert sorted(t.names) == ["LILO", "LISO", "SILO", "SISO"]
+    lab = t.classify(inp, out)
+    for k in range(4):  # each generated cluster lands in one type
+        assert len(set(lab[k * 500:(k + 1) * 500].tolist())) == 1
+    means = dict(zip(t.names, t.mean_lengths(), strict=True))
+    assert means["SILO"][0] == pytest.approx(200, rel=0.1)
+    assert means["SILO"][1] == pytest.approx(1000, rel=0.1)
+
+
+def test_switch_plan_prefers_local_sources_and_copies_only_what_is_missing() -> None:
+    # before: two TP2 replicas on GPUs 0-1 and 2-3 (host 0); after: one TP4 on GPUs 0-3
+    before = holdings([Shape("x", 2), Shape("x", 2)], [[0, 1], [2, 3]], layers=2, slices=4)
+    after = holdings([Shape("x", 4)], [[0, 1, 2, 3]], layers=2, slices=4)
+    hosts = {g: 0 for g in range(4)}
+    plan = greedy_plan(before, after, hosts)
+    # TP4 rank t needs slice t. GPU 0 (had 0-1) and GPU 3 (had 2-3) keep theirs; GPU 1 (had
+    # 2-3) lacks slice 1, held by GPUs 0 and 2; GPU 2 (had 0-1) lacks slice 2, held by GPUs 1
+    # and 3. Per layer: 2 transfers, and the greedy spreads each target's two layers over
+    # its two possible sources (least data sent to that target so far).
+    got = {(x.layer, x.slice, x.dst) for x in plan}
+    assert got == {(lay, 1, 1) for lay in (0, 1)} | {(lay, 2, 2) for lay in (0, 1)}
+    assert {x.src for x in plan if x.dst == 1} == {0, 2}
+    assert {x.src for x in plan if x.dst == 2} == {1, 3}
+    # the reverse (TP4 -> 2 x TP2): each GPU needs its pair's other half: 1+2+2+1 per layer
+    back = greedy_plan(after, before, hosts)
+    assert len(back) == 6 * 2
+    assert all(x.src != x.dst for x in back)
+    # units of 1 GB over NVLink at 400 GB/s: each target receives 2 units, each source sends 1
+    assert transfer_seconds(plan, 1e9, hosts) == pytest.approx(2 * 1e9 / 400e9)
+    # a source on another host is used only when no GPU on the target's host has the unit
+    remote = greedy_plan(before, after, {0: 0, 1: 0, 2: 1, 3: 1})
+    assert {x.src for x in remote if x.dst == 1} == {0}
+
+
+def test_forecaster_follows_a_trend() -> None:
+    assert holt(np.arange(1.0, 11.0)) == pytest.approx(11.0, rel=0.05)
+    f = TypeRateForecaster(2)
+    for span in range(5):
+        for _ in range(10 * (span + 1)):
+            f.observe(0)
+        f.close_span(10.0)
+    p = f.predict()
+    assert p[0] == pytest.approx(6.0, rel=0.15)  # rates 1..5 req/s -> about 6 next
+    assert p[1] == 0.0
