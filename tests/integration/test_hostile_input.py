@@ -82,6 +82,23 @@ def read_all(sock: socket.socket, timeout: float) -> bytes:
     return out
 
 
+def keep_alive_exchange(sock: socket.socket, request: bytes) -> bytes:
+    """One request on a connection left open afterwards: read exactly one response."""
+    sock.sendall(request)
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection before answering"
+        raw += chunk
+    head, body = raw.split(b"\r\n\r\n", 1)
+    length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection mid-body"
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def status_of(raw: bytes) -> int:
     return int(raw.split(b" ", 2)[1])
 
@@ -244,7 +261,9 @@ def test_one_client_address_cannot_hold_more_than_its_share_of_connections(fed):
     ingress, _ = fed
     held = [socket.create_connection(address(ingress), timeout=10) for _ in range(PER_CLIENT)]
     try:
-        time.sleep(0.3)  # let the server accept them all
+        for sock in held:  # an answered request proves the server accepted (and counts) it
+            health = keep_alive_exchange(sock, b"GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert status_of(health) == 200
         answer = raw_exchange(ingress, b"GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n", timeout=5)
         assert status_of(answer) == 429
         assert error_of(answer)["code"] == "too_many_connections"
