@@ -242,16 +242,16 @@ def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = DEFAULT_W
             run("gpus", gpus_expr, "min", "GPUs", 1.0, 1.0)
     else:
         if obj is Objective.GOODPUT:
-            ok = run("goodput", sum(f), "max", "req/s within SLO", 1.0 / s_units, 0.6)
+            ok = run("goodput", sum(f), "max", "req/s within SLO", 1.0 / s_units, 0.8)
             if ok:
                 m.add(sum(f) >= round(solver.objective_value))
         elif obj is Objective.GPUS:
-            ok = run("gpus", gpus_expr, "min", "GPUs", 1.0, 0.6)
+            ok = run("gpus", gpus_expr, "min", "GPUs", 1.0, 0.8)
             if ok:
                 m.add(gpus_expr <= round(solver.objective_value))
         else:
             cents = sum(round(o.cost_per_hour * 100) * x[i] for i, o in enumerate(opts))
-            ok = run("cost", cents, "min", "$/h", 0.01, 0.6)
+            ok = run("cost", cents, "min", "$/h", 0.01, 0.8)
             if ok:
                 m.add(cents <= round(solver.objective_value))
         if ok:
