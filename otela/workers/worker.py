@@ -62,6 +62,9 @@ log = logging.getLogger("otela.worker")
 INTERNAL_PREFIX = "/otela-internal"
 INTERNAL_TOKEN = b"x-otela-internal"
 REPORT_INTERVAL_S = 0.25
+# Hop-by-hop and framing headers of a client's API request, not relayed to the control.
+_NOT_RELAYED = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection",
+                          b"keep-alive", b"te", b"trailer", b"upgrade", b"expect"})
 
 
 class ControlRelay:
@@ -86,8 +89,9 @@ class ControlRelay:
         return reply
 
     async def api(self, request: Request, response: Response) -> None:
-        """Relay a request for the node's API to the control process."""
-        headers = [(k, v) for k, v in request.headers if k != b"host"]
+        """Relay a request for the node's API to the control process (the pool sets the
+        body's length itself: the client's framing headers would be said twice)."""
+        headers = [(k, v) for k, v in request.headers if k not in _NOT_RELAYED]
         reply = await self.pool.request("127.0.0.1", self.port, request.method.encode(),
                                         request.target, headers, request.body, self.timeout)
         await relay(reply, response, [])

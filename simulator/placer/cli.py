@@ -20,7 +20,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from simulator.placer import exhaustive
-from simulator.placer.cpsat import PlanError
+from simulator.placer.cpsat import DEFAULT_WORKERS, PlanError
 from simulator.placer.demand import (
     SLO,
     Demand,
@@ -134,15 +134,15 @@ def plan_command(
     pool_file: Path | None = typer.Option(
         None, "--pool", metavar="FILE", envvar="OTELA_PLAN_POOL",
         help="Pool file (TOML or JSON): a hosts list with gpu, gpus_per_host, count, "
-        "interconnect, partition, constraint. Env: OTELA_PLAN_POOL."),
+        "interconnect, partition, constraint."),
     from_url: str | None = typer.Option(
         None, "--from", metavar="URL", envvar="OTELA_PLAN_FROM",
         help="A federation node's HTTP URL: plan its idle nodes; replicas already serving "
-        "stay and count. Env: OTELA_PLAN_FROM."),
+        "stay and count."),
     demand_file: Path | None = typer.Option(
         None, "--demand", metavar="FILE", envvar="OTELA_PLAN_DEMAND",
         help="Demand file (TOML or JSON): a models list with model, rate, input, output (or "
-        "trace), ttft/tpot/e2e SLOs. Env: OTELA_PLAN_DEMAND."),
+        "trace), ttft/tpot/e2e SLOs."),
     trace: Path | None = typer.Option(
         None, "--trace", metavar="FILE",
         help="Demand from an otela trace: one model per model name, its rate and lengths."),
@@ -165,10 +165,13 @@ def plan_command(
         "of their saturated throughput."),
     time_limit: float = typer.Option(
         10.0, "--time-limit", metavar="S", envvar="OTELA_PLAN_TIME_LIMIT",
-        help="CP-SAT time limit (seconds). Env: OTELA_PLAN_TIME_LIMIT."),
+        help="CP-SAT time limit (seconds)."),
     gap: float = typer.Option(0.0, "--gap", metavar="F",
                               help="Stop at this relative optimality gap (0: prove optimal)."),
-    workers: int = typer.Option(2, "--workers", help="CP-SAT search workers."),
+    workers: int = typer.Option(
+        DEFAULT_WORKERS, "--workers",
+        help="CP-SAT search workers (time-sliced on fewer cores; below 8 CP-SAT leaves out "
+        "the subsolvers that prove plans optimal)."),
     cache: Path | None = typer.Option(
         None, "--cache", metavar="DIR",
         help="Simulation cache (default $OTELA_PLACER_CACHE or ~/.cache/otela/placer)."),

@@ -69,9 +69,11 @@ def assignable(nodes: Sequence[dict[str, Any]], issuer: str, engine: str,
     """`nodes` without the idle ones that would refuse an assignment from `issuer` for
     `engine` (asked concurrently), and a note for each left out: a plan to be assigned must
     never count on a node whose owner did not opt in."""
-    idle = [n for n in nodes if _is_idle(n) and n.get("http_url")]
+    idle = [n for n in nodes if _is_idle(n)]
 
     def ask(node: dict[str, Any]) -> str | None:
+        if not node.get("http_url"):
+            return "advertises no HTTP URL to send an assignment to"
         url = str(node["http_url"]).rstrip("/") + "/v1/assignments"
         try:
             resp = httpx.get(url, timeout=timeout_s, trust_env=False)

@@ -12,7 +12,7 @@ deterministic:
 3. the largest model chooses GPUs first, from the GPU type with the most memory down, on
    hosts with room for a whole TP group.
 
-On the Table 1 pool this gives exactly the paper's memP row (tests/placer/test_memp.py).
+On the Table 1 pool this gives exactly the paper's memP row (tests/placer/test_inputs.py).
 Routing weights are proportional to replica counts, as in upstream's experiment file.
 """
 

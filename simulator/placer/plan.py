@@ -13,7 +13,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulator.placer.cpsat import ClassSpec, Option, PlanError, Problem, Solution, solve
+from simulator.placer.cpsat import (
+    DEFAULT_WORKERS,
+    ClassSpec,
+    Option,
+    PlanError,
+    Problem,
+    Solution,
+    solve,
+)
 from simulator.placer.demand import Demand, Objective, Service
 from simulator.placer.packing import assign_groups
 from simulator.placer.pool import Pool
@@ -144,7 +152,7 @@ def build_problem(demand: Demand, pool: Pool, candidates: Sequence[Candidate],
 
 def make_plan(demand: Demand, pool: Pool, candidates: Sequence[Candidate],
               rejected: Sequence[Rejected] = (), *, time_limit_s: float = 10.0,
-              workers: int = 2, gap_limit: float = 0.0,
+              workers: int = DEFAULT_WORKERS, gap_limit: float = 0.0,
               existing: Mapping[tuple[str, str, int], int] | None = None,
               max_utilization: float = DEFAULT_MAX_UTILIZATION, simulated: int = 0) -> Plan:
     problem = build_problem(demand, pool, candidates, existing, max_utilization)

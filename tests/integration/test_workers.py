@@ -53,6 +53,11 @@ def test_workers_share_the_port_report_as_one_node_and_drain_on_sigterm(federati
         assert response.headers["x-otela-session-id"] == server.session_id
     wait_for(lambda: requests_total(ingress) >= 12, 5, "the workers' counts to arrive")
     assert ingress.get("/v1/models")["data"][0]["id"] == "echo-w"  # the API, via a worker
+    # a POST for the API too: this node takes no assignments, and says so (not a 400)
+    refused = httpx.post(f"{ingress.http_url}/v1/assignments", json={"envelope": "AA=="},
+                         timeout=10, trust_env=False)
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["code"] == "not_opted_in"
 
     # A slow stream is in flight when SIGTERM arrives: it finishes, then the node leaves.
     events: list[str] = []

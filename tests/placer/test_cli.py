@@ -199,3 +199,18 @@ def test_pool_file_plan_json_and_sbatch(tmp_path: Path) -> None:
         "--sim-requests", "100", "--objective", "gpus"])
     assert result.exit_code == 3, result.output
     assert "needs 300 req/s" in result.output
+
+
+def test_which_idle_nodes_would_take_an_assignment() -> None:
+    from simulator.placer.federation import accepts
+
+    policy = {"accepting": True, "peers": ["12D3KooWPlanner"], "authorities": ["abc"],
+              "engines": ["vllm"], "busy": False}
+    assert accepts(policy, "12D3KooWPlanner", "vllm") is None
+    assert accepts(policy, "otela-authority:abc", "vllm") is None
+    assert "this planner" in str(accepts(policy, "12D3KooWOther", "vllm"))
+    assert "this authority" in str(accepts(policy, "otela-authority:xyz", "vllm"))
+    assert "no engine 'sglang'" in str(accepts(policy, "12D3KooWPlanner", "sglang"))
+    assert "already runs" in str(accepts({**policy, "busy": True}, "12D3KooWPlanner", "vllm"))
+    for refusal in ({"accepting": False}, None, [], "yes"):
+        assert "does not accept" in str(accepts(refusal, "12D3KooWPlanner", "vllm"))
