@@ -55,6 +55,7 @@ def start(flags: dict[str, Any], config_file: Path | None = CONFIG_OPTION) -> No
     """
     import trio
 
+    from ingress.database import DatabaseError
     from otela.daemon import Node
     from otela.engine.command import EngineCommandError
     from otela.engine.health import check_reachable
@@ -68,7 +69,7 @@ def start(flags: dict[str, Any], config_file: Path | None = CONFIG_OPTION) -> No
         if config.engine_url and not config.process:
             check_reachable(config.engine_url)
     except (ConfigError, EngineCommandError, BootstrapAddressError, ValueError,
-            OSError) as exc:  # OSError: an unreadable home or key file
+            DatabaseError, OSError) as exc:  # OSError: an unreadable home or key file
         typer.echo(f"otela: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
