@@ -231,6 +231,10 @@ def _mount_optional_apps() -> None:
         name="membership",
         help="Membership authority: create it, sign and revoke node certificates.",
     )
+    from ingress.cli import keys_app, usage_command
+
+    app.add_typer(keys_app, name="keys")
+    app.command("usage")(usage_command)
     try:
         from simulator.cli import app as sim_app  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
