@@ -1,12 +1,16 @@
 """Per-key rate limits: token buckets for requests and tokens per minute, and a count of
 requests in flight. Pure: the caller passes the time.
 
-A bucket holds up to one minute's allowance and refills continuously. A request takes one
-request token on arrival, and waits for nothing else: the tokens it used are known only
-when its answer is over, so they are charged then (``charge``), from the usage the engine
-reported, and the bucket may go below zero. A key whose token bucket is empty (or below)
-is refused until it refills, so a minute's use converges on ``tpm`` however long the
-answers are.
+A bucket refills continuously at the per-minute rate and holds up to ``BURST_S`` seconds
+of it (at least one request), so a key cannot spend a whole minute's allowance in one
+instant: what it gets over any window of ``t`` seconds is at most the burst plus
+``rate * t / 60``, which is what lets several ingress nodes hold a shared limit closely.
+
+A request takes one request token on arrival, and waits for nothing else: the tokens it
+used are known only when its answer is over, so they are charged then (``charge``), from
+the usage the engine reported, and the bucket may go below zero. A key whose token bucket
+is empty (or below) is refused until it refills, so a minute's use converges on ``tpm``
+however long the answers are.
 
 Several ingress nodes on one database each keep their own buckets and also charge them
 with what the others served (``ingress.access`` reads that from the usage table every
@@ -22,23 +26,26 @@ from dataclasses import dataclass
 from otela.dataplane.errors import RequestError
 
 WINDOW_S = 60.0
+BURST_S = 10.0  # a bucket holds this many seconds of its rate
 
 
 @dataclass
 class TokenBucket:
-    """``rate`` units per minute, holding at most ``rate`` (one minute's burst)."""
+    """``rate`` units per minute, holding at most ``BURST_S`` seconds of them."""
 
     rate: float
     level: float = math.nan  # nan: full
     at: float = 0.0
 
     def __post_init__(self) -> None:
+        self.capacity = max(1.0, self.rate * BURST_S / WINDOW_S)
         if math.isnan(self.level):
-            self.level = self.rate
+            self.level = self.capacity
 
     def _refill(self, now: float) -> None:
         if now > self.at:
-            self.level = min(self.rate, self.level + (now - self.at) * self.rate / WINDOW_S)
+            self.level = min(self.capacity,
+                             self.level + (now - self.at) * self.rate / WINDOW_S)
             self.at = now
 
     def available(self, now: float) -> float:
@@ -109,8 +116,10 @@ def _resized(bucket: TokenBucket | None, rate: int | None) -> TokenBucket | None
     if bucket is None:
         return TokenBucket(float(rate))
     if bucket.rate != rate:
-        used = bucket.rate - bucket.level
-        return TokenBucket(float(rate), level=max(-float(rate), rate - used), at=bucket.at)
+        resized = TokenBucket(float(rate), at=bucket.at)
+        used = bucket.capacity - bucket.level
+        resized.level = max(-resized.capacity, resized.capacity - used)
+        return resized
     return bucket
 
 

@@ -172,8 +172,8 @@ def buckets(db: Database, since: float, until: float, bucket_s: float,
     """Usage over time: one entry per ``bucket_s`` from ``since`` (empty ones included)."""
     where, params = _window(since, until, key_id)
     rows = db.query_sync(
-        f"SELECT FLOOR((finished_at - ?) / ?), {_SUMS} FROM usage{where} "
-        "GROUP BY FLOOR((finished_at - ?) / ?)", [since, bucket_s, *params, since, bucket_s])
+        f"SELECT FLOOR((finished_at - ?) / ?), {_SUMS} FROM usage{where} GROUP BY 1",
+        [since, bucket_s, *params])
     found = {int(row[0]): _totals(None, row[1:]) for row in rows}
     count = max(1, int((until - since) // bucket_s + (1 if (until - since) % bucket_s else 0)))
     out = []
