@@ -223,7 +223,7 @@ class Node:
             config.ingress_db, config.home, peer_id, open_access=config.open_access,
             admin_token=config.admin_token)
         if self.ingress_service is not None:
-            observers.append(self.ingress_service.usage)
+            observers += self.ingress_service.observers(self.metrics)
             admin_api.install(self.api, self.ingress_service)
         self.dispatch = Dispatch(
             InferenceRoutes(self.router, observers, config.record_prompts,
