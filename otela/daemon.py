@@ -609,8 +609,13 @@ class Node:
                 "engine_metrics": self.load.engine_source,
                 "load_gossip": dict(self.load_gossip.stats)}
 
-    def base_trust(self) -> TrustSet:
-        return self.router.base_trust()
+    def catalog_scope(self, authorization: str | None) -> tuple[TrustSet, frozenset[str] | None]:
+        """What ``/v1/models`` may list for this caller: with the ingress service and a
+        key, its trusted providers and models (a wrong key: 401); otherwise everything."""
+        if self.ingress_service is None or authorization is None:
+            return self.router.base_trust(), None
+        key = self.ingress_service.access.authenticate(authorization.encode("latin-1"))
+        return self.router.base_trust(key.providers), key.models
 
     def _own_load(self) -> NodeLoad | None:
         """Our own load, for routing to our own engine (no hop, so no report header)."""
