@@ -57,6 +57,7 @@ from otela.load.capacity import capacity_of
 from otela.load.gossip import LoadGossip
 from otela.load.source import LoadSource, poll_engine
 from otela.looplag import LagSampler, SlowSteps, freeze_startup_objects
+from otela.mesh.addresses import advertised_hosts, expand
 from otela.mesh.bootstrap import (
     follow_bootstrap_list,
     is_url,
@@ -64,7 +65,7 @@ from otela.mesh.bootstrap import (
     keep_connected,
     parse_bootstrap,
 )
-from otela.mesh.host import advertised_addrs, build_host
+from otela.mesh.host import build_host
 from otela.mesh.nat import NatTraversal, known_relays
 from otela.mesh.netlog import NetLog
 from otela.mesh.peering import Peering
@@ -378,7 +379,9 @@ class Node:
                     await nursery.start(self.recorder.run)
                 await nursery.start(self.replica.run, self.mesh.host)
                 await nursery.start(self.load_gossip.run)
-                self.addrs = advertised_addrs(self.mesh.host, config.advertised_host())
+                hosts = advertised_hosts(config.listen_host, config.public_host)
+                self.addrs = expand([str(a) for a in self.mesh.host.get_addrs()],
+                                    config.listen_host, hosts)
                 if not self.addrs:  # py-libp2p logs a failed listen and carries on
                     raise OSError(f"cannot listen for libp2p on {config.listen_host} port "
                                   f"{config.p2p_port} (in use, or not an address of this host)")
@@ -390,7 +393,7 @@ class Node:
                         raise
                     raise OSError(f"cannot listen for HTTP on {config.listen_host} port "
                                   f"{config.http_port}: {cause.strerror or cause}") from None
-                self.http_url = f"http://{config.advertised_host()}:{port}"
+                self.http_url = f"http://{hosts[0]}:{port}"
                 if self.slurm_job is not None:
                     self.slurm_job = await with_end_time(self.slurm_job)
                 await self.replica.start(NodeRecord(
