@@ -72,7 +72,7 @@ from otela.mesh.peering import Peering
 from otela.metrics import Registry as MetricsRegistry
 from otela.netreport import network_report
 from otela.registry.crdt import GCPolicy
-from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
+from otela.registry.records import Lifecycle, ModelInfo, NodeRecord, display_state
 from otela.registry.session import new_session_id
 from otela.replication import (
     LocalReplica,
@@ -284,6 +284,7 @@ class Node:
             "session_id": self.session_id,
             "provider_id": self.provider_id,
             "state": record.state.name if record else Lifecycle.JOIN.name,
+            "display_state": display_state(record) if record else Lifecycle.JOIN.name,
             "addrs": self.addrs,
             "http_url": self.http_url,
             "ingress": self.config.ingress,
