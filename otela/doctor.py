@@ -102,6 +102,8 @@ def self_verdict(report: dict[str, Any]) -> str:
     state = nat.get("reachability", "unknown")
     answers = nat.get("dial_back", {}).get("answers", [])
     observed = sorted({a["observed_ip"] for a in answers if a.get("observed_ip")})
+    if state == "public":  # only peers elsewhere decide (otela.mesh.reachability)
+        observed = [ip for ip in observed if not ((i := _ip(ip)) and i.is_loopback)] or observed
     where = f"{'/'.join(observed) or 'our address'}:{_ports(report)}"
     if state == "unreachable":
         relays = nat.get("known_relays", [])
@@ -214,8 +216,10 @@ def render(report: dict[str, Any], peer_id: str | None = None) -> str:
         lines.append(f"peer      {peer_id}")
         record = peer.get("record") or {}
         if record:
-            lines.append(f"state     {record.get('state')}, reachability "
-                         f"{record.get('reachability')}")
+            lifecycle = record.get("state")
+            shown = record.get("display_state") or lifecycle
+            lines.append(f"state     {shown if shown == lifecycle else f'{shown} ({lifecycle})'}, "
+                         f"reachability {record.get('reachability')}")
             lines.append(f"addresses {', '.join(record.get('addrs', [])) or '-'}")
             if record.get("circuit_addrs"):
                 lines.append(f"circuits  {', '.join(record['circuit_addrs'])}")

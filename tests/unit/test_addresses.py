@@ -120,3 +120,11 @@ def test_doctor_says_why_reachability_is_unknown_with_only_local_peers() -> None
     text = self_verdict(report(["/ip4/127.0.0.1/tcp/1/p2p/me"], ["127.0.0.1"],
                                local_only=True))
     assert "only peers on this host" in text and "publicly" not in text
+
+
+def test_a_public_verdict_names_the_address_peers_elsewhere_reached() -> None:
+    answers = [{"observed_ip": "127.0.0.1", "reachable": ["/ip4/127.0.0.1/tcp/1"]},
+               {"observed_ip": "10.0.0.5", "reachable": ["/ip4/10.0.0.5/tcp/1"]}]
+    text = self_verdict(report(["/ip4/10.0.0.5/tcp/1/p2p/me"], ["10.0.0.9"],
+                               reachability="public", dial_back={"answers": answers}))
+    assert "dialed back 10.0.0.5:" in text and "127.0.0.1" not in text

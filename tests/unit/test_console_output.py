@@ -65,3 +65,14 @@ def test_display_state_names_idle_and_ingress_nodes_without_touching_the_lattice
     idle = record(idle=True, ingress=True)
     assert "display_state" not in idle.to_dict()  # not on the wire, not signed
     assert idle.state is Lifecycle.JOIN
+
+
+def test_doctor_shows_a_peers_display_state_next_to_its_lifecycle_state() -> None:
+    from otela.doctor import render
+
+    ingress = {**record(idle=True, ingress=True).to_dict(), "display_state": "INGRESS"}
+    text = render({"self": {}, "nat": {}, "peer": {"peer_id": "p", "record": ingress}}, "p")
+    assert "state     INGRESS (JOIN), reachability unknown" in text
+    serving = {**ingress, "state": "SERVING", "display_state": "SERVING"}
+    text = render({"self": {}, "nat": {}, "peer": {"peer_id": "p", "record": serving}}, "p")
+    assert "state     SERVING, reachability" in text
