@@ -123,10 +123,10 @@ def config_show(
     with)."""
     import json
 
-    from rich.console import Console
     from rich.table import Table
 
     from otela.config import show_rows
+    from otela.console import make_console
 
     try:
         resolved = resolve(flags, None, config_file)
@@ -144,7 +144,7 @@ def config_show(
         table.add_column(column)
     for row in rows:
         table.add_row(row["setting"], row["value"], row["source"], row["env"])
-    Console(width=200).print(table)
+    make_console().print(table)
 
 
 @app.command()

@@ -59,6 +59,7 @@ from otela.load.capacity import capacity_of
 from otela.load.gossip import LoadGossip
 from otela.load.source import LoadSource, poll_engine
 from otela.looplag import LagSampler, SlowSteps, freeze_startup_objects
+from otela.mesh.addresses import advertised_hosts, expand
 from otela.mesh.bootstrap import (
     follow_bootstrap_list,
     is_url,
@@ -66,14 +67,14 @@ from otela.mesh.bootstrap import (
     keep_connected,
     parse_bootstrap,
 )
-from otela.mesh.host import advertised_addrs, build_host
+from otela.mesh.host import build_host
 from otela.mesh.nat import NatTraversal, known_relays
 from otela.mesh.netlog import NetLog
 from otela.mesh.peering import Peering
 from otela.metrics import Registry as MetricsRegistry
 from otela.netreport import network_report
 from otela.registry.crdt import GCPolicy
-from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
+from otela.registry.records import Lifecycle, ModelInfo, NodeRecord, display_state
 from otela.registry.session import new_session_id
 from otela.replication import (
     LocalReplica,
@@ -292,6 +293,7 @@ class Node:
             "session_id": self.session_id,
             "provider_id": self.provider_id,
             "state": record.state.name if record else Lifecycle.JOIN.name,
+            "display_state": display_state(record) if record else Lifecycle.JOIN.name,
             "addrs": self.addrs,
             "http_url": self.http_url,
             "ingress": self.config.ingress,
@@ -391,7 +393,9 @@ class Node:
                     await nursery.start(self.ingress_service.run)
                 await nursery.start(self.replica.run, self.mesh.host)
                 await nursery.start(self.load_gossip.run)
-                self.addrs = advertised_addrs(self.mesh.host, config.advertised_host())
+                hosts = advertised_hosts(config.listen_host, config.public_host)
+                self.addrs = expand([str(a) for a in self.mesh.host.get_addrs()],
+                                    config.listen_host, hosts)
                 if not self.addrs:  # py-libp2p logs a failed listen and carries on
                     raise OSError(f"cannot listen for libp2p on {config.listen_host} port "
                                   f"{config.p2p_port} (in use, or not an address of this host)")
@@ -403,7 +407,7 @@ class Node:
                         raise
                     raise OSError(f"cannot listen for HTTP on {config.listen_host} port "
                                   f"{config.http_port}: {cause.strerror or cause}") from None
-                self.http_url = f"http://{config.advertised_host()}:{port}"
+                self.http_url = f"http://{hosts[0]}:{port}"
                 if self.slurm_job is not None:
                     self.slurm_job = await with_end_time(self.slurm_job)
                 await self.replica.start(NodeRecord(

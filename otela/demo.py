@@ -21,6 +21,7 @@ from openai import OpenAI
 from rich.console import Console
 from rich.table import Table
 
+from otela.console import make_console
 from otela.localfed import (
     FederationError,
     LocalFederation,
@@ -38,7 +39,7 @@ SERVING_NODES = [  # (name, provider, model)
 
 
 def run_demo(requests_per_model: int = 6, timeout: float = 60.0) -> int:
-    console = Console()
+    console = make_console()
     with tempfile.TemporaryDirectory(prefix="otela-demo-") as tmp:
         federation = LocalFederation(Path(tmp))
         try:
@@ -161,7 +162,7 @@ def _print_registry(console: Console, ingress: LocalNode) -> None:
         table.add_row(
             node["session_id"][:8],
             node["provider_id"],
-            node["state"],
+            node.get("display_state", node["state"]),
             str(node["version"]),
             ", ".join(m["id"] for m in node["models"]) or "-",
             node["http_url"],

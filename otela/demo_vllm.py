@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from openai import OpenAI
-from rich.console import Console
 
+from otela.console import make_console
 from otela.localfed import (
     VLLM_ENV,
     FederationError,
@@ -31,7 +31,7 @@ VLLM_START_TIMEOUT_S = 300.0
 
 
 def run_vllm_demo(python: Path | None, requests: int = 3) -> int:
-    console = Console()
+    console = make_console()
     with tempfile.TemporaryDirectory(prefix="otela-vllm-demo-") as tmp:
         root = Path(tmp)
         federation = LocalFederation(root / "fed")

@@ -8,6 +8,7 @@ then what to do about it.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from typing import Any
 
@@ -41,16 +42,68 @@ def bootstrap_verdict(report: dict[str, Any]) -> str | None:
     )
 
 
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def _advertised_ips(report: dict[str, Any]) -> list[str]:
+    """The IPs of our own direct (non-circuit) advertised multiaddrs."""
+    out = []
+    for addr in report.get("self", {}).get("addrs", []):
+        parts = str(addr).split("/")
+        if "p2p-circuit" not in parts and len(parts) > 2 and parts[1] in ("ip4", "ip6"):
+            out.append(parts[2])
+    return out
+
+
+def address_verdict(report: dict[str, Any]) -> str | None:
+    """A warning when we advertise only addresses that connected peers elsewhere cannot
+    dial: loopback while peers on other hosts are connected, or private addresses while
+    peers at public addresses are (they are outside our network)."""
+    ours = [ip for ip in map(_ip, _advertised_ips(report)) if ip is not None]
+    nat = report.get("nat", {})
+    seen = [a.get("observed_ip") for a in nat.get("dial_back", {}).get("answers", [])]
+    peers = [ip for ip in map(_ip, [*nat.get("peer_ips", []), *filter(None, seen)])
+             if ip is not None and not ip.is_loopback]
+    if not ours or not peers:
+        return None
+    listed = ", ".join(str(ip) for ip in ours)
+    if all(ip.is_loopback for ip in ours):
+        return (
+            f"advertising only loopback ({listed}) while peers on other hosts are connected "
+            f"(e.g. {peers[0]}): they cannot dial this node or send it requests. Listen on "
+            f"a reachable address (--host 0.0.0.0 advertises every interface) or set "
+            f"--public-host to an address they reach."
+        )
+    public_peers = [ip for ip in peers if ip.is_global]
+    if public_peers and all(ip.is_private or ip.is_loopback for ip in ours):
+        return (
+            f"advertising only private addresses ({listed}) while peers at public addresses "
+            f"are connected (e.g. {public_peers[0]}): outside this network they cannot dial "
+            f"this node directly. Set --public-host to its public address (with TCP port "
+            f"{_ports(report)} forwarded), or let it be reached through a relay."
+        )
+    return None
+
+
 def self_verdict(report: dict[str, Any]) -> str:
     """What is wrong (or right) with this node's own connectivity."""
     problems = []
     boot = bootstrap_verdict(report)
     if boot:
         problems.append(boot)
+    addresses = address_verdict(report)
+    if addresses:
+        problems.append(addresses)
     nat = report.get("nat", {})
     state = nat.get("reachability", "unknown")
     answers = nat.get("dial_back", {}).get("answers", [])
     observed = sorted({a["observed_ip"] for a in answers if a.get("observed_ip")})
+    if state == "public":  # only peers elsewhere decide (otela.mesh.reachability)
+        observed = [ip for ip in observed if not ((i := _ip(ip)) and i.is_loopback)] or observed
     where = f"{'/'.join(observed) or 'our address'}:{_ports(report)}"
     if state == "unreachable":
         relays = nat.get("known_relays", [])
@@ -73,6 +126,12 @@ def self_verdict(report: dict[str, Any]) -> str:
         )
     elif state == "public":
         problems.append(f"publicly reachable (peers dialed back {where}).")
+    elif nat.get("local_only"):
+        problems.append(
+            "reachability not known: only peers on this host answered the dial-back check "
+            "(they reached a loopback address, which says nothing about other hosts); a "
+            "peer on another host decides once it connects."
+        )
     else:
         problems.append(
             f"reachability not known yet: no connected peer has answered a dial-back check "
@@ -157,8 +216,10 @@ def render(report: dict[str, Any], peer_id: str | None = None) -> str:
         lines.append(f"peer      {peer_id}")
         record = peer.get("record") or {}
         if record:
-            lines.append(f"state     {record.get('state')}, reachability "
-                         f"{record.get('reachability')}")
+            lifecycle = record.get("state")
+            shown = record.get("display_state") or lifecycle
+            lines.append(f"state     {shown if shown == lifecycle else f'{shown} ({lifecycle})'}, "
+                         f"reachability {record.get('reachability')}")
             lines.append(f"addresses {', '.join(record.get('addrs', [])) or '-'}")
             if record.get("circuit_addrs"):
                 lines.append(f"circuits  {', '.join(record['circuit_addrs'])}")

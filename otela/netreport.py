@@ -10,6 +10,7 @@ from typing import Any
 from otela.doctor import peer_verdict, self_verdict
 from otela.mesh.nat import NatTraversal
 from otela.mesh.netlog import NetLog
+from otela.registry.records import display_state
 from otela.registry.store import Registry
 
 
@@ -23,7 +24,8 @@ def peer_report(
     log = netlog.get(peer_id)
     out: dict[str, Any] = {
         "peer_id": peer_id,
-        "record": record.to_dict() if record else None,
+        "record": {**record.to_dict(), "display_state": display_state(record)} if record
+        else None,
         "evicted_by": entry.evicted_by if entry else None,
         "left_at": entry.updated_at if entry and record and record.state.name == "LEFT" else None,
         "suspected": peer_id in suspected,

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from otela.console import make_console
 from simulator.api import Deployment, analyze, run
 from simulator.engine import EngineConfig
 from simulator.hardware import Calibration, list_gpus, parse_calibration
@@ -26,7 +26,7 @@ from simulator.router import ROUTERS
 from simulator.workload import load_trace, synthetic
 
 app = typer.Typer(help="Roofline serving simulator for heterogeneous GPUs.", no_args_is_help=True)
-console = Console()
+console = make_console()
 
 
 def _fmt_t(s: float) -> str:

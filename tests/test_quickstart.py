@@ -42,13 +42,21 @@ def test_setup_installs_into_its_own_virtualenv():
 @pytest.mark.slow
 def test_demo_runs_a_federation_and_shuts_it_down():
     # The same entry point as ./scripts/demo, minus the (already done) environment setup.
+    # Piped, as `otela demo | cat` or a CI log: 80 columns must not wrap anything.
     result = subprocess.run(
         [sys.executable, "-m", "otela", "demo", "--requests", "2"],
         capture_output=True, text=True, timeout=180, cwd=ROOT,
-        env={**os.environ, "COLUMNS": "120"},
+        env={**os.environ, "COLUMNS": "80"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
+    ingress = [line for line in out.splitlines() if line.startswith("ingress ")]
+    assert len(ingress) == 1 and re.search(
+        r"http://127\.0\.0\.1:\d+\s+/ip4/127\.0\.0\.1/tcp/\d+/p2p/12D3KooW"
+        r"[1-9A-HJ-NP-Za-km-z]{44}$", ingress[0]), out
+    rows = [line for line in out.splitlines() if "lab-alpha" in line and "http://" in line]
+    assert rows and all(re.search(r"http://127\.0\.0\.1:\d+ ", row) for row in rows), out
+    assert re.search(r"INGRESS", out) and "JOIN" not in out, out
     assert re.search(r"echo-small\s+-> node-[ab]", out)
     assert re.search(r"echo-large\s+-> node-c", out)
     assert "chunks)" in out
@@ -66,7 +74,7 @@ def test_ctrl_c_stops_the_demo_and_every_node_cleanly(tmp_path):
     import signal
     import time
 
-    env = {**os.environ, "COLUMNS": "120", "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "COLUMNS": "80", "TMPDIR": str(tmp_path)}
     demo = subprocess.Popen(
         [sys.executable, "-m", "otela", "demo", "--requests", "100000"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
@@ -83,7 +91,7 @@ def test_ctrl_c_stops_the_demo_and_every_node_cleanly(tmp_path):
     text = "".join(output) + rest
     assert demo.returncode == 130, text
     assert re.search(r"exit codes \{'node-c': 0, 'node-b': 0, 'node-a': 0, 'ingress': 0\}",
-                     text.replace("\n", "")), text
+                     text), text  # on one line: piped output is never wrapped
     deadline = time.monotonic() + 10
     while _processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from otela import __version__
 from otela.api.errors import install_error_handlers
 from otela.dataplane.errors import RequestError, clip
-from otela.registry.records import NodeRecord
+from otela.registry.records import NodeRecord, display_state
 from otela.registry.store import Registry
 from otela.routing.ask import PROVIDERS_HEADER, REQUIRE_HEADER
 from otela.routing.catalog import catalog, model_object, usable_nodes
@@ -72,6 +72,7 @@ def _session_summary(record: NodeRecord, model_id: str) -> dict[str, Any]:
         "peer_id": record.peer_id,
         "provider_id": record.provider_id,
         "state": record.state.name,
+        "display_state": display_state(record),
         "http_url": record.http_url,
         "hardware": record.hardware.to_dict(),
         "engine": record.engine,
@@ -107,6 +108,7 @@ def create_app(node: NodeView) -> FastAPI:
             entry = node.registry.entry(record.session_id)
             nodes.append({
                 **record.to_dict(),
+                "display_state": display_state(record),
                 "evicted_by": entry.evicted_by if entry else None,
                 "received_at": node.registry.received_at.get(record.session_id),
             })

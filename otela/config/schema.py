@@ -12,7 +12,6 @@ use. Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,7 +135,8 @@ class NodeConfig:
         help="Address to listen on (HTTP and libp2p).")
     public_host: str | None = setting(
         "node", parse=v.as_opt_str, example="10.0.0.5", metavar="ADDR",
-        help="Address other nodes reach us at. Default: --host, or this host's address.")
+        help="Address other nodes reach us at. Default: --host, or (listening on 0.0.0.0) "
+        "every interface address of this host, the default route's first.")
     http_port: int = setting(
         "node", DEFAULT_HTTP_PORT, parse=v.as_port, example="18092", metavar="PORT",
         help="HTTP port (OpenAI API, inspection, engine hop); 0: any.")
@@ -428,17 +428,6 @@ class NodeConfig:
     record_prompts: bool = setting(
         "trace", False, parse=v.as_bool, example="true",
         help="Also record prompt text in the trace (off: lengths only).")
-
-    def advertised_host(self) -> str:
-        """The address other nodes use to reach us (never a wildcard)."""
-        if self.public_host:
-            return self.public_host
-        if self.listen_host not in ("0.0.0.0", ""):
-            return self.listen_host
-        try:
-            return socket.gethostbyname(socket.gethostname())
-        except OSError:
-            return "127.0.0.1"
 
     @property
     def engine_log(self) -> Path:

@@ -15,9 +15,9 @@ import typer
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import PublicKey
 from libp2p.peer.id import ID
-from rich.console import Console
 from rich.markup import escape
 
+from otela.console import make_console
 from otela.membership.authority import (
     KEY_FILE,
     PUB_FILE,
@@ -52,8 +52,8 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-console = Console(soft_wrap=True, highlight=False)
-err_console = Console(stderr=True, soft_wrap=True, highlight=False)
+console = make_console(soft_wrap=True, highlight=False)
+err_console = make_console(stderr=True, soft_wrap=True, highlight=False)
 
 _DIR_HELP = (
     "Authority directory (authority.key, authority.pub). Default: $XDG_CONFIG_HOME/otela/authority."

@@ -36,3 +36,16 @@ def connection_kinds(host: Any, peer_id: ID) -> set[str]:
         if addrs is not None:
             kinds.add("relayed" if any(is_circuit(a) for a in addrs) else "direct")
     return kinds
+
+
+def remote_ips(host: Any, peer_id: ID) -> set[str]:
+    """The IPs our direct connections to ``peer_id`` run to (empty when it cannot tell):
+    whether a peer is on this host (loopback), the same network, or elsewhere."""
+    conns = host.get_network().get_connections(peer_id)
+    ips = set()
+    for conn in conns if isinstance(conns, list) else [conns]:
+        for addr in _addresses(conn) or ():
+            parts = addr.split("/")
+            if not is_circuit(addr) and len(parts) > 2 and parts[1] in ("ip4", "ip6"):
+                ips.add(parts[2])
+    return ips

@@ -91,14 +91,3 @@ def _disable_auto_connector(host: Any) -> None:
         connector._started = False
 
     connector.start = stay_stopped
-
-
-def advertised_addrs(host: Any, public_host: str) -> list[str]:
-    """The host's listen addresses with wildcard IPs replaced by the advertised host."""
-    out = []
-    for addr in host.get_addrs():
-        text = str(addr)
-        if "/ip4/0.0.0.0/" in text:
-            text = text.replace("/ip4/0.0.0.0/", f"/ip4/{public_host}/")
-        out.append(text)
-    return out

@@ -32,13 +32,15 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.tools.anyio_service import background_trio_service
 
-from otela.mesh.connections import connection_kinds
+from otela.mesh.addresses import is_loopback
+from otela.mesh.connections import connection_kinds, remote_ips
 from otela.mesh.netlog import NetLog
 from otela.mesh.reachability import (
     DialBackAnswer,
     DialBackServer,
     ask,
     listen_ports,
+    only_local,
     reachability,
     verdict,
 )
@@ -50,6 +52,7 @@ log = logging.getLogger("otela.nat")
 ASK_PEERS = 3
 UPKEEP_INTERVAL_S = 2.0  # reservation upkeep and, while unknown, reachability retries
 RECHECK_INTERVAL_S = 600.0  # re-run the dial-back check this often once settled
+LOCAL_RECHECK_S = 10.0  # only local peers answered: ask again this soon once another connects
 WATCH_INTERVAL_S = 1.0
 DCUTR_DIAL_TIMEOUT_S = 2
 DIRECT_DIAL_TIMEOUT_S = 3.0
@@ -106,6 +109,7 @@ class NatTraversal:
         self.max_reservations = max_reservations
         self.netlog = netlog or NetLog()
         self.public: bool | None = None
+        self.local_only = False  # peers answered, all on this host (loopback): undecided
         self.answers: list[DialBackAnswer] = []
         self.checked_at: float | None = None
         self.reservations: dict[str, Reservation] = {}
@@ -125,6 +129,7 @@ class NatTraversal:
     def report(self) -> dict[str, Any]:
         return {
             "reachability": self.state,
+            "local_only": self.local_only,
             "offers_relay": self.relay.offer,
             "hole_punch": self.dcutr is not None,
             "dial_back": {
@@ -135,7 +140,19 @@ class NatTraversal:
             "reservations": [r.to_dict() for r in self.reservations.values()],
             "reservation_errors": dict(self.reservation_errors),
             "known_relays": [r.peer_id for r in self.relays()],
+            "peer_ips": self.peer_ips(),
         }
+
+    def peer_ips(self) -> list[str]:
+        """The IPs of our direct connections: ``otela doctor`` tells from them whether
+        peers on other hosts (or other networks) are connected."""
+        ips: set[str] = set()
+        for peer in list(self.host.get_connected_peers()):
+            try:
+                ips |= remote_ips(self.host, peer)
+            except Exception:  # library internals; the report is best effort
+                continue
+        return sorted(ips)
 
     # -- running ------------------------------------------------------------------------
 
@@ -170,11 +187,14 @@ class NatTraversal:
         log.warning("%s stopped", name)
 
     async def _reachability_loop(self, nursery: trio.Nursery) -> None:
-        next_check = 0.0
+        next_check = last_check = 0.0
         while True:
             now = time.monotonic()
-            if now >= next_check:
+            early = self.local_only and now >= last_check + LOCAL_RECHECK_S \
+                and self._peer_elsewhere()
+            if now >= next_check or early:
                 settled = await self.check_reachability()
+                last_check = now
                 next_check = now + (RECHECK_INTERVAL_S if settled else UPKEEP_INTERVAL_S)
             if self.public is False:
                 await self._keep_reservations(nursery)
@@ -182,12 +202,17 @@ class NatTraversal:
             await trio.sleep(UPKEEP_INTERVAL_S)
 
     async def check_reachability(self) -> bool:
-        """Ask up to ``ASK_PEERS`` connected peers to dial us back; True once decided."""
+        """Ask up to ``ASK_PEERS`` connected peers to dial us back; True once decided, or
+        once only peers on this host answered (they cannot tell; the recheck asks again).
+
+        Relays first, then peers on other hosts: a peer on this host can only say that
+        loopback works."""
         connected = set(self.host.get_connected_peers())
         if not connected:
             return False
         relay_ids = {r.peer_id for r in self.relays()}
         ordered = sorted(connected, key=lambda p: (p.to_base58() not in relay_ids,
+                                                   self._on_this_host(p),
                                                    self._rng.random()))
         ports = listen_ports(self.host)
         answers: list[DialBackAnswer] = []
@@ -205,7 +230,25 @@ class NatTraversal:
             log.info("reachability: %s", "public" if decided else "private (NAT or firewall)")
         if decided is not None:
             self.public = decided
-        return decided is not None
+        self.local_only = decided is None and only_local(answers)
+        return decided is not None or self.local_only
+
+    def _peer_elsewhere(self) -> bool:
+        """A peer on another host is connected (it can tell what only-local ones could not)."""
+        for peer in self.host.get_connected_peers():
+            try:
+                if any(not is_loopback(ip) for ip in remote_ips(self.host, peer)):
+                    return True
+            except Exception:  # library internals
+                continue
+        return False
+
+    def _on_this_host(self, peer: ID) -> bool:
+        try:
+            ips = remote_ips(self.host, peer)
+        except Exception:  # library internals; ordering is only a preference
+            return False
+        return bool(ips) and all(is_loopback(ip) for ip in ips)
 
     async def _keep_reservations(self, nursery: trio.Nursery) -> None:
         for relay_id in list(self.reservations):

@@ -11,7 +11,10 @@ docs/nat.md). otela asks peers to open a *new* TCP connection instead:
    answered on that address;
 4. the server replies with the observed IP and the addresses that answered.
 
-A node is public if any peer reached it, private if every peer that answered could not.
+A node is public if any peer on another host reached it, private if every such peer that
+answered could not. Answers from peers on this host (they observed us at a loopback
+address) say nothing about other hosts: a node they alone reached was reported public
+while advertising only 127.0.0.1, so they decide nothing (``only_local``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
+from otela.mesh.addresses import is_loopback
 from otela.mesh.connections import is_relayed
 from otela.registry.records import PRIVATE_RELAYED, PUBLIC, UNKNOWN, UNREACHABLE
 
@@ -65,12 +69,26 @@ class DialBackAnswer:
         }
 
 
+def _from_elsewhere(answer: DialBackAnswer) -> bool:
+    """An answer from a peer on another host (it saw us at a non-loopback address)."""
+    return answer.error is None and answer.observed_ip is not None \
+        and not is_loopback(answer.observed_ip)
+
+
 def verdict(answers: list[DialBackAnswer]) -> bool | None:
-    """True: public (someone reached us); False: every answer says no; None: no answers."""
-    valid = [a for a in answers if a.error is None]
-    if any(a.reachable for a in valid):
+    """True: public (a peer on another host reached us); False: every such peer says no;
+    None: no answer from another host."""
+    remote = [a for a in answers if _from_elsewhere(a)]
+    if any(a.reachable for a in remote):
         return True
-    return False if valid else None
+    return False if remote else None
+
+
+def only_local(answers: list[DialBackAnswer]) -> bool:
+    """Peers answered, all of them on this host: nothing more to learn until one from
+    another host connects (so the check settles instead of retrying every few seconds)."""
+    valid = [a for a in answers if a.error is None]
+    return bool(valid) and not any(_from_elsewhere(a) for a in valid)
 
 
 def reachability(public: bool | None, reservations: int) -> str:

@@ -227,6 +227,20 @@ class NodeRecord:
         return self.reachability in (PRIVATE_RELAYED, UNREACHABLE)
 
 
+def display_state(record: NodeRecord) -> str:
+    """The lifecycle state as people should read it.
+
+    A node without an engine never leaves JOIN (nothing to serve), which read as stuck in
+    ``otela demo`` and the registry views. Views show what it is instead: ``INGRESS`` (it
+    routes, by design serves nothing itself) or ``IDLE`` (capacity waiting for a placer's
+    assignment). Views only: the record, its wire form and the lattice
+    JOIN < SERVING < DOWN < LEFT are unchanged, and routing reads ``state``.
+    """
+    if record.state is Lifecycle.JOIN and record.idle and not record.models:
+        return "INGRESS" if record.ingress else "IDLE"
+    return record.state.name
+
+
 PUBLIC = "public"
 PRIVATE_RELAYED = "private-relayed"
 UNREACHABLE = "unreachable"

@@ -15,10 +15,10 @@ from typing import Any, NoReturn
 
 import typer
 from libp2p.crypto.keys import PrivateKey
-from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from otela.console import make_console
 from simulator.placer import exhaustive
 from simulator.placer.cpsat import DEFAULT_WORKERS, PlanError
 from simulator.placer.demand import (
@@ -45,8 +45,8 @@ from simulator.placer.profile import Profiler, default_cache_dir
 from simulator.placer.render import diff_rows, show, show_diff, show_rejected
 from simulator.placer.sbatch import ENGINES, Job, TemplateError, write_scripts
 
-console = Console()
-err = Console(stderr=True, soft_wrap=True)
+console = make_console()
+err = make_console(stderr=True, soft_wrap=True)
 
 HELP = (
     "Plan which models run on which GPUs, with which tensor parallelism (paper §3.5).\n\n"

@@ -194,6 +194,62 @@ def test_non_ascii_header_values_pass_through_as_bytes(fed):
     assert b"x-otela-request-id: " + request_id in head
 
 
+def test_invalid_utf8_in_paths_is_a_clean_4xx(fed):
+    ingress, _ = fed
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}).encode()
+    for method, target in ((b"GET", b"/v1/models/\xff\xfe"), (b"POST", b"/v1/chat/\xffcompletions"),
+                           (b"GET", b"/metrics\xc3"), (b"POST", b"/v1/engine/v1/\xff"),
+                           (b"GET", b"/v1/network?peer=\xff")):
+        raw = raw_exchange(ingress, method + b" " + target + b" HTTP/1.1\r\nhost: x\r\n"
+                           b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        assert status_of(raw) == 400, (target, raw[:300])
+        assert error_of(raw)["code"] == "malformed_request"
+    # Percent-encoded, the same bytes reach the routes: answered, never echoed raw.
+    for target, status in ((b"/v1/models/%ff%fe", 404), (b"/v1/network?peer=%ff%fe", 400),
+                           (b"/v1/models?providers=%ff&require=%fe", 400)):
+        raw = raw_exchange(ingress, b"GET " + target + b" HTTP/1.1\r\nhost: x\r\n"
+                           b"connection: close\r\n\r\n")
+        assert status_of(raw) == status, (target, raw[:300])
+        assert b"\xff" not in raw.split(b"\r\n\r\n", 1)[1]
+        assert error_of(raw)["message"]
+
+
+def test_invalid_utf8_in_routing_headers_is_a_clean_answer(fed):
+    ingress, _ = fed
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}).encode()
+    for header in (b"x-otela-providers: \xff\xfe", b"x-otela-require: gpu=\xff",
+                   b"x-otela-require: \xc3(", b"content-type: \xff/\xfe"):
+        raw = raw_exchange(ingress, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                           b"connection: close\r\n" + header + b"\r\n"
+                           b"content-length: %d\r\n\r\n" % len(body) + body)
+        status = status_of(raw)
+        # 503 no_trusted_node / no_matching_node: nobody matches the garbled value.
+        assert status in (200, 400, 503), (header, raw[:300])
+        if status != 200:
+            assert error_of(raw)["code"] in ("no_trusted_node", "no_matching_node",
+                                             "invalid_routing_request"), raw[:300]
+    raw = raw_exchange(ingress, b"GET /v1/health HTTP/1.1\r\nhost: x\r\nconnection: close"
+                       b"\r\nx-a: \x01\x7f\r\n\r\n")
+    assert status_of(raw) == 400 and error_of(raw)["code"] == "malformed_request"
+
+
+def test_header_floods_are_answered_or_refused_never_a_crash(fed):
+    ingress, _ = fed
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}).encode()
+    many = b"".join(b"x-h%d: v\r\n" % i for i in range(5000))  # small headers, under 64 KiB
+    raw = raw_exchange(ingress, b"GET /v1/health HTTP/1.1\r\nhost: x\r\nconnection: close"
+                       b"\r\n" + many + b"\r\n")
+    assert status_of(raw) in (200, 431), raw[:300]
+    same = b"x-otela-providers: a\r\n" * 2000  # one routing header repeated
+    raw = raw_exchange(ingress, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                       b"connection: close\r\n" + same + b"content-length: %d\r\n\r\n"
+                       % len(body) + body)
+    assert status_of(raw) in (400, 431, 503), raw[:300]
+    raw = raw_exchange(ingress, b"GET /v1/health HTTP/1.1\r\nhost: x\r\n"
+                       + b"x-h: v\r\n" * 20000 + b"\r\n")  # over the limit
+    assert status_of(raw) == 431
+
+
 def test_oversized_headers_are_a_431(fed):
     ingress, _ = fed
     raw = raw_exchange(ingress, b"GET /v1/health HTTP/1.1\r\nhost: x\r\nx-big: "

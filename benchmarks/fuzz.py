@@ -1,0 +1,115 @@
+"""Fuzz one live node's HTTP routes for longer than the test suite does (docs/security.md).
+
+    .venv/bin/python -m benchmarks.fuzz [--examples 5000] [--workers N] [--only inference]
+
+Starts one ``otela start`` node (an ingress serving an echo model itself, opted in to
+assignments from a planner key this script holds), runs every fuzzer of
+``tests/integration/http_fuzz.py`` with ``--examples`` Hypothesis examples each, and
+prints JSON: requests per fuzzer and their status counts, seconds, the node's resident
+memory before and after, whether it still serves, and any traceback in its or its
+engine's log. Exits 1 on a failure (a 5xx of the node's own making, an error that is not
+an OpenAI body, a dead node or a traceback), printing the failing request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from otela.identity import load_or_create
+from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from tests.integration.http_fuzz import FUZZERS, Target
+
+MODEL = "echo-fuzz"
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def tracebacks(node: LocalNode) -> list[str]:
+    found = []
+    for log in (node.log_path, node.home / "logs" / "engine.log"):
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if "Traceback" in text:
+            found.append(f"{log.name}: {text[text.find('Traceback'):][:2000]}")
+    return found
+
+
+def serves(node: LocalNode) -> bool:
+    import httpx
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "still here?"}]}
+    response = httpx.post(f"{node.http_url}/v1/chat/completions", json=body, timeout=30,
+                          trust_env=False)
+    return response.status_code == 200
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", type=int, default=5000, help="examples per fuzzer")
+    parser.add_argument("--workers", type=int, default=0, help="the node's --workers")
+    parser.add_argument("--only", choices=sorted(FUZZERS), action="append",
+                        help="run only these fuzzers (repeatable)")
+    args = parser.parse_args()
+    result: dict[str, Any] = {"examples_per_fuzzer": args.examples, "workers": args.workers,
+                              "fuzzers": {}}
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="otela-fuzz-") as tmp:
+        root = Path(tmp)
+        planner = load_or_create(root / "planner")
+        allowlist = root / "engines.toml"
+        allowlist.write_text('[engines.echo]\ncommand = "echo-engine --port {port} --model '
+                             '{model}"\nmodels = ["planned-*"]\n')
+        extra = ["--accept-assignments", planner.peer_id.to_base58(),
+                 "--engine-allowlist", str(allowlist)]
+        if args.workers:
+            extra += ["--workers", str(args.workers)]
+        with LocalFederation(root / "fed") as federation:
+            node = federation.start_node("node", ingress=True, extra_args=extra,
+                                         process=echo_engine_command(free_port(), [MODEL]))
+            wait_for(lambda: node.get("/v1/health")["state"] == "SERVING", 30,
+                     "the node to serve")
+            target = Target(node.http_url, MODEL, planner_key=planner.key_pair.private_key,
+                            node_peer_id=node.status["peer_id"])
+            target.load_spec()
+            result["rss_mib_before"] = rss_mib(node.process.pid)
+            for name in args.only or sorted(FUZZERS):
+                target.seen = {}
+                started = time.monotonic()
+                entry: dict[str, Any] = {}
+                try:
+                    FUZZERS[name](target, args.examples)
+                except Exception as exc:  # report every fuzzer, then fail
+                    failed = True
+                    subs = getattr(exc, "exceptions", None) or [exc]
+                    entry["failures"] = [str(e)[:2000] for e in subs]
+                entry["seconds"] = round(time.monotonic() - started, 1)
+                entry["requests"] = sum(target.seen.values())
+                entry["statuses"] = {str(k): v for k, v in sorted(target.seen.items())}
+                result["fuzzers"][name] = entry
+                print(f"{name}: {entry}", file=sys.stderr, flush=True)
+            result["rss_mib_after"] = rss_mib(node.process.pid)
+            result["alive"] = node.process.poll() is None
+            result["still_serves"] = result["alive"] and serves(node)
+            result["tracebacks"] = tracebacks(node)
+            target.client.close()
+    failed = failed or not result["still_serves"] or bool(result["tracebacks"])
+    result["ok"] = not failed
+    print(json.dumps(result, indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
