@@ -12,20 +12,19 @@ import csv
 import io
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ingress import admin_input, keystore, usage
 from ingress.database import Database, DatabaseError, DatabaseUrl
 from ingress.migrations import migrate
 from otela.config.values import parse_duration
+from otela.console import make_console
 from otela.dataplane.errors import RequestError
 from otela.paths import default_home
 
@@ -38,12 +37,6 @@ DB_HELP = ("The ingress database: a SQLite file or postgresql://... [env: OTELA_
            "default: ingress.db in the node home, $OTELA_HOME]")
 URL_HELP = ("An ingress node's HTTP URL: use its admin API (token from OTELA_ADMIN_TOKEN) "
             "instead of the database.")
-
-
-def _console() -> Console:
-    # Never wrap for pipes and logs: ids and secrets stay on one line.
-    return Console(soft_wrap=not sys.stdout.isatty(), width=None if sys.stdout.isatty()
-                   else 200)
 
 
 class _Way:
@@ -150,7 +143,7 @@ def _print_keys(keys: list[dict[str, Any]], as_json: bool) -> None:
             str(limits.get("rpm") or "-"), str(limits.get("tpm") or "-"),
             str(key.get("budget_tokens") or "-"), str(key.get("used_tokens", "")),
             time.strftime("%Y-%m-%d %H:%M", time.gmtime(expires)) if expires else "never")
-    _console().print(table)
+    make_console().print(table)
 
 
 def _print_secret(key: dict[str, Any], as_json: bool) -> None:
@@ -278,4 +271,4 @@ def usage_command(
                              justify="left" if column == "group" else "right")
         for row in rows:
             table.add_row(*("-" if row[c] is None else str(row[c]) for c in columns))
-        _console().print(table)
+        make_console().print(table)
