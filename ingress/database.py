@@ -115,6 +115,14 @@ class Database:
         with self._lock:
             self._connection.close()
 
+    def _live(self) -> Any:
+        """The connection, opened again if the server dropped it (a PostgreSQL restart or
+        failover): the statement that saw the drop failed, the next one reconnects."""
+        connection = self._connection
+        if self.dialect == "postgresql" and (connection.closed or connection.broken):
+            self._connection = Database.connect(self.url)._connection
+        return self._connection
+
     # -- statements --------------------------------------------------------------------
 
     def _sql(self, sql: str) -> str:
@@ -124,7 +132,7 @@ class Database:
     def transaction(self) -> Iterator[Cursor]:
         """A cursor inside one transaction: committed on success, rolled back on error."""
         with self._lock:
-            cursor = self._connection.cursor()
+            cursor = self._live().cursor()
             cursor.execute("BEGIN IMMEDIATE" if self.dialect == "sqlite" else "BEGIN")
             try:
                 yield _Translating(cursor, self._sql)
@@ -135,14 +143,14 @@ class Database:
 
     def query_sync(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         with self._lock:
-            cursor = self._connection.cursor()
+            cursor = self._live().cursor()
             cursor.execute(self._sql(sql), tuple(params))
             return list(cursor.fetchall()) if cursor.description else []
 
     def run_sync(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Execute one statement (autocommit); the number of rows it changed."""
         with self._lock:
-            cursor = self._connection.cursor()
+            cursor = self._live().cursor()
             cursor.execute(self._sql(sql), tuple(params))
             return int(cursor.rowcount or 0)
 

@@ -153,3 +153,29 @@ def test_a_keys_rate_limit_holds_across_two_ingress_nodes(pair):
     total = sum(admitted)
     assert all(n > 0 for n in admitted) and sum(refused) > total  # both served, both limited
     assert 0.9 * ideal <= total <= 1.1 * ideal, (total, ideal, admitted)
+
+
+def test_a_dropped_connection_is_opened_again_and_no_usage_is_lost(postgres_db):
+    import psycopg
+
+    db = Database.connect(DatabaseUrl.parse(postgres_db))
+    migrate(db)
+    writer = usage.UsageWriter(db, "ingress-1", flush_interval=0.01)
+
+    def done(request_id: str) -> Exchange:
+        finished = Exchange(route="/v1/chat/completions", request_id=request_id, model="m",
+                            status=200)
+        finished.tap = UsageTap(False)
+        return finished
+
+    writer.finished(done("before"))
+    trio.run(writer.flush)
+    with psycopg.connect(postgres_db, autocommit=True) as admin:  # the server drops us
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    writer.finished(done("after"))
+    trio.run(writer.flush)  # fails on the dead connection; the rows are kept
+    trio.run(writer.flush)  # a new connection: written
+    rows = db.query_sync("SELECT request_id FROM usage ORDER BY request_id")
+    assert [r[0] for r in rows] == ["after", "before"] and writer.pending() == 0
+    db.close()
