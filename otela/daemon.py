@@ -27,6 +27,7 @@ import httpx
 import trio
 from libp2p.tools.anyio_service import background_trio_service
 
+from ingress.dashboard import install as install_dashboard
 from otela import __version__, hardware
 from otela.api import assignments as assignment_routes
 from otela.api import node_metrics
@@ -202,6 +203,8 @@ class Node:
             self.load)
         self.api = create_app(self)
         assignment_routes.install(self.api, self.assignments)
+        if config.ingress:  # the public ingress's page at /ui (ingress/dashboard)
+            install_dashboard(self.api)
         # What watches the request path: metrics always; access log and trace on demand.
         self.metrics = MetricsRegistry()
         self.lag = LagSampler(node_metrics.install(self.metrics, self))
