@@ -56,6 +56,24 @@
     node.hidden = !message;
   }
 
+  /** Label each body cell with its column heading: on narrow screens the stylesheet shows
+   * tables as one card per row, where the heading row is hidden. */
+  function labelCells(tbody) {
+    const heads = [...tbody.closest("table").querySelectorAll("thead th")]
+      .map((th) => th.textContent.trim());
+    for (const row of tbody.rows) {
+      [...row.cells].forEach((cell, i) => {
+        if (!heads[i] || cell.hasAttribute("colspan")) return;
+        cell.setAttribute("data-label", heads[i]);
+        if (cell.childNodes.length > 1) {  // one grid item beside the label, not several
+          const wrap = el("div");
+          wrap.append(...cell.childNodes);
+          cell.append(wrap);
+        }
+      });
+    }
+  }
+
   function pill(text, tone) {
     return el("span", { class: `pill ${tone}` }, text);
   }
@@ -331,6 +349,7 @@
           : el("td", { class: "muted" }, "no report"),
       ));
     }
+    labelCells(body);
   }
 
   function reachabilityCell(node, network, health) {
@@ -387,6 +406,7 @@
         el("td", {}, age(node.updated_at)),
       ));
     }
+    labelCells(body);
   }
 
   function renderSummary(health) {
@@ -555,11 +575,13 @@
     try {
       const usage = await api(`/v1/me/usage?${query({ since, until, bucket })}`, { token: account.key });
       showError("usage-error", "");
+      $("usage-figure").hidden = false;
       renderTotals(usage.totals || {});
       drawUsage($("usage-chart"), usage.buckets || [], since, until, bucket,
         $("usage-range").selectedOptions[0].textContent);
     } catch (err) {
       showError("usage-error", explain(err, "usage"));
+      $("usage-figure").hidden = true;
       $("usage-chart").replaceChildren();
       $("usage-totals").replaceChildren();
     }
@@ -888,7 +910,7 @@
     const sorted = keys.slice().sort((a, b) => (b.created_at || 0) - (a.created_at || 0));
     for (const key of sorted) {
       const [status, tone] = keyStatus(key);
-      const actions = el("td", { class: "actions" });
+      const actions = el("div", { class: "actions" });
       const label = key.name || key.id;
       const rotate = el("button", { type: "button", class: "secondary", "data-action": "rotate",
         "aria-label": `Rotate key ${label}` }, "Rotate");
@@ -910,12 +932,13 @@
         el("td", {}, limitsText(key.limits)),
         el("td", {}, budgetNode(key)),
         el("td", {}, age(key.created_at)),
-        actions,
+        el("td", {}, actions),
       ));
     }
     if (!sorted.length) {
       body.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "No keys yet.")));
     }
+    labelCells(body);
   }
 
   /** A destructive action takes two clicks: the first arms the button for five seconds. */
@@ -1073,6 +1096,7 @@
     if (!sorted.length) {
       body.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "No requests in this period.")));
     }
+    labelCells(body);
   }
 
   // ---------------------------------------------------------------- start
