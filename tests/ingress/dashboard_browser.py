@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
@@ -25,7 +26,11 @@ def console_errors(driver: WebDriver, allow_http_errors: bool = False) -> list[d
 
 
 def wait(driver: WebDriver, timeout: float = WAIT) -> WebDriverWait:
-    return WebDriverWait(driver, timeout, poll_frequency=0.05)
+    """Poll every 50 ms; an element the page redrew meanwhile (stale) is looked up again
+    on the next poll (the federation view redraws every few seconds)."""
+    return WebDriverWait(driver, timeout, poll_frequency=0.05,
+                         ignored_exceptions=(NoSuchElementException,
+                                             StaleElementReferenceException))
 
 
 def open_page(driver: WebDriver, base_url: str, view: str = "federation") -> None:
@@ -118,12 +123,14 @@ def create_key_in_page(driver: WebDriver, owner: str, name: str,
 
 
 def key_action(driver: WebDriver, key_id: str, action: str) -> None:
-    """Rotate or revoke a key from the keys table: two clicks, as the page asks."""
-    button = wait(driver).until(EC.element_to_be_clickable(
-        (By.CSS_SELECTOR, f'#keys-body tr[data-key="{key_id}"] [data-action="{action}"]')))
-    button.click()
-    assert "Confirm" in button.text  # destructive: the first click only arms it
-    button.click()
+    """Rotate or revoke a key from the keys table: two clicks, as the page asks (the table
+    may be redrawn in between, so the button is found again)."""
+    selector = (By.CSS_SELECTOR, f'#keys-body tr[data-key="{key_id}"] [data-action="{action}"]')
+    wait(driver).until(EC.element_to_be_clickable(selector)).click()
+    wait(driver).until(lambda d: d.find_element(*selector).get_attribute("aria-pressed")
+                       == "true")  # armed: the first click alone did nothing
+    assert "Confirm" in driver.find_element(*selector).text
+    driver.find_element(*selector).click()
 
 
 def sign_in_key(driver: WebDriver, base_url: str, secret: str) -> None:

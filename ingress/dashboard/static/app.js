@@ -846,7 +846,7 @@
 
   // ---------------------------------------------------------------- admin
 
-  const admin = { token: null, keys: [], arming: null };
+  const admin = { token: null, keys: [], arming: null, busy: new Set() };
 
   function showAdmin(signedIn) {
     $("admin-form").hidden = signedIn;
@@ -912,14 +912,17 @@
       const [status, tone] = keyStatus(key);
       const actions = el("div", { class: "actions" });
       const label = key.name || key.id;
-      const rotate = el("button", { type: "button", class: "secondary", "data-action": "rotate",
-        "aria-label": `Rotate key ${label}` }, "Rotate");
-      const revoke = el("button", { type: "button", class: "danger", "data-action": "revoke",
-        "aria-label": `Revoke key ${label}` }, "Revoke");
-      rotate.disabled = revoke.disabled = Boolean(key.revoked_at);
-      rotate.addEventListener("click", () => confirmThen(rotate, "Confirm rotate", () => rotateKey(key)));
-      revoke.addEventListener("click", () => confirmThen(revoke, "Confirm revoke", () => revokeKey(key)));
-      actions.append(rotate, revoke);
+      const busy = admin.busy.has(key.id);
+      for (const [action, text, tone, run] of [["rotate", "Rotate", "secondary", rotateKey],
+        ["revoke", "Revoke", "danger", revokeKey]]) {
+        const armed = admin.arming && admin.arming.keyId === key.id && admin.arming.action === action;
+        const button = el("button", { type: "button", class: tone, "data-action": action,
+          "aria-label": `${armed ? "Confirm: " : ""}${text} key ${label}`,
+          "aria-pressed": armed ? "true" : null }, armed ? `Confirm ${action}` : text);
+        button.disabled = Boolean(key.revoked_at) || busy;
+        button.addEventListener("click", () => confirmThen(key, action, run));
+        actions.append(button);
+      }
       body.append(el("tr", { "data-key": key.id },
         el("th", { scope: "row" }, key.name || "(unnamed)",
           el("span", { class: "sub-line mono" }, key.id)),
@@ -941,29 +944,28 @@
     labelCells(body);
   }
 
-  /** A destructive action takes two clicks: the first arms the button for five seconds. */
-  function confirmThen(button, armedText, action) {
-    if (admin.arming && admin.arming.button === button) {
-      clearTimeout(admin.arming.timer);
+  /** A destructive action takes two clicks: the first arms it for five seconds. The
+   * armed state is kept by key and action, not by button, so it survives the table being
+   * redrawn in between. */
+  function confirmThen(key, action, run) {
+    const armed = admin.arming;
+    if (armed) clearTimeout(armed.timer);
+    if (armed && armed.keyId === key.id && armed.action === action) {
       admin.arming = null;
-      button.disabled = true;
-      action().finally(() => { button.disabled = false; });
+      admin.busy.add(key.id);
+      renderKeys(admin.keys);
+      run(key).finally(() => { admin.busy.delete(key.id); renderKeys(admin.keys); });
       return;
     }
-    if (admin.arming) disarm();
-    const original = button.textContent;
-    button.textContent = armedText;
-    button.setAttribute("aria-pressed", "true");
-    admin.arming = { button, original, timer: setTimeout(disarm, 5000) };
+    admin.arming = { keyId: key.id, action, timer: setTimeout(disarm, 5000) };
+    renderKeys(admin.keys);
   }
 
   function disarm() {
     if (!admin.arming) return;
-    const { button, original, timer } = admin.arming;
-    clearTimeout(timer);
-    button.textContent = original;
-    button.removeAttribute("aria-pressed");
+    clearTimeout(admin.arming.timer);
     admin.arming = null;
+    renderKeys(admin.keys);
   }
 
   async function revokeKey(key) {
