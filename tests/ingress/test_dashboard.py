@@ -175,3 +175,12 @@ def test_the_comment_stripper_keeps_strings() -> None:
     code = 'const a = "https://cdn.example.com/x.js"; // https://fine.example\n'
     assert "cdn.example.com" in _without_comments("x.js", code)
     assert "fine.example" not in _without_comments("x.js", code)
+
+
+def test_admin_usage_offers_every_grouping_of_the_api() -> None:
+    from ingress.usage import GROUPS
+
+    page = (STATIC / "index.html").read_text()
+    select = page[page.index('id="admin-usage-by"'):]
+    select = select[:select.index("</select>")]
+    assert set(re.findall(r'<option value="(\w+)"', select)) == set(GROUPS)

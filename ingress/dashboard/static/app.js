@@ -608,9 +608,13 @@
   }
 
   /** Stacked token bars per bucket, errors as dots; drawn as inline SVG (no library). */
+  const chart = { last: null, resizeTimer: null };
+
+  /** Drawn at the container's width in pixels (not scaled), so text keeps its size. */
   function drawUsage(container, buckets, since, until, bucket, periodText) {
-    const W = 720;
-    const H = 240;
+    chart.last = [container, buckets, since, until, bucket, periodText];
+    const W = Math.max(300, Math.round(container.getBoundingClientRect().width) || 720);
+    const H = 220;
     const pad = { l: 48, r: 12, t: 12, b: 28 };
     const byStart = new Map(buckets.map((b) => [Math.floor(b.start / bucket) * bucket, b]));
     const series = [];
@@ -636,15 +640,15 @@
     const plotH = H - pad.t - pad.b;
     const slot = plotW / Math.max(series.length, 1);
     const y = (v) => pad.t + plotH - (v / top) * plotH;
-    const chart = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, role: "img",
+    const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
       "aria-labelledby": "usage-chart-title", id: "usage-svg" });
-    chart.append(svgEl("title", { id: "usage-chart-title" },
+    svg.append(svgEl("title", { id: "usage-chart-title" },
       `Tokens per ${bucket >= 86400 ? "day" : bucket >= 3600 ? `${bucket / 3600} h` : `${bucket / 60} min`}`
       + ` over the ${periodText}: ${fmt(total)} tokens in ${fmt(requests)} requests`));
     for (let i = 0; i <= 4; i += 1) {
       const value = (top / 4) * i;
-      chart.append(svgEl("line", { class: i ? "grid" : "axis", x1: pad.l, x2: W - pad.r, y1: y(value), y2: y(value) }));
-      chart.append(svgEl("text", { x: pad.l - 6, y: y(value) + 4, "text-anchor": "end" }, compact(value)));
+      svg.append(svgEl("line", { class: i ? "grid" : "axis", x1: pad.l, x2: W - pad.r, y1: y(value), y2: y(value) }));
+      svg.append(svgEl("text", { x: pad.l - 6, y: y(value) + 4, "text-anchor": "end" }, compact(value)));
     }
     const labelEvery = Math.max(1, Math.ceil(series.length / 6));
     series.forEach((s, i) => {
@@ -662,17 +666,17 @@
       if (s.errors) group.append(svgEl("circle", { class: "dot-errors", cx: x + w / 2, cy: pad.t + 4, r: 3.5 }));
       // An invisible full-height target so the tooltip works on empty buckets too.
       group.append(svgEl("rect", { x: pad.l + i * slot, width: slot, y: pad.t, height: plotH, fill: "transparent" }));
-      chart.append(group);
+      svg.append(group);
       if (i % labelEvery === 0) {
-        chart.append(svgEl("text", { x: pad.l + i * slot + slot / 2, y: H - 8, "text-anchor": "middle" },
+        svg.append(svgEl("text", { x: pad.l + i * slot + slot / 2, y: H - 8, "text-anchor": "middle" },
           tickLabel(s.start, bucket)));
       }
     });
     if (!total) {
-      chart.append(svgEl("text", { x: pad.l + plotW / 2, y: pad.t + plotH / 2, "text-anchor": "middle" },
+      svg.append(svgEl("text", { x: pad.l + plotW / 2, y: pad.t + plotH / 2, "text-anchor": "middle" },
         "No tokens used in this period"));
     }
-    container.replaceChildren(chart);
+    container.replaceChildren(svg);
   }
 
   // ---------------------------------------------------------------- playground
@@ -1093,7 +1097,8 @@
         el("td", { class: "num" }, fmt(row.errors)),
         el("td", { class: "num" }, ms(row.mean_latency_ms)),
         el("td", { class: "num" }, ms(row.mean_ttft_ms)),
-        el("td", { "aria-label": `${Math.round((tokens(row) / most) * 100)} % of the largest` }, share));
+        el("td", { class: "share-cell",
+          "aria-label": `${Math.round((tokens(row) / most) * 100)} % of the largest` }, share));
     }));
     if (!sorted.length) {
       body.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "No requests in this period.")));
@@ -1114,6 +1119,12 @@
     $("key-form").addEventListener("submit", (e) => signInKey(e).catch(reportBug));
     $("key-signout").addEventListener("click", signOutKey);
     $("usage-range").addEventListener("change", () => refreshUsage().catch(reportBug));
+    window.addEventListener("resize", () => {
+      clearTimeout(chart.resizeTimer);
+      chart.resizeTimer = setTimeout(() => {
+        if (chart.last && !$("usage-figure").hidden) drawUsage(...chart.last);
+      }, 150);
+    });
     $("chat-form").addEventListener("submit", (e) => sendChat(e).catch(reportBug));
     $("chat-input").addEventListener("keydown", (e) => {
       if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("chat-form").requestSubmit();
