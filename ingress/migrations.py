@@ -27,9 +27,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             revoked_at DOUBLE PRECISION,
             models TEXT,
             providers TEXT,
-            rpm INTEGER,
-            tpm INTEGER,
-            max_concurrent INTEGER,
+            rpm BIGINT,
+            tpm BIGINT,
+            max_concurrent BIGINT,
             budget_tokens BIGINT,
             updated_at DOUBLE PRECISION NOT NULL
         )""",

@@ -76,6 +76,7 @@ class IngressService:
                 "keys": len(self.access.by_id), "usage_written": self.usage.written,
                 "usage_pending": self.usage.pending(),
                 "usage_write_failures": self.usage.failures,
+                "usage_rows_dropped": self.usage.dropped,
                 "key_refreshes": self.access.refreshes,
                 "key_refresh_failures": self.access.refresh_failures,
                 "open": self.open_access}

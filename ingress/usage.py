@@ -33,6 +33,15 @@ _INSERT = ("INSERT INTO usage (id, request_id, key_id, model, route, provider, n
            "latency_ms, ttft_ms, started_at, finished_at, ingress, recorded_at) VALUES "
            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
            "ON CONFLICT (id) DO NOTHING")
+_MAX_TOKENS = 2**31 - 1  # what an engine may claim (a serving node could say anything)
+_MAX_TEXT = 512
+
+
+def _text(value: str) -> str:
+    """Text as every database takes it: PostgreSQL refuses NUL characters."""
+    return value[:_MAX_TEXT].replace("\x00", "\ufffd")
+
+
 GROUPS = {"key": "key_id", "model": "model", "provider": "provider", "node": "node_peer",
           "ingress": "ingress", "status": "status"}
 
@@ -57,18 +66,20 @@ class UsageWriter:
         self._counter = 0
         self.written = 0
         self.failures = 0
+        self.dropped = 0
 
     def finished(self, exchange: Exchange) -> None:
         if not exchange.model:
             return  # refused before a model was named (unreadable body): not usage
-        prompt, completion = tokens_of(exchange)
+        prompt, completion = (min(max(0, n), _MAX_TOKENS) for n in tokens_of(exchange))
         ended = time.time()
         first = exchange.first_byte
         self._counter += 1
         self._rows.append((
-            f"{self._prefix}{self._counter:010x}", exchange.request_id, exchange.api_key,
-            exchange.model, exchange.route, exchange.node_provider, exchange.node_peer,
-            exchange.node_session, prompt, completion, exchange.status, exchange.error,
+            f"{self._prefix}{self._counter:010x}", _text(exchange.request_id),
+            exchange.api_key, _text(exchange.model), _text(exchange.route),
+            _text(exchange.node_provider), _text(exchange.node_peer),
+            _text(exchange.node_session), prompt, completion, exchange.status, exchange.error,
             int(exchange.stream), round(exchange.duration * 1e3, 3),
             None if first is None else round(first * 1e3, 3), exchange.arrival, ended,
             self.ingress_id))
@@ -95,16 +106,36 @@ class UsageWriter:
         try:
             await self.db.in_thread(self._write, rows)
             self.written += len(rows)
-        except Exception as exc:  # keep the rows: the database may be back next time
+            return
+        except Exception as exc:
             self.failures += 1
+            log.warning("usage: could not write %d rows (%s)", len(rows), exc)
+        # One row the database refuses must not hold the others back forever: write them
+        # one by one; keep those that failed only if none went in (the database is away).
+        kept = await self.db.in_thread(self._write_each, rows)
+        self.written += len(rows) - len(kept)
+        if len(kept) < len(rows):
+            self.dropped += len(kept)
+            for row in kept:
+                log.error("usage: the database refused row %s (request %s); dropped",
+                          row[0], row[1])
+        else:
             self._rows[:0] = rows
-            log.warning("usage: could not write %d rows (%s); retrying", len(rows), exc)
             await trio.sleep(min(1.0, self.flush_interval * 2 ** min(self.failures, 6)))
 
     def _write(self, rows: list[tuple[Any, ...]]) -> None:
         now = time.time()
         with self.db.transaction() as cursor:
             cursor.executemany(_INSERT, [(*row, now) for row in rows])
+
+    def _write_each(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        failed = []
+        for row in rows:
+            try:
+                self._write([row])
+            except Exception:
+                failed.append(row)
+        return failed
 
 
 # -- reading usage back ------------------------------------------------------------------

@@ -32,7 +32,8 @@ ADMIN = "postgres-admin-token-00000000000"
 def test_schema_keys_and_usage_in_postgresql(postgres_db):
     db = Database.connect(DatabaseUrl.parse(postgres_db))
     assert migrate(db) == 0 and migrate(db) == LATEST
-    made, secret = keystore.create(db, KeySpec(owner="a", models=frozenset({"m"}), tpm=100))
+    made, secret = keystore.create(db, KeySpec(owner="a", models=frozenset({"m"}), tpm=10**12,
+                                                rpm=2**61, budget_tokens=2**61))
     assert keystore.get(db, made.id) == made
     writer = usage.UsageWriter(db, "ingress-1")
     done = Exchange(route="/v1/chat/completions", request_id="r", model="m", status=200,
@@ -76,6 +77,13 @@ def status(node: LocalNode, key: str) -> int:
                       trust_env=False, headers={"authorization": f"Bearer {key}"}).status_code
 
 
+def _requests_of(db: str, key_id: str) -> int:
+    import psycopg
+    with psycopg.connect(db) as conn:
+        row = conn.execute("SELECT COUNT(*) FROM usage WHERE key_id = %s", (key_id,)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def otela(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "otela", *args], capture_output=True,
                           text=True, timeout=60)
@@ -87,6 +95,13 @@ def test_two_ingress_nodes_share_keys_revocations_and_usage(pair):
                       headers={"authorization": f"Bearer {ADMIN}"}, trust_env=False).json()
     assert status(first, made["key"]) == 200
     wait_for(lambda: status(second, made["key"]) == 200, 5, "the other ingress to know it")
+    # Text PostgreSQL refuses (NUL) in a usage row must not hold the other rows back.
+    hostile = httpx.post(f"{first.http_url}/v1/chat/completions", trust_env=False,
+                         json={"model": "evil\u0000model", "messages": []},
+                         headers={"authorization": f"Bearer {made['key']}"})
+    assert hostile.status_code == 404
+    assert status(first, made["key"]) == 200
+    wait_for(lambda: _requests_of(db, made["id"]) == 4, 5, "every request's usage row")
     revoked = otela("keys", "revoke", made["id"], "--db", db, "--json")
     assert revoked.returncode == 0, revoked.stderr
     assert json.loads(revoked.stdout)["status"] == "revoked"

@@ -273,3 +273,15 @@ def test_other_ingress_nodes_use_is_charged_once(tmp_path):
     limits = access.limits[made.id]
     assert limits.requests is not None
     assert 4.9 < limits.requests.available(limits.requests.at) < 5.1
+
+
+def test_config_show_hides_the_admin_token_and_database_passwords(tmp_path):
+    from otela.config import show_rows
+    from otela.config.layers import resolve
+
+    env = {"OTELA_ADMIN_TOKEN": "s3cret-token", "OTELA_INGRESS_DB": "postgresql://u:pw@h/db",
+           "XDG_CONFIG_HOME": str(tmp_path)}
+    rows = {row["setting"]: row["value"] for row in show_rows(resolve({}, env))}
+    assert rows["ingress.admin_token"] == "(set, hidden)"
+    assert "pw" not in rows["ingress.db"] and "u:***@h/db" in rows["ingress.db"]
+    assert not any("s3cret" in str(value) for value in rows.values())
