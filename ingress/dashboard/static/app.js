@@ -196,7 +196,7 @@
   function explain(err, feature) {
     const text = String(err);
     if (err instanceof ApiError && err.status === 404 && feature) {
-      return `${text} (this node does not offer ${feature}; is it an ingress started with a key database?)`;
+      return `${text} (this node does not offer ${feature}: its ingress service runs only with --ingress-db)`;
     }
     return text;
   }
@@ -835,7 +835,8 @@
     if (servedBy) meta.push(servedBy);
     reply.querySelector(".meta").textContent = meta.join(" · ");
     reply.setAttribute("data-outcome", outcome);
-    $("chat-status").textContent = outcome === "done" ? "" : `Answer ${outcome}.`;
+    // Announced once (the transcript itself is not a live region: every token would be).
+    $("chat-status").textContent = `Answer ${outcome === "done" ? "complete" : outcome}.`;
     if (account.key) refreshAccount().catch(reportBug);
   }
 
