@@ -38,6 +38,7 @@ from dashboard_browser import (
     wait,
 )
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select
@@ -208,3 +209,24 @@ def test_chat_with_a_key_streams_then_a_revoked_key_gets_401(
     browser.find_element(By.ID, "tab-account").click()
     assert visible_text(browser, "account-error") == "401: invalid API key"
     assert console_errors(browser, allow_http_errors=True) == []
+
+
+def test_tabs_follow_the_keyboard_and_the_address(browser: WebDriver,
+                                                  contract: tuple[str, ContractState]) -> None:
+    """WAI-ARIA tabs: arrow keys move between views; each view has its own #address."""
+    url, _ = contract
+    open_page(browser, url)
+    browser.find_element(By.ID, "tab-federation").click()
+    browser.switch_to.active_element.send_keys(Keys.ARROW_RIGHT)
+    wait(browser).until(EC.visibility_of_element_located((By.ID, "view-account")))
+    assert browser.switch_to.active_element.get_attribute("id") == "tab-account"
+    assert browser.find_element(By.ID, "tab-account").get_attribute("aria-selected") == "true"
+    assert not browser.find_element(By.ID, "view-federation").is_displayed()
+    assert browser.current_url.endswith("#account")
+    browser.switch_to.active_element.send_keys(Keys.END)
+    wait(browser).until(EC.visibility_of_element_located((By.ID, "view-admin")))
+    browser.switch_to.active_element.send_keys(Keys.ARROW_RIGHT)  # wraps around
+    wait(browser).until(EC.visibility_of_element_located((By.ID, "view-federation")))
+    browser.get(f"{url}/ui#playground")
+    wait(browser).until(EC.visibility_of_element_located((By.ID, "view-playground")))
+    assert console_errors(browser) == []
