@@ -29,6 +29,7 @@ log = logging.getLogger("otela.ingress.access")
 
 # Others' rows may commit out of order (PostgreSQL): look back this far, skip ids seen.
 _LOOKBACK_S = 5.0
+_NOT_ADMITTED = frozenset({401, 403, 429})  # refused where they were: took no slot
 
 
 @dataclass
@@ -51,8 +52,8 @@ class Access:
         self.by_hash: dict[str, ApiKey] = {}
         self.by_id: dict[str, ApiKey] = {}
         self.limits: dict[str, KeyLimits] = {}
-        self.used_tokens: dict[str, int] = {}  # from the database, at the last refresh
-        self.used_here: dict[str, int] = {}  # by this node since that refresh
+        self.used_tokens: dict[str, int] = {}  # at load, plus what others wrote since
+        self.used_here: dict[str, int] = {}  # by this process since load
         self._keys_seen_at = 0.0
         self._others_after = time.time() - _LOOKBACK_S
         self._others_seen: dict[str, float] = {}
@@ -87,31 +88,37 @@ class Access:
     # -- keeping the copy fresh --------------------------------------------------------
 
     def load(self) -> None:
-        """The first full read (blocking; at start, before the port opens)."""
-        self._refresh_sync()
+        """The first full read (blocking; at start, before the port opens): every key, and
+        the tokens each has used, from one consistent read of the usage table."""
+        started = time.time()
+        self.remember(keystore.changed_since(self.db, 0.0))
+        self._keys_seen_at = started
+        after = started - _LOOKBACK_S
+        totals, recent = usage.totals_and_recent(self.db, after)
+        self.used_tokens, self.used_here = totals, {}
+        self._others_after = after
+        self._others_seen = {row_id: recorded for row_id, ingress, recorded in recent
+                             if ingress != self.ingress_id}
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
             await trio.sleep(self.refresh_interval)
             try:
-                await self.db.in_thread(self._refresh_sync)
+                await self.db.in_thread(self.refresh)
             except Exception as exc:  # the database is away: keep serving from the copy
                 self.refresh_failures += 1
                 log.warning("ingress: could not refresh keys and usage (%s)", exc)
 
-    def _refresh_sync(self) -> None:
+    def refresh(self) -> None:
+        """What changed since the last refresh: keys, and the rows other ingress processes
+        wrote (O(new rows), never a scan of the whole usage table)."""
         started = time.time()
         changed = keystore.changed_since(self.db, self._keys_seen_at - 1.0)
-        used = keystore.used_tokens(self.db)
         others = usage.recent_by_others(self.db, self.ingress_id, self._others_after)
         self.remember(changed)
         self._keys_seen_at = started
-        # Tokens counted in ``used`` include this node's rows written so far; rows still
-        # buffered stay in ``used_here`` only until the next refresh (a slight undercount
-        # for one interval, never a double count of written rows).
-        self.used_tokens, self.used_here = used, {}
-        self._charge_others(others)
+        self._take_others(others)
         self.refreshes += 1
 
     def remember(self, changed: list[ApiKey]) -> None:
@@ -127,16 +134,20 @@ class Access:
             if limits is not None:
                 limits.reconfigure(key.rpm, key.tpm, key.max_concurrent)
 
-    def _charge_others(self, rows: list[tuple[str, str, int, float]]) -> None:
+    def _take_others(self, rows: list[tuple[str, str, int, int, float]]) -> None:
+        """Others' rows count towards budgets (all) and this node's buckets (those that
+        were admitted there), each once."""
         now = time.monotonic()
         newest = self._others_after
-        for row_id, key_id, tokens, recorded in rows:
+        for row_id, key_id, tokens, status, recorded in rows:
             newest = max(newest, recorded)
             if row_id in self._others_seen:
                 continue
             self._others_seen[row_id] = recorded
+            if tokens:
+                self.used_tokens[key_id] = self.used_tokens.get(key_id, 0) + tokens
             limits = self.limits.get(key_id)
-            if limits is not None:
+            if limits is not None and status not in _NOT_ADMITTED:
                 limits.charge(1, tokens, now)
         self._others_after = max(self._others_after, newest - _LOOKBACK_S)
         horizon = self._others_after

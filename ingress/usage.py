@@ -219,12 +219,27 @@ def buckets(db: Database, since: float, until: float, bucket_s: float,
 
 
 def recent_by_others(db: Database, ingress_id: str, recorded_after: float
-                     ) -> list[tuple[str, str, int, float]]:
-    """(row id, key, tokens, recorded_at) of keyed rows other ingress nodes wrote after
-    ``recorded_after``: what ``ingress.access`` charges this node's buckets with."""
+                     ) -> list[tuple[str, str, int, int, float]]:
+    """(row id, key, tokens, status, recorded_at) of keyed rows other ingress processes
+    wrote after ``recorded_after``: what ``ingress.access`` counts towards budgets and
+    limits here."""
     rows = db.query_sync(
-        "SELECT id, key_id, prompt_tokens + completion_tokens, recorded_at FROM usage "
-        "WHERE recorded_at > ? AND ingress <> ? AND key_id IS NOT NULL "
-        "AND status NOT IN (401, 403, 429)",  # refused there: took no slot
+        "SELECT id, key_id, prompt_tokens + completion_tokens, status, recorded_at FROM usage "
+        "WHERE recorded_at > ? AND ingress <> ? AND key_id IS NOT NULL",
         (recorded_after, ingress_id))
-    return [(str(r[0]), str(r[1]), int(r[2]), float(r[3])) for r in rows]
+    return [(str(r[0]), str(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
+
+
+def totals_and_recent(db: Database, recorded_after: float
+                      ) -> tuple[dict[str, int], list[tuple[str, str, float]]]:
+    """Tokens per key over all time, and (id, ingress, recorded_at) of the rows recorded
+    after ``recorded_after``, in one statement: one snapshot, so a row is either in both
+    or in neither (``Access.load`` then never counts one twice)."""
+    rows = db.query_sync(
+        "SELECT 0, key_id, SUM(prompt_tokens + completion_tokens), NULL, NULL FROM usage "
+        "WHERE key_id IS NOT NULL GROUP BY key_id "
+        "UNION ALL SELECT 1, id, 0, ingress, recorded_at FROM usage WHERE recorded_at > ?",
+        (recorded_after,))
+    totals = {str(r[1]): int(r[2] or 0) for r in rows if r[0] == 0}
+    recent = [(str(r[1]), str(r[3]), float(r[4])) for r in rows if r[0] == 1]
+    return totals, recent

@@ -4,6 +4,7 @@ API and revocation."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 
@@ -214,3 +215,47 @@ def test_usage_report_and_me(fed):
     assert by_key[key["id"]]["requests"] == 3
     by_model = admin(ingress, "GET", "/usage?by=model").json()["data"]
     assert MODEL in {row["group"] for row in by_model}
+
+
+def test_data_path_workers_check_keys_and_count_usage(tmp_path):
+    """With --workers, each data-path process runs the key gate and writes usage rows of its
+    own; a revocation made through the control's admin API reaches every worker."""
+    db = tmp_path / "workers.db"
+    with LocalFederation(tmp_path) as federation:
+        node = federation.start_node(
+            "ingress", ingress=True, provider_id="prov-w",
+            process=echo_engine_command(free_port(), [MODEL]),
+            extra_args=["--ingress-db", str(db), "--workers", "2"],
+            extra_env={"OTELA_ADMIN_TOKEN": ADMIN})
+        wait_for(lambda: node.states().get(node.session_id) == "SERVING", 30, "serving")
+        key = new_key(node, name="workers")
+
+        def known_everywhere() -> bool:  # workers read new keys within a refresh (1 s)
+            return all(httpx.post(f"{node.http_url}/v1/chat/completions", trust_env=False,
+                                  headers={"authorization": f"Bearer {key['key']}",
+                                           "connection": "close"},
+                                  json={}).status_code == 400  # past the key: no model
+                       for _ in range(6))
+        wait_for(known_everywhere, 5, "every worker to know the new key")
+        with httpx.Client(trust_env=False, timeout=10) as http:  # new connections: both
+            for _ in range(12):                                 # workers take some
+                answer = http.post(f"{node.http_url}/v1/chat/completions",
+                                   headers={"authorization": f"Bearer {key['key']}",
+                                            "connection": "close"},
+                                   json={"model": MODEL, "messages": [
+                                       {"role": "user", "content": "x"}]})
+                assert answer.status_code == 200, answer.text
+        wait_for(lambda: len(usage_rows(str(db), key["id"])) == 12, 5, "12 usage rows")
+        with sqlite3.connect(db) as conn:
+            writers = {row[0] for row in conn.execute(
+                "SELECT ingress FROM usage WHERE key_id = ?", (key["id"],))}
+        assert writers and all(re.search(r"/w\d+$", w) for w in writers)
+        assert admin(node, "POST", f"/keys/{key['id']}/revoke").status_code == 200
+
+        def refused_everywhere() -> bool:
+            return all(httpx.post(f"{node.http_url}/v1/chat/completions", trust_env=False,
+                                  headers={"authorization": f"Bearer {key['key']}",
+                                           "connection": "close"},
+                                  json={"model": MODEL, "messages": []}).status_code == 401
+                       for _ in range(8))
+        wait_for(refused_everywhere, 5, "every worker to refuse the revoked key")

@@ -268,8 +268,9 @@ def test_other_ingress_nodes_use_is_charged_once(tmp_path):
     for i in range(4):
         writer.finished(exchange(f"r{i}", made.id, (1, 1)))
     trio.run(writer.flush)
-    access.load()
-    access.load()  # a second refresh must not charge the same rows again
+    access.refresh()
+    access.refresh()  # a second refresh must not charge the same rows again
+    assert access.used_tokens[made.id] == 8  # and budgets see the tokens, once
     limits = access.limits[made.id]
     assert limits.requests is not None
     assert 4.9 < limits.requests.available(limits.requests.at) < 5.1
@@ -285,3 +286,17 @@ def test_config_show_hides_the_admin_token_and_database_passwords(tmp_path):
     assert rows["ingress.admin_token"] == "(set, hidden)"
     assert "pw" not in rows["ingress.db"] and "u:***@h/db" in rows["ingress.db"]
     assert not any("s3cret" in str(value) for value in rows.values())
+
+
+def test_a_fresh_ingress_counts_recent_rows_once(tmp_path):
+    path = tmp_path / "fresh.db"
+    db = sqlite(path)
+    made, _ = keystore.create(db, KeySpec(owner="a", budget_tokens=100))
+    writer = usage.UsageWriter(db, "ingress-old")
+    for i in range(3):
+        writer.finished(exchange(f"r{i}", made.id, (5, 5)))
+    trio.run(writer.flush)
+    access = Access(sqlite(path), "ingress-new")
+    access.load()  # the rows are seconds old: inside the look-back of the first refresh
+    access.refresh()
+    assert access.used_tokens[made.id] == 30
