@@ -85,7 +85,7 @@ def test_a_wrong_key_is_refused_at_sign_in_with_the_api_message(
 
 def test_key_holder_sees_their_key_and_usage_chart(
         browser: WebDriver, seeded: tuple[str, ContractState, str, str, list[int]]) -> None:
-    url, _, key_id, secret, hours = seeded
+    url, state, key_id, secret, hours = seeded
     open_page(browser, url, "account")
     sign_in_key(browser, url, secret)
     info = wait(browser).until(lambda d: (t := d.find_element(By.ID, "key-info").text)
@@ -107,10 +107,15 @@ def test_key_holder_sees_their_key_and_usage_chart(
     assert "460 tokens in 4 requests" in title
     assert browser.find_element(By.ID, "usage-svg").get_attribute("role") == "img"
 
-    # A shorter period asks the API for less: nothing in the last hour.
+    # New usage shows up by itself (the view refreshes every 15 s while shown).
+    state.usage.append(Use(key_id, time.time() - 60, prompt_tokens=1, completion_tokens=1))
+    wait(browser, 25).until(
+        lambda d: "Requests\n5" in d.find_element(By.ID, "usage-totals").text)
+
+    # A shorter period asks the API for less: only that last request.
     Select(browser.find_element(By.ID, "usage-range")).select_by_value("3600")
-    wait(browser).until(lambda d: "Requests\n0" in d.find_element(By.ID, "usage-totals").text)
-    assert not browser.find_elements(By.CSS_SELECTOR, "#usage-svg rect.bar-prompt")
+    wait(browser).until(lambda d: "Requests\n1" in d.find_element(By.ID, "usage-totals").text)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#usage-svg rect.bar-prompt")) == 1
 
     # The key survives a reload (session storage) and signing out forgets it.
     browser.refresh()

@@ -253,7 +253,7 @@
 
   // ---------------------------------------------------------------- federation
 
-  const fed = { models: [], timer: null, busy: false };
+  const fed = { models: [], timer: null, busy: false, ticks: 0 };
 
   const STATE_TONE = { SERVING: "ok", JOIN: "neutral", DOWN: "bad", LEFT: "neutral" };
   const STATE_ORDER = { SERVING: 0, JOIN: 1, DOWN: 2, LEFT: 3 };
@@ -458,11 +458,19 @@
     }
   }
 
-  /** Refresh while the page is visible; a hidden tab costs the node nothing. */
+  /** Refresh while the page is visible; a hidden tab costs the node nothing. The
+   * federation every tick (the playground's model list comes from it too), a key holder's
+   * view every third while it is shown. */
   function scheduleFederation() {
     clearTimeout(fed.timer);
     fed.timer = setTimeout(async () => {
-      if (!document.hidden) await refreshFederation().catch(reportBug);
+      fed.ticks += 1;
+      if (!document.hidden) {
+        await refreshFederation().catch(reportBug);
+        if (fed.ticks % 3 === 0 && account.key && currentTab() === "account") {
+          await refreshAccount().catch(reportBug);
+        }
+      }
       scheduleFederation();
     }, REFRESH_MS);
   }
