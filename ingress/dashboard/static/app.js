@@ -411,7 +411,8 @@
 
   function renderSummary(health) {
     const parts = [`node ${shortId(health.peer_id)}`, `provider ${health.provider_id}`,
-      health.state, `${fmt(health.connected_peers)} peers`, `v${health.version}`];
+      health.state, `${fmt(health.connected_peers)} ${health.connected_peers === 1 ? "peer" : "peers"}`,
+      `v${health.version}`];
     $("node-summary").textContent = parts.join(" · ");
   }
 
