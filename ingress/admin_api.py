@@ -96,21 +96,20 @@ def install(app: FastAPI, service: IngressService) -> None:
         service.access.remember([key])
         return {**key.to_dict(time.time(), 0), "key": secret}
 
+    async def on_key(request: Request, key_id: str, change: Any) -> Any:
+        """``change(db, key_id)`` for an admin, in a worker thread; 404 for no such key."""
+        _admin(service, request)
+        try:
+            return await db.in_thread(change, db, admin_input.key_id(key_id))
+        except KeyNotFound:
+            raise _not_found() from None
+
     @app.get("/v1/admin/keys/{key_id}")
     async def show_key(request: Request, key_id: str) -> dict[str, Any]:
-        _admin(service, request)
-        try:
-            key = await db.in_thread(keystore.get, db, admin_input.key_id(key_id))
-        except KeyNotFound:
-            raise _not_found() from None
-        return await key_object(key)
+        return await key_object(await on_key(request, key_id, keystore.get))
 
     async def revoke(request: Request, key_id: str) -> dict[str, Any]:
-        _admin(service, request)
-        try:
-            key = await db.in_thread(keystore.revoke, db, admin_input.key_id(key_id))
-        except KeyNotFound:
-            raise _not_found() from None
+        key = await on_key(request, key_id, keystore.revoke)
         service.access.remember([key])
         return await key_object(key)
 
@@ -119,12 +118,7 @@ def install(app: FastAPI, service: IngressService) -> None:
 
     @app.post("/v1/admin/keys/{key_id}/rotate")
     async def rotate(request: Request, key_id: str) -> dict[str, Any]:
-        _admin(service, request)
-        try:
-            key, secret = await db.in_thread(keystore.rotate, db, admin_input.key_id(key_id))
-        except KeyNotFound:
-            raise RequestError(404, "No such API key (or it is revoked).",
-                               code="key_not_found", param="id") from None
+        key, secret = await on_key(request, key_id, keystore.rotate)  # revoked: 404 too
         service.access.remember([key])
         return {**(await key_object(key)), "key": secret}
 

@@ -18,8 +18,11 @@ import trio
 from ingress.access import Access
 from ingress.database import Database, DatabaseUrl
 from ingress.keys import ApiKey
+from ingress.metrics import KeyMetrics
 from ingress.migrations import migrate
 from ingress.usage import UsageWriter
+from otela.api.observe import Observer
+from otela.metrics import Registry
 
 
 class IngressService:
@@ -58,6 +61,10 @@ class IngressService:
 
     def finished(self, grant: Any, tokens: int) -> None:
         self.access.finished(grant, tokens)
+
+    def observers(self, metrics: Registry) -> list[Observer]:
+        """What watches the request path for the service: usage rows and per-key metrics."""
+        return [self.usage, KeyMetrics(metrics)]
 
     # -- background ---------------------------------------------------------------------
 

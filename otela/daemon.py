@@ -226,7 +226,7 @@ class Node:
             config.ingress_db, config.home, peer_id, open_access=config.open_access,
             admin_token=config.admin_token)
         if self.ingress_service is not None:
-            observers.append(self.ingress_service.usage)
+            observers += self.ingress_service.observers(self.metrics)
             admin_api.install(self.api, self.ingress_service)
         self.dispatch = Dispatch(
             InferenceRoutes(self.router, observers, config.record_prompts,
@@ -612,8 +612,13 @@ class Node:
                 "engine_metrics": self.load.engine_source,
                 "load_gossip": dict(self.load_gossip.stats)}
 
-    def base_trust(self) -> TrustSet:
-        return self.router.base_trust()
+    def catalog_scope(self, authorization: str | None) -> tuple[TrustSet, frozenset[str] | None]:
+        """What ``/v1/models`` may list for this caller: with the ingress service and a
+        key, its trusted providers and models (a wrong key: 401); otherwise everything."""
+        if self.ingress_service is None or authorization is None:
+            return self.router.base_trust(), None
+        key = self.ingress_service.access.authenticate(authorization.encode("latin-1"))
+        return self.router.base_trust(key.providers), key.models
 
     def _own_load(self) -> NodeLoad | None:
         """Our own load, for routing to our own engine (no hop, so no report header)."""

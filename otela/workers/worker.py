@@ -161,7 +161,7 @@ class Worker:
             config.ingress_db, config.home, f"{peer_id}/w{index}",
             open_access=config.open_access)
         if self.ingress_service is not None:
-            observers.append(self.ingress_service.usage)
+            observers += self.ingress_service.observers(self.metrics)
         self.server = HttpServer(
             Dispatch(InferenceRoutes(self.router, observers, config.record_prompts,
                                      config.affinity_prefix, keys=self.ingress_service),

@@ -115,10 +115,16 @@ def test_a_stream_that_asked_for_usage_keeps_it(fed):
 def test_model_allowlist_trust_set_and_budget(fed):
     ingress, _ = fed
     only = client(ingress, new_key(ingress, models=[MODEL])["key"])
+    assert [m.id for m in only.models.list().data] == [MODEL]  # the catalog it may use
+    assert {m.id for m in client(ingress, new_key(ingress)["key"]).models.list().data} \
+        == {MODEL, OTHER}
+    with pytest.raises(openai.AuthenticationError):
+        client(ingress, "otela-wrong").models.list()
     with pytest.raises(openai.PermissionDeniedError) as denied:
         only.chat.completions.create(model=OTHER, messages=[{"role": "user", "content": "x"}])
     assert denied.value.code == "model_not_allowed"
     trusting_a = client(ingress, new_key(ingress, providers=["prov-a"])["key"])
+    assert [m.id for m in trusting_a.models.list().data] == [MODEL]
     with pytest.raises(openai.APIStatusError) as untrusted:
         trusting_a.chat.completions.create(model=OTHER,
                                            messages=[{"role": "user", "content": "x"}])
@@ -215,6 +221,10 @@ def test_usage_report_and_me(fed):
     assert by_key[key["id"]]["requests"] == 3
     by_model = admin(ingress, "GET", "/usage?by=model").json()["data"]
     assert MODEL in {row["group"] for row in by_model}
+    metrics = httpx.get(f"{ingress.http_url}/metrics", trust_env=False).text
+    assert f'otela_api_key_requests_total{{key="{key["id"]}",status="200"}} 3' in metrics
+    assert f'otela_api_key_tokens_total{{key="{key["id"]}",kind="completion"}}' in metrics
+    assert key["key"] not in metrics
 
 
 def test_data_path_workers_check_keys_and_count_usage(tmp_path):

@@ -300,3 +300,21 @@ def test_a_fresh_ingress_counts_recent_rows_once(tmp_path):
     access.load()  # the rows are seconds old: inside the look-back of the first refresh
     access.refresh()
     assert access.used_tokens[made.id] == 30
+
+
+def test_open_access_lets_keyless_requests_through_but_still_checks_keys(tmp_path):
+    from ingress.service import IngressService
+
+    db = sqlite(tmp_path / "open.db")
+    made, secret = keystore.create(db, KeySpec(owner="a"))
+    for open_access in (True, False):
+        service = IngressService(db, "i", open_access=open_access)
+        service.access.load()
+        assert service.authenticate(f"Bearer {secret}".encode()).id == made.id
+        with pytest.raises(RequestError):
+            service.authenticate(b"Bearer otela-wrong")
+        if open_access:
+            assert service.authenticate(None) is None
+        else:
+            with pytest.raises(RequestError):
+                service.authenticate(None)
