@@ -272,6 +272,13 @@ def test_a_key_created_in_the_page_streams_a_chat_and_stops_working_once_revoked
     assert message.startswith("401: "), message
     browser.find_element(By.ID, "tab-account").click()
     assert visible_text(browser, "account-error").startswith("401: ")
+    # /v1/models refuses the revoked key too; the federation view falls back to the
+    # registry's models and says so, rather than showing an error.
+    browser.find_element(By.ID, "tab-federation").click()
+    wait(browser).until(lambda d: "every model in the registry" in d.find_element(
+        By.ID, "fed-updated").text)
+    model_row(browser, MODEL)
+    assert not browser.find_element(By.ID, "fed-error").is_displayed()
     assert console_errors(browser, allow_http_errors=True) == []
 
 
