@@ -28,6 +28,7 @@ import trio
 from libp2p.tools.anyio_service import background_trio_service
 
 from ingress import admin_api
+from ingress.dashboard import install as install_dashboard
 from ingress.service import IngressService
 from otela import __version__, hardware
 from otela.api import assignments as assignment_routes
@@ -205,6 +206,8 @@ class Node:
             self.load)
         self.api = create_app(self)
         assignment_routes.install(self.api, self.assignments)
+        if config.ingress or config.ingress_db is not None:  # its page at /ui
+            install_dashboard(self.api)
         # What watches the request path: metrics always; access log and trace on demand.
         self.metrics = MetricsRegistry()
         self.lag = LagSampler(node_metrics.install(self.metrics, self))
