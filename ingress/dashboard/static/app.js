@@ -74,8 +74,8 @@
     }
   }
 
-  function pill(text, tone) {
-    return el("span", { class: `pill ${tone}` }, text);
+  function pill(text, tone, title) {
+    return el("span", title ? { class: `pill ${tone}`, title } : { class: `pill ${tone}` }, text);
   }
 
   function meter(fraction, label) {
@@ -397,7 +397,8 @@
           el("span", { class: "sub-line" }, node.http_url || "")),
         el("td", {}, node.provider_id || "—"),
         el("td", {}, roles.join(", ") || "—", slurm ? el("span", { class: "sub-line" }, slurm) : null),
-        el("td", {}, pill(node.state, STATE_TONE[node.state] || "neutral")),
+        el("td", {}, pill(node.display_state || node.state, STATE_TONE[node.state] || "neutral",
+          node.display_state && node.display_state !== node.state ? `lifecycle ${node.state}` : null)),
         el("td", {}, hw.main, el("span", { class: "sub-line" }, hw.sub)),
         el("td", {}, list((node.models || []).map((m) => m.id), "—")),
         reachabilityCell(node, network, health),
@@ -411,7 +412,7 @@
 
   function renderSummary(health) {
     const parts = [`node ${shortId(health.peer_id)}`, `provider ${health.provider_id}`,
-      health.state, `${fmt(health.connected_peers)} ${health.connected_peers === 1 ? "peer" : "peers"}`,
+      health.display_state || health.state, `${fmt(health.connected_peers)} ${health.connected_peers === 1 ? "peer" : "peers"}`,
       `v${health.version}`];
     $("node-summary").textContent = parts.join(" · ");
   }
