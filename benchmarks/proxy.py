@@ -12,7 +12,10 @@ For each path: latency p50/p99 and req/s at c=1/16/64 (wrk, keep-alive, non-stre
 completions), otela's CPU time per request (from /proc, all otela processes), p99 at a
 steady 50 req/s (an open-loop generator), and streaming time to first event at c=1 and
 c=16. ``--idle-peers N`` also starts N idle nodes that join the ingress (a federation
-gossiping around it). Prints a table; figures and the machine go in docs/performance.md.
+gossiping around it). ``--keys none,sqlite,postgresql`` runs each otela path once per
+mode: with a database the ingress runs the public ingress service (``--ingress-db``:
+every request carries an API key with request and token limits, every answer is a usage
+row). Prints a table; figures and the machine go in docs/performance.md.
 
 Run: ``python benchmarks/proxy.py [--duration 10] [--paths direct,one-hop,two-hop]``.
 """
@@ -45,6 +48,8 @@ BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hel
 STREAM_BODY = json.dumps({"model": MODEL, "stream": True,
                           "messages": [{"role": "user", "content": "hello"}]}).encode()
 ROUTER_CORE, LOAD_CORE = "0", "1"
+ADMIN_TOKEN = "proxy-benchmark-admin-token"
+AUTH: dict[str, str] = {}  # the API key header every request carries (--keys)
 QUIET = ["--log-level", "WARNING"]
 
 
@@ -96,8 +101,9 @@ class Connection:
 
     async def _post(self, path: str, body: bytes) -> tuple[float, float]:
         """Send one request; (seconds to the first body byte, seconds to the end)."""
+        auth = "".join(f"{k}: {v}\r\n" for k, v in AUTH.items())
         head = (f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json"
-                f"\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+                f"\r\n{auth}content-length: {len(body)}\r\n\r\n").encode()
         exchange = Exchange()
         parser = httptools.HttpResponseParser(exchange)
         start = time.perf_counter()
@@ -150,11 +156,38 @@ async def _ttft(url: str, concurrency: int, seconds: float) -> list[float]:
 
 # -- wrk ----------------------------------------------------------------------------------
 
-WRK_SCRIPT = (
-    'wrk.method = "POST"\n'
-    'wrk.headers["Content-Type"] = "application/json"\n'
-    f"wrk.body = '{BODY.decode()}'\n"
-)
+def wrk_script(headers: dict[str, str]) -> str:
+    return ('wrk.method = "POST"\n'
+            'wrk.headers["Content-Type"] = "application/json"\n'
+            + "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in headers.items())
+            + f"wrk.body = '{BODY.decode()}'\n")
+
+
+@contextlib.contextmanager
+def _database(keys: str, workdir: Path, name: str) -> Iterator[str | None]:
+    """The ingress database for ``--keys`` mode ``keys`` (``None``: no ingress service)."""
+    if keys == "none":
+        yield None
+    elif keys == "sqlite":
+        yield str(workdir / f"{name}.db")
+    elif keys == "postgresql":
+        from ingress.localpg import create_database, local_postgres
+        with local_postgres() as server:
+            yield create_database(server, name.replace("-", "_"))
+    else:
+        raise SystemExit(f"--keys: unknown mode {keys!r} (none, sqlite, postgresql)")
+
+
+def _api_key(url: str) -> str:
+    """A key with limits far above what the benchmark sends (so the checks run, never
+    refuse)."""
+    import httpx
+    made = httpx.post(f"{url}/v1/admin/keys", trust_env=False, timeout=10,
+                      headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+                      json={"owner": "benchmark", "rpm": 10**9, "tpm": 10**12,
+                            "max_concurrent": 10_000, "budget_tokens": 10**15})
+    made.raise_for_status()
+    return str(made.json()["key"])
 
 
 @dataclass
@@ -338,6 +371,9 @@ def main() -> None:
                         "cores (the load generator and engine share core 1)")
     parser.add_argument("--idle-peers", type=int, default=0,
                         help="idle nodes joined to the ingress (gossip around it)")
+    parser.add_argument("--keys", default="none",
+                        help="comma-separated: none, sqlite, postgresql: run the otela paths "
+                        "without the ingress service and/or with it on that database")
     parser.add_argument("--otela-src", type=Path, default=None,
                         help="run the otela nodes from this source tree (e.g. a worktree of "
                         "an older commit, to compare)")
@@ -347,7 +383,6 @@ def main() -> None:
     paths = args.paths.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="otela-proxy-bench-"))
     script = workdir / "post.lua"
-    script.write_text(WRK_SCRIPT)
     port = free_port()
     if args.engine == "nginx":
         conf = workdir / "engine.conf"
@@ -368,26 +403,31 @@ def main() -> None:
     try:
         wait_for(lambda: subprocess.run(["curl", "-sf", f"{mock_url}/health"],
                                         capture_output=True).returncode == 0, 10, "mock")
+        script.write_text(wrk_script({}))
         if "direct" in paths:
             results.append(measure("direct", mock_url, [], args, script))
         if "nginx" in paths and shutil.which("nginx"):
             with nginx_proxy(workdir, port) as (nginx_url, nginx_pids):
                 results.append(measure("nginx", nginx_url, nginx_pids(), args, script))
-        for name in ("one-hop", "two-hop"):
+        for name, keys in [(n, k) for k in args.keys.split(",") for n in ("one-hop", "two-hop")]:
             if name not in paths:
                 continue
-            with LocalFederation(workdir / name) as fed:
+            with LocalFederation(workdir / f"{name}-{keys}") as fed, \
+                    _database(keys, workdir, name) as db:
+                service = [] if db is None else ["--ingress-db", db]
+                env = {"OTELA_ADMIN_TOKEN": ADMIN_TOKEN}
                 if name == "one-hop":
                     workers = ["--workers", str(args.workers)] if args.workers > 1 else []
                     ingress = fed.start_node(
                         "ingress", ingress=True,
                         launcher=launcher if args.workers == 1 else pinned(
                             "0,1", [sys.executable, "-m", "otela"]),
-                        extra_args=["--engine-url", mock_url, *workers, *QUIET])
+                        extra_args=["--engine-url", mock_url, *workers, *service, *QUIET],
+                        extra_env=env)
                     nodes = [ingress]
                 else:
                     ingress = fed.start_node("ingress", ingress=True, launcher=launcher,
-                                             extra_args=QUIET)
+                                             extra_args=[*service, *QUIET], extra_env=env)
                     server = fed.start_node("server", bootstrap=[ingress], launcher=launcher,
                                             extra_args=["--engine-url", mock_url, *QUIET])
                     nodes = [ingress, server]
@@ -398,9 +438,15 @@ def main() -> None:
                     m["id"] == MODEL for m in ingress.get("/v1/models")["data"]), 60,
                     "the model to be served")
                 label = name if args.workers == 1 else f"{name} x{args.workers}"
+                AUTH.clear()
+                if db is not None:
+                    AUTH["authorization"] = f"Bearer {_api_key(ingress.http_url)}"
+                    label += f" keys/{keys}"
+                script.write_text(wrk_script(AUTH))
                 results.append(measure(label, ingress.http_url,
                                        _with_children([n.process.pid for n in nodes]), args,
                                        script))
+                AUTH.clear()
     finally:
         mock.terminate()
         mock.wait(10)

@@ -55,6 +55,7 @@ def start(flags: dict[str, Any], config_file: Path | None = CONFIG_OPTION) -> No
     """
     import trio
 
+    from ingress.database import DatabaseError
     from otela.daemon import Node
     from otela.engine.command import EngineCommandError
     from otela.engine.health import check_reachable
@@ -68,7 +69,7 @@ def start(flags: dict[str, Any], config_file: Path | None = CONFIG_OPTION) -> No
         if config.engine_url and not config.process:
             check_reachable(config.engine_url)
     except (ConfigError, EngineCommandError, BootstrapAddressError, ValueError,
-            OSError) as exc:  # OSError: an unreadable home or key file
+            DatabaseError, OSError) as exc:  # OSError: an unreadable home or key file
         typer.echo(f"otela: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
@@ -230,6 +231,10 @@ def _mount_optional_apps() -> None:
         name="membership",
         help="Membership authority: create it, sign and revoke node certificates.",
     )
+    from ingress.cli import keys_app, usage_command
+
+    app.add_typer(keys_app, name="keys")
+    app.command("usage")(usage_command)
     try:
         from simulator.cli import app as sim_app  # type: ignore[import-not-found,unused-ignore]
     except ImportError:

@@ -27,6 +27,9 @@ import httpx
 import trio
 from libp2p.tools.anyio_service import background_trio_service
 
+from ingress import admin_api
+from ingress.dashboard import install as install_dashboard
+from ingress.service import IngressService
 from otela import __version__, hardware
 from otela.api import assignments as assignment_routes
 from otela.api import node_metrics
@@ -203,6 +206,8 @@ class Node:
             self.load)
         self.api = create_app(self)
         assignment_routes.install(self.api, self.assignments)
+        if config.ingress or config.ingress_db is not None:  # its page at /ui
+            install_dashboard(self.api)
         # What watches the request path: metrics always; access log and trace on demand.
         self.metrics = MetricsRegistry()
         self.lag = LagSampler(node_metrics.install(self.metrics, self))
@@ -217,9 +222,16 @@ class Node:
             record_prompts=config.record_prompts)
         if self.recorder is not None:
             observers.append(TraceRecording(self.recorder))
+        # The public ingress service (--ingress-db): keys, limits, usage, admin API, /ui.
+        self.ingress_service = None if config.ingress_db is None else IngressService.open(
+            config.ingress_db, config.home, peer_id, open_access=config.open_access,
+            admin_token=config.admin_token)
+        if self.ingress_service is not None:
+            observers += self.ingress_service.observers(self.metrics)
+            admin_api.install(self.api, self.ingress_service)
         self.dispatch = Dispatch(
             InferenceRoutes(self.router, observers, config.record_prompts,
-                            config.affinity_prefix), self.hop,
+                            config.affinity_prefix, keys=self.ingress_service), self.hop,
             AsgiHandler(self.api), self.inflight, self.metrics)
         self.http = HttpServer(self.dispatch, ServerLimits(
             max_body_bytes=config.max_body_bytes,
@@ -307,6 +319,8 @@ class Node:
                                0.99, self.lag.label)),
                            **self.slow_steps.report()},
             "hop_refusals": self.hop_refusals(),
+            "ingress_service": None if self.ingress_service is None
+            else self.ingress_service.report(),
             "refused_peers": {
                 peer: refusal.reason for peer, refusal in self.replica.admission.refusals.items()
             },
@@ -378,6 +392,8 @@ class Node:
                     await nursery.start(self.access_log.run)
                 if self.recorder is not None:
                     await nursery.start(self.recorder.run)
+                if self.ingress_service is not None:
+                    await nursery.start(self.ingress_service.run)
                 await nursery.start(self.replica.run, self.mesh.host)
                 await nursery.start(self.load_gossip.run)
                 hosts = advertised_hosts(config.listen_host, config.public_host)
@@ -600,8 +616,13 @@ class Node:
                 "engine_metrics": self.load.engine_source,
                 "load_gossip": dict(self.load_gossip.stats)}
 
-    def base_trust(self) -> TrustSet:
-        return self.router.base_trust()
+    def catalog_scope(self, authorization: str | None) -> tuple[TrustSet, frozenset[str] | None]:
+        """What ``/v1/models`` may list for this caller: with the ingress service and a
+        key, its trusted providers and models (a wrong key: 401); otherwise everything."""
+        if self.ingress_service is None or authorization is None:
+            return self.router.base_trust(), None
+        key = self.ingress_service.access.authenticate(authorization.encode("latin-1"))
+        return self.router.base_trust(key.providers), key.models
 
     def _own_load(self) -> NodeLoad | None:
         """Our own load, for routing to our own engine (no hop, so no report header)."""

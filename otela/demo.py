@@ -1,18 +1,22 @@
 """``otela demo``: a whole federation on this machine, driven by the official openai client.
 
 One ingress/bootstrap node and three serving nodes, each a separate OS process wrapping
-the echo engine (two serve the same model, from different providers). Requests go
-through the ingress only; the response headers say which node served each one.
+the echo engine (two serve the same model, from different providers). The ingress runs the
+public ingress service on a SQLite file: the demo creates an API key through the admin
+API, every request carries it, and the usage the ingress counted is printed at the end.
+Requests go through the ingress only; the response headers say which node served each one.
 """
 
 from __future__ import annotations
 
+import secrets
 import signal
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
 from openai import OpenAI
 from rich.console import Console
 from rich.table import Table
@@ -57,9 +61,15 @@ def run_demo(requests_per_model: int = 6, timeout: float = 60.0) -> int:
 
 
 def _run(console: Console, federation: LocalFederation, n_requests: int, timeout: float) -> None:
+    admin_token = secrets.token_urlsafe(24)
     with console.status("starting the ingress node"):
-        ingress = federation.start_node("ingress", ingress=True, provider_id="demo-ingress")
+        ingress = federation.start_node(
+            "ingress", ingress=True, provider_id="demo-ingress",
+            extra_args=["--ingress-db", str(federation.root / "ingress.db")],
+            extra_env={"OTELA_ADMIN_TOKEN": admin_token})
     console.print(f"ingress  [bold]{ingress.http_url}[/]  {ingress.multiaddr}")
+    console.print(f"dashboard [bold]{ingress.http_url}/ui[/]  (admin token for this run: "
+                  f"{admin_token})")
     nodes: dict[str, LocalNode] = {}
     with console.status("starting serving nodes (each wraps an echo engine)"):
         for name, provider, model in SERVING_NODES:
@@ -74,7 +84,12 @@ def _run(console: Console, federation: LocalFederation, n_requests: int, timeout
     _print_registry(console, ingress)
 
     names = {node.session_id: name for name, node in nodes.items()}
-    client = OpenAI(base_url=f"{ingress.http_url}/v1", api_key="otela-demo", max_retries=0)
+    admin = httpx.Client(base_url=f"{ingress.http_url}/v1/admin", trust_env=False, timeout=10,
+                         headers={"authorization": f"Bearer {admin_token}"})
+    key = admin.post("/keys", json={"owner": "demo", "name": "otela demo", "rpm": 600}).json()
+    console.print(f"API key {key['id']} created for 'demo' (secret shown once: "
+                  f"{key['key'][:12]}...)")
+    client = OpenAI(base_url=f"{ingress.http_url}/v1", api_key=key["key"], max_retries=0)
     console.print(f"models via the ingress: {[m.id for m in client.models.list().data]}")
     served: Counter[str] = Counter()
     for i in range(n_requests):
@@ -113,6 +128,24 @@ def _run(console: Console, federation: LocalFederation, n_requests: int, timeout
     table.add_column("requests", justify="right")
     for name, provider, model in SERVING_NODES:
         table.add_row(name, provider, model, str(served[name]))
+    console.print(table)
+    peers = {node.status["peer_id"]: name for name, node in nodes.items()}
+    _print_usage(console, admin, sum(served.values()), peers)
+
+
+def _print_usage(console: Console, admin: httpx.Client, requests: int,
+                 names: dict[str, str]) -> None:
+    """What the ingress service counted for the demo's key, per serving node."""
+    wait_for(lambda: sum(r["requests"] for r in admin.get("/usage", params={"by": "key"})
+                         .json()["data"]) >= requests, 10, "the usage rows")
+    rows = admin.get("/usage", params={"by": "node"}).json()["data"]
+    table = Table(title="usage counted by the ingress service (otela usage --by node)")
+    for column in ("node", "requests", "prompt tokens", "completion tokens", "mean latency"):
+        table.add_column(column, justify="left" if column == "node" else "right")
+    for row in rows:
+        table.add_row(names.get(row["group"], row["group"] or "-"), str(row["requests"]),
+                      str(row["prompt_tokens"]), str(row["completion_tokens"]),
+                      f"{row['mean_latency_ms']:.1f} ms")
     console.print(table)
 
 

@@ -61,6 +61,12 @@ def test_demo_runs_a_federation_and_shuts_it_down():
     assert re.search(r"echo-large\s+-> node-c", out)
     assert "chunks)" in out
     assert re.search(r"exit codes \{.*'ingress': 0\}", out)
+    # the public ingress service: a key made, used, and its usage counted per node
+    assert re.search(r"dashboard\s+http://127\.0\.0\.1:\d+/ui", out)
+    assert re.search(r"API key key_[0-9a-f]{12} created", out)
+    counted = re.findall(r"node-[abc]\s+│\s+(\d+)\s+│\s+(\d+)\s+│\s+(\d+)", out)
+    assert sum(int(requests) for requests, _, _ in counted) == 2 * 2 + 1  # and the stream
+    assert all(int(completion) > 0 for _, _, completion in counted)
 
 
 @pytest.mark.slow

@@ -39,14 +39,16 @@ class NodeView(Protocol):
         """Connectivity facts and verdicts (``otela.netreport``), optionally for one peer."""
         ...
 
-    def base_trust(self) -> TrustSet:
-        """The trust set requests start from here (``--trusted-providers``)."""
+    def catalog_scope(self, authorization: str | None) -> tuple[TrustSet, frozenset[str] | None]:
+        """The trust set and the models (``None``: all) ``/v1/models`` shows this caller
+        (narrowed by their API key with the ingress service)."""
         ...
 
 
 def _catalog_filter(request: Request, base: TrustSet) -> tuple[TrustSet, tuple[Clause, ...]]:
     """``/v1/models`` narrowed like a request: ``X-Otela-Providers``/``?providers=`` and
-    ``X-Otela-Require``/``?require=``; 400 naming a bad one."""
+    ``X-Otela-Require``/``?require=``; 400 naming a bad one. ``base``: the caller's
+    starting trust set (``NodeView.catalog_scope``)."""
     providers = request.query_params.get("providers") or \
         request.headers.get(PROVIDERS_HEADER.decode())
     require = request.query_params.get("require") or \
@@ -129,15 +131,20 @@ def create_app(node: NodeView) -> FastAPI:
     async def models(request: Request) -> dict[str, Any]:
         """Models the caller could use now; ``?providers=a,b`` and ``?require=...`` (or
         the routing headers) narrow it as they would a request."""
-        trust, clauses = _catalog_filter(request, node.base_trust())
-        return {"object": "list", "data": catalog(node.registry, trust, clauses)}
+        base, allowed = node.catalog_scope(request.headers.get("authorization"))
+        trust, clauses = _catalog_filter(request, base)
+        models = catalog(node.registry, trust, clauses)
+        if allowed is not None:
+            models = [m for m in models if m["id"] in allowed]
+        return {"object": "list", "data": models}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str, request: Request) -> dict[str, Any]:
-        trust, clauses = _catalog_filter(request, node.base_trust())
+        base, allowed = node.catalog_scope(request.headers.get("authorization"))
+        trust, clauses = _catalog_filter(request, base)
         entry = node.registry.model(model_id)
         nodes = usable_nodes(entry, trust, clauses) if entry is not None else ()
-        if entry is None or not nodes:
+        if entry is None or not nodes or (allowed is not None and model_id not in allowed):
             raise RequestError(404, f"The model `{clip(model_id)}` is not served in this "
                                "federation" + ("" if entry is None or not entry.serving()
                                                else " by a node you may use") + ".",

@@ -22,7 +22,8 @@ _HOP_PREFIX = ENGINE_PREFIX + "/"
 # otela's own resources under /v1: never routed to engines, whatever the method (a POST to
 # one is a 405 from the API, not an inference request).
 OWN_PREFIXES = ("/v1/registry", "/v1/health", "/v1/network", "/v1/models",
-                "/v1/assignments")
+                "/v1/assignments", "/v1/admin/", "/v1/me/")
+OWN_PATHS = frozenset({"/v1/admin", "/v1/me"})  # (a prefix would take /v1/messages)
 
 
 class Dispatch:
@@ -41,7 +42,8 @@ class Dispatch:
                 with self.inflight.track():
                     await self.hop.handle(request, response)
                 return
-            if inference_path(path) and not path.startswith(OWN_PREFIXES):
+            if inference_path(path) and not path.startswith(OWN_PREFIXES) and \
+                    path not in OWN_PATHS:
                 with self.inflight.track():
                     await self.inference.handle(request, response)
                 return

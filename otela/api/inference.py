@@ -16,6 +16,9 @@ import itertools
 import os
 import time
 from collections.abc import Sequence
+from typing import Any, Protocol
+
+import orjson
 
 from otela.api.observe import Observer
 from otela.dataplane import headers as policy
@@ -25,6 +28,7 @@ from otela.dataplane.headers import Headers
 from otela.dataplane.http import Request, Response
 from otela.dataplane.jsonbody import BodyError, parse_json_object
 from otela.dataplane.relay import relay, send_error
+from otela.dataplane.sse_usage import UsageChunkFilter, ask_for_usage
 from otela.routing.ask import AskError, read_ask
 from otela.routing.router import Router
 
@@ -44,13 +48,33 @@ def _timing(lookup: float, upstream: float, total: float) -> bytes:
             % (lookup * 1e3, upstream * 1e3, total * 1e3))
 
 
+class KeyGate(Protocol):
+    """API keys, limits and budgets (the ingress service, ``ingress.access``): who may
+    send this request. Never waits: it decides from memory."""
+
+    def authenticate(self, authorization: bytes | None) -> Any:
+        """The caller's key (``None``: anonymous, where allowed), or ``RequestError``
+        401."""
+        ...
+
+    def admit(self, key: Any, model: str) -> Any:
+        """A grant for ``model`` (403 not allowed or over budget, 429 over a limit)."""
+        ...
+
+    def finished(self, grant: Any, tokens: int) -> None: ...
+
+
 class InferenceRoutes:
     def __init__(self, router: Router, observers: Sequence[Observer] = (),
-                 keep_prompts: bool = False, affinity_chars: int = 512) -> None:
+                 keep_prompts: bool = False, affinity_chars: int = 512,
+                 keys: KeyGate | None = None) -> None:
         self.router = router
         self.observers = list(observers)
         self.keep_prompts = keep_prompts  # for trace recording with --record-prompts
         self.affinity_chars = affinity_chars  # prefix_affinity: the prompt's first N
+        # API keys (``--ingress-db``): every request needs one, and its streams are asked
+        # for usage, so the tokens of every answer are counted.
+        self.keys = keys
 
     async def handle(self, request: Request, response: Response) -> None:
         request_id = request_id_of(request)
@@ -66,7 +90,12 @@ class InferenceRoutes:
     async def _handle(self, request: Request, response: Response, exchange: Exchange,
                       request_id: bytes) -> None:
         extra: Headers = [(policy.REQUEST_ID, request_id)]
+        grant: Any = None
         try:
+            key = None
+            if self.keys is not None:  # before anything else: strangers learn nothing
+                key = self.keys.authenticate(request.header(b"authorization"))
+                exchange.api_key = None if key is None else key.id
             try:
                 body = parse_json_object(request.body)
             except BodyError as exc:
@@ -76,6 +105,13 @@ class InferenceRoutes:
                 raise RequestError(400, "'model' is required and must be a string",
                                    param="model")
             exchange.model = model
+            raw = request.body
+            hide_usage = None
+            if key is not None:
+                assert self.keys is not None
+                grant = self.keys.admit(key, model)
+                if ask_for_usage(body):
+                    hide_usage, raw = UsageChunkFilter(), orjson.dumps(body)
             if self.keep_prompts:
                 exchange.prompt = prompt_text(body)
             exchange.stream = body.get("stream") is True
@@ -84,7 +120,8 @@ class InferenceRoutes:
             path = request.path if not request.query else \
                 f"{request.path}?{request.query.decode('latin-1')}"
             try:
-                ask = read_ask(request.headers, body, request.body, self.router.base_trust())
+                ask = read_ask(request.headers, body, raw, self.router.base_trust(
+                    None if grant is None else grant.providers))
             except AskError as exc:
                 raise RequestError(400, str(exc), code="invalid_routing_request",
                                    param=exc.param) from None
@@ -102,11 +139,14 @@ class InferenceRoutes:
                 affinity_key)
         except RequestError as error:
             exchange.status, exchange.error = error.status, error.code
+            if grant is not None and self.keys is not None:
+                self.keys.finished(grant, 0)
             await send_error(response, error, extra)
             return
         exchange.head_at = time.perf_counter()
         node = routed.node
         exchange.node_peer, exchange.node_provider = node.peer_id, node.provider_id
+        exchange.node_session = node.session_id
         exchange.path_kind, exchange.attempts = routed.path_kind, routed.attempts
         exchange.status = routed.reply.status
         extra += [(b"x-otela-session-id", node.session_id.encode()),
@@ -117,8 +157,10 @@ class InferenceRoutes:
                                              exchange.head_at - exchange.started))]
         if routed.path_kind == "libp2p":
             extra.append((b"x-otela-path", b"libp2p"))
-        exchange.tap = UsageTap(exchange.stream)
+        exchange.tap = tap = UsageTap(exchange.stream)
         try:
-            exchange.bytes_out = await relay(routed.reply, response, extra, exchange.tap)
+            exchange.bytes_out = await relay(routed.reply, response, extra, tap, hide_usage)
         finally:
             self.router.release(routed)
+            if grant is not None and self.keys is not None:
+                self.keys.finished(grant, (tap.prompt_tokens or 0) + tap.output_tokens)

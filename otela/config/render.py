@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from otela.config.layers import Resolved
@@ -31,11 +32,24 @@ def render_template() -> str:
     return "\n".join(lines) + "\n"
 
 
+# Settings whose values are credentials: ``otela config show`` says only whether they are
+# set; a database URL keeps everything but its password.
+SECRET_SETTINGS = frozenset({"admin_token"})
+_URL_PASSWORD = re.compile(r"(://[^:/@]+:)[^@]+@")
+
+
+def _shown(attr: str, value: Any) -> str:
+    if attr in SECRET_SETTINGS and value:
+        return "(set, hidden)"
+    text = render_value(value)
+    return _URL_PASSWORD.sub(r"\1***@", text) if isinstance(value, str) else text
+
+
 def show_rows(resolved: Resolved) -> list[dict[str, Any]]:
     """``otela config show``: each setting's effective value, its source and its env var."""
     return [
-        {"setting": f"{s.section}.{s.key}", "value": render_value(getattr(resolved.config,
-                                                                          s.attr)),
+        {"setting": f"{s.section}.{s.key}", "value": _shown(s.attr, getattr(resolved.config,
+                                                                            s.attr)),
          "source": resolved.sources[s.attr], "env": s.env, "flag": s.flag}
         for s in SETTINGS
     ]

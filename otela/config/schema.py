@@ -391,6 +391,25 @@ class NodeConfig:
         help="TOML file of the engine command templates assignments may start: one table "
         "per engine name with a command using {model}, {tp} and {port} (docs/placer.md).")
 
+    # -- [ingress]: the public ingress service (docs/ingress.md) -----------------------
+    ingress_db: str | None = setting(
+        "ingress", parse=v.as_opt_str, key="db", flag="--ingress-db", env="OTELA_INGRESS_DB",
+        example="postgresql://otela@db.example.org/otela", metavar="URL",
+        help="Run the public ingress service on this database: API keys on every OpenAI "
+        "route, usage accounting, per-key limits, the admin API and the /ui dashboard. A "
+        "SQLite file path (`default`: ingress.db in the node's home) or postgresql://... "
+        "for several ingress nodes sharing one database.")
+    open_access: bool = setting(
+        "ingress", False, parse=v.as_bool, key="open", flag="--open", env="OTELA_OPEN",
+        example="true",
+        help="With --ingress-db: also serve requests that carry no API key (counted as "
+        "anonymous usage). Requests with a key are still checked.")
+    admin_token: str | None = setting(
+        "ingress", parse=v.as_opt_str, flag=False, example="a-long-random-string",
+        help="The bearer token of the ingress's admin API (/v1/admin/...: keys and usage "
+        "across the federation). Environment or config file only, never a flag (flags are "
+        "visible to every user of the host). Unset: the admin API is off.")
+
     # -- [trace]: recording served requests as an otela trace (docs/traces.md) --------
     record_trace: Path | None = setting(
         "trace", parse=v.as_opt_path, example="/scratch/traces/ingress.jsonl",

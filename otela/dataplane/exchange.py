@@ -103,6 +103,7 @@ class Exchange:
     status: int = 0
     error: str | None = None  # the error code, when otela answered with one
     node_peer: str = ""
+    node_session: str = ""
     node_provider: str = ""
     path_kind: str = ""
     attempts: int = 0

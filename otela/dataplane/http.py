@@ -378,11 +378,17 @@ class _Connection:
         return Request(method, target, headers, body, self.client, self.local, version,
                        keep_alive)
 
-    async def _refuse(self, status: int, message: str, code: str) -> None:
+    async def _refuse(self, status: int, message: str, code: str,
+                      unread: bool = False) -> None:
+        """Answer with an error and close. ``unread``: the connection is refused before
+        anything was read from it, so it is marked not delivered: an ingress whose hop
+        connection this is sends the request to another node (a busy serving node must not
+        turn its connection limit into a client's error)."""
         body = error_json(status, message, code)
+        mark = b"x-otela-not-delivered: 1\r\n" if unread else b""
         head = (b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                b"connection: close\r\n\r\n" % (status, REASONS.get(status, "").encode(),
-                                                len(body)))
+                b"%bconnection: close\r\n\r\n"
+                % (status, REASONS.get(status, "").encode(), len(body), mark))
         with contextlib.suppress(ClientGone):
             await self.send(head + body)
 
@@ -487,7 +493,7 @@ class HttpServer:
                        f"{self.limits.max_connections_per_client})", "too_many_connections")
         conn = _Connection(self, sock, client, local)
         if refusal is not None:
-            await conn._refuse(*refusal)
+            await conn._refuse(*refusal, unread=True)
             sockio.close(sock)
             return
         self.connections += 1

@@ -17,47 +17,64 @@ from otela.dataplane.errors import RequestError, UpstreamFailed, error_json
 from otela.dataplane.exchange import UsageTap
 from otela.dataplane.headers import Headers
 from otela.dataplane.http import Response
+from otela.dataplane.sse_usage import UsageChunkFilter
 from otela.dataplane.upstream import Reply
 
 
 async def relay(reply: Reply, response: Response, extra: Headers,
-                tap: UsageTap | None = None) -> int:
+                tap: UsageTap | None = None, hide_usage: UsageChunkFilter | None = None
+                ) -> int:
     """Send ``reply`` to the client with ``extra`` headers; the body bytes relayed. ``tap``
-    sees every chunk as it goes (timing, usage), without changing it."""
+    sees every chunk as it goes (timing, usage), without changing it; ``hide_usage``
+    removes the usage chunk the ingress asked a stream for (``sse_usage``)."""
     out = policy.relayed(reply.headers, extra)
+    rewrite = hide_usage is not None and reply.status == 200
     try:
         if reply.complete:
             body = reply.take_buffered()
             if tap is not None and body:
                 tap.chunk(body)
+            if rewrite and hide_usage is not None:
+                body = hide_usage.feed(body) + hide_usage.end()
             await response.send(reply.status, out, body)
             return len(body)
         length = reply.content_length
-        if length is not None:
+        if length is not None and not rewrite:
             out.append((b"content-length", b"%d" % length))
         await response.start(reply.status, out)
         sent = 0
         buffered = reply.take_buffered()
         if buffered:
-            if tap is not None:
-                tap.chunk(buffered)
-            await response.write(buffered)
-            sent += len(buffered)
+            sent += await _forward(buffered, response, tap, hide_usage if rewrite else None)
         try:
             async for chunk in reply.chunks():
-                if tap is not None:
-                    tap.chunk(chunk)
-                await response.write(chunk)
-                sent += len(chunk)
+                sent += await _forward(chunk, response, tap, hide_usage if rewrite else None)
         except UpstreamFailed:
             response.abort()  # the upstream broke off: the client must see it cut short
             return sent
+        if rewrite and hide_usage is not None:
+            rest = hide_usage.end()
+            if rest:
+                await response.write(rest)
+                sent += len(rest)
         await response.end()
         return sent
     finally:
         if tap is not None:
             tap.finish()
         await reply.aclose()
+
+
+async def _forward(chunk: bytes, response: Response, tap: UsageTap | None,
+                   hide_usage: UsageChunkFilter | None) -> int:
+    if tap is not None:
+        tap.chunk(chunk)
+    if hide_usage is not None:
+        chunk = hide_usage.feed(chunk)
+        if not chunk:
+            return 0
+    await response.write(chunk)
+    return len(chunk)
 
 
 async def send_error(response: Response, error: RequestError,

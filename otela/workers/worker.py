@@ -32,6 +32,7 @@ from typing import Any
 
 import trio
 
+from ingress.service import IngressService
 from otela.api.dispatch import Dispatch
 from otela.api.hop import EngineHop
 from otela.api.inference import InferenceRoutes
@@ -154,9 +155,16 @@ class Worker:
         self.traces = TraceForwarding() if config.record_trace else None
         if self.traces is not None:
             observers.append(self.traces)
+        # The ingress service's key gate and usage rows, in this process too (its own
+        # connection; its own ingress id, so its siblings' use counts against its limits).
+        self.ingress_service = None if config.ingress_db is None else IngressService.open(
+            config.ingress_db, config.home, f"{peer_id}/w{index}",
+            open_access=config.open_access)
+        if self.ingress_service is not None:
+            observers += self.ingress_service.observers(self.metrics)
         self.server = HttpServer(
             Dispatch(InferenceRoutes(self.router, observers, config.record_prompts,
-                                     config.affinity_prefix),
+                                     config.affinity_prefix, keys=self.ingress_service),
                      EngineHop(verifier, gate, self.pool, config.first_byte_timeout,
                                self.load),
                      self.control.api, self.inflight, metrics=None),
@@ -171,6 +179,8 @@ class Worker:
             nursery.start_soon(self.lag.run)
             if self.access_log is not None:
                 await nursery.start(self.access_log.run)
+            if self.ingress_service is not None:
+                await nursery.start(self.ingress_service.run)
             # The first snapshot before the first request: no request routes on nothing.
             self._take(await self.channel.receive())
             await nursery.start(self.server.run, self.config.listen_host, self.port)

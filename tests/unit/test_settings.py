@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from otela.cli import app
 from otela.config import SETTINGS, render_value, settings_markdown
+from otela.config.render import SECRET_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -26,6 +27,9 @@ def show(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict:
 
 
 def expected(setting) -> str:
+    """What ``otela config show`` prints for the setting's example (credentials hidden)."""
+    if setting.attr in SECRET_SETTINGS:
+        return "(set, hidden)"
     return render_value(setting.parse(setting.example))
 
 

@@ -1,0 +1,154 @@
+"""Who may use this ingress: the API key check, limits and budgets on the request path,
+from an in-memory copy of the keys that a background task keeps fresh.
+
+The request path never waits for the database: ``admit`` looks the key's hash up in a
+dict, checks it (``ingress.keys.check``), takes a slot from its limits
+(``ingress.limits``) and returns a ``Grant``; ``finished`` gives the slot back and charges
+the tokens used. ``run`` refreshes the copy every ``refresh_interval`` (1 s): keys changed
+since the last refresh (so a revocation anywhere takes effect here within about a second;
+the promise is 5 s), the tokens each key has used (budgets), and the keyed requests other
+ingress nodes sharing the database served (charged to the buckets here, so a key's limits
+hold across nodes).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ingress import keystore, usage
+from ingress.database import Database
+from ingress.keys import ApiKey, bearer, check, hash_secret
+from ingress.limits import KeyLimits, limits_for
+
+log = logging.getLogger("otela.ingress.access")
+
+# Others' rows may commit out of order (PostgreSQL): look back this far, skip ids seen.
+_LOOKBACK_S = 5.0
+_NOT_ADMITTED = frozenset({401, 403, 429})  # refused where they were: took no slot
+
+
+@dataclass
+class Grant:
+    """A request admitted under ``key``: the routing trust set and what to charge."""
+
+    key: ApiKey
+    limits: KeyLimits
+
+    @property
+    def providers(self) -> frozenset[str] | None:
+        return self.key.providers
+
+
+class Access:
+    def __init__(self, db: Database, ingress_id: str, refresh_interval: float = 1.0) -> None:
+        self.db = db
+        self.ingress_id = ingress_id
+        self.refresh_interval = refresh_interval
+        self.by_hash: dict[str, ApiKey] = {}
+        self.by_id: dict[str, ApiKey] = {}
+        self.limits: dict[str, KeyLimits] = {}
+        self.used_tokens: dict[str, int] = {}  # at load, plus what others wrote since
+        self.used_here: dict[str, int] = {}  # by this process since load
+        self._keys_seen_at = 0.0
+        self._others_after = time.time() - _LOOKBACK_S
+        self._others_seen: dict[str, float] = {}
+        self.refreshes = 0
+        self.refresh_failures = 0
+
+    # -- the request path --------------------------------------------------------------
+
+    def authenticate(self, authorization: bytes | None) -> ApiKey:
+        """The key named by an ``Authorization`` header, usable now; else the 401."""
+        token = bearer(authorization)
+        key = None if token is None else self.by_hash.get(hash_secret(token))
+        check(key, None, time.time(), 0)
+        assert key is not None
+        return key
+
+    def admit(self, key: ApiKey, model: str) -> Grant:
+        """``key`` may ask for ``model`` now (raises 403/429 otherwise); takes a slot."""
+        now = time.time()
+        check(key, model, now, self.used_tokens.get(key.id, 0) + self.used_here.get(key.id, 0))
+        limits = self.limits.get(key.id)
+        if limits is None:
+            limits = self.limits[key.id] = limits_for(key.rpm, key.tpm, key.max_concurrent)
+        limits.admit(time.monotonic())
+        return Grant(key, limits)
+
+    def finished(self, grant: Grant, tokens: int) -> None:
+        grant.limits.finished(tokens, time.monotonic())
+        if tokens:
+            self.used_here[grant.key.id] = self.used_here.get(grant.key.id, 0) + tokens
+
+    # -- keeping the copy fresh --------------------------------------------------------
+
+    def load(self) -> None:
+        """The first full read (blocking; at start, before the port opens): every key, and
+        the tokens each has used, from one consistent read of the usage table."""
+        started = time.time()
+        self.remember(keystore.changed_since(self.db, 0.0))
+        self._keys_seen_at = started
+        after = started - _LOOKBACK_S
+        totals, recent = usage.totals_and_recent(self.db, after)
+        self.used_tokens, self.used_here = totals, {}
+        self._others_after = after
+        self._others_seen = {row_id: recorded for row_id, ingress, recorded in recent
+                             if ingress != self.ingress_id}
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self.refresh_interval)
+            try:
+                await self.db.in_thread(self.refresh)
+            except Exception as exc:  # the database is away: keep serving from the copy
+                self.refresh_failures += 1
+                log.warning("ingress: could not refresh keys and usage (%s)", exc)
+
+    def refresh(self) -> None:
+        """What changed since the last refresh: keys, and the rows other ingress processes
+        wrote (O(new rows), never a scan of the whole usage table)."""
+        started = time.time()
+        changed = keystore.changed_since(self.db, self._keys_seen_at - 1.0)
+        others = usage.recent_by_others(self.db, self.ingress_id, self._others_after)
+        self.remember(changed)
+        self._keys_seen_at = started
+        self._take_others(others)
+        self.refreshes += 1
+
+    def remember(self, changed: list[ApiKey]) -> None:
+        """Take these keys as they now are (a refresh, or a change made through this node)."""
+        for key in changed:
+            old = self.by_id.get(key.id)
+            if old is not None:
+                self.by_hash.pop(old.secret_hash, None)
+            self.by_id[key.id] = key
+            if key.revoked_at is None:
+                self.by_hash[key.secret_hash] = key
+            limits = self.limits.get(key.id)
+            if limits is not None:
+                limits.reconfigure(key.rpm, key.tpm, key.max_concurrent)
+
+    def _take_others(self, rows: list[tuple[str, str, int, int, float]]) -> None:
+        """Others' rows count towards budgets (all) and this node's buckets (those that
+        were admitted there), each once."""
+        now = time.monotonic()
+        newest = self._others_after
+        for row_id, key_id, tokens, status, recorded in rows:
+            newest = max(newest, recorded)
+            if row_id in self._others_seen:
+                continue
+            self._others_seen[row_id] = recorded
+            if tokens:
+                self.used_tokens[key_id] = self.used_tokens.get(key_id, 0) + tokens
+            limits = self.limits.get(key_id)
+            if limits is not None and status not in _NOT_ADMITTED:
+                limits.charge(1, tokens, now)
+        self._others_after = max(self._others_after, newest - _LOOKBACK_S)
+        horizon = self._others_after
+        self._others_seen = {k: t for k, t in self._others_seen.items() if t > horizon}

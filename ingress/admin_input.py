@@ -1,0 +1,129 @@
+"""Reading what an operator asks for (admin API bodies and queries, ``otela keys``
+options) into checked values, with errors that name the bad field. Pure.
+
+The same rules serve the admin API and the command line, so a key made either way obeys
+the same limits: names and owners short and printable, limits positive, lists of model
+and provider names without blanks.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from ingress.keystore import KeySpec
+from ingress.usage import GROUPS
+from otela.dataplane.errors import RequestError
+
+MAX_TEXT = 200
+MAX_NAMES = 1000
+_KEY_ID = re.compile(r"^key_[0-9a-f]{12}$")
+_FIELDS = {"owner", "name", "expires_in", "expires_at", "models", "providers", "rpm", "tpm",
+           "max_concurrent", "budget_tokens"}
+
+
+def _bad(message: str, param: str) -> RequestError:
+    return RequestError(400, message, code="invalid_request", param=param)
+
+
+def _text(value: Any, param: str, required: bool = False) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_TEXT or \
+            not value.isprintable():
+        raise _bad(f"'{param}' must be a printable string of 1 to {MAX_TEXT} characters",
+                   param)
+    return value.strip()
+
+
+def _positive(value: Any, param: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**62:
+        raise _bad(f"'{param}' must be a positive integer", param)
+    return value
+
+
+def _names(value: Any, param: str) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [part for part in re.split(r"[,\s]+", value) if part]
+    if not isinstance(value, list) or not value or len(value) > MAX_NAMES:
+        raise _bad(f"'{param}' must be a non-empty list of names (or omitted: any)", param)
+    return frozenset(_text(item, param, required=True) for item in value)
+
+
+def key_spec(body: dict[str, Any], now: float | None = None) -> KeySpec:
+    """A new key's settings from an admin API body (or the CLI's options as a dict)."""
+    unknown = sorted(set(body) - _FIELDS)
+    if unknown:
+        raise _bad(f"unknown field '{unknown[0][:40]}' (expected: "
+                   f"{', '.join(sorted(_FIELDS))})", unknown[0][:40])
+    now = time.time() if now is None else now
+    expires_at = None
+    if body.get("expires_in") is not None and body.get("expires_at") is not None:
+        raise _bad("give 'expires_in' or 'expires_at', not both", "expires_in")
+    if body.get("expires_in") is not None:
+        expires_at = now + float(_positive(body["expires_in"], "expires_in") or 0)
+    elif body.get("expires_at") is not None:
+        value = body["expires_at"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= now:
+            raise _bad("'expires_at' must be a unix time in the future", "expires_at")
+        expires_at = float(value)
+    return KeySpec(
+        owner=_text(body.get("owner"), "owner", required=True),
+        name=_text(body.get("name"), "name"),
+        expires_at=expires_at,
+        models=_names(body.get("models"), "models"),
+        providers=_names(body.get("providers"), "providers"),
+        rpm=_positive(body.get("rpm"), "rpm"),
+        tpm=_positive(body.get("tpm"), "tpm"),
+        max_concurrent=_positive(body.get("max_concurrent"), "max_concurrent"),
+        budget_tokens=_positive(body.get("budget_tokens"), "budget_tokens"),
+    )
+
+
+def key_id(value: str) -> str:
+    if not _KEY_ID.match(value):
+        raise RequestError(404, "No such API key.", code="key_not_found", param="id")
+    return value
+
+
+def group_by(value: str | None) -> str:
+    value = value or "key"
+    if value not in GROUPS:
+        raise _bad(f"'by' must be one of {', '.join(GROUPS)}", "by")
+    return value
+
+
+def time_param(value: str | None, param: str) -> float | None:
+    """A unix time, or an ISO 8601 date/time (UTC unless it says otherwise)."""
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    from datetime import UTC, datetime
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise _bad(f"'{param}' must be a unix time or an ISO 8601 date/time", param) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def bucket_seconds(value: str | None, since: float, until: float) -> float:
+    """The chart's bucket: as asked, or a size that gives about 60 buckets."""
+    if value is None or value == "":
+        return max(60.0, (until - since) / 60)
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise _bad("'bucket' must be a number of seconds", "bucket") from None
+    if not seconds >= 1 or (until - since) / seconds > 10_000:
+        raise _bad("'bucket' must be at least 1 s and give at most 10,000 buckets", "bucket")
+    return seconds

@@ -1,0 +1,274 @@
+"""``otela keys`` and ``otela usage``: the ingress service's keys and usage from a shell.
+
+Either straight on the database (``--db``: a SQLite path or ``postgresql://...``; default
+the node home's ``ingress.db``), for the operator on the ingress host, or through a running
+ingress's admin API (``--url`` with ``OTELA_ADMIN_TOKEN``), from anywhere. Both give the
+same objects, so ``--json`` output does not depend on the way in.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import typer
+from rich.table import Table
+
+from ingress import admin_input, keystore, usage
+from ingress.database import Database, DatabaseError, DatabaseUrl
+from ingress.migrations import migrate
+from otela.config.values import parse_duration
+from otela.console import make_console
+from otela.dataplane.errors import RequestError
+from otela.paths import default_home
+
+keys_app = typer.Typer(no_args_is_help=True, help=(
+    "API keys of the public ingress service: create (the secret is printed once), list, "
+    "show, revoke, rotate. On the database (--db) or through an ingress (--url and "
+    "OTELA_ADMIN_TOKEN)."))
+
+DB_HELP = ("The ingress database: a SQLite file or postgresql://... [env: OTELA_INGRESS_DB; "
+           "default: ingress.db in the node home, $OTELA_HOME]")
+URL_HELP = ("An ingress node's HTTP URL: use its admin API (token from OTELA_ADMIN_TOKEN) "
+            "instead of the database.")
+
+
+class _Way:
+    """The database or an ingress's admin API, behind one set of calls."""
+
+    def __init__(self, db: str | None, url: str | None) -> None:
+        self.url = url.rstrip("/") if url else None
+        self.db: Database | None = None
+        if self.url is None:
+            home = Path(os.environ.get("OTELA_HOME") or default_home())
+            target = db or os.environ.get("OTELA_INGRESS_DB") or ""
+            self.db = Database.connect(DatabaseUrl.parse(target, home))
+            migrate(self.db)
+
+    def _api(self, method: str, path: str, **kwargs: Any) -> Any:
+        token = os.environ.get("OTELA_ADMIN_TOKEN")
+        if not token:
+            raise _Failure("--url needs the admin token in OTELA_ADMIN_TOKEN")
+        try:
+            answer = httpx.request(method, f"{self.url}/v1/admin{path}", timeout=30,
+                                   headers={"authorization": f"Bearer {token}"}, **kwargs)
+        except httpx.HTTPError as exc:
+            raise _Failure(f"cannot reach {self.url}: {exc}") from None
+        if answer.status_code >= 400:
+            try:
+                message = answer.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = answer.text[:200]
+            raise _Failure(f"{answer.status_code}: {message}")
+        return answer.json()
+
+    def create(self, spec: dict[str, Any]) -> dict[str, Any]:
+        if self.db is None:
+            return dict(self._api("POST", "/keys", json=spec))
+        key, secret = keystore.create(self.db, admin_input.key_spec(spec))
+        return {**key.to_dict(time.time(), 0), "key": secret}
+
+    def all_keys(self) -> list[dict[str, Any]]:
+        if self.db is None:
+            return list(self._api("GET", "/keys")["data"])
+        keys = keystore.all_keys(self.db)
+        used = keystore.used_tokens(self.db, [k.id for k in keys])
+        return [k.to_dict(time.time(), used[k.id]) for k in keys]
+
+    def show(self, key_id: str) -> dict[str, Any]:
+        if self.db is None:
+            return dict(self._api("GET", f"/keys/{key_id}"))
+        key = keystore.get(self.db, admin_input.key_id(key_id))
+        return key.to_dict(time.time(), keystore.used_tokens(self.db, [key.id])[key.id])
+
+    def revoke(self, key_id: str) -> dict[str, Any]:
+        if self.db is None:
+            return dict(self._api("POST", f"/keys/{key_id}/revoke"))
+        return keystore.revoke(self.db, admin_input.key_id(key_id)).to_dict(time.time())
+
+    def rotate(self, key_id: str) -> dict[str, Any]:
+        if self.db is None:
+            return dict(self._api("POST", f"/keys/{key_id}/rotate"))
+        key, secret = keystore.rotate(self.db, admin_input.key_id(key_id))
+        return {**key.to_dict(time.time()), "key": secret}
+
+    def usage(self, by: str, since: float | None, until: float | None) -> list[dict[str, Any]]:
+        if self.db is None:
+            params = {"by": by, **({"since": since} if since is not None else {}),
+                      **({"until": until} if until is not None else {})}
+            return list(self._api("GET", "/usage", params=params)["data"])
+        return [t.to_dict() for t in usage.aggregate(self.db, by, since, until)]
+
+
+class _Failure(Exception):
+    pass
+
+
+def _run(work: Any) -> Any:
+    """Errors as one line on stderr and exit status 1 (2 for bad input), never a trace."""
+    try:
+        return work()
+    except (RequestError, ValueError) as exc:
+        typer.echo(f"otela: {getattr(exc, 'message', exc)}", err=True)
+        raise typer.Exit(1 if getattr(exc, "status", 400) == 404 else 2) from None
+    except keystore.KeyNotFound as exc:
+        typer.echo(f"otela: no such API key: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except (_Failure, DatabaseError) as exc:
+        typer.echo(f"otela: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _print_keys(keys: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(keys if len(keys) != 1 else keys[0], indent=2))
+        return
+    table = Table(show_edge=False)
+    for column in ("id", "owner", "name", "status", "models", "providers", "rpm", "tpm",
+                   "budget", "used tokens", "expires"):
+        table.add_column(column)
+    for key in keys:
+        limits = key.get("limits") or {}
+        expires = key.get("expires_at")
+        table.add_row(
+            key["id"], key["owner"], key.get("name") or "", key["status"],
+            ",".join(key["models"]) if key.get("models") else "any",
+            ",".join(key["providers"]) if key.get("providers") else "any",
+            str(limits.get("rpm") or "-"), str(limits.get("tpm") or "-"),
+            str(key.get("budget_tokens") or "-"), str(key.get("used_tokens", "")),
+            time.strftime("%Y-%m-%d %H:%M", time.gmtime(expires)) if expires else "never")
+    make_console().print(table)
+
+
+def _print_secret(key: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(key, indent=2))
+        return
+    typer.echo(f"{key['id']} ({key['owner']}): {key['key']}")
+    typer.echo("Keep this secret now: it is stored hashed and cannot be shown again.",
+               err=True)
+
+
+_DB = typer.Option(None, "--db", metavar="URL", help=DB_HELP, show_default=False)
+_URL = typer.Option(None, "--url", metavar="URL", help=URL_HELP, show_default=False)
+_JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
+
+
+@keys_app.command("create")
+def create(
+    owner: str = typer.Option(..., "--owner", help="Who the key is for (shown in usage)."),
+    name: str = typer.Option("", "--name", help="A label for the key."),
+    expires_in: str | None = typer.Option(None, "--expires-in", metavar="DURATION",
+                                          help="Expire after this long (e.g. 30d, 12h)."),
+    model: list[str] = typer.Option([], "--model", metavar="ID",
+                                    help="A model the key may use (repeat; default: any)."),
+    provider: list[str] = typer.Option(
+        [], "--provider", metavar="NAME",
+        help="A provider the key's requests may run on (repeat; default: the ingress's "
+        "trust set). Narrows, never widens, the ingress's own --trusted-providers."),
+    rpm: int | None = typer.Option(None, "--rpm", help="Requests per minute."),
+    tpm: int | None = typer.Option(None, "--tpm", help="Tokens (prompt + completion) per "
+                                   "minute."),
+    max_concurrent: int | None = typer.Option(None, "--max-concurrent",
+                                              help="Requests in flight at once."),
+    budget_tokens: int | None = typer.Option(None, "--budget-tokens",
+                                             help="Tokens over the key's whole life."),
+    db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
+) -> None:
+    """Create a key; its secret is printed once."""
+    def work() -> dict[str, Any]:
+        spec: dict[str, Any] = {"owner": owner, "name": name or None}
+        if expires_in:
+            spec["expires_in"] = max(1, round(parse_duration(expires_in)))
+        for field, value in (("models", model or None), ("providers", provider or None),
+                             ("rpm", rpm), ("tpm", tpm), ("max_concurrent", max_concurrent),
+                             ("budget_tokens", budget_tokens)):
+            if value is not None:
+                spec[field] = value
+        return _Way(db, url).create({k: v for k, v in spec.items() if v is not None})
+    _print_secret(_run(work), as_json)
+
+
+@keys_app.command("list")
+def list_keys(db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON) -> None:
+    """Every key (revoked and expired ones too), with the tokens each has used."""
+    keys = _run(lambda: _Way(db, url).all_keys())
+    if as_json:
+        typer.echo(json.dumps(keys, indent=2))
+    else:
+        _print_keys(keys, False)
+
+
+@keys_app.command("show")
+def show(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _DB,
+         url: str | None = _URL, as_json: bool = _JSON) -> None:
+    """One key's settings and use."""
+    _print_keys([_run(lambda: _Way(db, url).show(key_id))], as_json)
+
+
+@keys_app.command("revoke")
+def revoke(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _DB,
+           url: str | None = _URL, as_json: bool = _JSON) -> None:
+    """Revoke a key for good: every ingress on the database refuses it within seconds."""
+    _print_keys([_run(lambda: _Way(db, url).revoke(key_id))], as_json)
+
+
+@keys_app.command("rotate")
+def rotate(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _DB,
+           url: str | None = _URL, as_json: bool = _JSON) -> None:
+    """A new secret for a key (same id, limits and usage); the old secret stops working."""
+    _print_secret(_run(lambda: _Way(db, url).rotate(key_id)), as_json)
+
+
+def _when(value: str | None, param: str) -> float | None:
+    """A unix time, an ISO date/time, or a duration ago (``24h``: a day ago)."""
+    if value is None:
+        return None
+    try:
+        return time.time() - parse_duration(value)
+    except ValueError:
+        return admin_input.time_param(value, param)
+
+
+def usage_command(
+    since: str | None = typer.Option(None, "--since", metavar="WHEN",
+                                     help="From: unix time, ISO date/time, or an age (24h)."),
+    until: str | None = typer.Option(None, "--until", metavar="WHEN",
+                                     help="Until (exclusive), same forms. Default: now."),
+    by: str = typer.Option("key", "--by", help="Group by key, model, provider, node, "
+                           "ingress or status."),
+    output: str = typer.Option("table", "--format", help="table, csv or json."),
+    db: str | None = _DB, url: str | None = _URL,
+) -> None:
+    """Usage of the public ingress service: requests, tokens, errors and latency per
+    group."""
+    if output not in ("table", "csv", "json"):
+        typer.echo("otela: --format must be table, csv or json", err=True)
+        raise typer.Exit(2)
+    rows = _run(lambda: _Way(db, url).usage(admin_input.group_by(by),
+                                            _when(since, "since"), _when(until, "until")))
+    columns = ["group", "requests", "prompt_tokens", "completion_tokens", "errors",
+               "mean_latency_ms", "mean_ttft_ms"]
+    if output == "json":
+        typer.echo(json.dumps({"by": by, "data": rows}, indent=2))
+    elif output == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow([by if c == "group" else c for c in columns])
+        for row in rows:
+            writer.writerow(["" if row[c] is None else row[c] for c in columns])
+        typer.echo(out.getvalue(), nl=False)
+    else:
+        table = Table(show_edge=False)
+        for column in columns:
+            table.add_column(by if column == "group" else column.replace("_", " "),
+                             justify="left" if column == "group" else "right")
+        for row in rows:
+            table.add_row(*("-" if row[c] is None else str(row[c]) for c in columns))
+        make_console().print(table)

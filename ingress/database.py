@@ -1,0 +1,189 @@
+"""One connection to the ingress service's database: SQLite (default) or PostgreSQL.
+
+otela's queries are written once, in the SQL both dialects understand, with ``?``
+placeholders; this module turns them into psycopg's ``%s`` for PostgreSQL. The drivers are
+blocking, so async callers run each call in a trio worker thread (``trio.to_thread``,
+supervised by trio: no thread outlives the call), one at a time per connection.
+
+SQLite runs in WAL mode with ``synchronous=NORMAL``: a committed transaction survives the
+process being killed (the usage accounting relies on that), readers never wait for the
+writer, and several processes (data-path workers, the ``otela keys`` command) can use the
+same file. PostgreSQL is for several ingress nodes sharing one database.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import trio
+
+Row = tuple[Any, ...]
+DEFAULT_FILE = "ingress.db"
+
+
+class DatabaseError(Exception):
+    """The database cannot be used (unreachable, wrong URL, schema from a newer otela)."""
+
+
+class Cursor(Protocol):
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
+    def executemany(self, sql: str, params: Sequence[Sequence[Any]]) -> Any: ...
+    def fetchall(self) -> list[Row]: ...
+
+
+@dataclass(frozen=True)
+class DatabaseUrl:
+    """Where the database is: ``sqlite`` with a file path, or a ``postgresql`` URL."""
+
+    dialect: str  # "sqlite" | "postgresql"
+    target: str  # the file path, or the URL psycopg connects to
+
+    @classmethod
+    def parse(cls, text: str, home: Path | None = None) -> DatabaseUrl:
+        """``postgresql://...``/``postgres://...``, ``sqlite:///abs/path``, a plain path,
+        or ``""`` for ``ingress.db`` in the node's home."""
+        text = text.strip()
+        if text.startswith(("postgresql://", "postgres://")):
+            return cls("postgresql", text)
+        if text.startswith("sqlite:"):
+            text = text.removeprefix("sqlite:").removeprefix("//")
+        if not text:
+            if home is None:
+                raise DatabaseError("no database given: pass a path or a postgresql:// URL")
+            return cls("sqlite", str(home / DEFAULT_FILE))
+        if "://" in text:
+            raise DatabaseError(f"unsupported database URL {text.split('://')[0]}://... "
+                                "(use a SQLite file path or postgresql://...)")
+        return cls("sqlite", str(Path(text).expanduser()))
+
+    def display(self) -> str:
+        """The URL without its password, for logs and messages."""
+        if self.dialect != "postgresql" or "@" not in self.target:
+            return self.target
+        scheme, rest = self.target.split("://", 1)
+        auth, host = rest.rsplit("@", 1)
+        return f"{scheme}://{auth.split(':', 1)[0]}:***@{host}" if ":" in auth else \
+            self.target
+
+
+class Database:
+    """A connection and the dialect's quirks. ``run``/``query`` are for trio code;
+    ``run_sync``/``query_sync`` for the command line and startup."""
+
+    def __init__(self, url: DatabaseUrl, connection: Any) -> None:
+        self.url = url
+        self.dialect = url.dialect
+        self._connection = connection
+        self._lock = threading.Lock()  # one statement at a time on this connection
+        self._trio_lock = trio.Lock()
+
+    # -- connecting --------------------------------------------------------------------
+
+    @classmethod
+    def connect(cls, url: DatabaseUrl) -> Database:
+        if url.dialect == "sqlite":
+            path = Path(url.target)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                connection: Any = sqlite3.connect(path, timeout=10.0, isolation_level=None,
+                                             check_same_thread=False)
+                connection.execute("PRAGMA journal_mode=WAL")
+                connection.execute("PRAGMA synchronous=NORMAL")
+                connection.execute("PRAGMA busy_timeout=10000")
+            except sqlite3.Error as exc:
+                raise DatabaseError(f"cannot open the SQLite database {path}: {exc}") from None
+            return cls(url, connection)
+        try:
+            import psycopg
+        except ImportError:  # pragma: no cover - a dependency of otela
+            raise DatabaseError("PostgreSQL needs psycopg 3 (pip install 'psycopg[binary]')") \
+                from None
+        try:
+            connection = psycopg.connect(url.target, autocommit=True, connect_timeout=10)
+        except psycopg.Error as exc:
+            raise DatabaseError(f"cannot connect to {url.display()}: "
+                                f"{str(exc).strip().splitlines()[0]}") from None
+        return cls(url, connection)
+
+    def close(self) -> None:
+        with self._lock:
+            self._connection.close()
+
+    def _live(self) -> Any:
+        """The connection, opened again if the server dropped it (a PostgreSQL restart or
+        failover): the statement that saw the drop failed, the next one reconnects."""
+        connection = self._connection
+        if self.dialect == "postgresql" and (connection.closed or connection.broken):
+            self._connection = Database.connect(self.url)._connection
+        return self._connection
+
+    # -- statements --------------------------------------------------------------------
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", "%s") if self.dialect == "postgresql" else sql
+
+    @contextmanager
+    def transaction(self) -> Iterator[Cursor]:
+        """A cursor inside one transaction: committed on success, rolled back on error."""
+        with self._lock:
+            cursor = self._live().cursor()
+            cursor.execute("BEGIN IMMEDIATE" if self.dialect == "sqlite" else "BEGIN")
+            try:
+                yield _Translating(cursor, self._sql)
+            except BaseException:
+                cursor.execute("ROLLBACK")
+                raise
+            cursor.execute("COMMIT")
+
+    def query_sync(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        with self._lock:
+            cursor = self._live().cursor()
+            cursor.execute(self._sql(sql), tuple(params))
+            return list(cursor.fetchall()) if cursor.description else []
+
+    def run_sync(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Execute one statement (autocommit); the number of rows it changed."""
+        with self._lock:
+            cursor = self._live().cursor()
+            cursor.execute(self._sql(sql), tuple(params))
+            return int(cursor.rowcount or 0)
+
+    async def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        async with self._trio_lock:
+            return await trio.to_thread.run_sync(self.query_sync, sql, params)
+
+    async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        async with self._trio_lock:
+            return await trio.to_thread.run_sync(self.run_sync, sql, params)
+
+    async def in_thread(self, work: Any, *args: Any) -> Any:
+        """Run ``work(*args)`` (blocking, using this database) in a worker thread."""
+        async with self._trio_lock:
+            return await trio.to_thread.run_sync(work, *args)
+
+
+class _Translating:
+    """A cursor that takes ``?`` placeholders in either dialect."""
+
+    def __init__(self, cursor: Any, translate: Any) -> None:
+        self._cursor = cursor
+        self._translate = translate
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self._cursor.execute(self._translate(sql), tuple(params))
+
+    def executemany(self, sql: str, params: Sequence[Sequence[Any]]) -> Any:
+        return self._cursor.executemany(self._translate(sql), [tuple(p) for p in params])
+
+    def fetchall(self) -> list[Row]:
+        return list(self._cursor.fetchall())
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount or 0)

@@ -1,0 +1,96 @@
+"""The ingress database's schema, as numbered migrations applied on start.
+
+Each migration is a list of statements valid in SQLite and PostgreSQL (``DIALECT_SQL``
+overrides one where they differ). ``migrate`` applies the missing ones in order, each in
+its own transaction together with the version bump, so a crash leaves the schema at a
+version it can resume from. A database whose version is newer than the code's is refused:
+an older otela must not write rows a newer one would misread.
+
+Several ingress nodes starting at once on one PostgreSQL database serialise on an advisory
+lock, so a migration runs once.
+"""
+
+from __future__ import annotations
+
+from ingress.database import Database, DatabaseError
+
+# Version N is MIGRATIONS[N - 1]. Append only; never edit a released migration.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE api_keys (
+            id TEXT PRIMARY KEY,
+            secret_hash TEXT NOT NULL UNIQUE,
+            name TEXT NOT NULL DEFAULT '',
+            owner TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION,
+            revoked_at DOUBLE PRECISION,
+            models TEXT,
+            providers TEXT,
+            rpm BIGINT,
+            tpm BIGINT,
+            max_concurrent BIGINT,
+            budget_tokens BIGINT,
+            updated_at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX api_keys_updated ON api_keys (updated_at)",
+        """CREATE TABLE usage (
+            id TEXT PRIMARY KEY,
+            request_id TEXT NOT NULL,
+            key_id TEXT,
+            model TEXT NOT NULL,
+            route TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            node_peer TEXT NOT NULL,
+            node_session TEXT NOT NULL,
+            prompt_tokens INTEGER NOT NULL,
+            completion_tokens INTEGER NOT NULL,
+            status INTEGER NOT NULL,
+            error TEXT,
+            stream INTEGER NOT NULL,
+            latency_ms DOUBLE PRECISION NOT NULL,
+            ttft_ms DOUBLE PRECISION,
+            started_at DOUBLE PRECISION NOT NULL,
+            finished_at DOUBLE PRECISION NOT NULL,
+            ingress TEXT NOT NULL,
+            recorded_at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX usage_key_time ON usage (key_id, finished_at)",
+        "CREATE INDEX usage_time ON usage (finished_at)",
+        "CREATE INDEX usage_recorded ON usage (recorded_at)",
+    ),
+)
+LATEST = len(MIGRATIONS)
+_LOCK_ID = 0x6F74656C61  # "otela": the advisory lock migrating PostgreSQL databases
+
+
+class SchemaTooNew(DatabaseError):
+    """The database was written by a newer otela."""
+
+
+def current_version(db: Database) -> int:
+    db.run_sync("CREATE TABLE IF NOT EXISTS otela_schema (version INTEGER NOT NULL)")
+    rows = db.query_sync("SELECT MAX(version) FROM otela_schema")
+    return int(rows[0][0] or 0) if rows else 0
+
+
+def migrate(db: Database) -> int:
+    """Bring ``db`` to ``LATEST``; the version it was at. Raises ``SchemaTooNew``."""
+    if db.dialect == "postgresql":
+        db.run_sync("SELECT pg_advisory_lock(?)", (_LOCK_ID,))
+    try:
+        found = current_version(db)
+        if found > LATEST:
+            raise SchemaTooNew(
+                f"the ingress database {db.url.display()} has schema version {found}, newer "
+                f"than this otela's {LATEST}: upgrade otela on this node (or use another "
+                "database); refusing to write to it")
+        for version in range(found + 1, LATEST + 1):
+            with db.transaction() as cursor:
+                for statement in MIGRATIONS[version - 1]:
+                    cursor.execute(statement)
+                cursor.execute("INSERT INTO otela_schema (version) VALUES (?)", (version,))
+        return found
+    finally:
+        if db.dialect == "postgresql":
+            db.run_sync("SELECT pg_advisory_unlock(?)", (_LOCK_ID,))

@@ -1,0 +1,89 @@
+"""The public ingress service as the node runs it: the database, the key gate on the
+request path, usage accounting, and the tasks that keep them going.
+
+``IngressService.open`` connects and migrates before the node opens its port (a database
+it cannot use stops the node with a clear message rather than serving without keys).
+``run`` is the service's background work, in the node's nursery: flushing usage rows,
+refreshing keys and others' usage. The same object works in a data-path worker
+(``--workers``), each process with its own connection and its own ``ingress_id``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ingress.access import Access
+from ingress.database import Database, DatabaseUrl
+from ingress.keys import ApiKey
+from ingress.metrics import KeyMetrics
+from ingress.migrations import migrate
+from ingress.usage import UsageWriter
+from otela.api.observe import Observer
+from otela.metrics import Registry
+
+
+class IngressService:
+    def __init__(self, db: Database, ingress_id: str, *, open_access: bool = False,
+                 admin_token: str | None = None, refresh_interval: float = 1.0,
+                 flush_interval: float = 0.025) -> None:
+        self.db = db
+        self.ingress_id = ingress_id
+        self.open_access = open_access
+        self.admin_token = admin_token
+        self.access = Access(db, ingress_id, refresh_interval)
+        self.usage = UsageWriter(db, ingress_id, flush_interval)
+
+    @classmethod
+    def open(cls, url: str, home: Path, ingress_id: str, **options: Any) -> IngressService:
+        """Connect, migrate, load the keys; ``DatabaseError`` says why it cannot."""
+        db = Database.connect(DatabaseUrl.parse("" if url == "default" else url, home))
+        try:
+            migrate(db)
+            service = cls(db, ingress_id, **options)
+            service.access.load()
+        except BaseException:
+            db.close()
+            raise
+        return service
+
+    # -- the request path (``otela.api.inference.KeyGate``) -----------------------------
+
+    def authenticate(self, authorization: bytes | None) -> ApiKey | None:
+        if authorization is None and self.open_access:
+            return None  # anonymous, allowed by --open
+        return self.access.authenticate(authorization)
+
+    def admit(self, key: ApiKey, model: str) -> Any:
+        return self.access.admit(key, model)
+
+    def finished(self, grant: Any, tokens: int) -> None:
+        self.access.finished(grant, tokens)
+
+    def observers(self, metrics: Registry) -> list[Observer]:
+        """What watches the request path for the service: usage rows and per-key metrics."""
+        return [self.usage, KeyMetrics(metrics)]
+
+    # -- background ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.usage.run)
+                await nursery.start(self.access.run)
+                task_status.started()
+        finally:
+            self.db.close()
+
+    def report(self) -> dict[str, Any]:
+        """For ``/v1/health``: is accounting keeping up?"""
+        return {"database": self.db.url.display(), "dialect": self.db.dialect,
+                "keys": len(self.access.by_id), "usage_written": self.usage.written,
+                "usage_pending": self.usage.pending(),
+                "usage_write_failures": self.usage.failures,
+                "usage_rows_dropped": self.usage.dropped,
+                "key_refreshes": self.access.refreshes,
+                "key_refresh_failures": self.access.refresh_failures,
+                "open": self.open_access}

@@ -1,0 +1,245 @@
+"""Usage accounting: one row per request that reached the routing stage, written off the
+request path and yet durable.
+
+The request path only appends a tuple to a list (``finished``). ``run`` writes whatever has
+gathered every ``flush_interval`` (25 ms by default) in one transaction. Rows carry an id
+made here, never the client's request id, so a client cannot make two requests share a
+row; each batch commits once, so nothing is counted twice. With SQLite in WAL mode a
+commit survives a SIGKILL of the process, so every request whose response finished more
+than one flush interval (plus the commit's own time) before a kill is in the database:
+the durability promise is 100 ms, four intervals.
+
+Queries for ``otela usage`` and the admin API are here too (``aggregate``, ``buckets``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ingress.database import Database, Row
+from otela.dataplane.exchange import Exchange
+
+log = logging.getLogger("otela.ingress.usage")
+
+_INSERT = ("INSERT INTO usage (id, request_id, key_id, model, route, provider, node_peer, "
+           "node_session, prompt_tokens, completion_tokens, status, error, stream, "
+           "latency_ms, ttft_ms, started_at, finished_at, ingress, recorded_at) VALUES "
+           "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+           "ON CONFLICT (id) DO NOTHING")
+_MAX_TOKENS = 2**31 - 1  # what an engine may claim (a serving node could say anything)
+_MAX_TEXT = 512
+
+
+def _text(value: str) -> str:
+    """Text as every database takes it: PostgreSQL refuses NUL characters."""
+    return value[:_MAX_TEXT].replace("\x00", "\ufffd")
+
+
+GROUPS = {"key": "key_id", "model": "model", "provider": "provider", "node": "node_peer",
+          "ingress": "ingress", "status": "status"}
+
+
+def tokens_of(exchange: Exchange) -> tuple[int, int]:
+    """(prompt, completion) tokens the engine reported for ``exchange``."""
+    tap = exchange.tap
+    if tap is None:
+        return 0, 0
+    return tap.prompt_tokens or 0, tap.output_tokens
+
+
+class UsageWriter:
+    """An observer of the request path (``otela.api.observe``) that records usage rows."""
+
+    def __init__(self, db: Database, ingress_id: str, flush_interval: float = 0.025) -> None:
+        self.db = db
+        self.ingress_id = ingress_id
+        self.flush_interval = flush_interval
+        self._rows: list[tuple[Any, ...]] = []
+        self._prefix = os.urandom(8).hex()
+        self._counter = 0
+        self.written = 0
+        self.failures = 0
+        self.dropped = 0
+
+    def finished(self, exchange: Exchange) -> None:
+        if not exchange.model:
+            return  # refused before a model was named (unreadable body): not usage
+        prompt, completion = (min(max(0, n), _MAX_TOKENS) for n in tokens_of(exchange))
+        ended = time.time()
+        first = exchange.first_byte
+        self._counter += 1
+        self._rows.append((
+            f"{self._prefix}{self._counter:010x}", _text(exchange.request_id),
+            exchange.api_key, _text(exchange.model), _text(exchange.route),
+            _text(exchange.node_provider), _text(exchange.node_peer),
+            _text(exchange.node_session), prompt, completion, exchange.status, exchange.error,
+            int(exchange.stream), round(exchange.duration * 1e3, 3),
+            None if first is None else round(first * 1e3, 3), exchange.arrival, ended,
+            self.ingress_id))
+
+    def pending(self) -> int:
+        return len(self._rows)
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Flush every ``flush_interval`` until cancelled; one last flush then."""
+        task_status.started()
+        try:
+            while True:
+                await trio.sleep(self.flush_interval)
+                if self._rows:
+                    await self.flush()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.flush()
+
+    async def flush(self) -> None:
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, []
+        try:
+            await self.db.in_thread(self._write, rows)
+            self.written += len(rows)
+            return
+        except Exception as exc:
+            self.failures += 1
+            log.warning("usage: could not write %d rows (%s)", len(rows), exc)
+        # One row the database refuses must not hold the others back forever: write them
+        # one by one; keep those that failed only if none went in (the database is away).
+        kept = await self.db.in_thread(self._write_each, rows)
+        self.written += len(rows) - len(kept)
+        if len(kept) < len(rows):
+            self.dropped += len(kept)
+            for row in kept:
+                log.error("usage: the database refused row %s (request %s); dropped",
+                          row[0], row[1])
+        else:
+            self._rows[:0] = rows
+            await trio.sleep(min(1.0, self.flush_interval * 2 ** min(self.failures, 6)))
+
+    def _write(self, rows: list[tuple[Any, ...]]) -> None:
+        now = time.time()
+        with self.db.transaction() as cursor:
+            cursor.executemany(_INSERT, [(*row, now) for row in rows])
+
+    def _write_each(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        failed = []
+        for row in rows:
+            try:
+                self._write([row])
+            except Exception:
+                failed.append(row)
+        return failed
+
+
+# -- reading usage back ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Totals:
+    group: str | None
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    errors: int
+    mean_latency_ms: float | None
+    mean_ttft_ms: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "requests": self.requests,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "errors": self.errors,
+                "mean_latency_ms": self.mean_latency_ms, "mean_ttft_ms": self.mean_ttft_ms}
+
+
+_SUMS = ("COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), "
+         "COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0), AVG(latency_ms), "
+         "AVG(ttft_ms)")
+
+
+def _window(since: float | None, until: float | None,
+            key_id: str | None = None) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    if since is not None:
+        clauses.append("finished_at >= ?")
+        params.append(since)
+    if until is not None:
+        clauses.append("finished_at < ?")
+        params.append(until)
+    if key_id is not None:
+        clauses.append("key_id = ?")
+        params.append(key_id)
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def _totals(group: Any, row: Sequence[Any]) -> Totals:
+    requests, prompt, completion, errors, latency, ttft = row
+    return Totals(None if group is None else str(group), int(requests), int(prompt),
+                  int(completion), int(errors),
+                  None if latency is None else round(float(latency), 3),
+                  None if ttft is None else round(float(ttft), 3))
+
+
+def aggregate(db: Database, by: str, since: float | None = None,
+              until: float | None = None, key_id: str | None = None) -> list[Totals]:
+    """Usage per ``by`` group (key, model, provider, node, ingress, status), largest
+    first, between ``since`` and ``until`` (unix seconds, end exclusive)."""
+    column = GROUPS[by]
+    where, params = _window(since, until, key_id)
+    rows: list[Row] = db.query_sync(
+        f"SELECT {column}, {_SUMS} FROM usage{where} GROUP BY {column} "
+        f"ORDER BY COUNT(*) DESC, {column}", params)
+    return [_totals(row[0], row[1:]) for row in rows]
+
+
+def buckets(db: Database, since: float, until: float, bucket_s: float,
+            key_id: str | None = None) -> list[dict[str, Any]]:
+    """Usage over time: one entry per ``bucket_s`` from ``since`` (empty ones included)."""
+    where, params = _window(since, until, key_id)
+    rows = db.query_sync(
+        f"SELECT FLOOR((finished_at - ?) / ?), {_SUMS} FROM usage{where} GROUP BY 1",
+        [since, bucket_s, *params])
+    found = {int(row[0]): _totals(None, row[1:]) for row in rows}
+    count = max(1, int((until - since) // bucket_s + (1 if (until - since) % bucket_s else 0)))
+    out = []
+    for index in range(min(count, 10_000)):
+        totals = found.get(index)
+        out.append({"start": since + index * bucket_s,
+                    "requests": totals.requests if totals else 0,
+                    "prompt_tokens": totals.prompt_tokens if totals else 0,
+                    "completion_tokens": totals.completion_tokens if totals else 0,
+                    "errors": totals.errors if totals else 0})
+    return out
+
+
+def recent_by_others(db: Database, ingress_id: str, recorded_after: float
+                     ) -> list[tuple[str, str, int, int, float]]:
+    """(row id, key, tokens, status, recorded_at) of keyed rows other ingress processes
+    wrote after ``recorded_after``: what ``ingress.access`` counts towards budgets and
+    limits here."""
+    rows = db.query_sync(
+        "SELECT id, key_id, prompt_tokens + completion_tokens, status, recorded_at FROM usage "
+        "WHERE recorded_at > ? AND ingress <> ? AND key_id IS NOT NULL",
+        (recorded_after, ingress_id))
+    return [(str(r[0]), str(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
+
+
+def totals_and_recent(db: Database, recorded_after: float
+                      ) -> tuple[dict[str, int], list[tuple[str, str, float]]]:
+    """Tokens per key over all time, and (id, ingress, recorded_at) of the rows recorded
+    after ``recorded_after``, in one statement: one snapshot, so a row is either in both
+    or in neither (``Access.load`` then never counts one twice)."""
+    rows = db.query_sync(
+        "SELECT 0, key_id, SUM(prompt_tokens + completion_tokens), NULL, NULL FROM usage "
+        "WHERE key_id IS NOT NULL GROUP BY key_id "
+        "UNION ALL SELECT 1, id, 0, ingress, recorded_at FROM usage WHERE recorded_at > ?",
+        (recorded_after,))
+    totals = {str(r[1]): int(r[2] or 0) for r in rows if r[0] == 0}
+    recent = [(str(r[1]), str(r[3]), float(r[4])) for r in rows if r[0] == 1]
+    return totals, recent

@@ -1,0 +1,181 @@
+"""The ingress service on a real PostgreSQL server: the schema and queries in that dialect,
+and two ingress nodes sharing one database (keys made on one work on the other, a
+revocation reaches both within 5 s, a key's rate limit holds across both)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import trio
+
+from ingress import keystore, usage
+from ingress.database import Database, DatabaseUrl
+from ingress.keystore import KeySpec
+from ingress.migrations import LATEST, SchemaTooNew, migrate
+from ingress.service import IngressService
+from otela.dataplane.exchange import Exchange, UsageTap
+from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+
+pytestmark = pytest.mark.slow  # a PostgreSQL server and otela processes
+
+MODEL = "echo-pg"
+ADMIN = "postgres-admin-token-00000000000"
+
+
+def test_schema_keys_and_usage_in_postgresql(postgres_db):
+    db = Database.connect(DatabaseUrl.parse(postgres_db))
+    assert migrate(db) == 0 and migrate(db) == LATEST
+    made, secret = keystore.create(db, KeySpec(owner="a", models=frozenset({"m"}), tpm=10**12,
+                                                rpm=2**61, budget_tokens=2**61))
+    assert keystore.get(db, made.id) == made
+    writer = usage.UsageWriter(db, "ingress-1")
+    done = Exchange(route="/v1/chat/completions", request_id="r", model="m", status=200,
+                    api_key=made.id)
+    done.tap = UsageTap(False)
+    done.tap.prompt_tokens, done.tap.completion_tokens = 4, 6
+    writer.finished(done)
+    trio.run(writer.flush)
+    assert keystore.used_tokens(db) == {made.id: 10}
+    assert usage.aggregate(db, "model")[0].to_dict()["completion_tokens"] == 6
+    hour = usage.buckets(db, time.time() - 3600, time.time() + 1, 600)
+    assert sum(b["requests"] for b in hour) == 1
+    service = IngressService(db, "ingress-1")
+    service.access.load()
+    assert service.authenticate(f"Bearer {secret}".encode()).id == made.id
+    db.run_sync("INSERT INTO otela_schema (version) VALUES (?)", (LATEST + 1,))
+    with pytest.raises(SchemaTooNew):
+        migrate(db)
+    db.close()
+
+
+@pytest.fixture
+def pair(tmp_path, postgres_db) -> Iterator[tuple[LocalNode, LocalNode, str]]:
+    args = ["--ingress-db", postgres_db]
+    env = {"OTELA_ADMIN_TOKEN": ADMIN}
+    with LocalFederation(tmp_path) as fed:
+        first = fed.start_node("ingress-a", ingress=True, extra_args=args, extra_env=env)
+        second = fed.start_node("ingress-b", ingress=True, extra_args=args, extra_env=env,
+                                bootstrap=[first])
+        server = fed.start_node("server", bootstrap=[first], provider_id="prov-a",
+                                process=echo_engine_command(free_port(), [MODEL]))
+        for ingress in (first, second):
+            wait_for(lambda i=ingress: i.states().get(server.session_id) == "SERVING", 20,
+                     f"{ingress.name} to see the server")
+        yield first, second, postgres_db
+
+
+def status(node: LocalNode, key: str) -> int:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+    return httpx.post(f"{node.http_url}/v1/chat/completions", json=body, timeout=10,
+                      trust_env=False, headers={"authorization": f"Bearer {key}"}).status_code
+
+
+def _requests_of(db: str, key_id: str) -> int:
+    import psycopg
+    with psycopg.connect(db) as conn:
+        row = conn.execute("SELECT COUNT(*) FROM usage WHERE key_id = %s", (key_id,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def otela(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "otela", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_two_ingress_nodes_share_keys_revocations_and_usage(pair):
+    first, second, db = pair
+    made = httpx.post(f"{first.http_url}/v1/admin/keys", json={"owner": "shared"},
+                      headers={"authorization": f"Bearer {ADMIN}"}, trust_env=False).json()
+    assert status(first, made["key"]) == 200
+    wait_for(lambda: status(second, made["key"]) == 200, 5, "the other ingress to know it")
+    # Text PostgreSQL refuses (NUL) in a usage row must not hold the other rows back.
+    hostile = httpx.post(f"{first.http_url}/v1/chat/completions", trust_env=False,
+                         json={"model": "evil\u0000model", "messages": []},
+                         headers={"authorization": f"Bearer {made['key']}"})
+    assert hostile.status_code == 404
+    assert status(first, made["key"]) == 200
+    wait_for(lambda: _requests_of(db, made["id"]) == 4, 5, "every request's usage row")
+    revoked = otela("keys", "revoke", made["id"], "--db", db, "--json")
+    assert revoked.returncode == 0, revoked.stderr
+    assert json.loads(revoked.stdout)["status"] == "revoked"
+    started = time.monotonic()
+    for ingress in (first, second):
+        wait_for(lambda i=ingress: status(i, made["key"]) == 401, 5,
+                 f"{ingress.name} to refuse the revoked key")
+    assert time.monotonic() - started < 5
+    report = otela("usage", "--db", db, "--by", "ingress", "--format", "json")
+    assert report.returncode == 0, report.stderr
+    groups = {row["group"]: row["requests"] for row in json.loads(report.stdout)["data"]}
+    assert len(groups) == 2 and all(n >= 1 for n in groups.values())
+
+
+def test_a_keys_rate_limit_holds_across_two_ingress_nodes(pair):
+    """Clients hammer both nodes with one key for 10 s: together they are admitted what
+    one bucket would admit (its 10 s burst plus the rate), within 10 %."""
+    first, second, _ = pair
+    rpm = 600
+    made = httpx.post(f"{first.http_url}/v1/admin/keys", json={"owner": "fast", "rpm": rpm},
+                      headers={"authorization": f"Bearer {ADMIN}"}, trust_env=False).json()
+    wait_for(lambda: status(second, made["key"]) == 200, 5, "the other ingress to know it")
+    admitted = [1, 0]  # the probe above was one
+    refused = [0, 0]
+    duration = 10.0
+    started = time.monotonic()
+
+    def hammer(index: int, node: LocalNode) -> None:
+        with httpx.Client(trust_env=False, timeout=10) as client:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+            while time.monotonic() - started < duration:
+                code = client.post(f"{node.http_url}/v1/chat/completions", json=body,
+                                   headers={"authorization": f"Bearer {made['key']}"}
+                                   ).status_code
+                if code == 200:
+                    admitted[index] += 1
+                else:
+                    assert code == 429
+                    refused[index] += 1
+
+    threads = [threading.Thread(target=hammer, args=(i, n))
+               for i, n in enumerate((first, second))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - started
+    ideal = rpm * 10 / 60 + rpm / 60 * elapsed
+    total = sum(admitted)
+    assert all(n > 0 for n in admitted) and sum(refused) > total  # both served, both limited
+    assert 0.9 * ideal <= total <= 1.1 * ideal, (total, ideal, admitted)
+
+
+def test_a_dropped_connection_is_opened_again_and_no_usage_is_lost(postgres_db):
+    import psycopg
+
+    db = Database.connect(DatabaseUrl.parse(postgres_db))
+    migrate(db)
+    writer = usage.UsageWriter(db, "ingress-1", flush_interval=0.01)
+
+    def done(request_id: str) -> Exchange:
+        finished = Exchange(route="/v1/chat/completions", request_id=request_id, model="m",
+                            status=200)
+        finished.tap = UsageTap(False)
+        return finished
+
+    writer.finished(done("before"))
+    trio.run(writer.flush)
+    with psycopg.connect(postgres_db, autocommit=True) as admin:  # the server drops us
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    writer.finished(done("after"))
+    trio.run(writer.flush)  # fails on the dead connection; the rows are kept
+    trio.run(writer.flush)  # a new connection: written
+    rows = db.query_sync("SELECT request_id FROM usage ORDER BY request_id")
+    assert [r[0] for r in rows] == ["after", "before"] and writer.pending() == 0
+    db.close()

@@ -1,0 +1,271 @@
+"""The public ingress service on a real SQLite file, through real otela processes and the
+official ``openai`` client: keys, errors, usage rows, streams' usage, limits, the admin
+API and revocation."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+MODEL = "echo-keys"
+OTHER = "echo-other"
+ADMIN = "admin-token-for-tests-0123456789"
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalNode, str]]:
+    root = tmp_path_factory.mktemp("ingress-sqlite")
+    federation = LocalFederation(root)
+    db = root / "ingress.db"
+    try:
+        ingress = federation.start_node(
+            "ingress", ingress=True, extra_args=["--ingress-db", str(db)],
+            extra_env={"OTELA_ADMIN_TOKEN": ADMIN})
+        for name, model, provider in (("server", MODEL, "prov-a"), ("other", OTHER, "prov-b")):
+            node = federation.start_node(name, bootstrap=[ingress], provider_id=provider,
+                                         process=echo_engine_command(free_port(), [model]))
+            wait_for(lambda n=node: ingress.states().get(n.session_id) == "SERVING", 20,
+                     f"{name} to serve")
+        yield ingress, str(db)
+    finally:
+        federation.close()
+
+
+def admin(node: LocalNode, method: str, path: str, **kwargs: object) -> httpx.Response:
+    headers = {"authorization": f"Bearer {ADMIN}", "content-type": "application/json"}
+    return httpx.request(method, f"{node.http_url}/v1/admin{path}", trust_env=False,
+                         timeout=10, headers=headers, **kwargs)  # type: ignore[arg-type]
+
+
+def new_key(node: LocalNode, **spec: object) -> dict:
+    created = admin(node, "POST", "/keys", json={"owner": "alice", **spec})
+    assert created.status_code == 200, created.text
+    return created.json()
+
+
+def client(node: LocalNode, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{node.http_url}/v1", api_key=key, max_retries=0,
+                         timeout=20, http_client=httpx.Client(trust_env=False))
+
+
+def usage_rows(db: str, key_id: str) -> list[tuple]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT model, prompt_tokens, completion_tokens, status, provider, "
+                            "node_session, stream FROM usage WHERE key_id = ? ORDER BY "
+                            "finished_at", (key_id,)).fetchall()
+
+
+def test_keys_are_required_and_wrong_ones_get_the_same_401(fed):
+    ingress, _ = fed
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    for headers in ({}, {"authorization": "Bearer otela-nope"}, {"authorization": "Basic x"}):
+        answer = httpx.post(f"{ingress.http_url}/v1/chat/completions", json=body,
+                            headers=headers, trust_env=False, timeout=10)
+        assert answer.status_code == 401
+        assert answer.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        client(ingress, "otela-wrong").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_key_works_with_the_openai_client_and_every_request_is_counted(fed):
+    ingress, db = fed
+    key = new_key(ingress, name="first")
+    assert key["key"].startswith("otela-") and key["status"] == "active"
+    api = client(ingress, key["key"])
+    answer = api.chat.completions.create(model=MODEL,
+                                         messages=[{"role": "user", "content": "one two"}])
+    assert answer.usage is not None
+    chunks = list(api.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "three"}], stream=True))
+    # the ingress asked the engine for usage; the client did not, so it sees no usage chunk
+    assert chunks and all(c.usage is None for c in chunks)
+    assert all(c.choices for c in chunks)
+    wait_for(lambda: len(usage_rows(db, key["id"])) == 2, 5, "two usage rows")
+    (model, prompt, completion, status, provider, session, stream), second = \
+        usage_rows(db, key["id"])
+    assert (model, status, provider, stream) == (MODEL, 200, "prov-a", 0)
+    assert (prompt, completion) == (answer.usage.prompt_tokens,
+                                    answer.usage.completion_tokens)
+    assert session
+    assert second[3] == 200 and second[6] == 1 and second[2] > 0  # the stream's tokens
+    shown = admin(ingress, "GET", f"/keys/{key['id']}").json()
+    assert shown["used_tokens"] == prompt + completion + second[1] + second[2]
+    assert "key" not in shown and "secret_hash" not in shown
+
+
+def test_a_stream_that_asked_for_usage_keeps_it(fed):
+    ingress, _ = fed
+    api = client(ingress, new_key(ingress)["key"])
+    chunks = list(api.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}], stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def test_model_allowlist_trust_set_and_budget(fed):
+    ingress, _ = fed
+    only = client(ingress, new_key(ingress, models=[MODEL])["key"])
+    assert [m.id for m in only.models.list().data] == [MODEL]  # the catalog it may use
+    assert {m.id for m in client(ingress, new_key(ingress)["key"]).models.list().data} \
+        == {MODEL, OTHER}
+    with pytest.raises(openai.AuthenticationError):
+        client(ingress, "otela-wrong").models.list()
+    with pytest.raises(openai.PermissionDeniedError) as denied:
+        only.chat.completions.create(model=OTHER, messages=[{"role": "user", "content": "x"}])
+    assert denied.value.code == "model_not_allowed"
+    trusting_a = client(ingress, new_key(ingress, providers=["prov-a"])["key"])
+    assert [m.id for m in trusting_a.models.list().data] == [MODEL]
+    with pytest.raises(openai.APIStatusError) as untrusted:
+        trusting_a.chat.completions.create(model=OTHER,
+                                           messages=[{"role": "user", "content": "x"}])
+    assert untrusted.value.status_code == 503
+    assert untrusted.value.code == "no_trusted_node"
+    assert "prov-b" not in untrusted.value.message
+    budget = new_key(ingress, budget_tokens=5)
+    capped = client(ingress, budget["key"])
+    capped.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+
+    def refused() -> bool:
+        try:
+            capped.chat.completions.create(model=MODEL,
+                                           messages=[{"role": "user", "content": "x"}])
+        except openai.PermissionDeniedError as exc:
+            return exc.code == "budget_exceeded"
+        return False
+    wait_for(refused, 5, "the budget to be used up")
+
+
+def test_request_rate_limit_answers_429_with_retry_after(fed):
+    ingress, _ = fed
+    key = new_key(ingress, rpm=18)["key"]  # holds 10 s of it: 3
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+    statuses = []
+    for _ in range(4):
+        answer = httpx.post(f"{ingress.http_url}/v1/chat/completions", json=body,
+                            headers={"authorization": f"Bearer {key}"}, trust_env=False,
+                            timeout=10)
+        statuses.append(answer.status_code)
+    assert statuses == [200, 200, 200, 429]
+    assert int(answer.headers["retry-after"]) >= 1
+    assert answer.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_revoked_and_rotated_keys_stop_working(fed):
+    ingress, _ = fed
+    key = new_key(ingress)
+    api = client(ingress, key["key"])
+    api.models.list()
+    api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    rotated = admin(ingress, "POST", f"/keys/{key['id']}/rotate").json()
+    with pytest.raises(openai.AuthenticationError):
+        api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    fresh = client(ingress, rotated["key"])
+    fresh.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    assert admin(ingress, "POST", f"/keys/{key['id']}/revoke").json()["status"] == "revoked"
+    with pytest.raises(openai.AuthenticationError):
+        fresh.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+
+
+def test_admin_api_refuses_bad_tokens_and_bad_input_and_writes_nothing(fed):
+    ingress, db = fed
+    with sqlite3.connect(db) as conn:
+        before = conn.execute("SELECT COUNT(*) FROM api_keys").fetchone()[0]
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": ADMIN}):
+        answer = httpx.get(f"{ingress.http_url}/v1/admin/keys", trust_env=False,
+                           headers=headers)
+        assert answer.status_code == 401
+        assert answer.json()["error"]["code"] == "invalid_admin_token"
+    bad_bodies = [b"not json", b"[]", b'{"owner": ""}', b'{"owner": 3}',
+                  b'{"owner": "a", "rpm": -1}', b'{"owner": "a", "rpm": true}',
+                  b'{"owner": "a", "models": []}', b'{"owner": "a", "surprise": 1}',
+                  b'{"owner": "a", "expires_at": 1}', b'{"owner": "' + b"x" * 500 + b'"}',
+                  b"{" * 10000]
+    for body in bad_bodies:
+        answer = admin(ingress, "POST", "/keys", content=body)
+        assert 400 <= answer.status_code < 500, body[:40]
+        assert "error" in answer.json()
+    for path in ("/keys/key_000000000000", "/keys/nonsense", "/keys/../../etc"):
+        assert admin(ingress, "GET", path).status_code == 404
+    assert admin(ingress, "POST", "/keys/key_000000000000/revoke").status_code == 404
+    assert admin(ingress, "GET", "/usage?by=colour").status_code == 400
+    assert admin(ingress, "GET", "/usage?since=yesterday").status_code == 400
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM api_keys").fetchone()[0] == before
+
+
+def test_usage_report_and_me(fed):
+    ingress, _ = fed
+    key = new_key(ingress, name="reporter")
+    api = client(ingress, key["key"])
+    for _ in range(3):
+        api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    headers = {"authorization": f"Bearer {key['key']}"}
+
+    def my_requests() -> int:
+        me = httpx.get(f"{ingress.http_url}/v1/me/usage", headers=headers, trust_env=False)
+        return int(me.json()["totals"]["requests"])
+    wait_for(lambda: my_requests() == 3, 5, "three requests in /v1/me/usage")
+    me = httpx.get(f"{ingress.http_url}/v1/me", headers=headers, trust_env=False).json()
+    assert me["id"] == key["id"] and me["used_tokens"] > 0
+    by_key = {row["group"]: row for row in admin(ingress, "GET", "/usage?by=key").json()["data"]}
+    assert by_key[key["id"]]["requests"] == 3
+    by_model = admin(ingress, "GET", "/usage?by=model").json()["data"]
+    assert MODEL in {row["group"] for row in by_model}
+    metrics = httpx.get(f"{ingress.http_url}/metrics", trust_env=False).text
+    assert f'otela_api_key_requests_total{{key="{key["id"]}",status="200"}} 3' in metrics
+    assert f'otela_api_key_tokens_total{{key="{key["id"]}",kind="completion"}}' in metrics
+    assert key["key"] not in metrics
+
+
+def test_data_path_workers_check_keys_and_count_usage(tmp_path):
+    """With --workers, each data-path process runs the key gate and writes usage rows of its
+    own; a revocation made through the control's admin API reaches every worker."""
+    db = tmp_path / "workers.db"
+    with LocalFederation(tmp_path) as federation:
+        node = federation.start_node(
+            "ingress", ingress=True, provider_id="prov-w",
+            process=echo_engine_command(free_port(), [MODEL]),
+            extra_args=["--ingress-db", str(db), "--workers", "2"],
+            extra_env={"OTELA_ADMIN_TOKEN": ADMIN})
+        wait_for(lambda: node.states().get(node.session_id) == "SERVING", 30, "serving")
+        key = new_key(node, name="workers")
+
+        def known_everywhere() -> bool:  # workers read new keys within a refresh (1 s)
+            return all(httpx.post(f"{node.http_url}/v1/chat/completions", trust_env=False,
+                                  headers={"authorization": f"Bearer {key['key']}",
+                                           "connection": "close"},
+                                  json={}).status_code == 400  # past the key: no model
+                       for _ in range(6))
+        wait_for(known_everywhere, 5, "every worker to know the new key")
+        with httpx.Client(trust_env=False, timeout=10) as http:  # new connections: both
+            for _ in range(12):                                 # workers take some
+                answer = http.post(f"{node.http_url}/v1/chat/completions",
+                                   headers={"authorization": f"Bearer {key['key']}",
+                                            "connection": "close"},
+                                   json={"model": MODEL, "messages": [
+                                       {"role": "user", "content": "x"}]})
+                assert answer.status_code == 200, answer.text
+        wait_for(lambda: len(usage_rows(str(db), key["id"])) == 12, 5, "12 usage rows")
+        with sqlite3.connect(db) as conn:
+            writers = {row[0] for row in conn.execute(
+                "SELECT ingress FROM usage WHERE key_id = ?", (key["id"],))}
+        assert writers and all(re.search(r"/w\d+$", w) for w in writers)
+        assert admin(node, "POST", f"/keys/{key['id']}/revoke").status_code == 200
+
+        def refused_everywhere() -> bool:
+            return all(httpx.post(f"{node.http_url}/v1/chat/completions", trust_env=False,
+                                  headers={"authorization": f"Bearer {key['key']}",
+                                           "connection": "close"},
+                                  json={"model": MODEL, "messages": []}).status_code == 401
+                       for _ in range(8))
+        wait_for(refused_everywhere, 5, "every worker to refuse the revoked key")

@@ -1,0 +1,72 @@
+"""``otela keys`` and ``otela usage`` on a real SQLite file: what an operator types."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from otela.cli import app
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTELA_HOME", str(tmp_path))
+    monkeypatch.delenv("OTELA_INGRESS_DB", raising=False)
+    runner = CliRunner()
+
+    def invoke(*args: str) -> tuple[int, str, str]:
+        result = runner.invoke(app, list(args))
+        return result.exit_code, result.stdout, result.stderr
+    return invoke
+
+
+def test_create_list_show_rotate_revoke(run, tmp_path):
+    code, out, err = run("keys", "create", "--owner", "alice", "--model", "m1", "--model",
+                         "m2", "--rpm", "30", "--expires-in", "7d", "--json")
+    assert code == 0, err
+    made = json.loads(out)
+    assert made["key"].startswith("otela-") and made["models"] == ["m1", "m2"]
+    assert made["limits"]["rpm"] == 30 and made["expires_at"] is not None
+    assert (tmp_path / "ingress.db").exists()  # the node home's database by default
+    code, out, _ = run("keys", "list", "--json")
+    listed = json.loads(out)
+    assert [k["id"] for k in listed] == [made["id"]] and "key" not in listed[0]
+    code, out, _ = run("keys", "list")
+    assert made["id"] in out and "alice" in out and made["key"] not in out
+    code, out, err = run("keys", "rotate", made["id"])
+    assert code == 0 and out.startswith(made["id"]) and made["key"] not in out
+    assert "cannot be shown again" in err
+    code, out, _ = run("keys", "revoke", made["id"], "--json")
+    assert json.loads(out)["status"] == "revoked"
+    code, out, err = run("keys", "rotate", made["id"])
+    assert code == 1 and "no such api key" in err.lower()
+
+
+def test_bad_input_is_one_line_and_writes_nothing(run):
+    for args in (["keys", "create", "--owner", ""], ["keys", "create", "--owner", "a",
+                                                     "--rpm", "0"],
+                 ["keys", "create", "--owner", "a", "--expires-in", "soon"]):
+        code, _out, err = run(*args)
+        assert code == 2 and err.startswith("otela: ") and "Traceback" not in err, args
+    assert json.loads(run("keys", "list", "--json")[1]) == []
+    code, _, err = run("keys", "show", "key_000000000000")
+    assert code == 1
+    code, _, err = run("keys", "list", "--db", "mysql://nope")
+    assert code == 1 and "unsupported database URL" in err
+    code, _, err = run("usage", "--by", "colour")
+    assert code == 2
+
+
+def test_usage_formats(run):
+    run("keys", "create", "--owner", "a")
+    code, out, _ = run("usage", "--since", "24h", "--by", "model", "--format", "csv")
+    assert code == 0
+    assert next(csv.reader(io.StringIO(out)))[:3] == ["model", "requests", "prompt_tokens"]
+    code, out, _ = run("usage", "--format", "json")
+    assert json.loads(out) == {"by": "key", "data": []}
+    code, _, err = run("usage", "--format", "xml")
+    assert code == 2 and "--format" in err
