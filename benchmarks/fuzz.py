@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from otela.localfed import LocalFederation, LocalNode
-from tests.integration.http_fuzz import FUZZERS, start_node
+from tests.integration.http_fuzz import FUZZERS, start_node, traceback_in
 
 MODEL = "echo-fuzz"
 
@@ -39,12 +39,8 @@ def rss_mib(pid: int) -> float | None:
 
 
 def tracebacks(node: LocalNode) -> list[str]:
-    found = []
-    for log in (node.log_path, node.home / "logs" / "engine.log"):
-        text = log.read_text(errors="replace") if log.exists() else ""
-        if "Traceback" in text:
-            found.append(f"{log.name}: {text[text.find('Traceback'):][:2000]}")
-    return found
+    logs = (node.log_path, node.home / "logs" / "engine.log")
+    return [f"{log.name}: {traceback_in(log)}" for log in logs if traceback_in(log)]
 
 
 def serves(node: LocalNode) -> bool:

@@ -20,6 +20,7 @@ JSON that is nearly right, JSON that is wrong, and bytes that are not JSON or no
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
 import urllib.parse
@@ -104,6 +105,17 @@ def check(method: str, url: str, body: bytes | None, response: httpx.Response) -
         ok = False
     if not ok:
         raise FuzzFailure(f"{where}: not an OpenAI error body: {response.text[:500]!r}")
+
+
+_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):$", re.MULTILINE)
+
+
+def traceback_in(log: Path) -> str:
+    """The first Python traceback a log holds, or ''. Matched as a whole line: fuzzed
+    input that contains the word (logged in a refusal) is not one."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    found = _TRACEBACK.search(text)
+    return text[found.start():found.start() + 3000] if found else ""
 
 
 def start_node(federation: LocalFederation, root: Path, model: str,

@@ -12,14 +12,13 @@ traceback.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from otela.localfed import LocalFederation, LocalNode
 
 from .helpers import chat
-from .http_fuzz import FUZZERS, Target, start_node
+from .http_fuzz import FUZZERS, Target, start_node, traceback_in
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +40,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalNode, 
         federation.close()
 
 
-def tracebacks(path: Path) -> str:
-    text = path.read_text(errors="replace") if path.exists() else ""
-    return text[text.find("Traceback"):][:3000] if "Traceback" in text else ""
-
-
 @pytest.fixture(autouse=True)
 def still_serving(node: tuple[LocalNode, Target]) -> Iterator[None]:
     yield
@@ -55,7 +49,7 @@ def still_serving(node: tuple[LocalNode, Target]) -> Iterator[None]:
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == "echo: still here?"
     for log in (live.log_path, live.home / "logs" / "engine.log"):
-        assert not tracebacks(log), f"{log}:\n{tracebacks(log)}"
+        assert not traceback_in(log), f"{log}:\n{traceback_in(log)}"
 
 
 def test_the_schema_lists_the_inspection_routes(node: tuple[LocalNode, Target]) -> None:
