@@ -182,6 +182,24 @@ def test_times_and_buckets():
         bucket_seconds("0.5", 0, 10)
 
 
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity", "1e308", "-1e308",
+                                   "1e309", "9999-12-31T23:59:59-14:00",
+                                   "0001-01-01T00:00:00+14:00"])
+def test_times_that_float_or_datetime_read_but_no_window_can_use_are_a_400(value):
+    # ?until=nan made /v1/me/usage count int(nan) buckets: a 500 (found by fuzzing).
+    with pytest.raises(RequestError) as caught:
+        time_param(value, "until")
+    assert caught.value.status == 400 and caught.value.param == "until"
+    assert time_param("0001-01-01", "since") == -62135596800
+    assert time_param("9999-12-31", "until") == 253402214400
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e300"])
+def test_an_endless_bucket_is_a_400(value):
+    with pytest.raises(RequestError):
+        bucket_seconds(value, 0, 10)
+
+
 # -- the database --------------------------------------------------------------------------
 
 def sqlite(path: Path) -> Database:
