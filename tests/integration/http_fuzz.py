@@ -59,6 +59,8 @@ class Target:
     # the fuzzers use half the time, so they get past authentication.
     credentials: tuple[bytes, ...] = ()
     known_ids: tuple[str, ...] = ()
+    # Which of them a route wants (path prefix -> Authorization), used 3 times in 4 there.
+    route_credentials: dict[str, bytes] = field(default_factory=dict)
     planner_key: Any = None  # an opted-in planner's private key: signed assignments too
     node_peer_id: str = ""
 
@@ -122,7 +124,7 @@ def start_node(federation: LocalFederation, root: Path, model: str,
                extra_args: list[str] | None = None) -> tuple[LocalNode, Target]:
     """The node every fuzzer targets: an ingress serving ``model`` with an echo engine,
     running the ingress service (SQLite, ``--open`` so keyless requests reach routing, an
-    admin token) with one API key, and opted in to assignments from a planner whose key the
+    admin token) with two API keys, and opted in to assignments from a planner whose key the
     target holds (so signed assignments reach the decision; the node is busy, so none
     launches)."""
     planner = load_or_create(root / "planner")
@@ -137,15 +139,23 @@ def start_node(federation: LocalFederation, root: Path, model: str,
                     "--engine-allowlist", str(allowlist), "--ingress-db", "default", "--open",
                     *(extra_args or [])])
     wait_for(lambda: node.get("/v1/health")["state"] == "SERVING", 30, "the node to serve")
-    created = httpx.post(f"{node.http_url}/v1/admin/keys", json={"owner": "fuzz"},
-                         headers={"authorization": f"Bearer {admin}"}, timeout=10,
-                         trust_env=False)
-    created.raise_for_status()
-    key = created.json()
+
+    def new_key(owner: str) -> dict[str, Any]:
+        created = httpx.post(f"{node.http_url}/v1/admin/keys", json={"owner": owner},
+                             headers={"authorization": f"Bearer {admin}"}, timeout=10,
+                             trust_env=False)
+        created.raise_for_status()
+        return dict(created.json())
+
+    # Two keys: the fuzzers use the first's secret and the second's id, so revoking or
+    # rotating a known id (which they do) never locks them out of the keyed routes.
+    user, victim = new_key("fuzz"), new_key("fuzz-victim")
     target = Target(node.http_url, model, planner_key=planner.key_pair.private_key,
                     node_peer_id=node.status["peer_id"],
-                    credentials=(f"Bearer {admin}".encode(), f"Bearer {key['key']}".encode()),
-                    known_ids=(key["id"],))
+                    credentials=(f"Bearer {admin}".encode(), f"Bearer {user['key']}".encode()),
+                    known_ids=(victim["id"],),
+                    route_credentials={"/v1/admin": f"Bearer {admin}".encode(),
+                                       "/v1/me": f"Bearer {user['key']}".encode()})
     target.load_spec()
     return node, target
 
@@ -234,9 +244,20 @@ def inference_paths() -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(ROUTED), random_path).map(lambda p: f"/v1/{p}")
 
 
+# Query values: any text, and the numbers and dates parameters such as since, until and
+# bucket parse (the edges of float: nan, inf, huge, tiny; the edges of ISO dates).
+_EDGES = st.sampled_from([
+    "nan", "NaN", "inf", "-inf", "Infinity", "1e308", "-1e308", "1e309", "0", "-1", "1e-300",
+    "9999-12-31", "0001-01-01", "2026-11-24T12:00:00+14:00", "24h", "-0", "0x10", "1_000"])
+query_values = st.one_of(
+    texts, _EDGES, _EDGES, st.floats().map(str), st.integers(-(2**70), 2**70).map(str),
+    st.datetimes().map(lambda d: d.isoformat()),
+)
+
+
 def query_params() -> st.SearchStrategy[list[tuple[str, str]]]:
     name = st.sampled_from(["providers", "require", "peer", "model", "stream"]) | segments()
-    return st.lists(st.tuples(name, texts), max_size=3)
+    return st.lists(st.tuples(name, query_values), max_size=3)
 
 
 def key_specs() -> st.SearchStrategy[dict[str, Any]]:
@@ -280,12 +301,18 @@ def fuzz_openapi(target: Target, examples: int) -> None:
                 known = st.sampled_from(target.known_ids) if target.known_ids else st.nothing()
                 path = path.replace("{" + param["name"] + "}",
                                     draw(st.one_of(path_value(), known)))
-        params = draw(query_params())
-        for param in op.get("parameters", []):
-            if param.get("in") == "query" and draw(st.booleans()):
-                params.append((param["name"], draw(texts)))
-        method = draw(st.sampled_from([method, method, method, "PUT", "DELETE", "PATCH",
-                                       "OPTIONS", "HEAD", "POST", "GET"]))
+        declared = [p["name"] for p in op.get("parameters", []) if p.get("in") == "query"]
+        params = [(name, draw(query_values)) for name in declared
+                  if draw(st.integers(0, 3))]  # each declared one, 3 times in 4
+        params += draw(query_params())
+        if not draw(st.integers(0, 3)):  # the schema's method 3 times in 4, else another
+            method = draw(st.sampled_from(["PUT", "DELETE", "PATCH", "OPTIONS", "HEAD",
+                                           "POST", "GET"]))
+        headers = draw(otela_headers(target.credentials))
+        wanted = [c for prefix, c in target.route_credentials.items()
+                  if template.startswith(prefix)]
+        if wanted and draw(st.integers(0, 3)):  # the route's own credential, 3 times in 4
+            headers["authorization"] = wanted[0]
         body = None
         if method in ("POST", "PUT", "PATCH"):
             body = draw(st.one_of(
@@ -294,7 +321,7 @@ def fuzz_openapi(target: Target, examples: int) -> None:
                     lambda d: json.dumps(d).encode()),
                 key_specs().map(lambda d: json.dumps(d).encode()),
                 st.binary(max_size=256)))
-        return method, path, params, draw(otela_headers(target.credentials)), body
+        return method, path, params, headers, body
 
     @_settings(examples)
     @given(requests())
