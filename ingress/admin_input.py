@@ -76,6 +76,11 @@ def key_spec(body: dict[str, Any], now: float | None = None) -> KeySpec:
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= now:
             raise _bad("'expires_at' must be a unix time in the future", "expires_at")
         expires_at = float(value)
+    if expires_at is not None and expires_at > LATEST:
+        # 1e308 was taken, and every `otela keys list` then died formatting it
+        # (OverflowError in time.gmtime): found by fuzzing the admin API.
+        raise _bad("a key must expire before the year 10000",
+                   "expires_in" if body.get("expires_in") is not None else "expires_at")
     return KeySpec(
         owner=_text(body.get("owner"), "owner", required=True),
         name=_text(body.get("name"), "name"),

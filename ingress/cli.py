@@ -142,8 +142,19 @@ def _print_keys(keys: list[dict[str, Any]], as_json: bool) -> None:
             ",".join(key["providers"]) if key.get("providers") else "any",
             str(limits.get("rpm") or "-"), str(limits.get("tpm") or "-"),
             str(key.get("budget_tokens") or "-"), str(key.get("used_tokens", "")),
-            time.strftime("%Y-%m-%d %H:%M", time.gmtime(expires)) if expires else "never")
+            _expiry(expires))
     make_console().print(table)
+
+
+def _expiry(expires: float | None) -> str:
+    """An expiry for the table; one beyond what the platform can format (a row written
+    before the admin API bounded it) must not take the whole listing down."""
+    if not expires:
+        return "never"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.gmtime(expires))
+    except (OverflowError, OSError, ValueError):
+        return "far future" if expires > 0 else "far past"
 
 
 def _print_secret(key: dict[str, Any], as_json: bool) -> None:

@@ -70,3 +70,16 @@ def test_usage_formats(run):
     assert json.loads(out) == {"by": "key", "data": []}
     code, _, err = run("usage", "--format", "xml")
     assert code == 2 and "--format" in err
+
+
+def test_a_key_expiring_beyond_what_the_platform_formats_does_not_break_the_listing(
+        run, tmp_path):
+    code, out, err = run("keys", "create", "--owner", "bob", "--json")
+    assert code == 0, err
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "ingress.db") as db:  # a row from before the bound
+        db.execute("UPDATE api_keys SET expires_at = 1e308")
+    code, out, err = run("keys", "list")
+    assert code == 0, err
+    assert "far future" in out
