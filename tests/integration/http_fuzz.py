@@ -12,9 +12,11 @@ tier) and ``benchmarks/fuzz.py`` (many more). The rule every answer must keep:
   the callers).
 
 Requests are built from the live ``/openapi.json`` (paths, path and query parameters,
-POST bodies), plus the query parameters and headers the node reads without declaring them
-(``providers``, ``require``, ``X-Otela-*``), plus random ``/v1/...`` inference routes with
-JSON that is nearly right, JSON that is wrong, and bytes that are not JSON or not UTF-8.
+POST bodies; the ingress service's admin and key-holder routes included), plus the query
+parameters and headers the node reads without declaring them (``providers``, ``require``,
+``X-Otela-*``, ``Authorization``), plus ``/v1/...`` inference routes with valid requests,
+JSON that is nearly right or wrong, and bytes that are not JSON or not UTF-8, plus the
+engine hop, random paths, and signed assignments with fuzzed fields (see each fuzzer).
 """
 
 from __future__ import annotations
