@@ -2,8 +2,9 @@
 
     .venv/bin/python -m benchmarks.fuzz [--examples 5000] [--workers N] [--only inference]
 
-Starts one ``otela start`` node (an ingress serving an echo model itself, opted in to
-assignments from a planner key this script holds), runs every fuzzer of
+Starts one ``otela start`` node (``tests/integration/http_fuzz.start_node``: an ingress
+serving an echo model itself, with the ingress service, an API key and an admin token,
+opted in to assignments from a planner key this script holds), runs every fuzzer of
 ``tests/integration/http_fuzz.py`` with ``--examples`` Hypothesis examples each, and
 prints JSON: requests per fuzzer and their status counts, seconds, the node's resident
 memory before and after, whether it still serves, and any traceback in its or its
@@ -21,9 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from otela.identity import load_or_create
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
-from tests.integration.http_fuzz import FUZZERS, Target
+from otela.localfed import LocalFederation, LocalNode
+from tests.integration.http_fuzz import FUZZERS, start_node, traceback_in
 
 MODEL = "echo-fuzz"
 
@@ -39,12 +39,8 @@ def rss_mib(pid: int) -> float | None:
 
 
 def tracebacks(node: LocalNode) -> list[str]:
-    found = []
-    for log in (node.log_path, node.home / "logs" / "engine.log"):
-        text = log.read_text(errors="replace") if log.exists() else ""
-        if "Traceback" in text:
-            found.append(f"{log.name}: {text[text.find('Traceback'):][:2000]}")
-    return found
+    logs = (node.log_path, node.home / "logs" / "engine.log")
+    return [f"{log.name}: {traceback_in(log)}" for log in logs if traceback_in(log)]
 
 
 def serves(node: LocalNode) -> bool:
@@ -68,22 +64,9 @@ def main() -> int:
     failed = False
     with tempfile.TemporaryDirectory(prefix="otela-fuzz-") as tmp:
         root = Path(tmp)
-        planner = load_or_create(root / "planner")
-        allowlist = root / "engines.toml"
-        allowlist.write_text('[engines.echo]\ncommand = "echo-engine --port {port} --model '
-                             '{model}"\nmodels = ["planned-*"]\n')
-        extra = ["--accept-assignments", planner.peer_id.to_base58(),
-                 "--engine-allowlist", str(allowlist)]
-        if args.workers:
-            extra += ["--workers", str(args.workers)]
+        extra = ["--workers", str(args.workers)] if args.workers else []
         with LocalFederation(root / "fed") as federation:
-            node = federation.start_node("node", ingress=True, extra_args=extra,
-                                         process=echo_engine_command(free_port(), [MODEL]))
-            wait_for(lambda: node.get("/v1/health")["state"] == "SERVING", 30,
-                     "the node to serve")
-            target = Target(node.http_url, MODEL, planner_key=planner.key_pair.private_key,
-                            node_peer_id=node.status["peer_id"])
-            target.load_spec()
+            node, target = start_node(federation, root, MODEL, extra)
             result["rss_mib_before"] = rss_mib(node.process.pid)
             for name in args.only or sorted(FUZZERS):
                 target.seen = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from ingress.keystore import KeySpec
@@ -19,6 +20,9 @@ from otela.dataplane.errors import RequestError
 MAX_TEXT = 200
 MAX_NAMES = 1000
 _KEY_ID = re.compile(r"^key_[0-9a-f]{12}$")
+# The unix times of datetime's range (years 1 to 9999): query times outside it are refused.
+EARLIEST = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 _FIELDS = {"owner", "name", "expires_in", "expires_at", "models", "providers", "rpm", "tpm",
            "max_concurrent", "budget_tokens"}
 
@@ -72,6 +76,11 @@ def key_spec(body: dict[str, Any], now: float | None = None) -> KeySpec:
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= now:
             raise _bad("'expires_at' must be a unix time in the future", "expires_at")
         expires_at = float(value)
+    if expires_at is not None and expires_at > LATEST:
+        # 1e308 was taken, and every `otela keys list` then died formatting it
+        # (OverflowError in time.gmtime): found by fuzzing the admin API.
+        raise _bad("a key must expire before the year 10000",
+                   "expires_in" if body.get("expires_in") is not None else "expires_at")
     return KeySpec(
         owner=_text(body.get("owner"), "owner", required=True),
         name=_text(body.get("name"), "name"),
@@ -99,21 +108,35 @@ def group_by(value: str | None) -> str:
 
 
 def time_param(value: str | None, param: str) -> float | None:
-    """A unix time, or an ISO 8601 date/time (UTC unless it says otherwise)."""
+    """A unix time, or an ISO 8601 date/time (UTC unless it says otherwise), within the
+    years 1 to 9999 either way. ``float()`` also reads ``nan``, ``inf`` and ``1e308``:
+    ``?until=nan`` passed every comparison and made the bucket count ``int(nan)``, a 500
+    (found by fuzzing), and ±1e308 overflowed the window to ``inf``."""
     if value is None or value == "":
         return None
+    bad = _bad(f"'{param}' must be a unix time or an ISO 8601 date/time (years 1 to 9999)",
+               param)
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
-        pass
-    from datetime import UTC, datetime
+        number = None
+    if number is not None:
+        if not EARLIEST <= number <= LATEST:  # false for nan too
+            raise bad
+        return number
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        raise _bad(f"'{param}' must be a unix time or an ISO 8601 date/time", param) from None
+        raise bad from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+    try:
+        stamp = moment.timestamp()
+    except (OverflowError, ValueError):  # year 1 or 9999 pushed past the range by its zone
+        raise bad from None
+    if not EARLIEST <= stamp <= LATEST:
+        raise bad
+    return stamp
 
 
 def bucket_seconds(value: str | None, since: float, until: float) -> float:
@@ -124,6 +147,8 @@ def bucket_seconds(value: str | None, since: float, until: float) -> float:
         seconds = float(value)
     except ValueError:
         raise _bad("'bucket' must be a number of seconds", "bucket") from None
-    if not seconds >= 1 or (until - since) / seconds > 10_000:
+    # inf passed (0 buckets of infinite size) and made the first bucket start at nan,
+    # which JSON cannot carry: a 500.
+    if not 1 <= seconds <= LATEST - EARLIEST or (until - since) / seconds > 10_000:
         raise _bad("'bucket' must be at least 1 s and give at most 10,000 buckets", "bucket")
     return seconds

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ingress import admin_input, keystore, usage
 from ingress.database import Database, DatabaseError, DatabaseUrl
@@ -136,14 +137,32 @@ def _print_keys(keys: list[dict[str, Any]], as_json: bool) -> None:
     for key in keys:
         limits = key.get("limits") or {}
         expires = key.get("expires_at")
-        table.add_row(
+        table.add_row(*_plain(
             key["id"], key["owner"], key.get("name") or "", key["status"],
             ",".join(key["models"]) if key.get("models") else "any",
             ",".join(key["providers"]) if key.get("providers") else "any",
             str(limits.get("rpm") or "-"), str(limits.get("tpm") or "-"),
             str(key.get("budget_tokens") or "-"), str(key.get("used_tokens", "")),
-            time.strftime("%Y-%m-%d %H:%M", time.gmtime(expires)) if expires else "never")
+            _expiry(expires)))
     make_console().print(table)
+
+
+def _plain(*cells: str) -> list[Text]:
+    """Table cells shown as written. rich reads markup in plain strings: a key owner, or a
+    model name any client can put in a usage row, such as ``[/x]`` made ``otela keys list``
+    or ``otela usage --by model`` die with a MarkupError (and ``[red]`` restyled the table)."""
+    return [Text(cell) for cell in cells]
+
+
+def _expiry(expires: float | None) -> str:
+    """An expiry for the table; one beyond what the platform can format (a row written
+    before the admin API bounded it) must not take the whole listing down."""
+    if not expires:
+        return "never"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.gmtime(expires))
+    except (OverflowError, OSError, ValueError):
+        return "far future" if expires > 0 else "far past"
 
 
 def _print_secret(key: dict[str, Any], as_json: bool) -> None:
@@ -270,5 +289,5 @@ def usage_command(
             table.add_column(by if column == "group" else column.replace("_", " "),
                              justify="left" if column == "group" else "right")
         for row in rows:
-            table.add_row(*("-" if row[c] is None else str(row[c]) for c in columns))
+            table.add_row(*_plain(*("-" if row[c] is None else str(row[c]) for c in columns)))
         make_console().print(table)

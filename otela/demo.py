@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from otela.console import make_console
@@ -161,11 +162,11 @@ def _print_registry(console: Console, ingress: LocalNode) -> None:
     for node in ingress.get("/v1/registry/nodes")["nodes"]:
         table.add_row(
             node["session_id"][:8],
-            node["provider_id"],
+            escape(node["provider_id"]),  # what members say about themselves: as written
             node.get("display_state", node["state"]),
             str(node["version"]),
-            ", ".join(m["id"] for m in node["models"]) or "-",
-            node["http_url"],
+            escape(", ".join(m["id"] for m in node["models"]) or "-"),
+            escape(node["http_url"]),
         )
     console.print(table)
 

@@ -32,8 +32,12 @@ app = typer.Typer(
     help="Request traces: generate, replay against any OpenAI endpoint, analyze, compare.",
     no_args_is_help=True,
 )
-console = Console()
-err_console = Console(stderr=True)
+# Off a terminal, never wrap (tables in CI logs and files), as otela.console does; traces
+# sits below otela, so the rule is repeated here rather than imported.
+_WIDTH = None if sys.stdout.isatty() else 4096
+console = Console(width=_WIDTH, soft_wrap=not sys.stdout.isatty())
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 4096,
+                      soft_wrap=not sys.stderr.isatty())
 
 
 @contextmanager

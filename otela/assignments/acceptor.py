@@ -38,6 +38,7 @@ from otela.assignments.policy import (
 from otela.assignments.replay import ReplayGuard
 from otela.dataplane.errors import error_body
 from otela.engine.command import EngineCommand, parse_engine_command
+from otela.logbudget import LogBudget
 from otela.membership.certificate import authority_id
 
 log = logging.getLogger("otela.assignments")
@@ -104,6 +105,7 @@ class Acceptor:
         self.replay = self._load_replay()
         self.accepted = 0
         self.refused: dict[str, int] = {}
+        self._refusal_log = LogBudget()  # anyone can cause a refusal: bound the lines
 
     def describe(self) -> dict[str, Any]:
         """``GET /v1/assignments``: whether this node takes assignments, from whom (peer
@@ -145,8 +147,11 @@ class Acceptor:
     def _refuse(self, status: int, code: str, reason: str,
                 a: Assignment | None = None) -> Answer:
         self.refused[code] = self.refused.get(code, 0) + 1
-        who = "" if a is None else f" {a.id} from {a.issuer!r}"
-        log.warning("assignment%s refused (%s): %r", who, code, reason)
+        skipped = self._refusal_log.take()
+        if skipped is not None:
+            who = "" if a is None else f" {a.id} from {a.issuer!r}"
+            more = f" ({skipped} more refusals not logged)" if skipped else ""
+            log.warning("assignment%s refused (%s): %r%s", who, code, reason, more)
         return Answer(status, error_body(status, f"assignment refused: {reason}", code=code))
 
     def _load_replay(self) -> ReplayGuard:

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 import typer
 from libp2p.crypto.keys import PrivateKey
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -471,6 +472,7 @@ def _show_assignments(rows: Sequence[dict[str, Any]]) -> None:
     for col in ("node", "model", "TP", "HTTP", "accepted", "detail"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["node"], r["model"], str(r["tp"]), str(r["status"]),
-                  "yes" if r["accepted"] else "[red]no[/]", r["detail"])
+        # the detail is the node's own answer: shown as written, never read as markup
+        t.add_row(escape(r["node"]), escape(r["model"]), str(r["tp"]), str(r["status"]),
+                  "yes" if r["accepted"] else "[red]no[/]", escape(str(r["detail"])))
     console.print(t)

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from simulator.placer.federation import Running
@@ -90,5 +91,7 @@ def show_diff(rows: Sequence[dict[str, Any]], console: Console) -> None:
         change = r["change"]
         mark = f"[green]+{change}[/]" if change > 0 else (f"[red]{change}[/]" if change < 0
                                                              else "0")
-        t.add_row(r["model"], r["gpu"], str(r["tp"]), str(r["now"]), str(r["planned"]), mark)
+        # model and GPU names come from the federation's records: shown as written
+        t.add_row(escape(r["model"]), escape(r["gpu"]), str(r["tp"]), str(r["now"]),
+                  str(r["planned"]), mark)
     console.print(t)

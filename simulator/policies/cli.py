@@ -10,24 +10,22 @@ from __future__ import annotations
 import csv
 import json
 import math
-import sys
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from otela.console import make_console
 from simulator.policies.cluster import PolicyError, Pool, run_cluster
 from simulator.policies.metrics import Slo, summarize
 from simulator.policies.registry import POLICIES, Context, get
 from simulator.policies.workload import ClusterWorkload, load_cluster_workload
 
-WIDE = 170  # the table has 14 columns: do not squeeze it into 80 when piped
-console = Console(width=None if sys.stdout.isatty() else WIDE)
-err = Console(stderr=True)
+console = make_console()  # off a terminal: no wrapping, tables as wide as their cells
+err = make_console(stderr=True)
 
 COLUMNS = (
     ("policy", "policy", "{}"),

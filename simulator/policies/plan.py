@@ -21,6 +21,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from otela.console import make_console
 from simulator.policies.cluster import Cluster, HostSpec, PolicyError, Pool
 from simulator.policies.workload import ClusterWorkload, load_cluster_workload
 
@@ -173,7 +174,7 @@ def policy_plan_command(
     text = json.dumps(result, indent=2, default=float)
     if out is not None:
         out.write_text(text + "\n")
-    console = Console()
+    console = make_console()
     if as_json:
         console.print_json(text)
     else:

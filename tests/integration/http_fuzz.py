@@ -12,23 +12,31 @@ tier) and ``benchmarks/fuzz.py`` (many more). The rule every answer must keep:
   the callers).
 
 Requests are built from the live ``/openapi.json`` (paths, path and query parameters,
-POST bodies), plus the query parameters and headers the node reads without declaring them
-(``providers``, ``require``, ``X-Otela-*``), plus random ``/v1/...`` inference routes with
-JSON that is nearly right, JSON that is wrong, and bytes that are not JSON or not UTF-8.
+POST bodies; the ingress service's admin and key-holder routes included), plus the query
+parameters and headers the node reads without declaring them (``providers``, ``require``,
+``X-Otela-*``, ``Authorization``), plus ``/v1/...`` inference routes with valid requests,
+JSON that is nearly right or wrong, and bytes that are not JSON or not UTF-8, plus the
+engine hop, random paths, and signed assignments with fuzzed fields (see each fuzzer).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import secrets
 import string
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from otela.identity import load_or_create
+from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
 
 UPSTREAM_FAILURES = frozenset({502, 503, 504})
 ROUTED = ("chat/completions", "completions", "embeddings", "responses", "rerank",
@@ -49,6 +57,12 @@ class Target:
     client: httpx.Client = field(init=False)
     spec: dict[str, Any] = field(default_factory=dict)
     seen: dict[int, int] = field(default_factory=dict)  # status -> count
+    # Real ``Authorization`` values (an API key, the admin token) and ids (an API key's)
+    # the fuzzers use half the time, so they get past authentication.
+    credentials: tuple[bytes, ...] = ()
+    known_ids: tuple[str, ...] = ()
+    # Which of them a route wants (path prefix -> Authorization), used 3 times in 4 there.
+    route_credentials: dict[str, bytes] = field(default_factory=dict)
     planner_key: Any = None  # an opted-in planner's private key: signed assignments too
     node_peer_id: str = ""
 
@@ -97,6 +111,57 @@ def check(method: str, url: str, body: bytes | None, response: httpx.Response) -
         raise FuzzFailure(f"{where}: not an OpenAI error body: {response.text[:500]!r}")
 
 
+_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):$", re.MULTILINE)
+
+
+def traceback_in(log: Path) -> str:
+    """The first Python traceback a log holds, or ''. Matched as a whole line: fuzzed
+    input that contains the word (logged in a refusal) is not one."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    found = _TRACEBACK.search(text)
+    return text[found.start():found.start() + 3000] if found else ""
+
+
+def start_node(federation: LocalFederation, root: Path, model: str,
+               extra_args: list[str] | None = None) -> tuple[LocalNode, Target]:
+    """The node every fuzzer targets: an ingress serving ``model`` with an echo engine,
+    running the ingress service (SQLite, ``--open`` so keyless requests reach routing, an
+    admin token) with two API keys, and opted in to assignments from a planner whose key the
+    target holds (so signed assignments reach the decision; the node is busy, so none
+    launches)."""
+    planner = load_or_create(root / "planner")
+    allowlist = root / "engines.toml"
+    allowlist.write_text('[engines.echo]\ncommand = "echo-engine --port {port} --model '
+                         '{model}"\nmodels = ["planned-*"]\n')
+    admin = secrets.token_hex(16)
+    node = federation.start_node(
+        "node", ingress=True, process=echo_engine_command(free_port(), [model]),
+        extra_env={"OTELA_ADMIN_TOKEN": admin},
+        extra_args=["--accept-assignments", planner.peer_id.to_base58(),
+                    "--engine-allowlist", str(allowlist), "--ingress-db", "default", "--open",
+                    *(extra_args or [])])
+    wait_for(lambda: node.get("/v1/health")["state"] == "SERVING", 30, "the node to serve")
+
+    def new_key(owner: str) -> dict[str, Any]:
+        created = httpx.post(f"{node.http_url}/v1/admin/keys", json={"owner": owner},
+                             headers={"authorization": f"Bearer {admin}"}, timeout=10,
+                             trust_env=False)
+        created.raise_for_status()
+        return dict(created.json())
+
+    # Two keys: the fuzzers use the first's secret and the second's id, so revoking or
+    # rotating a known id (which they do) never locks them out of the keyed routes.
+    user, victim = new_key("fuzz"), new_key("fuzz-victim")
+    target = Target(node.http_url, model, planner_key=planner.key_pair.private_key,
+                    node_peer_id=node.status["peer_id"],
+                    credentials=(f"Bearer {admin}".encode(), f"Bearer {user['key']}".encode()),
+                    known_ids=(victim["id"],),
+                    route_credentials={"/v1/admin": f"Bearer {admin}".encode(),
+                                       "/v1/me": f"Bearer {user['key']}".encode()})
+    target.load_spec()
+    return node, target
+
+
 # -- strategies ------------------------------------------------------------------------------
 
 scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
@@ -116,18 +181,24 @@ header_bytes = st.binary(max_size=120).map(
     lambda b: bytes(c for c in b if c in _HEADER_OCTETS).strip(b" \t"))
 
 
-def otela_headers() -> st.SearchStrategy[dict[str, bytes]]:
-    """The headers a node reads, with values from plausible to garbage."""
-    return st.dictionaries(
+def otela_headers(credentials: tuple[bytes, ...] = ()) -> st.SearchStrategy[dict[str, bytes]]:
+    """The headers a node reads, with values from plausible to garbage; ``credentials``
+    (real ``Authorization`` values: an API key, the admin token) are used half the time."""
+    headers = st.dictionaries(
         st.sampled_from(["x-otela-providers", "x-otela-require", "x-otela-request-id",
                          "x-otela-hop", "x-otela-not-delivered", "authorization",
                          "content-type", "accept", "x-request-id", "user-agent"]),
         st.one_of(header_bytes, st.sampled_from([
             b"gpu=H100|A100, min_context=32768", b"min_context=abc", b"gpu=", b",,,", b"*",
             b"a" * 4000, b"application/json", b"text/event-stream", "caf\u00e9".encode(),
+            b"Bearer", b"Bearer otela-", b"Basic Zm9vOmJhcg==", b"bearer  x",
         ])),
         max_size=4,
     )
+    if not credentials:
+        return headers
+    real = st.sampled_from(credentials).map(lambda c: {"authorization": c})
+    return st.one_of(headers, st.tuples(real, headers).map(lambda t: {**t[1], **t[0]}))
 
 
 def model_names(model: str) -> st.SearchStrategy[Any]:
@@ -175,9 +246,31 @@ def inference_paths() -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(ROUTED), random_path).map(lambda p: f"/v1/{p}")
 
 
+# Query values: any text, and the numbers and dates parameters such as since, until and
+# bucket parse (the edges of float: nan, inf, huge, tiny; the edges of ISO dates).
+_EDGES = st.sampled_from([
+    "nan", "NaN", "inf", "-inf", "Infinity", "1e308", "-1e308", "1e309", "0", "-1", "1e-300",
+    "9999-12-31", "0001-01-01", "2026-11-24T12:00:00+14:00", "24h", "-0", "0x10", "1_000"])
+query_values = st.one_of(
+    texts, _EDGES, _EDGES, st.floats().map(str), st.integers(-(2**70), 2**70).map(str),
+    st.datetimes().map(lambda d: d.isoformat()),
+)
+
+
 def query_params() -> st.SearchStrategy[list[tuple[str, str]]]:
     name = st.sampled_from(["providers", "require", "peer", "model", "stream"]) | segments()
-    return st.lists(st.tuples(name, texts), max_size=3)
+    return st.lists(st.tuples(name, query_values), max_size=3)
+
+
+def key_specs() -> st.SearchStrategy[dict[str, Any]]:
+    """Bodies for ``POST /v1/admin/keys``: the fields it reads, values plausible to wild."""
+    count = st.integers(1, 1000) | st.integers(-(2**70), 2**70) | json_values
+    names = st.lists(texts, max_size=3) | texts | json_values
+    return st.fixed_dictionaries({"owner": texts | json_values}, optional={
+        "name": texts | json_values, "expires_in": count | st.floats(),
+        "expires_at": count | st.floats(), "models": names, "providers": names,
+        "rpm": count, "tpm": count, "max_concurrent": count, "budget_tokens": count,
+    })
 
 
 def path_value() -> st.SearchStrategy[str]:
@@ -207,22 +300,30 @@ def fuzz_openapi(target: Target, examples: int) -> None:
         path = template
         for param in op.get("parameters", []):
             if param.get("in") == "path":
+                known = st.sampled_from(target.known_ids) if target.known_ids else st.nothing()
                 path = path.replace("{" + param["name"] + "}",
-                                    draw(path_value()))
-        params = draw(query_params())
-        for param in op.get("parameters", []):
-            if param.get("in") == "query" and draw(st.booleans()):
-                params.append((param["name"], draw(texts)))
-        method = draw(st.sampled_from([method, method, method, "PUT", "DELETE", "PATCH",
-                                       "OPTIONS", "HEAD", "POST", "GET"]))
+                                    draw(st.one_of(path_value(), known)))
+        declared = [p["name"] for p in op.get("parameters", []) if p.get("in") == "query"]
+        params = [(name, draw(query_values)) for name in declared
+                  if draw(st.integers(0, 3))]  # each declared one, 3 times in 4
+        params += draw(query_params())
+        if not draw(st.integers(0, 3)):  # the schema's method 3 times in 4, else another
+            method = draw(st.sampled_from(["PUT", "DELETE", "PATCH", "OPTIONS", "HEAD",
+                                           "POST", "GET"]))
+        headers = draw(otela_headers(target.credentials))
+        wanted = [c for prefix, c in target.route_credentials.items()
+                  if template.startswith(prefix)]
+        if wanted and draw(st.integers(0, 3)):  # the route's own credential, 3 times in 4
+            headers["authorization"] = wanted[0]
         body = None
         if method in ("POST", "PUT", "PATCH"):
             body = draw(st.one_of(
                 json_values.map(lambda v: json.dumps(v).encode()),
                 st.fixed_dictionaries({"envelope": texts | json_values}).map(
                     lambda d: json.dumps(d).encode()),
+                key_specs().map(lambda d: json.dumps(d).encode()),
                 st.binary(max_size=256)))
-        return method, path, params, draw(otela_headers()), body
+        return method, path, params, headers, body
 
     @_settings(examples)
     @given(requests())
@@ -261,9 +362,14 @@ def valid_requests(model: str) -> st.SearchStrategy[tuple[str, bytes, dict[str, 
 def fuzz_inference(target: Target, examples: int) -> None:
     """POST to routed ``/v1/...`` paths: valid requests (half), the served model with wrong
     fields, unknown models and paths, garbage bodies."""
-    anything = st.tuples(inference_paths(), inference_bodies(target.model), otela_headers(),
+    anything = st.tuples(inference_paths(), inference_bodies(target.model),
+                         otela_headers(target.credentials),
                          query_params())
     valid = valid_requests(target.model)
+    if target.credentials:  # keyed as well as keyless (the node runs with --open)
+        valid = st.tuples(valid, st.none() | st.sampled_from(target.credentials)).map(
+            lambda t: t[0] if t[1] is None else (t[0][0], t[0][1],
+                                                  {**t[0][2], "authorization": t[1]}, t[0][3]))
 
     @_settings(examples)
     @given(st.one_of(valid, anything))
@@ -278,7 +384,8 @@ def fuzz_engine_hop(target: Target, examples: int) -> None:
     """The engine hop without (or with forged) member signatures: always refused."""
 
     @_settings(examples)
-    @given(inference_paths(), inference_bodies(target.model), otela_headers(),
+    @given(inference_paths(), inference_bodies(target.model),
+                         otela_headers(target.credentials),
            st.sampled_from(["POST", "GET", "PUT"]))
     def run(path: str, body: bytes, headers: dict[str, bytes], method: str) -> None:
         response = target.send(method, "/v1/engine" + path, headers=headers, content=body)
@@ -292,13 +399,16 @@ def fuzz_other_routes(target: Target, examples: int) -> None:
     """``/metrics`` and random paths with random methods (404/405, never 5xx)."""
     paths = st.one_of(
         st.sampled_from(["/metrics", "/", "/v1", "/v1/", "/openapi.json", "/docs",
-                         "/v1/registry", "/v1/models/", "//v1//models", "/v1/../metrics"]),
+                         "/v1/registry", "/v1/models/", "//v1//models", "/v1/../metrics",
+                         "/ui", "/ui/", "/ui/static/app.js", "/ui/static/..%2fapp.py",
+                         "/ui/static/%00", "/v1/me", "/v1/me/usage", "/v1/admin",
+                         "/v1/admin/keys/key_000000000000/revoke"]),
         st.lists(segments(), min_size=1, max_size=4).map(lambda s: "/" + "/".join(s)),
     )
 
     @_settings(examples)
     @given(paths, st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS"]),
-           otela_headers(), st.none() | st.binary(max_size=128))
+           otela_headers(target.credentials), st.none() | st.binary(max_size=128))
     def run(path: str, method: str, headers: dict[str, bytes], body: bytes | None) -> None:
         target.send(method, path, headers=headers, content=body)
 

@@ -109,3 +109,23 @@ def test_wildcard_node_is_joined_with_what_it_printed(
         return str(state) if state != "unknown" else None
 
     assert wait_for(a_reachability, 30, "A's dial-back check") == "public"
+
+
+def test_doctor_warns_a_node_advertising_only_loopback_to_remote_peers(
+    hosts: tuple[str, str], federation: LocalFederation
+) -> None:
+    ns_a, ns_b = hosts
+    b = federation.start_node("B", netns=ns_b, host="0.0.0.0", timeout=60)
+    b_p2p = printed(b.log_path.read_text(), "p2p")[0]
+    # A listens everywhere but says it is at 127.0.0.1; it can still dial out to B.
+    a = federation.start_node("A", netns=ns_a, host="0.0.0.0", timeout=60,
+                              extra_args=["--public-host", "127.0.0.1", "--bootstrap", b_p2p])
+    a_http = printed(a.log_path.read_text(), "http")[0]
+    assert a_http.startswith("http://127.0.0.1:")
+
+    def warned() -> str | None:
+        verdict = str(curl_json(ns_a, f"{a_http}/v1/network")["verdict"])
+        return verdict if "advertising only loopback" in verdict else None
+
+    verdict = wait_for(warned, 30, "A's doctor verdict to warn about loopback")
+    assert B_IP in verdict and "--public-host" in verdict

@@ -2,24 +2,23 @@
 generated and the rule each answer keeps), a bounded number of examples per route family;
 ``benchmarks/fuzz.py`` runs many more.
 
-The node is an ingress serving an echo model itself, opted in to assignments from a planner
-whose key the test holds (so signed assignments reach the decision, and are refused: the
-node is busy with its engine). After every test it must be alive, still route a request,
-and neither it nor its engine may have logged a traceback.
+The node (``http_fuzz.start_node``) is an ingress serving an echo model itself, running the
+ingress service with an API key and an admin token the fuzzers use half the time, and
+opted in to assignments from a planner whose key the test holds. After every test it must
+be alive, still route a request, and neither it nor its engine may have logged a
+traceback.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from otela.identity import load_or_create
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port
+from otela.localfed import LocalFederation, LocalNode
 
-from .helpers import chat, wait_state
-from .http_fuzz import FUZZERS, Target
+from .helpers import chat
+from .http_fuzz import FUZZERS, Target, start_node, traceback_in
 
 pytestmark = pytest.mark.slow
 
@@ -32,29 +31,13 @@ EXAMPLES = {"openapi": 800, "inference": 800, "engine_hop": 400, "other": 400,
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalNode, Target]]:
     root = tmp_path_factory.mktemp("fuzz")
-    planner = load_or_create(root / "planner")
-    allowlist = root / "engines.toml"
-    allowlist.write_text('[engines.echo]\ncommand = "echo-engine --port {port} --model '
-                         '{model}"\nmodels = ["planned-*"]\n')
     federation = LocalFederation(root / "fed")
     try:
-        node = federation.start_node(
-            "node", ingress=True, process=echo_engine_command(free_port(), [MODEL]),
-            extra_args=["--accept-assignments", planner.peer_id.to_base58(),
-                        "--engine-allowlist", str(allowlist)])
-        wait_state(node, node, "SERVING")
-        target = Target(node.http_url, MODEL, planner_key=planner.key_pair.private_key,
-                        node_peer_id=node.status["peer_id"])
-        target.load_spec()
-        yield node, target
+        live, target = start_node(federation, root, MODEL)
+        yield live, target
         target.client.close()
     finally:
         federation.close()
-
-
-def tracebacks(path: Path) -> str:
-    text = path.read_text(errors="replace") if path.exists() else ""
-    return text[text.find("Traceback"):][:3000] if "Traceback" in text else ""
 
 
 @pytest.fixture(autouse=True)
@@ -66,14 +49,15 @@ def still_serving(node: tuple[LocalNode, Target]) -> Iterator[None]:
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == "echo: still here?"
     for log in (live.log_path, live.home / "logs" / "engine.log"):
-        assert not tracebacks(log), f"{log}:\n{tracebacks(log)}"
+        assert not traceback_in(log), f"{log}:\n{traceback_in(log)}"
 
 
 def test_the_schema_lists_the_inspection_routes(node: tuple[LocalNode, Target]) -> None:
     _, target = node
     paths = {path for _, path, _ in target.operations()}
     assert {"/v1/health", "/v1/network", "/v1/models", "/v1/models/{model_id}",
-            "/v1/registry/nodes", "/v1/assignments"} <= paths
+            "/v1/registry/nodes", "/v1/assignments", "/v1/admin/keys",
+            "/v1/admin/keys/{key_id}", "/v1/me"} <= paths
 
 
 @pytest.mark.parametrize("family", sorted(EXAMPLES))

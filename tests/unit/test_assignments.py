@@ -305,3 +305,26 @@ def test_node_settings_become_a_policy(tmp_path: Path) -> None:
     d = decide(sign(assignment(issuer=issuer, tp=1), AUTH_KEY), pol, now=NOW,
                replay=ReplayGuard(), port=1)
     assert d.launch, d.reason
+
+
+def test_refusal_logging_has_a_budget_and_says_what_it_skipped() -> None:
+    from otela.logbudget import LogBudget
+
+    now = [0.0]
+    budget = LogBudget(burst=3, window=60.0, clock=lambda: now[0])
+    assert [budget.take() for _ in range(5)] == [0, 0, 0, None, None]
+    now[0] += 20.0  # one line's worth of refill
+    assert budget.take() == 2 and budget.take() is None
+    now[0] += 3600.0  # refills up to the burst, never beyond
+    assert [budget.take() for _ in range(4)] == [1, 0, 0, None]
+
+
+def test_a_flood_of_refusals_is_counted_but_not_all_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = acceptor(tmp_path, [], opted_in=False)
+    with caplog.at_level("WARNING", logger="otela.assignments"):
+        for _ in range(100):
+            assert node.submit({"envelope": "x"}).status == 403
+    assert node.refused == {"not_opted_in": 100}
+    assert 1 <= len(caplog.records) <= 20

@@ -76,3 +76,22 @@ def test_doctor_shows_a_peers_display_state_next_to_its_lifecycle_state() -> Non
     serving = {**ingress, "state": "SERVING", "display_state": "SERVING"}
     text = render({"self": {}, "nat": {}, "peer": {"peer_id": "p", "record": serving}}, "p")
     assert "state     SERVING, reachability" in text
+
+
+def test_names_from_the_federation_are_printed_as_written_not_as_markup() -> None:
+    from simulator.placer.render import show_diff
+
+    out = io.StringIO()
+    show_diff([{"model": "[/m]", "gpu": "[red]H100", "tp": 1, "now": 0, "planned": 1,
+                "change": 1}], make_console(out))
+    assert "[/m]" in out.getvalue() and "[red]H100" in out.getvalue()
+
+    class MarkupIngress(FakeIngress):
+        def get(self, path: str) -> dict[str, Any]:
+            nodes = super().get(path)
+            nodes["nodes"][0]["provider_id"] = "[/evil]"
+            return nodes
+
+    out = io.StringIO()
+    _print_registry(make_console(out), MarkupIngress())  # type: ignore[arg-type]
+    assert "[/evil]" in out.getvalue()

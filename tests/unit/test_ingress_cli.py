@@ -70,3 +70,39 @@ def test_usage_formats(run):
     assert json.loads(out) == {"by": "key", "data": []}
     code, _, err = run("usage", "--format", "xml")
     assert code == 2 and "--format" in err
+
+
+def test_a_key_expiring_beyond_what_the_platform_formats_does_not_break_the_listing(
+        run, tmp_path):
+    code, out, err = run("keys", "create", "--owner", "bob", "--json")
+    assert code == 0, err
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "ingress.db") as db:  # a row from before the bound
+        db.execute("UPDATE api_keys SET expires_at = 1e308")
+    code, out, err = run("keys", "list")
+    assert code == 0, err
+    assert "far future" in out
+
+
+def test_names_with_rich_markup_are_shown_as_written(run, tmp_path):
+    # An owner is typed by an admin, but a model name in a usage row comes from any client.
+    code, _, err = run("keys", "create", "--owner", "[/x]", "--name", "[red]n")
+    assert code == 0, err
+    code, out, err = run("keys", "list")
+    assert code == 0, err
+    assert "[/x]" in out and "[red]n" in out
+    import sqlite3
+    import time
+
+    now = time.time()
+    with sqlite3.connect(tmp_path / "ingress.db") as db:
+        db.execute(
+            "INSERT INTO usage (id, request_id, key_id, model, route, provider, node_peer, "
+            "node_session, prompt_tokens, completion_tokens, status, error, stream, "
+            "latency_ms, ttft_ms, started_at, finished_at, ingress, recorded_at) VALUES "
+            "('u1', 'r1', NULL, '[/model]', '/v1/chat/completions', '', '', '', 1, 1, "
+            "200, NULL, 0, 1.0, NULL, ?, ?, 'i', ?)", (now, now, now))
+    code, out, err = run("usage", "--since", "24h", "--by", "model")
+    assert code == 0, err
+    assert "[/model]" in out
