@@ -27,7 +27,9 @@ from ingress.limits import KeyLimits, limits_for
 
 log = logging.getLogger("otela.ingress.access")
 
-# Others' rows may commit out of order (PostgreSQL): look back this far, skip ids seen.
+# Others' rows may commit out of order (PostgreSQL: a row's recorded_at is its statement's
+# time, its commit comes later): look back this far on the database's clock, skip ids
+# seen. A transaction that takes longer than this between insert and commit is missed.
 _LOOKBACK_S = 5.0
 _NOT_ADMITTED = frozenset({401, 403, 429})  # refused where they were: took no slot
 
@@ -55,7 +57,7 @@ class Access:
         self.used_tokens: dict[str, int] = {}  # at load, plus what others wrote since
         self.used_here: dict[str, int] = {}  # by this process since load
         self._keys_seen_at = 0.0
-        self._others_after = time.time() - _LOOKBACK_S
+        self._others_after = 0.0  # database clock; set by ``load``
         self._others_seen: dict[str, float] = {}
         self.refreshes = 0
         self.refresh_failures = 0
@@ -93,7 +95,7 @@ class Access:
         started = time.time()
         self.remember(keystore.changed_since(self.db, 0.0))
         self._keys_seen_at = started
-        after = started - _LOOKBACK_S
+        after = self.db.now() - _LOOKBACK_S
         totals, recent = usage.totals_and_recent(self.db, after)
         self.used_tokens, self.used_here = totals, {}
         self._others_after = after
@@ -115,10 +117,11 @@ class Access:
         wrote (O(new rows), never a scan of the whole usage table)."""
         started = time.time()
         changed = keystore.changed_since(self.db, self._keys_seen_at - 1.0)
+        db_now = self.db.now()
         others = usage.recent_by_others(self.db, self.ingress_id, self._others_after)
         self.remember(changed)
         self._keys_seen_at = started
-        self._take_others(others)
+        self._take_others(others, db_now)
         self.refreshes += 1
 
     def remember(self, changed: list[ApiKey]) -> None:
@@ -134,13 +137,14 @@ class Access:
             if limits is not None:
                 limits.reconfigure(key.rpm, key.tpm, key.max_concurrent)
 
-    def _take_others(self, rows: list[tuple[str, str, int, int, float]]) -> None:
+    def _take_others(self, rows: list[tuple[str, str, int, int, float]],
+                     db_now: float) -> None:
         """Others' rows count towards budgets (all) and this node's buckets (those that
-        were admitted there), each once."""
+        were admitted there), each once. The next scan starts ``_LOOKBACK_S`` before
+        ``db_now`` (the database's clock when this scan began): whether or not anyone
+        else writes, each scan reads only the last seconds' rows."""
         now = time.monotonic()
-        newest = self._others_after
         for row_id, key_id, tokens, status, recorded in rows:
-            newest = max(newest, recorded)
             if row_id in self._others_seen:
                 continue
             self._others_seen[row_id] = recorded
@@ -149,6 +153,6 @@ class Access:
             limits = self.limits.get(key_id)
             if limits is not None and status not in _NOT_ADMITTED:
                 limits.charge(1, tokens, now)
-        self._others_after = max(self._others_after, newest - _LOOKBACK_S)
+        self._others_after = max(self._others_after, db_now - _LOOKBACK_S)
         horizon = self._others_after
         self._others_seen = {k: t for k, t in self._others_seen.items() if t > horizon}

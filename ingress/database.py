@@ -125,6 +125,18 @@ class Database:
 
     # -- statements --------------------------------------------------------------------
 
+    @property
+    def now_sql(self) -> str:
+        """An SQL expression for the database server's clock, in unix seconds: rows that
+        several ingress nodes write are ordered by one clock, not by each node's."""
+        if self.dialect == "postgresql":
+            return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+        return "((julianday('now') - 2440587.5) * 86400.0)"
+
+    def now(self) -> float:
+        """The database server's clock (``now_sql``)."""
+        return float(self.query_sync(f"SELECT {self.now_sql}")[0][0])
+
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s") if self.dialect == "postgresql" else sql
 

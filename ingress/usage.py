@@ -28,11 +28,18 @@ from otela.dataplane.exchange import Exchange
 
 log = logging.getLogger("otela.ingress.usage")
 
-_INSERT = ("INSERT INTO usage (id, request_id, key_id, model, route, provider, node_peer, "
-           "node_session, prompt_tokens, completion_tokens, status, error, stream, "
-           "latency_ms, ttft_ms, started_at, finished_at, ingress, recorded_at) VALUES "
-           "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-           "ON CONFLICT (id) DO NOTHING")
+_COLUMNS = ("id, request_id, key_id, model, route, provider, node_peer, node_session, "
+            "prompt_tokens, completion_tokens, status, error, stream, latency_ms, ttft_ms, "
+            "started_at, finished_at, ingress, recorded_at")
+
+
+def insert_sql(db: Database) -> str:
+    """The row insert; ``recorded_at`` is the database's clock (``Database.now_sql``), the
+    one clock every ingress node's refresh compares (no skew between nodes)."""
+    return (f"INSERT INTO usage ({_COLUMNS}) VALUES ({'?, ' * 18}{db.now_sql}) "
+            "ON CONFLICT (id) DO NOTHING")
+
+
 _MAX_TOKENS = 2**31 - 1  # what an engine may claim (a serving node could say anything)
 _MAX_TEXT = 512
 
@@ -61,6 +68,7 @@ class UsageWriter:
         self.db = db
         self.ingress_id = ingress_id
         self.flush_interval = flush_interval
+        self._insert = insert_sql(db)
         self._rows: list[tuple[Any, ...]] = []
         self._prefix = os.urandom(8).hex()
         self._counter = 0
@@ -124,9 +132,8 @@ class UsageWriter:
             await trio.sleep(min(1.0, self.flush_interval * 2 ** min(self.failures, 6)))
 
     def _write(self, rows: list[tuple[Any, ...]]) -> None:
-        now = time.time()
         with self.db.transaction() as cursor:
-            cursor.executemany(_INSERT, [(*row, now) for row in rows])
+            cursor.executemany(self._insert, rows)
 
     def _write_each(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         failed = []
@@ -221,8 +228,9 @@ def buckets(db: Database, since: float, until: float, bucket_s: float,
 def recent_by_others(db: Database, ingress_id: str, recorded_after: float
                      ) -> list[tuple[str, str, int, int, float]]:
     """(row id, key, tokens, status, recorded_at) of keyed rows other ingress processes
-    wrote after ``recorded_after``: what ``ingress.access`` counts towards budgets and
-    limits here."""
+    wrote after ``recorded_after`` (database clock): what ``ingress.access`` counts towards
+    budgets and limits here. The ``(recorded_at, ingress)`` index keeps the scan to the
+    recent rows, and this ingress's own among them cost an index entry each."""
     rows = db.query_sync(
         "SELECT id, key_id, prompt_tokens + completion_tokens, status, recorded_at FROM usage "
         "WHERE recorded_at > ? AND ingress <> ? AND key_id IS NOT NULL",

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingress import keystore, usage
-from ingress.access import Access
+from ingress.access import _LOOKBACK_S, Access
 from ingress.admin_input import bucket_seconds, key_spec, time_param
 from ingress.database import Database, DatabaseError, DatabaseUrl
 from ingress.keys import ApiKey, bearer, check, hash_secret
@@ -294,6 +294,39 @@ def test_other_ingress_nodes_use_is_charged_once(tmp_path):
     limits = access.limits[made.id]
     assert limits.requests is not None
     assert 4.9 < limits.requests.available(limits.requests.at) < 5.1
+
+
+def test_the_refresh_scan_moves_on_when_nobody_else_writes(tmp_path):
+    """A lone ingress's refresh reads only the last seconds' rows: its horizon follows the
+    database's clock, not the newest row of another ingress (there is none), and the scan
+    skips its own rows in the index."""
+    db = sqlite(tmp_path / "alone.db")
+    made, _ = keystore.create(db, KeySpec(owner="a"))
+    access = Access(db, "ingress-1")
+    access.load()
+    writer = usage.UsageWriter(db, "ingress-1")
+    writer.finished(exchange("r", made.id, (1, 1)))
+    trio.run(writer.flush)
+    loaded = access._others_after
+    while db.now() < loaded + _LOOKBACK_S + 0.005:  # the clock has ms steps: let one pass
+        pass
+    access.refresh()
+    assert loaded < access._others_after <= db.now() - _LOOKBACK_S
+    plan = " ".join(str(row) for row in db.query_sync(
+        "EXPLAIN QUERY PLAN SELECT id, key_id, prompt_tokens + completion_tokens, status, "
+        "recorded_at FROM usage WHERE recorded_at > ? AND ingress <> ? AND key_id IS NOT "
+        "NULL", (0.0, "ingress-1")))
+    assert "usage_recorded_by" in plan
+
+
+def test_usage_rows_carry_the_database_clock(tmp_path):
+    db = sqlite(tmp_path / "clock.db")
+    writer = usage.UsageWriter(db, "ingress-1")
+    writer.finished(exchange("r", None, (1, 1)))
+    before = db.now()
+    trio.run(writer.flush)
+    (recorded,), = db.query_sync("SELECT recorded_at FROM usage")
+    assert before - 0.01 <= recorded <= db.now() + 0.01
 
 
 def test_config_show_hides_the_admin_token_and_database_passwords(tmp_path):
