@@ -25,6 +25,9 @@ import trio
 
 Row = tuple[Any, ...]
 DEFAULT_FILE = "ingress.db"
+# Rows per INSERT on SQLite: 1 to 32 rows make at most 32 statement texts, all kept in the
+# driver's statement cache; 32 x 20 values stays far below SQLite's 32,766 limit.
+_SQLITE_CHUNK = 32
 
 
 class DatabaseError(Exception):
@@ -152,6 +155,45 @@ class Database:
                 cursor.execute("ROLLBACK")
                 raise
             cursor.execute("COMMIT")
+
+    def insert_new(self, table: str, columns: Sequence[str], rows: Sequence[Row],
+                   computed: Sequence[tuple[str, str]] = (), unique: str = "id") -> None:
+        """Insert ``rows`` (values for ``columns``) in one transaction, skipping any whose
+        ``unique`` column is already there (a retried batch is written once); ``computed``
+        adds (column, SQL expression) pairs evaluated by the database.
+
+        SQLite inserts ``_SQLITE_CHUNK`` rows per statement: the driver lets go of the GIL
+        around each statement, and every hand-over between this worker thread and the
+        event loop's costs a context switch, so a statement per row cost the request path
+        more than the insert itself. PostgreSQL streams the rows with ``COPY`` into a
+        temporary table of this session, then moves them in one ``INSERT ... SELECT``:
+        half the client CPU of a statement per row."""
+        names = ", ".join(columns)
+        extra_names = "".join(f", {column}" for column, _ in computed)
+        extra_values = "".join(f", {expression}" for _, expression in computed)
+        conflict = f"ON CONFLICT ({unique}) DO NOTHING"
+        if self.dialect == "sqlite":
+            one = f"({', '.join('?' * len(columns))}{extra_values})"
+            with self.transaction() as cursor:
+                for start in range(0, len(rows), _SQLITE_CHUNK):
+                    chunk = rows[start:start + _SQLITE_CHUNK]
+                    cursor.execute(f"INSERT INTO {table} ({names}{extra_names}) VALUES "
+                                   f"{', '.join([one] * len(chunk))} {conflict}",
+                                   [value for row in chunk for value in row])
+            return
+        staging = f"{table}_incoming"
+        with self._lock:
+            connection = self._live()
+            with connection.transaction():
+                cursor = connection.cursor()
+                # Per session; ON COMMIT DELETE ROWS empties it at each commit.
+                cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {staging} ON COMMIT DELETE "
+                               f"ROWS AS SELECT {names} FROM {table} WITH NO DATA")
+                with cursor.copy(f"COPY {staging} ({names}) FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(row)
+                cursor.execute(f"INSERT INTO {table} ({names}{extra_names}) SELECT {names}"
+                               f"{extra_values} FROM {staging} {conflict}")
 
     def query_sync(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         with self._lock:

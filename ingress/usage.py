@@ -28,25 +28,24 @@ from otela.dataplane.exchange import Exchange
 
 log = logging.getLogger("otela.ingress.usage")
 
-_COLUMNS = ("id, request_id, key_id, model, route, provider, node_peer, node_session, "
-            "prompt_tokens, completion_tokens, status, error, stream, latency_ms, ttft_ms, "
-            "started_at, finished_at, ingress, recorded_at")
-
-
-def insert_sql(db: Database) -> str:
-    """The row insert; ``recorded_at`` is the database's clock (``Database.now_sql``), the
-    one clock every ingress node's refresh compares (no skew between nodes)."""
-    return (f"INSERT INTO usage ({_COLUMNS}) VALUES ({'?, ' * 18}{db.now_sql}) "
-            "ON CONFLICT (id) DO NOTHING")
-
-
+_COLUMNS = ("id", "request_id", "key_id", "model", "route", "provider", "node_peer",
+            "node_session", "prompt_tokens", "completion_tokens", "status", "error", "stream",
+            "latency_ms", "ttft_ms", "started_at", "finished_at", "ingress")
+# recorded_at is the database's clock (``Database.now_sql``): the one clock every ingress
+# node's refresh compares, so nodes' clock skew does not matter.
 _MAX_TOKENS = 2**31 - 1  # what an engine may claim (a serving node could say anything)
 _MAX_TEXT = 512
 
 
 def _text(value: str) -> str:
     """Text as every database takes it: PostgreSQL refuses NUL characters."""
-    return value[:_MAX_TEXT].replace("\x00", "\ufffd")
+    if len(value) > _MAX_TEXT:
+        value = value[:_MAX_TEXT]
+    return value.replace("\x00", "\ufffd") if "\x00" in value else value
+
+
+def _count(value: int) -> int:
+    return value if 0 <= value <= _MAX_TOKENS else min(max(0, value), _MAX_TOKENS)
 
 
 GROUPS = {"key": "key_id", "model": "model", "provider": "provider", "node": "node_peer",
@@ -68,7 +67,6 @@ class UsageWriter:
         self.db = db
         self.ingress_id = ingress_id
         self.flush_interval = flush_interval
-        self._insert = insert_sql(db)
         self._rows: list[tuple[Any, ...]] = []
         self._prefix = os.urandom(8).hex()
         self._counter = 0
@@ -79,7 +77,7 @@ class UsageWriter:
     def finished(self, exchange: Exchange) -> None:
         if not exchange.model:
             return  # refused before a model was named (unreadable body): not usage
-        prompt, completion = (min(max(0, n), _MAX_TOKENS) for n in tokens_of(exchange))
+        prompt, completion = tokens_of(exchange)
         ended = time.time()
         first = exchange.first_byte
         self._counter += 1
@@ -87,7 +85,8 @@ class UsageWriter:
             f"{self._prefix}{self._counter:010x}", _text(exchange.request_id),
             exchange.api_key, _text(exchange.model), _text(exchange.route),
             _text(exchange.node_provider), _text(exchange.node_peer),
-            _text(exchange.node_session), prompt, completion, exchange.status, exchange.error,
+            _text(exchange.node_session), _count(prompt), _count(completion), exchange.status,
+            exchange.error,
             int(exchange.stream), round(exchange.duration * 1e3, 3),
             None if first is None else round(first * 1e3, 3), exchange.arrival, ended,
             self.ingress_id))
@@ -132,8 +131,7 @@ class UsageWriter:
             await trio.sleep(min(1.0, self.flush_interval * 2 ** min(self.failures, 6)))
 
     def _write(self, rows: list[tuple[Any, ...]]) -> None:
-        with self.db.transaction() as cursor:
-            cursor.executemany(self._insert, rows)
+        self.db.insert_new("usage", _COLUMNS, rows, [("recorded_at", self.db.now_sql)])
 
     def _write_each(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         failed = []
