@@ -32,6 +32,7 @@ log = logging.getLogger("otela.ingress.access")
 # seen. A transaction that takes longer than this between insert and commit is missed.
 _LOOKBACK_S = 5.0
 _NOT_ADMITTED = frozenset({401, 403, 429})  # refused where they were: took no slot
+_HEADER_MEMO_MAX = 4096  # Authorization headers whose secret hash is remembered
 
 
 @dataclass
@@ -52,6 +53,12 @@ class Access:
         self.ingress_id = ingress_id
         self.refresh_interval = refresh_interval
         self.by_hash: dict[str, ApiKey] = {}
+        # Authorization header -> its secret's hash: a client on a keep-alive connection
+        # sends the same header every time, and hashing it again was a good part of the
+        # check's cost. A pure function of the header, so never stale (a revoked key's
+        # hash is simply gone from by_hash); only headers of known keys are remembered,
+        # so strangers cannot grow it, and it is emptied when full.
+        self._hash_of: dict[bytes, str] = {}
         self.by_id: dict[str, ApiKey] = {}
         self.limits: dict[str, KeyLimits] = {}
         self.used_tokens: dict[str, int] = {}  # at load, plus what others wrote since
@@ -66,10 +73,17 @@ class Access:
 
     def authenticate(self, authorization: bytes | None) -> ApiKey:
         """The key named by an ``Authorization`` header, usable now; else the 401."""
-        token = bearer(authorization)
-        key = None if token is None else self.by_hash.get(hash_secret(token))
+        secret_hash = None if authorization is None else self._hash_of.get(authorization)
+        if secret_hash is None:
+            token = bearer(authorization)
+            secret_hash = None if token is None else hash_secret(token)
+        key = None if secret_hash is None else self.by_hash.get(secret_hash)
         check(key, None, time.time(), 0)
-        assert key is not None
+        assert key is not None and authorization is not None and secret_hash is not None
+        if authorization not in self._hash_of:
+            if len(self._hash_of) >= _HEADER_MEMO_MAX:
+                self._hash_of.clear()
+            self._hash_of[authorization] = secret_hash
         return key
 
     def admit(self, key: ApiKey, model: str) -> Grant:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,7 +66,8 @@ class UsageWriter:
         self.db = db
         self.ingress_id = ingress_id
         self.flush_interval = flush_interval
-        self._rows: list[tuple[Any, ...]] = []
+        self._finished: list[Exchange] = []  # not yet made rows
+        self._rows: list[tuple[Any, ...]] = []  # rows to write (a failed batch's stay)
         self._prefix = os.urandom(8).hex()
         self._counter = 0
         self.written = 0
@@ -75,24 +75,26 @@ class UsageWriter:
         self.dropped = 0
 
     def finished(self, exchange: Exchange) -> None:
-        if not exchange.model:
-            return  # refused before a model was named (unreadable body): not usage
+        """On the request path: keep the exchange; its row is built at the next flush
+        (one tight loop per batch costs the request path less than a row each time)."""
+        if exchange.model:  # else refused before a model was named: not usage
+            self._finished.append(exchange)
+
+    def _row(self, exchange: Exchange) -> tuple[Any, ...]:
         prompt, completion = tokens_of(exchange)
-        ended = time.time()
         first = exchange.first_byte
+        duration = exchange.duration
         self._counter += 1
-        self._rows.append((
-            f"{self._prefix}{self._counter:010x}", _text(exchange.request_id),
-            exchange.api_key, _text(exchange.model), _text(exchange.route),
-            _text(exchange.node_provider), _text(exchange.node_peer),
-            _text(exchange.node_session), _count(prompt), _count(completion), exchange.status,
-            exchange.error,
-            int(exchange.stream), round(exchange.duration * 1e3, 3),
-            None if first is None else round(first * 1e3, 3), exchange.arrival, ended,
-            self.ingress_id))
+        return (f"{self._prefix}{self._counter:010x}", _text(exchange.request_id),
+                exchange.api_key, _text(exchange.model), _text(exchange.route),
+                _text(exchange.node_provider), _text(exchange.node_peer),
+                _text(exchange.node_session), _count(prompt), _count(completion),
+                exchange.status, exchange.error, int(exchange.stream),
+                round(duration * 1e3, 3), None if first is None else round(first * 1e3, 3),
+                exchange.arrival, exchange.arrival + duration, self.ingress_id)
 
     def pending(self) -> int:
-        return len(self._rows)
+        return len(self._rows) + len(self._finished)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Flush every ``flush_interval`` until cancelled; one last flush then."""
@@ -100,13 +102,22 @@ class UsageWriter:
         try:
             while True:
                 await trio.sleep(self.flush_interval)
-                if self._rows:
+                if self._rows or self._finished:
                     await self.flush()
         finally:
             with trio.CancelScope(shield=True):
                 await self.flush()
 
     async def flush(self) -> None:
+        if self._finished:
+            finished, self._finished = self._finished, []
+            for exchange in finished:
+                try:
+                    self._rows.append(self._row(exchange))
+                except Exception:  # never seen; it must not stop the writer's task
+                    self.dropped += 1
+                    log.exception("usage: could not make a row of request %s",
+                                  exchange.request_id[:100])
         if not self._rows:
             return
         rows, self._rows = self._rows, []

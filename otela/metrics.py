@@ -151,6 +151,8 @@ class Registry:
 
     def state(self) -> dict[str, list[list[Any]]]:
         """Every series's current value, for another process to add up (``absorb``)."""
+        for callback in self._collectors:
+            callback()
         out: dict[str, list[list[Any]]] = {}
         for name, metric in self.metrics.items():
             if isinstance(metric, Histogram):
