@@ -130,6 +130,8 @@ def install(app: FastAPI, service: IngressService) -> None:
         group = admin_input.group_by(by)
         start = admin_input.time_param(since, "since")
         end = admin_input.time_param(until, "until")
+        if start is not None and end is not None and start >= end:
+            raise RequestError(400, "'since' must be before 'until'", param="since")
         rows = await db.in_thread(usage.aggregate, db, group, start, end)
         return {"object": "list", "by": group, "since": start, "until": end,
                 "data": [r.to_dict() for r in rows]}

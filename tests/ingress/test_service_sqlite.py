@@ -199,6 +199,8 @@ def test_admin_api_refuses_bad_tokens_and_bad_input_and_writes_nothing(fed):
     assert admin(ingress, "POST", "/keys/key_000000000000/revoke").status_code == 404
     assert admin(ingress, "GET", "/usage?by=colour").status_code == 400
     assert admin(ingress, "GET", "/usage?since=yesterday").status_code == 400
+    backwards = admin(ingress, "GET", "/usage?since=2000&until=1000")  # as /v1/me/usage
+    assert backwards.status_code == 400 and backwards.json()["error"]["param"] == "since"
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM api_keys").fetchone()[0] == before
 
