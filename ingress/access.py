@@ -53,12 +53,12 @@ class Access:
         self.ingress_id = ingress_id
         self.refresh_interval = refresh_interval
         self.by_hash: dict[str, ApiKey] = {}
-        # Authorization header -> its secret's hash: a client on a keep-alive connection
-        # sends the same header every time, and hashing it again was a good part of the
-        # check's cost. A pure function of the header, so never stale (a revoked key's
-        # hash is simply gone from by_hash); only headers of known keys are remembered,
-        # so strangers cannot grow it, and it is emptied when full.
-        self._hash_of: dict[bytes, str] = {}
+        # Authorization header -> its key: a client on a keep-alive connection sends the
+        # same header every time, and parsing and hashing it again was most of the
+        # check's cost. Emptied whenever a key changes (``remember``) and when full; only
+        # headers of usable keys go in, so strangers cannot grow it.
+        self._key_of: dict[bytes | None, ApiKey] = {}
+        self._grants: dict[str, Grant] = {}  # one per key (it holds no per-request state)
         self.by_id: dict[str, ApiKey] = {}
         self.limits: dict[str, KeyLimits] = {}
         self.used_tokens: dict[str, int] = {}  # at load, plus what others wrote since
@@ -71,35 +71,43 @@ class Access:
 
     # -- the request path --------------------------------------------------------------
 
+    # Every line here runs on every request: the request path's cost is counted in
+    # microseconds (docs/performance.md#the-ingress-service), hence the fast paths.
+
     def authenticate(self, authorization: bytes | None) -> ApiKey:
         """The key named by an ``Authorization`` header, usable now; else the 401."""
-        secret_hash = None if authorization is None else self._hash_of.get(authorization)
-        if secret_hash is None:
-            token = bearer(authorization)
-            secret_hash = None if token is None else hash_secret(token)
-        key = None if secret_hash is None else self.by_hash.get(secret_hash)
+        key = self._key_of.get(authorization)
+        if key is not None and (key.expires_at is None or time.time() < key.expires_at):
+            return key
+        token = bearer(authorization)
+        key = None if token is None else self.by_hash.get(hash_secret(token))
         check(key, None, time.time(), 0)
-        assert key is not None and authorization is not None and secret_hash is not None
-        if authorization not in self._hash_of:
-            if len(self._hash_of) >= _HEADER_MEMO_MAX:
-                self._hash_of.clear()
-            self._hash_of[authorization] = secret_hash
+        assert key is not None
+        if len(self._key_of) >= _HEADER_MEMO_MAX:
+            self._key_of.clear()
+        self._key_of[authorization] = key
         return key
 
     def admit(self, key: ApiKey, model: str) -> Grant:
         """``key`` may ask for ``model`` now (raises 403/429 otherwise); takes a slot."""
-        now = time.time()
-        check(key, model, now, self.used_tokens.get(key.id, 0) + self.used_here.get(key.id, 0))
-        limits = self.limits.get(key.id)
-        if limits is None:
-            limits = self.limits[key.id] = limits_for(key.rpm, key.tpm, key.max_concurrent)
-        limits.admit(time.monotonic())
-        return Grant(key, limits)
+        key_id = key.id
+        if key.models is not None or key.budget_tokens is not None:
+            check(key, model, time.time(),
+                  self.used_tokens.get(key_id, 0) + self.used_here.get(key_id, 0))
+        grant = self._grants.get(key_id)
+        if grant is None or grant.key is not key:
+            limits = self.limits.get(key_id)
+            if limits is None:
+                limits = self.limits[key_id] = limits_for(key.rpm, key.tpm, key.max_concurrent)
+            grant = self._grants[key_id] = Grant(key, limits)
+        grant.limits.admit(time.monotonic())
+        return grant
 
     def finished(self, grant: Grant, tokens: int) -> None:
         grant.limits.finished(tokens, time.monotonic())
         if tokens:
-            self.used_here[grant.key.id] = self.used_here.get(grant.key.id, 0) + tokens
+            key_id = grant.key.id
+            self.used_here[key_id] = self.used_here.get(key_id, 0) + tokens
 
     # -- keeping the copy fresh --------------------------------------------------------
 
@@ -140,6 +148,8 @@ class Access:
 
     def remember(self, changed: list[ApiKey]) -> None:
         """Take these keys as they now are (a refresh, or a change made through this node)."""
+        if changed:
+            self._key_of.clear()
         for key in changed:
             old = self.by_id.get(key.id)
             if old is not None:

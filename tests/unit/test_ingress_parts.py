@@ -296,6 +296,33 @@ def test_other_ingress_nodes_use_is_charged_once(tmp_path):
     assert 4.9 < limits.requests.available(limits.requests.at) < 5.1
 
 
+def test_a_remembered_authorization_header_still_sees_revocation_and_expiry(tmp_path,
+                                                                          monkeypatch):
+    import time as clock
+    from dataclasses import replace
+
+    db = sqlite(tmp_path / "memo.db")
+    made, secret = keystore.create(db, KeySpec(owner="a", expires_at=clock.time() + 3600))
+    access = Access(db, "ingress-1")
+    access.load()
+    header = b"Bearer " + secret.encode()
+    assert access.authenticate(header).id == made.id
+    assert access.authenticate(header).id == made.id  # the remembered path
+    later = clock.time() + 7200
+    monkeypatch.setattr("ingress.access.time.time", lambda: later)
+    with pytest.raises(RequestError) as expired:
+        access.authenticate(header)
+    assert expired.value.status == 401
+    monkeypatch.undo()
+    access.remember([replace(made, revoked_at=clock.time())])  # as a refresh does
+    with pytest.raises(RequestError):
+        access.authenticate(header)
+    for wrong in (None, b"Bearer otela-wrong", b"Basic abc"):  # never remembered
+        with pytest.raises(RequestError):
+            access.authenticate(wrong)
+    assert set(access._key_of) <= {header}
+
+
 def test_the_refresh_scan_moves_on_when_nobody_else_writes(tmp_path):
     """A lone ingress's refresh reads only the last seconds' rows: its horizon follows the
     database's clock, not the newest row of another ingress (there is none), and the scan
