@@ -5,7 +5,7 @@ daemon (same CLI, same mesh, same registry code) and, while the file ``<home>/ch
 exists, signs and gossips a fresh version of its record every SECONDS, as upstream nodes
 re-registering their services do. While the file ``<home>/load`` exists, it also acts as
 a serving node whose load changes all the time (a new in-flight count every 0.25 s), the
-worst case for load gossip (``otela.load.gossip``). The files let
+worst case for load reports (``otela.load.reports``). The files let
 ``benchmarks/convergence.py`` measure the same federation idle first, then under load
 reports, then under churn.
 """
@@ -38,8 +38,8 @@ def with_reregistration(every: float) -> None:
 
         async def changing_load() -> None:
             switch = self.config.home / "load"
-            plain_serving = self.load_gossip.serving
-            self.load_gossip.serving = lambda: switch.exists() or plain_serving()
+            plain_serving = self.load_reports.serving
+            self.load_reports.serving = lambda: switch.exists() or plain_serving()
             while not self._stopping:
                 await trio.sleep(0.25)
                 if switch.exists():

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from otela.localfed import LocalFederation, LocalNode, wait_for
@@ -42,8 +43,9 @@ def bytes_per_pid(before: dict[Socket, int], after: dict[Socket, int]) -> dict[i
     return moved
 
 
-def bytes_per_second(pids: set[int], window: float) -> list[float]:
-    """Each process's control-plane bytes per second over the next ``window`` seconds."""
+def bytes_per_second(pids: Collection[int], window: float) -> list[float]:
+    """Each process's control-plane bytes per second over the next ``window`` seconds, in
+    the order of ``pids``."""
     before = socket_bytes()
     time.sleep(window)
     moved = bytes_per_pid(before, socket_bytes())
@@ -90,7 +92,7 @@ def wait_for_headroom(max_busy: float = 0.5, timeout: float = 120.0) -> None:
 
 def start_federation(
     fed: LocalFederation, n: int, *, churners: int = 0, churn_every: float = 3.0,
-    wave: int = 4, switchable: bool = False,
+    wave: int = 4, switchable: bool = False, ingress_boot: bool = False,
 ) -> list[LocalNode]:
     """``n`` nodes joined through the first one; returns once every replica lists every
     node as live. Processes start ``wave`` at a time: starting a Python daemon costs ~2 s
@@ -100,8 +102,9 @@ def start_federation(
     benchmark measures a federation, not a start-up storm on a saturated machine.
     ``churners`` of them can re-register every ``churn_every`` seconds, from when
     ``set_churn(nodes, True)`` is called; with ``switchable`` every node runs the churn
-    launcher (so ``set_load`` works on all of them), re-registering only where asked."""
-    boot = fed.start_node("boot", extra_args=QUIET)
+    launcher (so ``set_load`` works on all of them), re-registering only where asked.
+    With ``ingress_boot`` the first node is an ingress (the one that hears load reports)."""
+    boot = fed.start_node("boot", ingress=ingress_boot, extra_args=QUIET)
     nodes = [boot]
     for first in range(0, n - 1, wave):
         batch = []

@@ -57,7 +57,7 @@ from otela.failures import os_error_in
 from otela.identity import Identity, load_or_create
 from otela.liveness.detector import DetectorConfig, FailureDetector
 from otela.load.capacity import capacity_of
-from otela.load.gossip import LoadGossip
+from otela.load.reports import LoadReports
 from otela.load.source import LoadSource, poll_engine
 from otela.looplag import LagSampler, SlowSteps, freeze_startup_objects
 from otela.mesh.addresses import advertised_hosts, expand
@@ -161,7 +161,7 @@ class Node:
             self.registry,
             suspected=self.detector.suspected,
             reconcile=self.replicator.sync_with,
-            keep=lambda: set(self.nat.reservations),
+            keep=lambda: set(self.nat.reservations) | self.load_reports.linked_peers(),
             on_trim=self.detector.part,
         )
         self.exit_code = EXIT_OK
@@ -186,18 +186,20 @@ class Node:
         self.upstreams = Upstreams(
             self.pool, self_session=lambda: self.session_id,
             local_engine=self.serving_engine_url, hop_signer=self.hop_signer, p2p=self.p2p)
-        # Load: ours, reported on every answer and gossiped; others', read by the router.
+        # Load: ours, reported on every answer and sent to the ingresses; others', read by
+        # the router.
         self.load = LoadSource(
             config.capacity if config.capacity is not None else capacity_of(self.hardware),
             others=lambda: self.workers.total("engine_in_flight") if self.workers else 0)
         self.router = Router(self.registry, self.upstreams, routing_settings(config),
                              suspected=self.detector.suspected,
                              own_load=self._own_load)
-        self.load_gossip = LoadGossip(
-            self.mesh, lambda: self.registry, self.load, self._take_load_report,
+        self.load_reports = LoadReports(
+            self.mesh.host, lambda: self.registry, self.load, self._take_load_report,
             session=lambda: self.session_id,
             serving=lambda: self.serving_engine_url() is not None,
-            admitted=self.replica.admission.is_admitted, min_interval=config.load_interval)
+            admitted=self.replica.admission.is_admitted, connect=self.nat.connect,
+            receive=config.ingress, min_interval=config.load_interval)
         gate = EngineGate(self.serving_engine_url, self.served_models, config.max_body_bytes)
         self.hop = EngineHop(self.hop_verifier, gate, self.pool, config.first_byte_timeout,
                              self.load)
@@ -375,7 +377,7 @@ class Node:
         self.detector.install()
         self.nat.install()
         self.engine_streams.install(self.mesh.host)
-        self.load_gossip.install()
+        self.load_reports.install()
         async with (
             self.client,
             self.mesh.host.run(listen_addrs=[self.mesh.listen_addr]),
@@ -395,7 +397,7 @@ class Node:
                 if self.ingress_service is not None:
                     await nursery.start(self.ingress_service.run)
                 await nursery.start(self.replica.run, self.mesh.host)
-                await nursery.start(self.load_gossip.run)
+                await nursery.start(self.load_reports.run)
                 hosts = advertised_hosts(config.listen_host, config.public_host)
                 self.addrs = expand([str(a) for a in self.mesh.host.get_addrs()],
                                     config.listen_host, hosts)
@@ -601,7 +603,7 @@ class Node:
         ejections = self.router.ejections.total + (
             self.workers.total("ejections") if self.workers else 0)
         return {"ejections": ejections, "ejected": len(self.ejected_nodes()),
-                **self.load_gossip.stats}
+                **self.load_reports.stats}
 
     def routing_report(self) -> dict[str, Any]:
         """For /v1/network: how this node routes, whom it keeps out, what loads it sees."""
@@ -614,7 +616,7 @@ class Node:
                 "loads": router.loads.snapshot(now),
                 "own_load": self.load.current().to_dict(),
                 "engine_metrics": self.load.engine_source,
-                "load_gossip": dict(self.load_gossip.stats)}
+                "load_reports": dict(self.load_reports.stats)}
 
     def catalog_scope(self, authorization: str | None) -> tuple[TrustSet, frozenset[str] | None]:
         """What ``/v1/models`` may list for this caller: with the ingress service and a
@@ -633,7 +635,7 @@ class Node:
 
     def _worker_load_state(self) -> dict[str, Any]:
         """For data-path workers: the node's engine figures and in-flight total, and the
-        load reports gossip brought (workers see only their own answers' reports)."""
+        load reports serving nodes sent here (workers see only their own answers' reports)."""
         engine = self.load.engine
         return {"engine": {"running": engine.running, "waiting": engine.waiting,
                            "kv_usage": engine.kv_usage}, "capacity": self.load.capacity,

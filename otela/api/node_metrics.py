@@ -40,7 +40,7 @@ class NodeParts(Protocol):
 
     def routing_stats(self) -> dict[str, int]:
         """``ejections`` so far, ``ejected`` nodes now (every data-path process), and the
-        load gossip's ``published``/``received``/``bytes_sent``/``bytes_received``."""
+        load reports' ``sent``/``received``/``bytes_sent``/``bytes_received``."""
         ...
 
 
@@ -74,11 +74,11 @@ def install(metrics: Registry, node: NodeParts) -> Histogram:
                                 "ejected from this ingress's candidates after repeated "
                                 "failures (docs/routing.md).")
     ejected = metrics.gauge("otela_routing_ejected_nodes", "Nodes ejected now.")
-    load_reports = metrics.counter("otela_load_reports_total", "Load reports gossiped by "
-                                   "this node (out) and taken from others (in).",
-                                   ("direction",))
-    load_bytes = metrics.counter("otela_load_gossip_payload_bytes_total", "Load report "
-                                 "payload bytes published (out) and received (in).",
+    load_reports = metrics.counter("otela_load_reports_total", "Load reports this node sent "
+                                   "to ingress nodes (out) and, on an ingress, took from "
+                                   "serving nodes (in).", ("direction",))
+    load_bytes = metrics.counter("otela_load_report_payload_bytes_total", "Load report "
+                                 "payload bytes sent (out) and received (in).",
                                  ("direction",))
     hop_refused = metrics.counter("otela_engine_hop_refusals_total", "Engine hop requests "
                                   "refused to non-members, by reason.", ("code",))
@@ -106,7 +106,7 @@ def install(metrics: Registry, node: NodeParts) -> Histogram:
         routing = node.routing_stats()
         ejections.set(value=routing["ejections"])
         ejected.set(value=routing["ejected"])
-        load_reports.set("out", value=routing["published"])
+        load_reports.set("out", value=routing["sent"])
         load_reports.set("in", value=routing["received"])
         load_bytes.set("out", value=routing["bytes_sent"])
         load_bytes.set("in", value=routing["bytes_received"])

@@ -368,8 +368,9 @@ class NodeConfig:
     load_interval: float = setting(
         "routing", 2.0, parse=v.as_duration, example="5s", metavar="DURATION",
         help="How often a serving node reads its engine's metrics, and the least time "
-        "between two load reports it gossips (which grows with the federation: 0.5 s per "
-        "member, so a federation of any size carries at most ~2 reports a second).")
+        "between two load reports it sends the ingresses (which grows with the federation: "
+        "0.5 s per member, so an ingress hears at most ~2 reports a second whatever the "
+        "federation's size).")
     capacity: float | None = setting(
         "routing", parse=v.as_opt_float, example="2.5", metavar="WEIGHT",
         shown_default="from the GPUs' memory bandwidth (1 = 2 TB/s)",

@@ -8,10 +8,10 @@ Two sources, combined per node:
   its engine says in its Prometheus metrics (running, waiting, KV cache use), plus a
   capacity weight from its hardware. Reports arrive on every answer the node sends
   (``x-otela-load``, the way Envoy's ORCA load reports ride on responses: fresh exactly
-  where traffic flows, no control-plane bytes) and as soft state on a gossip topic at a
-  bounded rate (``otela.load.gossip``), so an ingress also knows about nodes it has not
-  used lately. Reports expire: a node that stops reporting falls back to what this
-  ingress sees itself.
+  where traffic flows, no control-plane bytes) and as soft state sent straight to the
+  ingress nodes at a bounded rate (``otela.load.reports``), so an ingress also knows
+  about nodes it has not used lately. Reports expire: a node that stops reporting falls
+  back to what this ingress sees itself.
 
 The estimate of a node's outstanding work is ``max(ours, reported + sent since)``:
 requests sent after a report are not in it yet, and ours are a lower bound of the node's.

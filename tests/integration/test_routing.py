@@ -2,7 +2,8 @@
 only on trusted providers' nodes, even as those fail; a node cannot borrow a trusted
 provider's name; requirements pick the node with the right hardware and metadata; a
 failing node is ejected and comes back once it recovers; load reports reach ingresses on
-answers and by gossip; a request may choose its policy."""
+answers and straight from the serving nodes (and nobody else); a request may choose its
+policy."""
 
 from __future__ import annotations
 
@@ -215,11 +216,12 @@ def test_a_failing_node_is_ejected_and_comes_back_after_it_recovers(federation, 
     assert sessions == {flaky.session_id, steady.session_id}  # back in rotation
 
 
-def test_load_reports_reach_ingresses_on_answers_and_by_gossip(federation):
+def test_load_reports_reach_ingresses_on_answers_and_straight_from_the_node(federation):
     fast = ["--load-interval", "0.5s"]
     ingress = federation.start_node("ingress", ingress=True, extra_args=fast)
     other = federation.start_node("other", ingress=True, bootstrap=[ingress],
                                   extra_args=fast)
+    bystander = federation.start_node("bystander", bootstrap=[ingress], extra_args=fast)
     busy = federation.start_node(
         "busy", bootstrap=[ingress], provider_id="lab", extra_args=fast,
         process=echo_engine_command(free_port(), [MODEL], "--request-delay", "6",
@@ -239,8 +241,8 @@ def test_load_reports_reach_ingresses_on_answers_and_by_gossip(federation):
     def reported(node: LocalNode) -> dict | None:
         return node.get("/v1/network")["routing"]["loads"].get(busy.session_id)
 
-    # The node read its engine's metrics (two running, one waiting) and gossiped them:
-    # the other ingress, which sent it nothing, knows.
+    # The node read its engine's metrics (two running, one waiting) and sent them to the
+    # ingresses: the other one, which sent it nothing, knows.
     wait_for(lambda: (r := reported(other)) is not None and r["running"] == 2
              and r["waiting"] == 1, CONVERGE_S, "the other ingress to learn the load")
     own = busy.get("/v1/network")["routing"]
@@ -250,7 +252,11 @@ def test_load_reports_reach_ingresses_on_answers_and_by_gossip(federation):
     # Answers carry reports too: the ingress that sent them has one, fresh.
     assert ask(ingress).status_code == 200
     assert reported(ingress) is not None and reported(ingress)["age_s"] < 5
-    assert metric(busy, 'otela_load_reports_total{direction="out"}') >= 1
+    assert metric(busy, 'otela_load_reports_total{direction="out"}') >= 2  # one per ingress
+    assert metric(other, 'otela_load_reports_total{direction="in"}') >= 1
+    # A node that does not route hears nothing (reports are not broadcast).
+    assert metric(bystander, 'otela_load_reports_total{direction="in"}') == 0
+    assert bystander.get("/v1/network")["routing"]["load_reports"]["bytes_received"] == 0
 
 
 def test_a_request_may_choose_the_policy_and_prefix_affinity_keeps_users_together(
