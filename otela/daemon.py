@@ -32,6 +32,7 @@ from ingress.dashboard import install as install_dashboard
 from ingress.service import IngressService
 from otela import __version__, hardware
 from otela.api import assignments as assignment_routes
+from otela.api import load_reports as load_report_routes
 from otela.api import node_metrics
 from otela.api.app import create_app
 from otela.api.dispatch import Dispatch
@@ -161,7 +162,7 @@ class Node:
             self.registry,
             suspected=self.detector.suspected,
             reconcile=self.replicator.sync_with,
-            keep=lambda: set(self.nat.reservations) | self.load_reports.linked_peers(),
+            keep=lambda: set(self.nat.reservations),
             on_trim=self.detector.part,
         )
         self.exit_code = EXIT_OK
@@ -195,11 +196,11 @@ class Node:
                              suspected=self.detector.suspected,
                              own_load=self._own_load)
         self.load_reports = LoadReports(
-            self.mesh.host, lambda: self.registry, self.load, self._take_load_report,
+            lambda: self.registry, self.load, self._take_load_report,
             session=lambda: self.session_id,
-            serving=lambda: self.serving_engine_url() is not None,
-            admitted=self.replica.admission.is_admitted, connect=self.nat.connect,
-            receive=config.ingress, min_interval=config.load_interval)
+            serving=lambda: self.serving_engine_url() is not None, client=self.client,
+            signer=self.hop_signer, verifier=self.hop_verifier, receive=config.ingress,
+            min_interval=config.load_interval)
         gate = EngineGate(self.serving_engine_url, self.served_models, config.max_body_bytes)
         self.hop = EngineHop(self.hop_verifier, gate, self.pool, config.first_byte_timeout,
                              self.load)
@@ -208,6 +209,7 @@ class Node:
             self.load)
         self.api = create_app(self)
         assignment_routes.install(self.api, self.assignments)
+        load_report_routes.install(self.api, self.load_reports)
         if config.ingress or config.ingress_db is not None:  # its page at /ui
             install_dashboard(self.api)
         # What watches the request path: metrics always; access log and trace on demand.
@@ -377,7 +379,6 @@ class Node:
         self.detector.install()
         self.nat.install()
         self.engine_streams.install(self.mesh.host)
-        self.load_reports.install()
         async with (
             self.client,
             self.mesh.host.run(listen_addrs=[self.mesh.listen_addr]),

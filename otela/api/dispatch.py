@@ -22,7 +22,7 @@ _HOP_PREFIX = ENGINE_PREFIX + "/"
 # otela's own resources under /v1: never routed to engines, whatever the method (a POST to
 # one is a 405 from the API, not an inference request).
 OWN_PREFIXES = ("/v1/registry", "/v1/health", "/v1/network", "/v1/models",
-                "/v1/assignments", "/v1/admin/", "/v1/me/")
+                "/v1/assignments", "/v1/load-reports", "/v1/admin/", "/v1/me/")
 OWN_PATHS = frozenset({"/v1/admin", "/v1/me"})  # (a prefix would take /v1/messages)
 
 

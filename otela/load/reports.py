@@ -2,56 +2,60 @@
 
 Responses carry load reports to the ingresses that use a node (``x-otela-load``); these
 reports tell every ingress about the nodes it has not used lately. Only ingress nodes
-route, so only they hear them: a serving node keeps one long-lived libp2p stream
-(``/otela/load/1``) to each live ingress in the registry and writes a small frame on it
-when its load changed. Nobody else receives or forwards anything.
+route, so only they hear them: a serving node POSTs a small report to each live ingress
+in its replica (``/v1/load-reports`` on the ingress's HTTP port, where the data path
+already reaches serving nodes) when its load changed. Nobody else receives or forwards
+anything.
 
-Why not a GossipSub topic (the first design): every report then reached every node, and
-each node forwarded it to its mesh degree (6) and gossiped its id; at 50 nodes that cost
-each node ~15 KB/s while every node's load changed, 30x the goal of 0.5 KB/s, to tell
-nodes that never route. Direct reports cost a serving node one frame per interval per
-ingress, and an ingress the federation's report rate: ~0.2 KB/s at most.
+Why not libp2p: the first design put reports on a GossipSub topic every node joined;
+each report then reached every node and each node forwarded it to its mesh peers (at 50
+nodes, +15.6 KB/s per node while every node's load changed: 30x the goal of 0.5 KB/s, to
+tell nodes that never route). A libp2p stream per (serving node, ingress) was measured
+next: the reports were cheap, but the ingress became every node's neighbour, so the
+failure detector's probes and GossipSub's gossip of 50 nodes converged on it: +2.4 KB/s
+at the ingress, growing with the federation. A keep-alive HTTP connection carries
+nothing while idle. The request is authenticated like the engine hop (``x-otela-hop``,
+``otela.dataplane.hop_auth``: a member's pairwise MAC over the method, path and body).
 
-Reports are not registry state: no lattice version, no signature of ours (the stream is
-authenticated by the Noise handshake: the receiver knows the sending peer), no
-anti-entropy, no tombstones. A report lives ``ttl`` seconds at the receiver unless
-refreshed; a lost one costs nothing but staleness.
+Reports are not registry state: no lattice version, no anti-entropy, no tombstones. A
+report lives ``ttl`` seconds at the receiver unless refreshed; a lost one costs nothing
+but staleness.
 
 Rate, bounded per ingress rather than per node: a serving node reports at most once every
 ``max(min_interval, members * per_member_s)`` seconds, and only when its load changed (or,
 while it is not zero, before its last report expires). With the defaults (2 s, 0.5 s) an
-ingress of a 50-node federation hears at most two reports a second, whatever happens;
-an idle federation sends none. ``benchmarks/convergence.py --load-reports`` measures it.
+ingress of a federation of any size hears at most about two reports a second; an idle
+federation sends none. ``benchmarks/convergence.py --load-reports`` measures it.
 
 A report names the sender's session; the receiver drops it unless the registry says that
-session belongs to the peer at the other end of the stream: a node cannot describe
-another's load.
+session belongs to the member that signed the request: a node cannot describe another's
+load.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import httpx
 import orjson
 import trio
-from libp2p.custom_types import TProtocol
-from libp2p.peer.id import ID
 
+from otela.dataplane.errors import RequestError
+from otela.dataplane.hop_auth import HOP_HEADER, HopRefused, HopSigner, HopVerifier
 from otela.load.source import LoadSource
-from otela.mesh.framing import read_frame, write_frame
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.store import Registry
 from otela.routing.load import NodeLoad, parse_load
 
 log = logging.getLogger("otela.load")
 
-LOAD_PROTOCOL = TProtocol("/otela/load/1")
+PATH = "/v1/load-reports"
 MAX_REPORT_BYTES = 512
 TTL_INTERVALS = 3  # a report expires after this many of its sender's intervals
-SEND_TIMEOUT_S = 10.0  # connecting (perhaps through a relay), opening and writing
+SEND_TIMEOUT_S = 5.0
 
 
 def interval_for(members: int, min_interval: float, per_member_s: float) -> float:
@@ -101,40 +105,28 @@ def decode(data: bytes) -> tuple[str, NodeLoad, float] | None:
 
 
 class LoadReports:
-    """Sends this node's load to the ingresses (while it serves) and, on an ingress, takes
-    the reports of the others."""
+    """Sends this node's load to the ingresses while it serves (``run``) and, on an
+    ingress, takes the others' reports (``take``, behind the ``/v1/load-reports`` route)."""
 
-    def __init__(self, host: Any, registry: Callable[[], Registry], source: LoadSource,
+    def __init__(self, registry: Callable[[], Registry], source: LoadSource,
                  on_report: Callable[[str, NodeLoad, float], None],
                  session: Callable[[], str], serving: Callable[[], bool],
-                 admitted: Callable[[ID], bool],
-                 connect: Callable[[NodeRecord], Awaitable[None]], *, receive: bool,
-                 min_interval: float = 2.0, per_member_s: float = 0.5) -> None:
-        self.host = host
+                 client: httpx.AsyncClient, signer: HopSigner, verifier: HopVerifier, *,
+                 receive: bool, min_interval: float = 2.0, per_member_s: float = 0.5
+                 ) -> None:
         self.registry = registry
         self.source = source
         self.on_report = on_report  # (session, load, ttl): an ingress's LoadBoard
         self.session = session
         self.serving = serving
-        self.admitted = admitted
-        self.connect = connect  # direct, else through a relay (otela.mesh.nat)
+        self.client = client
+        self.signer = signer
+        self.verifier = verifier
         self.receive = receive
         self.min_interval = min_interval
         self.per_member_s = per_member_s
         self.stats = {"published": 0, "sent": 0, "send_failures": 0, "received": 0,
                       "refused": 0, "bytes_sent": 0, "bytes_received": 0}
-        self._own_peer_id = host.get_id().to_base58()
-        self._outbound: dict[str, Any] = {}  # ingress peer id -> our open report stream
-        self._inbound: dict[str, Any] = {}  # reporting peer id -> its open stream
-
-    def install(self) -> None:
-        if self.receive:
-            self.host.set_stream_handler(LOAD_PROTOCOL, self._take)
-
-    def linked_peers(self) -> set[str]:
-        """Peers at the other end of a report stream: peering must not trim them (an
-        ingress is connected to every serving node, far more than the usual degree)."""
-        return set(self._outbound) | set(self._inbound)
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -159,11 +151,9 @@ class LoadReports:
     # -- sending -------------------------------------------------------------------
 
     async def publish(self, load: NodeLoad, ttl: float) -> None:
-        """Send one report to every live ingress, concurrently; an unreachable one misses
-        it (the next report, or the answers it gets from us, will tell it)."""
-        targets = ingresses(self.registry(), self._own_peer_id)
-        for gone in set(self._outbound) - set(targets):
-            await _close(self._outbound.pop(gone))
+        """Send one report to every live ingress, concurrently; one that does not take it
+        misses it (the next report, or the answers it gets from us, will tell it)."""
+        targets = ingresses(self.registry(), self.signer.peer_id)
         if not targets:
             return
         data = encode(self.session(), load, ttl)
@@ -173,75 +163,47 @@ class LoadReports:
                 nursery.start_soon(self._send, record, data)
 
     async def _send(self, record: NodeRecord, data: bytes) -> None:
-        # A kept stream may have died with its connection; then try once on a fresh one.
-        for fresh in (False, True):
-            with trio.move_on_after(SEND_TIMEOUT_S):
-                try:
-                    stream = await self._stream(record, fresh)
-                    await write_frame(stream, data)
-                    self.stats["sent"] += 1
-                    self.stats["bytes_sent"] += len(data)
-                    return
-                except Exception as exc:  # no route, reset, refused: all the same here
-                    log.debug("load report to %s failed: %s", record.peer_id, exc)
-            stream = self._outbound.pop(record.peer_id, None)
-            if stream is not None:
-                await _close(stream)
-        self.stats["send_failures"] += 1
-
-    async def _stream(self, record: NodeRecord, fresh: bool) -> Any:
-        stream = None if fresh else self._outbound.get(record.peer_id)
-        if stream is None:
-            await self.connect(record)
-            stream = await self.host.new_stream(ID.from_base58(record.peer_id),
-                                                [LOAD_PROTOCOL])
-            self._outbound[record.peer_id] = stream
-        return stream
+        token = self.signer.token(record.peer_id, "POST", PATH, data)
+        try:
+            answer = await self.client.post(
+                record.http_url.rstrip("/") + PATH, content=data, timeout=SEND_TIMEOUT_S,
+                headers={HOP_HEADER: token, "content-type": "application/json"})
+        except httpx.HTTPError as exc:  # unreachable, reset, timed out: all the same here
+            log.debug("load report to %s failed: %s", record.peer_id, exc)
+            self.stats["send_failures"] += 1
+            return
+        if answer.status_code != 204:
+            log.debug("load report to %s refused: %s %s", record.peer_id,
+                      answer.status_code, answer.text[:200])
+            self.stats["send_failures"] += 1
+            return
+        self.stats["sent"] += 1
+        self.stats["bytes_sent"] += len(data)
 
     # -- receiving -----------------------------------------------------------------
 
-    async def _take(self, stream: Any) -> None:
-        """One sender's stream, for as long as it lasts; one per peer (a newer one
-        replaces the older, which the sender gave up on)."""
-        peer = stream.muxed_conn.peer_id
-        peer_id = peer.to_base58()
-        if not self.admitted(peer):
-            self.stats["refused"] += 1
-            await _close(stream)
-            return
-        older = self._inbound.get(peer_id)
-        self._inbound[peer_id] = stream
-        if older is not None:
-            await _close(older)
+    def take(self, token: str | None, body: bytes) -> None:
+        """One report from another member; raises ``RequestError`` (401/403 not a
+        member's request, 400 malformed, 403 another node's session or not an ingress)."""
+        if not self.receive:
+            raise RequestError(403, "this node is not an ingress: it takes no load reports",
+                               code="not_an_ingress")
         try:
-            while True:
-                data = await read_frame(stream, MAX_REPORT_BYTES)
-                self.stats["bytes_received"] += len(data)
-                report = self._check(peer_id, data)
-                if report is None:
-                    self.stats["refused"] += 1
-                    continue
-                self.stats["received"] += 1
-                self.on_report(*report)
-        except Exception as exc:  # closed, reset or oversized (FrameError): stop reading
-            log.debug("load report stream from %s ended: %s", peer_id, exc)
-        finally:
-            if self._inbound.get(peer_id) is stream:
-                del self._inbound[peer_id]
-            await _close(stream)
-
-    def _check(self, peer_id: str, data: bytes) -> tuple[str, NodeLoad, float] | None:
-        report = decode(data)
+            sender = self.verifier.verify(token, "POST", PATH, body)
+        except HopRefused as refused:
+            self.stats["refused"] += 1
+            raise RequestError(refused.status, refused.message, code=refused.code) from None
+        self.stats["bytes_received"] += len(body)
+        report = decode(body)
         if report is None:
-            return None
+            self.stats["refused"] += 1
+            raise RequestError(400, "a load report is {\"s\": session, \"l\": load, "
+                               "\"t\": ttl seconds} in at most "
+                               f"{MAX_REPORT_BYTES} bytes", code="invalid_load_report")
         record = self.registry().get(report[0])
-        if record is None or record.peer_id != peer_id:
-            return None  # unknown yet, or not the sender's session
-        return report
-
-
-async def _close(stream: Any) -> None:
-    try:
-        await stream.reset()
-    except Exception:
-        log.debug("closing a load report stream failed", exc_info=True)
+        if record is None or record.peer_id != sender:
+            self.stats["refused"] += 1
+            raise RequestError(403, "the report's session is not the sender's (or not "
+                               "known here yet)", code="not_your_session")
+        self.stats["received"] += 1
+        self.on_report(*report)

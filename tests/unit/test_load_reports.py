@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import struct
 from dataclasses import replace
 
-import trio
+import pytest
+from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
+from otela.dataplane.errors import RequestError
+from otela.dataplane.hop_auth import HopSigner, HopVerifier
 from otela.load.reports import (
     MAX_REPORT_BYTES,
+    PATH,
     LoadReports,
     changed,
     decode,
@@ -19,7 +22,7 @@ from otela.load.reports import (
 )
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.routing.load import NodeLoad
-from tests.unit.registry_helpers import new_node, record
+from tests.unit.registry_helpers import record
 
 
 def test_reports_go_to_live_ingresses_only_one_per_peer_never_to_ourselves() -> None:
@@ -56,71 +59,69 @@ def test_the_rate_is_bounded_per_ingress_and_only_changes_are_said() -> None:
     assert changed(NodeLoad(in_flight=1), NodeLoad(in_flight=2))
 
 
-class FakeStream:
-    """A stream's reading end holding what a sender wrote, then EOF."""
-
-    def __init__(self, peer: ID, frames: list[bytes], raw: bytes = b"") -> None:
-        self.data = b"".join(struct.pack(">I", len(f)) + f for f in frames) + raw
-        self.muxed_conn = type("Conn", (), {"peer_id": peer})()
-        self.was_reset = False
-
-    async def read(self, n: int) -> bytes:
-        chunk, self.data = self.data[:n], self.data[n:]
-        return chunk
-
-    async def reset(self) -> None:
-        self.was_reset = True
+class Member:
+    def __init__(self) -> None:
+        keys = create_new_key_pair()
+        self.seed = keys.private_key.to_bytes()
+        self.peer_id = ID.from_pubkey(keys.public_key).to_base58()
 
 
-def receiver(registry: list[NodeRecord], admitted: bool = True
-             ) -> tuple[LoadReports, list[tuple[str, NodeLoad, float]]]:
+def receiver(registry: list[NodeRecord], members: set[str], ingress: Member,
+             receive: bool = True) -> tuple[LoadReports, list[tuple[str, NodeLoad, float]]]:
     taken: list[tuple[str, NodeLoad, float]] = []
-    host = type("Host", (), {"get_id": lambda self: ID.from_base58(new_node().peer_id)})()
     by_session = {r.session_id: r for r in registry}
     view = type("View", (), {"get": lambda self, s: by_session.get(s),
                              "__iter__": lambda self: iter(registry),
                              "__len__": lambda self: len(registry)})()
-
-    async def connect(_: NodeRecord) -> None:
-        raise AssertionError("a receiver sends nothing")
-
-    reports = LoadReports(host, lambda: view, None,  # type: ignore[arg-type]
-                          lambda *r: taken.append(r), session=lambda: "mine",
-                          serving=lambda: False, admitted=lambda _: admitted,
-                          connect=connect, receive=True)
+    reports = LoadReports(
+        lambda: view, None, lambda *r: taken.append(r),  # type: ignore[arg-type]
+        session=lambda: "mine", serving=lambda: False, client=None,  # type: ignore[arg-type]
+        signer=HopSigner(ingress.seed, ingress.peer_id),
+        verifier=HopVerifier(ingress.seed, ingress.peer_id, members.__contains__),
+        receive=receive)
     return reports, taken
 
 
+def refused(reports: LoadReports, token: str | None, body: bytes) -> tuple[int, str | None]:
+    with pytest.raises(RequestError) as err:
+        reports.take(token, body)
+    return err.value.status, err.value.code
+
+
 def test_an_ingress_takes_a_members_reports_about_itself_only() -> None:
-    sender, other = new_node(), new_node()
+    ingress, sender, other, outsider = Member(), Member(), Member(), Member()
     own = record("own", peer_id=sender.peer_id)
     theirs = record("theirs", peer_id=other.peer_id)
-    reports, taken = receiver([own, theirs])
+    members = {ingress.peer_id, sender.peer_id, other.peer_id}
+    reports, taken = receiver([own, theirs], members, ingress)
+    signer = HopSigner(sender.seed, sender.peer_id)
+
+    def signed(body: bytes, path: str = PATH) -> str:
+        return signer.token(ingress.peer_id, "POST", path, body)
+
     load = NodeLoad(in_flight=2)
-    stream = FakeStream(ID.from_base58(sender.peer_id), [
-        encode(own.session_id, load, 6.0),
-        encode(theirs.session_id, NodeLoad(in_flight=9), 6.0),  # another node's load
-        b"garbage",
-        encode(own.session_id, NodeLoad(in_flight=1), 6.0),
-    ])
-    trio.run(reports._take, stream)
-    assert taken == [(own.session_id, load, 6.0), (own.session_id, NodeLoad(in_flight=1), 6.0)]
-    assert reports.stats["received"] == 2 and reports.stats["refused"] == 2
-    assert stream.was_reset and reports.linked_peers() == set()  # forgotten once closed
+    body = encode(own.session_id, load, 6.0)
+    first = signed(body)
+    reports.take(first, body)
+    assert taken == [(own.session_id, load, 6.0)]
+
+    lie = encode(theirs.session_id, NodeLoad(in_flight=9), 6.0)  # another node's load
+    assert refused(reports, signed(lie), lie) == (403, "not_your_session")
+    assert refused(reports, signed(b"garbage"), b"garbage") == (400, "invalid_load_report")
+    assert refused(reports, None, body)[0] == 401  # no token: not a member's request
+    assert refused(reports, first, body)[0] == 401  # a replayed token
+    assert refused(reports, signed(body, "/v1/engine/x"), body)[0] == 401  # for another path
+    stranger = HopSigner(outsider.seed, outsider.peer_id)
+    assert refused(reports, stranger.token(ingress.peer_id, "POST", PATH, body), body) \
+        == (403, "not_a_member")
+    assert taken == [(own.session_id, load, 6.0)]  # nothing refused got through
+    assert reports.stats["received"] == 1 and reports.stats["refused"] == 6
 
 
-def test_an_oversized_frame_or_a_non_member_ends_the_stream() -> None:
-    sender = new_node()
+def test_a_node_that_is_not_an_ingress_takes_no_reports() -> None:
+    node, sender = Member(), Member()
     own = record("own", peer_id=sender.peer_id)
-    reports, taken = receiver([own])
-    huge = FakeStream(ID.from_base58(sender.peer_id), [],
-                      raw=struct.pack(">I", 1 << 30) + b"x" * 64
-                      + struct.pack(">I", 5) + b"after")
-    trio.run(reports._take, huge)
-    assert taken == [] and huge.was_reset
-
-    outsider, _ = receiver([own], admitted=False)
-    stream = FakeStream(ID.from_base58(sender.peer_id),
-                        [encode(own.session_id, NodeLoad(in_flight=2), 6.0)])
-    trio.run(outsider._take, stream)
-    assert outsider.stats["refused"] == 1 and stream.was_reset
+    reports, taken = receiver([own], {node.peer_id, sender.peer_id}, node, receive=False)
+    body = encode(own.session_id, NodeLoad(in_flight=1), 6.0)
+    token = HopSigner(sender.seed, sender.peer_id).token(node.peer_id, "POST", PATH, body)
+    assert refused(reports, token, body) == (403, "not_an_ingress") and taken == []
