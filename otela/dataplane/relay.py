@@ -6,6 +6,13 @@ out at once and every chunk as it comes (an SSE stream event by event, backpress
 the client included): with the upstream's ``Content-Length`` when it gave one, chunked
 otherwise. Bodies are relayed as the bytes received, never re-encoded. A client that goes
 away mid-stream ends the relay, and the reply is closed, which closes its connection.
+
+An upstream that breaks off an event stream (its node or engine died) ends the client's
+stream with an OpenAI-style error event (``data: {"error": {..., "code":
+"upstream_failed"}}``) and a proper end: SSE clients, the official ones included, then
+raise an API error at once, where a connection cut short reads, to many of them, like a
+stream that simply stopped (or a hang until their own timeout). Anything else that breaks
+off is cut short, so its client sees a truncated body, never a complete-looking one.
 """
 
 from __future__ import annotations
@@ -13,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from otela.dataplane import headers as policy
-from otela.dataplane.errors import RequestError, UpstreamFailed, error_json
+from otela.dataplane.errors import RequestError, UpstreamFailed, clip, error_json
 from otela.dataplane.exchange import UsageTap
 from otela.dataplane.headers import Headers
 from otela.dataplane.http import Response
-from otela.dataplane.sse_usage import UsageChunkFilter
+from otela.dataplane.sse_usage import UsageChunkFilter, WholeEvents
 from otela.dataplane.upstream import Reply
 
 
@@ -41,19 +48,27 @@ async def relay(reply: Reply, response: Response, extra: Headers,
         length = reply.content_length
         if length is not None and not rewrite:
             out.append((b"content-length", b"%d" % length))
+        # An event stream we frame ourselves is relayed event by event, so that a break
+        # can be ended with an error event (module docstring).
+        events: WholeEvents | None = hide_usage if rewrite else \
+            WholeEvents() if length is None and _is_event_stream(reply) else None
         await response.start(reply.status, out)
         sent = 0
         buffered = reply.take_buffered()
         if buffered:
-            sent += await _forward(buffered, response, tap, hide_usage if rewrite else None)
+            sent += await _forward(buffered, response, tap, events)
         try:
             async for chunk in reply.chunks():
-                sent += await _forward(chunk, response, tap, hide_usage if rewrite else None)
-        except UpstreamFailed:
-            response.abort()  # the upstream broke off: the client must see it cut short
+                sent += await _forward(chunk, response, tap, events)
+        except UpstreamFailed as failure:
+            if events is not None:
+                await response.write(_stream_error(str(failure), events.at_boundary))
+                await response.end()
+            else:
+                response.abort()  # the client must see the body cut short
             return sent
-        if rewrite and hide_usage is not None:
-            rest = hide_usage.end()
+        if events is not None:
+            rest = events.end()
             if rest:
                 await response.write(rest)
                 sent += len(rest)
@@ -65,12 +80,28 @@ async def relay(reply: Reply, response: Response, extra: Headers,
         await reply.aclose()
 
 
+_EVENT_END = b"\n\n"
+
+
+def _is_event_stream(reply: Reply) -> bool:
+    content_type = policy.value(reply.headers, b"content-type") or b""
+    return content_type.split(b";", 1)[0].strip().lower() == b"text/event-stream"
+
+
+def _stream_error(reason: str, at_boundary: bool) -> bytes:
+    """The event that ends a broken stream; after a partial event (only when the stream
+    was not made of events we could find), a blank line first, so that this one parses."""
+    message = f"the serving node broke off the stream: {clip(reason)}"
+    event = b"data: " + error_json(502, message, "upstream_failed") + _EVENT_END
+    return event if at_boundary else _EVENT_END + event
+
+
 async def _forward(chunk: bytes, response: Response, tap: UsageTap | None,
-                   hide_usage: UsageChunkFilter | None) -> int:
+                   events: WholeEvents | None) -> int:
     if tap is not None:
         tap.chunk(chunk)
-    if hide_usage is not None:
-        chunk = hide_usage.feed(chunk)
+    if events is not None:
+        chunk = events.feed(chunk)
         if not chunk:
             return 0
     await response.write(chunk)

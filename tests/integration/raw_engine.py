@@ -3,7 +3,9 @@
 ``python -m tests.integration.raw_engine --port P`` serves model ``raw``. ``POST`` bodies
 pick what comes back by their ``case`` field: ``echo`` (the request body, byte for byte,
 and the request's path and ids in headers), ``sse`` (``SSE``: comments, a usage chunk, a
-multi-byte character split across writes, ``[DONE]``), ``big`` (``BIG_SIZE`` bytes of
+multi-byte character split across writes, ``[DONE]``), ``sse-cut`` (the first
+``SSE_CUT_AFTER`` parts of it, then the connection is dropped, as by an engine that died;
+``sse-cut-mid`` drops it in the middle of an event), ``big`` (``BIG_SIZE`` bytes of
 JSON). It is the byte-exactness oracle: tests compare what went through otela with it.
 """
 
@@ -30,6 +32,7 @@ SSE_PARTS = [
     b"data: [DONE]\n\n",
 ]
 SSE = b"".join(SSE_PARTS)
+SSE_CUT_AFTER = 2  # whole parts sent before ``sse-cut`` drops the connection
 
 
 def big_body() -> bytes:
@@ -56,6 +59,13 @@ async def handle(request: Request, response: Response) -> None:
             await response.write(part)
             await trio.sleep(0.01)
         await response.end()
+    elif case in ("sse-cut", "sse-cut-mid"):
+        parts = SSE_PARTS[: SSE_CUT_AFTER + (case == "sse-cut-mid")]
+        await response.start(200, [(b"content-type", b"text/event-stream"), *seen])
+        for part in parts:
+            await response.write(part)
+            await trio.sleep(0.01)
+        response.abort()
     elif case == "big":
         await response.send(200, [(b"content-type", b"application/json"), *seen], big_body())
     else:

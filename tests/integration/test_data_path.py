@@ -14,13 +14,14 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from otela.localfed import LocalFederation, LocalNode, free_port, wait_for
 
 from .helpers import wait_state
-from .raw_engine import SSE, big_body
+from .raw_engine import SSE, SSE_CUT_AFTER, SSE_PARTS, big_body
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +68,33 @@ def test_a_stream_arrives_byte_for_byte_comments_usage_and_done_included(fed, vi
         assert response.headers["content-type"] == "text/event-stream"
         received = b"".join(response.iter_raw())
     assert received == SSE
+
+
+@pytest.mark.parametrize("case", ["sse-cut", "sse-cut-mid"])
+@pytest.mark.parametrize("via", PATHS)
+def test_a_stream_the_engine_breaks_off_ends_with_an_error_event(fed, via, case):
+    body = json.dumps({"model": "raw", "case": case, "stream": True}).encode()
+    with httpx.stream("POST", f"{fed[via].http_url}/v1/chat/completions", content=body,
+                      timeout=30, trust_env=False) as response:
+        assert response.status_code == 200
+        received = b"".join(response.iter_raw())  # ends properly: no protocol error
+    sent = b"".join(SSE_PARTS[:SSE_CUT_AFTER])
+    assert received.startswith(sent)
+    # Whole events only: half an event the engine left behind is never relayed.
+    events = [e for e in received[len(sent):].split(b"\n\n") if e.strip()]
+    assert len(events) == 1 and events[0].startswith(b"data: "), received
+    error = json.loads(events[0][len(b"data: "):])["error"]
+    assert error["code"] == "upstream_failed" and error["type"] == "upstream_error"
+    assert "broke off" in error["message"]
+    assert b"[DONE]" not in received  # never a complete-looking stream
+
+    # The official client raises at once instead of reading a stream that just stopped.
+    client = openai.OpenAI(base_url=f"{fed[via].http_url}/v1", api_key="-", max_retries=0)
+    with pytest.raises(openai.APIError, match="broke off"):
+        for _ in client.chat.completions.create(
+                model="raw", messages=[{"role": "user", "content": "x"}], stream=True,
+                extra_body={"case": case}):
+            pass
 
 
 @pytest.mark.parametrize("via", PATHS)
