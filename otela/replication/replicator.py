@@ -150,6 +150,11 @@ class Replicator:
             except (WireError, Rejected) as exc:
                 self.stats[f"{source}_rejected"] += 1
                 log.debug("rejected %s envelope: %s", source, exc)
+            except Exception as exc:  # a parsing case verify missed: drop it, never crash
+                self.stats[f"{source}_rejected"] += 1
+                self.stats["unexpected_rejections"] += 1
+                log.debug("rejected %s envelope (unexpected %s): %s", source,
+                          type(exc).__name__, exc)
         self.stats[f"{source}_applied"] += changed
         return changed
 
