@@ -34,6 +34,7 @@ from otela.dataplane.p2p_frames import (
 )
 from otela.dataplane.pool import HttpPool
 from otela.dataplane.upstream import engine_address
+from otela.mesh.quota import HTTP_STREAMS, set_capped_handler
 
 log = logging.getLogger("otela.dataplane")
 
@@ -81,7 +82,7 @@ class EngineStreamServer:
         self.refused = 0
 
     def install(self, host: Any) -> None:
-        host.set_stream_handler(HTTP_PROTOCOL, self.handle)
+        set_capped_handler(host, HTTP_PROTOCOL, self.handle, HTTP_STREAMS)
 
     async def handle(self, stream: Any) -> None:
         conn = _Connection(stream)

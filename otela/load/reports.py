@@ -42,6 +42,7 @@ from libp2p.peer.id import ID
 
 from otela.load.source import LoadSource
 from otela.mesh.framing import read_frame, write_frame
+from otela.mesh.quota import SMALL_STREAMS, set_capped_handler
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.store import Registry
 from otela.routing.load import NodeLoad, parse_load
@@ -129,7 +130,7 @@ class LoadReports:
 
     def install(self) -> None:
         if self.receive:
-            self.host.set_stream_handler(LOAD_PROTOCOL, self._take)
+            set_capped_handler(self.host, LOAD_PROTOCOL, self._take, SMALL_STREAMS)
 
     def linked_peers(self) -> set[str]:
         """Peers at the other end of a report stream: peering must not trim them (an
