@@ -94,6 +94,18 @@ def header_pairs(value: Any) -> list[tuple[bytes, bytes]]:
     return pairs
 
 
+def request_path(value: Any) -> str:
+    """A REQUEST frame's path, without spaces or control characters (``FrameError``
+    otherwise). Over HTTP the parser guarantees it; over libp2p a member could send
+    ``/v1/x HTTP/1.1\\r\\n...`` and write a request line and headers of its own to the
+    engine. Non-ASCII passes as over HTTP (UTF-8 bytes, never a line break)."""
+    if not isinstance(value, str) or not value.startswith("/") or len(value) > 8192:
+        raise FrameError("path must be a string starting with '/'")
+    if any(c <= " " or c == "\x7f" for c in value):
+        raise FrameError("path holds spaces or control characters")
+    return value
+
+
 class FrameReader:
     """Reads whole frames from a libp2p stream (whose ``read`` raises ``StreamEOF`` at end)."""
 

@@ -31,6 +31,7 @@ from otela.dataplane.p2p_frames import (
     Kind,
     header_pairs,
     packed,
+    request_path,
 )
 from otela.dataplane.pool import HttpPool
 from otela.dataplane.upstream import engine_address
@@ -121,7 +122,7 @@ class EngineStreamServer:
     async def _exchange(self, conn: _Connection, rid: int, frame: Frame) -> None:
         try:
             fields = frame.fields()
-            path = str(fields["path"])
+            path = request_path(fields.get("path"))
             body = fields.get("body", b"")
             incoming = header_pairs(fields.get("headers", ()))
             if not isinstance(body, bytes):

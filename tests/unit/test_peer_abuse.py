@@ -17,7 +17,15 @@ from libp2p.peer.id import ID
 
 from otela.dataplane.errors import NotDelivered, UpstreamFailed
 from otela.dataplane.p2p_client import EngineStreamClient, response_head
-from otela.dataplane.p2p_frames import Frame, FrameError, FrameReader, Kind, header_pairs, packed
+from otela.dataplane.p2p_frames import (
+    Frame,
+    FrameError,
+    FrameReader,
+    Kind,
+    header_pairs,
+    packed,
+    request_path,
+)
 from otela.liveness.channels import MAX_IN_FLIGHT_PER_STREAM, Channels
 from otela.membership.admission import MAX_REFUSALS, Admission
 from otela.mesh.framing import read_frame, write_frame
@@ -162,6 +170,16 @@ def test_a_swim_stream_has_at_most_64_requests_in_flight():
 def test_header_names_and_values_that_could_inject_lines_are_refused(pair):
     with pytest.raises(FrameError):
         header_pairs([pair])
+
+
+@pytest.mark.parametrize("path", [
+    "/v1/chat/completions HTTP/1.1\r\nx-injected: 1\r\n\r\nGET /v1/models", "/v1/a b",
+    "/v1/x\n", "/v1/\x00", "/v1/\x7f", "v1/x", "", 7, None, b"/v1/x", "/" + "a" * 9000,
+])
+def test_request_paths_that_could_inject_a_request_line_are_refused(path):
+    with pytest.raises(FrameError):
+        request_path(path)
+    assert request_path("/v1/chat/completions?x=%0D%0A") == "/v1/chat/completions?x=%0D%0A"
 
 
 def test_ordinary_headers_pass_as_bytes_lowercased():
