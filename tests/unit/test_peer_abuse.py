@@ -270,3 +270,67 @@ def test_refused_peers_are_bounded_and_their_warnings_budgeted(caplog):
             admission._refuse(peer_id(), "admission handshake failed: junk")
     assert len(admission.refusals) == MAX_REFUSALS
     assert len(caplog.records) <= 25
+
+
+# -- /otela/http/2: requests in flight on one stream --------------------------------------
+
+
+class StuckPool:
+    """An engine that never answers: every request stays in flight."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    async def request(self, *args: Any) -> Any:
+        self.requests += 1
+        await trio.sleep_forever()
+
+
+class Load:
+    def start(self) -> None: ...
+
+    def end(self) -> None: ...
+
+    def header(self) -> bytes:
+        return b"in_flight=0"
+
+
+def test_one_engine_stream_holds_at_most_1024_requests_and_no_duplicate_ids():
+    """Every REQUEST frame started a task (and an engine request), without bound; a second
+    request under an id in flight replaced the first one's cancel scope."""
+    from otela.dataplane.gate import EngineGate
+    from otela.dataplane.inflight import Inflight
+    from otela.dataplane.p2p_server import MAX_IN_FLIGHT_PER_STREAM, EngineStreamServer
+
+    pool = StuckPool()
+    server = EngineStreamServer(
+        EngineGate(lambda: "http://127.0.0.1:9", lambda: {"m"}, 1 << 20), pool,  # type: ignore[arg-type]
+        Inflight(), lambda _peer: True, 60.0, Load())
+    body = b'{"model": "m"}'
+    sent = MAX_IN_FLIGHT_PER_STREAM + 100
+
+    async def main() -> list[tuple[int, int]]:
+        theirs, ours = stream_pair(peer_id(), peer_id())
+        refusals: list[tuple[int, int]] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.handle, ours)
+            frames = [packed(rid, Kind.REQUEST, {"path": "/v1/chat/completions", "body": body,
+                                                 "headers": []}).encode()
+                      for rid in (*range(1, sent + 1), 5)]
+            nursery.start_soon(theirs.write, b"".join(frames))
+            reader = FrameReader(theirs)
+            with trio.move_on_after(5):
+                while len(refusals) < sent - MAX_IN_FLIGHT_PER_STREAM + 1:
+                    frame = await reader.next()
+                    assert frame is not None and frame.kind is Kind.ERROR
+                    fields = frame.fields()
+                    assert fields["not_delivered"] is True
+                    refusals.append((frame.request_id, fields["status"]))
+            await trio.testing.wait_all_tasks_blocked()
+            assert pool.requests == MAX_IN_FLIGHT_PER_STREAM
+            nursery.cancel_scope.cancel()
+        return refusals
+
+    refusals = trio.run(main)
+    assert sorted(refusals) == sorted(
+        [(rid, 503) for rid in range(MAX_IN_FLIGHT_PER_STREAM + 1, sent + 1)] + [(5, 400)])
