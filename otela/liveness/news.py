@@ -36,7 +36,8 @@ ALIVE_DOMAIN = b"otela/liveness/alive/v1\0"
 # A suspect refutes by announcing its incarnation + 1, and every message carries
 # incarnations as msgpack integers (at most 2**64 - 1): news of an incarnation at or past
 # 2**63 from a misbehaving member would push ours past what we can encode, and every
-# probe and ack after it would fail.
+# probe and ack after it would fail. Suspicions stop one below, so that the refutation of
+# any suspicion we accept is itself accepted.
 MAX_INCARNATION = 2**63 - 1
 MAX_NEWS_ITEMS = 256  # per message: honest piggybacking sends a few dozen at most
 
@@ -139,10 +140,11 @@ class News:
         """Merge one piece of news; ``published``: it came on the liveness topic."""
         try:
             peer_id, status, incarnation, proof, by = item
-            if not isinstance(incarnation, int) or not 0 <= incarnation <= MAX_INCARNATION:
-                return  # inf, nan, strings and out-of-range numbers alike
             update = Update(str(peer_id), Status(status), incarnation, proof,
                             str(by) if by else None)
+            limit = MAX_INCARNATION - (update.status is not Status.ALIVE)
+            if not isinstance(incarnation, int) or not 0 <= incarnation <= limit:
+                return  # inf, nan, strings and out-of-range numbers alike
         except (TypeError, ValueError):
             return
         if published and update.status is Status.SUSPECT:
