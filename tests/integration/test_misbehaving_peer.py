@@ -130,6 +130,9 @@ def test_a_misbehaving_member_crashes_blocks_and_corrupts_nothing(federation: Lo
         assert response.json()["choices"][0]["message"]["content"] == f"echo: after {i}"
     statuses = [chat(boot, BAD_MODEL, f"bad {i}").status_code for i in range(5)]
     assert 500 not in statuses and 502 in statuses, statuses
+    # Its junk load reports (7 a round) were refused by the ingress, not taken.
+    reports = boot.get("/v1/network")["routing"]["load_reports"]
+    assert reports["refused"] >= 7 * ROUNDS, reports
     assert not traceback_in(boot.log_path), traceback_in(boot.log_path)
     wait_state(boot, honest, "SERVING")
     print(f"misbehaving member scenario: {time.monotonic() - started:.1f} s")
