@@ -18,7 +18,8 @@ then for ``--rounds`` rounds sends, to every connected peer:
   client, requests with CR/LF in header names and values and in the path, a body that is
   not bytes, 60 streams at once;
 - ``/otela/load/1`` (to ingress nodes): garbage, nan, another node's session, oversized
-  frames, 20 streams at once.
+  frames, 20 streams at once;
+- GossipSub's own protocol (``/meshsub/1.1.0``): bytes that are not an RPC.
 
 It also re-announces its own record as reachable only over libp2p and answers every
 request routed to it over ``/otela/http/2`` with a malformed head or error frame (the
@@ -61,6 +62,7 @@ from otela.replication.replicator import AE_PROTOCOL, REGISTRY_TOPIC
 from .forger import _start_flags
 
 ROUND = "abuse: round done"
+MESHSUB = TProtocol("/meshsub/1.1.0")
 OPEN_S, HOLD_S = 2.0, 1.0  # floods: time to open every stream, then to be reset
 INF, NAN = float("inf"), float("nan")
 TOO_BIG = 2**64 - 1
@@ -284,6 +286,14 @@ async def http_junk(node: Node, peer: ID, model: str) -> None:
         await on_stream(node, peer, HTTP_PROTOCOL, sends(frame), 2.0)
 
 
+async def pubsub_junk(node: Node, peer: ID) -> None:
+    """Raw junk on the GossipSub protocol itself (a second stream beside the library's
+    own): a varint length of 2**35, and bytes that are not a protobuf RPC."""
+    for frame in (b"\xff\xff\xff\xff\x7f", b"\x10" + b"\xff" * 16,
+                  b"\x05\x0a\x03\x0a\x01\xff"):
+        await on_stream(node, peer, MESHSUB, sends(frame), 2.0)
+
+
 async def load_junk(node: Node, peer: ID, other_session: str) -> None:
     own = node.replica.record
     assert own is not None
@@ -355,6 +365,7 @@ async def abuse_streams(node: Node, peer: ID, nobody: str, model: str) -> None:
     await anti_entropy_junk(node, peer)
     await swim_junk(node, peer, nobody)
     await http_junk(node, peer, model)
+    await pubsub_junk(node, peer)
     if ingress is not None:
         others = [s for s in honest_sessions(node) if s != ingress.session_id] or ["x"]
         await load_junk(node, peer, others[0])
