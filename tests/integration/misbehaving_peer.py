@@ -19,7 +19,9 @@ then for ``--rounds`` rounds sends, to every connected peer:
   not bytes, 60 streams at once;
 - ``/otela/load/1`` (to ingress nodes): garbage, nan, another node's session, oversized
   frames, 20 streams at once;
-- GossipSub's own protocol (``/meshsub/1.1.0``): bytes that are not an RPC.
+- the protocols py-libp2p serves (GossipSub's ``/meshsub/1.1.0``, identify push, relay
+  STOP, DCUtR) and otela's dial-back: bytes that are not what they expect; 40 ping
+  streams at once.
 
 It also re-announces its own record as reachable only over libp2p and answers every
 request routed to it over ``/otela/http/2`` with a malformed head or error frame (the
@@ -62,7 +64,9 @@ from otela.replication.replicator import AE_PROTOCOL, REGISTRY_TOPIC
 from .forger import _start_flags
 
 ROUND = "abuse: round done"
-MESHSUB = TProtocol("/meshsub/1.1.0")
+LIBP2P_PROTOCOLS = [TProtocol(p) for p in (
+    "/meshsub/1.1.0", "/ipfs/id/push/1.0.0", "/libp2p/circuit/relay/0.2.0/stop",
+    "/libp2p/dcutr", "/otela/dialback/1")]
 OPEN_S, HOLD_S = 2.0, 1.0  # floods: time to open every stream, then to be reset
 INF, NAN = float("inf"), float("nan")
 TOO_BIG = 2**64 - 1
@@ -239,7 +243,7 @@ async def swim_junk(node: Node, peer: ID, target: str) -> None:
         nonlocal replies
         for i in range(500):
             await write_frame(stream, msgpack.packb({"k": "req", "target": target, "i": i}))
-        while True:
+        while replies < 500:
             await read_frame(stream)
             replies += 1
 
@@ -286,12 +290,16 @@ async def http_junk(node: Node, peer: ID, model: str) -> None:
         await on_stream(node, peer, HTTP_PROTOCOL, sends(frame), 2.0)
 
 
-async def pubsub_junk(node: Node, peer: ID) -> None:
-    """Raw junk on the GossipSub protocol itself (a second stream beside the library's
-    own): a varint length of 2**35, and bytes that are not a protobuf RPC."""
-    for frame in (b"\xff\xff\xff\xff\x7f", b"\x10" + b"\xff" * 16,
-                  b"\x05\x0a\x03\x0a\x01\xff"):
-        await on_stream(node, peer, MESHSUB, sends(frame), 2.0)
+async def libp2p_junk(node: Node, peer: ID) -> None:
+    """Raw junk on the protocols py-libp2p serves for otela: GossipSub itself (a second
+    stream beside the library's own), identify push, circuit relay STOP, DCUtR and otela's
+    dial-back: a varint length of 2**35, and bytes that are not the protobuf or JSON
+    expected."""
+    async with trio.open_nursery() as nursery:
+        for protocol in LIBP2P_PROTOCOLS:
+            for frame in (b"\xff\xff\xff\xff\x7f", b"\x10" + b"\xff" * 16,
+                          b"\x05\x0a\x03\x0a\x01\xff"):
+                nursery.start_soon(on_stream, node, peer, protocol, sends(frame), 2.0)
 
 
 async def load_junk(node: Node, peer: ID, other_session: str) -> None:
@@ -362,14 +370,16 @@ async def abuse_streams(node: Node, peer: ID, nobody: str, model: str) -> None:
     """Junk on every protocol ``peer`` serves, then floods of each at once."""
     ingress = next((r for r in node.registry
                     if r.ingress and r.peer_id == peer.to_base58()), None)
-    await anti_entropy_junk(node, peer)
-    await swim_junk(node, peer, nobody)
-    await http_junk(node, peer, model)
-    await pubsub_junk(node, peer)
-    if ingress is not None:
-        others = [s for s in honest_sessions(node) if s != ingress.session_id] or ["x"]
-        await load_junk(node, peer, others[0])
-    counts = {str(SWIM_PROTOCOL): 40, str(HTTP_PROTOCOL): 60, str(AE_PROTOCOL): 40}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(anti_entropy_junk, node, peer)
+        nursery.start_soon(swim_junk, node, peer, nobody)
+        nursery.start_soon(http_junk, node, peer, model)
+        nursery.start_soon(libp2p_junk, node, peer)
+        if ingress is not None:
+            others = [s for s in honest_sessions(node) if s != ingress.session_id] or ["x"]
+            nursery.start_soon(load_junk, node, peer, others[0])
+    counts = {str(SWIM_PROTOCOL): 40, str(HTTP_PROTOCOL): 60, str(AE_PROTOCOL): 40,
+              "/ipfs/ping/1.0.0": 40}
     if ingress is not None:
         counts[str(LOAD_PROTOCOL)] = 20
     floods: dict[str, int] = {}

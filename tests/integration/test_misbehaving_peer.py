@@ -121,7 +121,8 @@ def test_a_misbehaving_member_crashes_blocks_and_corrupts_nothing(federation: Lo
     for flood in floods:
         assert set(flood) >= {"/otela/swim/2.0.0", "/otela/http/2"}, flood
         for protocol, kept in flood.items():
-            assert kept <= CAPS[protocol], flood
+            if protocol in CAPS:  # ping is py-libp2p's own: served, not capped
+                assert kept <= CAPS[protocol], flood
 
     # The ingress still serves the honest model, and the member's malformed answers to the
     # requests routed to it are upstream failures (502), never a 500.
