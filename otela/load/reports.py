@@ -126,7 +126,8 @@ class LoadReports:
                       "refused": 0, "bytes_sent": 0, "bytes_received": 0}
         self._own_peer_id = host.get_id().to_base58()
         self._outbound: dict[str, Any] = {}  # ingress peer id -> our open report stream
-        self._inbound: dict[str, Any] = {}  # reporting peer id -> its open stream
+        # reporting peer id -> its open stream, and the scope its reader runs in
+        self._inbound: dict[str, tuple[Any, trio.CancelScope]] = {}
 
     def install(self) -> None:
         if self.receive:
@@ -211,25 +212,34 @@ class LoadReports:
             await _close(stream)
             return
         older = self._inbound.get(peer_id)
-        self._inbound[peer_id] = stream
+        scope = trio.CancelScope()
+        self._inbound[peer_id] = (stream, scope)
         if older is not None:
-            await _close(older)
+            # Resetting the older stream did not wake its reader, which then held its task
+            # (and a slot of the peer's stream quota) until the connection closed: after a
+            # few replacements an honest sender could no longer report at all.
+            older[1].cancel()
+            await _close(older[0])
         try:
-            while True:
-                data = await read_frame(stream, MAX_REPORT_BYTES)
-                self.stats["bytes_received"] += len(data)
-                report = self._check(peer_id, data)
-                if report is None:
-                    self.stats["refused"] += 1
-                    continue
-                self.stats["received"] += 1
-                self.on_report(*report)
+            with scope:
+                await self._read(peer_id, stream)
         except Exception as exc:  # closed, reset or oversized (FrameError): stop reading
             log.debug("load report stream from %s ended: %s", peer_id, exc)
         finally:
-            if self._inbound.get(peer_id) is stream:
+            if self._inbound.get(peer_id, (None,))[0] is stream:
                 del self._inbound[peer_id]
             await _close(stream)
+
+    async def _read(self, peer_id: str, stream: Any) -> None:
+        while True:
+            data = await read_frame(stream, MAX_REPORT_BYTES)
+            self.stats["bytes_received"] += len(data)
+            report = self._check(peer_id, data)
+            if report is None:
+                self.stats["refused"] += 1
+                continue
+            self.stats["received"] += 1
+            self.on_report(*report)
 
     def _check(self, peer_id: str, data: bytes) -> tuple[str, NodeLoad, float] | None:
         report = decode(data)

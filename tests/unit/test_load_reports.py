@@ -6,6 +6,7 @@ import struct
 from dataclasses import replace
 
 import trio
+import trio.testing
 from libp2p.peer.id import ID
 
 from otela.load.reports import (
@@ -124,3 +125,38 @@ def test_an_oversized_frame_or_a_non_member_ends_the_stream() -> None:
                         [encode(own.session_id, NodeLoad(in_flight=2), 6.0)])
     trio.run(outsider._take, stream)
     assert outsider.stats["refused"] == 1 and stream.was_reset
+
+
+class StuckStream(FakeStream):
+    """A stream whose pending read is not woken by resetting it (as with Yamux here)."""
+
+    async def read(self, n: int) -> bytes:
+        await trio.sleep_forever()
+        return b""
+
+
+def test_a_newer_stream_from_a_sender_ends_the_older_ones_reader() -> None:
+    """Resetting the older stream left its reader waiting for ever: a task and a slot of
+    the sender's stream quota each, so after a few replacements its reports were refused."""
+    sender = new_node()
+    reports, _ = receiver([record("own", peer_id=sender.peer_id)])
+    peer = ID.from_base58(sender.peer_id)
+    streams = [StuckStream(peer, []) for _ in range(5)]
+
+    ended: list[int] = []
+
+    async def take(i: int) -> None:
+        await reports._take(streams[i])
+        ended.append(i)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for i in range(len(streams)):
+                nursery.start_soon(take, i)
+                await trio.testing.wait_all_tasks_blocked()
+            assert sorted(ended) == [0, 1, 2, 3]  # the newest still reads
+            assert [s.was_reset for s in streams] == [True] * 4 + [False]
+            assert len(reports.linked_peers()) == 1
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
