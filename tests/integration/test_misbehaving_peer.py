@@ -104,6 +104,8 @@ def test_a_misbehaving_member_crashes_blocks_and_corrupts_nothing(federation: Lo
         for protocol, cap in CAPS.items():
             if protocol in streams:
                 assert streams[protocol]["open"] <= cap * 2, (node.name, protocol, streams)
+        if node is boot:  # one report stream from each serving node, none left behind
+            assert streams["/otela/load/1"]["open"] <= 2, streams
         assert len(health["refused_peers"]) == 0  # an open federation refuses nobody
         memory[node.name] = rss(node) - memory[node.name]
         assert memory[node.name] < MAX_RSS_GROWTH, node.name
