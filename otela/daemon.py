@@ -73,6 +73,7 @@ from otela.mesh.host import build_host
 from otela.mesh.nat import NatTraversal, known_relays
 from otela.mesh.netlog import NetLog
 from otela.mesh.peering import Peering
+from otela.mesh.quota import quotas_of
 from otela.metrics import Registry as MetricsRegistry
 from otela.netreport import network_report
 from otela.registry.crdt import GCPolicy
@@ -323,6 +324,7 @@ class Node:
                                0.99, self.lag.label)),
                            **self.slow_steps.report()},
             "hop_refusals": self.hop_refusals(),
+            "inbound_streams": quotas_of(self.mesh.host).report(),
             "ingress_service": None if self.ingress_service is None
             else self.ingress_service.report(),
             "refused_peers": {

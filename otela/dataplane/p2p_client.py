@@ -81,7 +81,7 @@ class P2PResponse:
                     self._done = True
                     return
                 elif frame.kind is Kind.ERROR:
-                    raise UpstreamFailed(str(frame.fields().get("message")))
+                    raise UpstreamFailed(_error_message(frame))
             raise UpstreamFailed("the libp2p stream closed before the response ended")
         finally:
             await self.aclose()
@@ -217,17 +217,14 @@ class EngineStreamClient:
             channel.forget(rid)
             raise UpstreamFailed("the libp2p stream closed before the response began")
         if first.kind is Kind.ERROR:
-            fields = first.fields()
             channel.forget(rid)
-            message = f"peer {record.peer_id}: {fields.get('message')}"
-            if fields.get("not_delivered"):
+            message = f"peer {record.peer_id}: {_error_message(first)}"
+            if _not_delivered(first):
                 raise NotDelivered(message)
             raise UpstreamFailed(message)
-        head = first.fields()
         try:
-            status = int(head["status"])
-            out = header_pairs(head.get("headers", ()))
-        except (KeyError, TypeError, ValueError, FrameError) as exc:
+            status, out = response_head(first)
+        except FrameError as exc:  # a serving node's garbage is its failure: a 502
             channel.forget(rid)
             raise UpstreamFailed(f"peer {record.peer_id}: bad response head: {exc}") from exc
         return P2PResponse(status, out, frames, channel, rid)
@@ -272,6 +269,32 @@ class EngineStreamClient:
     def stats(self) -> dict[str, Any]:
         return {peer: {"in_flight": len(c.pending), "broken": c.broken}
                 for peer, c in self._channels.items()}
+
+
+def response_head(frame: Frame) -> tuple[int, Headers]:
+    """A HEAD frame's status and headers; ``FrameError`` for anything a well-behaved
+    server would not send (a status outside 100-599 included: our HTTP server would have
+    to write it)."""
+    head = frame.fields()
+    status = head.get("status")
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise FrameError(f"bad status {str(status)[:32]!r}")
+    return status, header_pairs(head.get("headers", ()))
+
+
+def _error_message(frame: Frame) -> str:
+    """An ERROR frame's message, clipped; a malformed one says so (never raises)."""
+    try:
+        return str(frame.fields().get("message"))[:512]
+    except FrameError as exc:
+        return f"malformed error frame: {exc}"
+
+
+def _not_delivered(frame: Frame) -> bool:
+    try:
+        return frame.fields().get("not_delivered") is True
+    except FrameError:
+        return False  # we cannot tell: it may have run, so it must not run again
 
 
 async def _close(stream: Any) -> None:

@@ -66,8 +66,18 @@ def packed(request_id: int, kind: Kind, fields: dict[str, Any]) -> Frame:
     return Frame(request_id, kind, msgpack.packb(fields, use_bin_type=True))
 
 
+# RFC 9110 token characters: what a header name may hold. Anything else (CR, LF, ':',
+# spaces, NUL) would let the sender write its own header lines, or a second request,
+# into the HTTP/1.1 that the receiving node writes to its engine or to its client.
+_TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789"
+                   b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_FORBIDDEN_IN_VALUES = (b"\r", b"\n", b"\0")
+
+
 def header_pairs(value: Any) -> list[tuple[bytes, bytes]]:
-    """Headers from a frame: a list of [name, value] byte pairs; ``FrameError`` otherwise."""
+    """Headers from a frame: a list of [name, value] byte pairs; ``FrameError`` otherwise,
+    also for names that are not tokens and values holding CR, LF or NUL (header
+    injection). Other bytes in values (non-ASCII included) pass as they are."""
     if not isinstance(value, list | tuple):
         raise FrameError("headers must be a list of pairs")
     pairs = []
@@ -75,8 +85,25 @@ def header_pairs(value: Any) -> list[tuple[bytes, bytes]]:
         if (not isinstance(item, list | tuple) or len(item) != 2
                 or not all(isinstance(x, bytes) for x in item)):
             raise FrameError("headers must be [name, value] byte pairs")
-        pairs.append((item[0].lower(), item[1]))
+        name, text = item
+        if not name or not _TOKEN.issuperset(name):
+            raise FrameError(f"invalid header name {name[:64]!r}")
+        if any(c in text for c in _FORBIDDEN_IN_VALUES):
+            raise FrameError(f"header {name[:64]!r} has CR, LF or NUL in its value")
+        pairs.append((name.lower(), text))
     return pairs
+
+
+def request_path(value: Any) -> str:
+    """A REQUEST frame's path, without spaces or control characters (``FrameError``
+    otherwise). Over HTTP the parser guarantees it; over libp2p a member could send
+    ``/v1/x HTTP/1.1\\r\\n...`` and write a request line and headers of its own to the
+    engine. Non-ASCII passes as over HTTP (UTF-8 bytes, never a line break)."""
+    if not isinstance(value, str) or not value.startswith("/") or len(value) > 8192:
+        raise FrameError("path must be a string starting with '/'")
+    if any(c <= " " or c == "\x7f" for c in value):
+        raise FrameError("path holds spaces or control characters")
+    return value
 
 
 class FrameReader:

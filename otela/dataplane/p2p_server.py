@@ -31,11 +31,19 @@ from otela.dataplane.p2p_frames import (
     Kind,
     header_pairs,
     packed,
+    request_path,
 )
 from otela.dataplane.pool import HttpPool
 from otela.dataplane.upstream import engine_address
+from otela.mesh.quota import HTTP_STREAMS, set_capped_handler
 
 log = logging.getLogger("otela.dataplane")
+
+# Requests one stream may have in flight. An ingress sends all its requests to this node on
+# one stream, so this is far above any honest concurrency (the engine's own batch); it
+# bounds what a misbehaving member can make us hold (a task, buffers, an engine
+# connection each). Beyond it: 503, not delivered, so an ingress tries another node.
+MAX_IN_FLIGHT_PER_STREAM = 1024
 
 
 class LoadCounter(Protocol):
@@ -81,7 +89,7 @@ class EngineStreamServer:
         self.refused = 0
 
     def install(self, host: Any) -> None:
-        host.set_stream_handler(HTTP_PROTOCOL, self.handle)
+        set_capped_handler(host, HTTP_PROTOCOL, self.handle, HTTP_STREAMS)
 
     async def handle(self, stream: Any) -> None:
         conn = _Connection(stream)
@@ -90,6 +98,10 @@ class EngineStreamServer:
             async with trio.open_nursery() as nursery:
                 while (frame := await reader.next()) is not None:
                     if frame.kind is Kind.REQUEST:
+                        refusal = _admit(conn, frame.request_id)
+                        if refusal is not None:
+                            await conn.send(refusal)
+                            continue
                         scope = trio.CancelScope()
                         conn.scopes[frame.request_id] = scope
                         nursery.start_soon(self._serve, conn, frame, scope)
@@ -120,7 +132,7 @@ class EngineStreamServer:
     async def _exchange(self, conn: _Connection, rid: int, frame: Frame) -> None:
         try:
             fields = frame.fields()
-            path = str(fields["path"])
+            path = request_path(fields.get("path"))
             body = fields.get("body", b"")
             incoming = header_pairs(fields.get("headers", ()))
             if not isinstance(body, bytes):
@@ -173,6 +185,16 @@ class EngineStreamServer:
         finally:
             await reply.aclose()
         await conn.send(Frame(rid, Kind.END))
+
+
+def _admit(conn: _Connection, rid: int) -> Frame | None:
+    """Why a new request cannot start on ``conn`` (an ERROR frame), or ``None``."""
+    if rid in conn.scopes:  # its CANCEL and its answers could not be told apart
+        return _error(rid, "a request with this id is already in flight", False, 400)
+    if len(conn.scopes) >= MAX_IN_FLIGHT_PER_STREAM:
+        return _error(rid, f"more than {MAX_IN_FLIGHT_PER_STREAM} requests in flight on "
+                      "this stream", False, 503)
+    return None
 
 
 def _error(rid: int, message: str, delivered: bool, status: int) -> Frame:

@@ -29,6 +29,11 @@ from otela.mesh.framing import read_frame, write_frame
 log = logging.getLogger("otela.liveness")
 
 MAX_MESSAGE_BYTES = 64 * 1024
+# Requests one inbound stream may have in flight: an honest prober has a handful (a ping
+# and a few indirect probes); a misbehaving peer writing thousands of ``req`` frames would
+# otherwise start a task (and a probe of a third peer) for each. Beyond it, requests are
+# dropped unanswered, as a lost packet would be.
+MAX_IN_FLIGHT_PER_STREAM = 64
 
 Pack = Callable[[dict[str, Any]], bytes]
 Unpack = Callable[[str, bytes], dict[str, Any]]
@@ -56,7 +61,7 @@ class Channels:
         self._opening: dict[str, trio.Lock] = {}
         self._ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
-        self.stats = {"streams_opened": 0, "streams_broken": 0}
+        self.stats = {"streams_opened": 0, "streams_broken": 0, "requests_dropped": 0}
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Own the reader tasks of outbound channels; runs until cancelled."""
@@ -152,12 +157,18 @@ class Channels:
         peer_id = stream.muxed_conn.peer_id
         peer = peer_id.to_base58()
         write_lock = trio.Lock()
+        in_flight = 0
 
         async def reply(message: dict[str, Any]) -> None:
-            response = await answer(peer, message)
-            if response is not None:
-                async with write_lock:
-                    await write_frame(stream, self.pack({**response, "i": message.get("i")}))
+            nonlocal in_flight
+            try:
+                response = await answer(peer, message)
+                if response is not None:
+                    async with write_lock:
+                        await write_frame(stream,
+                                          self.pack({**response, "i": message.get("i")}))
+            finally:
+                in_flight -= 1
 
         try:
             async with trio.open_nursery() as nursery:
@@ -165,7 +176,12 @@ class Channels:
                     data = await read_frame(stream, MAX_MESSAGE_BYTES)
                     if not admitted(peer_id):
                         return
-                    nursery.start_soon(reply, self.unpack(peer, data))
+                    message = self.unpack(peer, data)
+                    if in_flight >= MAX_IN_FLIGHT_PER_STREAM:
+                        self.stats["requests_dropped"] += 1
+                        continue
+                    in_flight += 1
+                    nursery.start_soon(reply, message)
         except Exception as exc:  # a misbehaving peer must never take the handler down
             log.debug("swim stream from %s ended: %s", peer, exc)
         finally:

@@ -36,11 +36,12 @@ from otela.liveness.channels import Channels
 from otela.liveness.events import EventLog
 from otela.liveness.health import LocalHealth
 from otela.liveness.members import MemberList
-from otela.liveness.news import News
+from otela.liveness.news import News, well_formed
 from otela.liveness.prober import DetectorConfig, Prober
 from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable
 from otela.liveness.watch import NeighbourWatch
+from otela.mesh.quota import SWIM_STREAMS, set_capped_handler
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.replication import LocalReplica
 
@@ -162,7 +163,7 @@ class FailureDetector:
         self.self_id = identity.peer_id.to_base58()
         self.stats: dict[str, int] = {
             "probes": 0, "suspected": 0, "withheld": 0, "evicted": 0, "refuted": 0,
-            "brake_engaged": 0}
+            "brake_engaged": 0, "malformed_news": 0}
         self.table = LivenessTable(self.self_id, config.suspicion_timeout,
                                    eviction_stagger=config.probe_interval)
         self.watch = NeighbourWatch()
@@ -201,7 +202,7 @@ class FailureDetector:
         }
 
     def install(self) -> None:
-        self.host.set_stream_handler(SWIM_PROTOCOL, self._handle)
+        set_capped_handler(self.host, SWIM_PROTOCOL, self._handle, SWIM_STREAMS)
         self.host.get_network().register_notifee(
             _ConnectionNotifee(lambda peer_id: self.prober.appeared.add(peer_id)))
         self.replica.replicator.on_contact(lambda peer: self.table.heard_from(peer, self.clock()))
@@ -282,6 +283,13 @@ class FailureDetector:
         if not self.replica.admission.is_admitted(forwarder):
             return False
         self.table.heard_from(forwarder.to_base58(), self.clock())  # it is running
+        try:  # malformed news is neither applied nor forwarded to everyone else
+            news = msgpack.unpackb(message.data, raw=False)
+        except Exception:
+            news = None
+        if not isinstance(news, dict) or not well_formed(news.get("u")):
+            self.stats["malformed_news"] += 1
+            return False
         return True
 
     async def _receive_news(self, subscription: Any) -> None:

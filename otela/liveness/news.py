@@ -33,6 +33,13 @@ from otela.liveness.watch import NeighbourWatch
 log = logging.getLogger("otela.liveness")
 
 ALIVE_DOMAIN = b"otela/liveness/alive/v1\0"
+# A suspect refutes by announcing its incarnation + 1, and every message carries
+# incarnations as msgpack integers (at most 2**64 - 1): news of an incarnation at or past
+# 2**63 from a misbehaving member would push ours past what we can encode, and every
+# probe and ack after it would fail. Suspicions stop one below, so that the refutation of
+# any suspicion we accept is itself accepted.
+MAX_INCARNATION = 2**63 - 1
+MAX_NEWS_ITEMS = 256  # per message: honest piggybacking sends a few dozen at most
 
 Sign = Callable[[bytes], bytes]  # our node key's Ed25519 signature
 
@@ -53,6 +60,13 @@ def verify_alive(update: Update) -> bool:
         return False
     return key is not None and update.proof is not None and key.verify(
         alive_payload(update.peer_id, update.incarnation), update.proof)
+
+
+def well_formed(items: Any) -> bool:
+    """Whether a message's news is a list of at most ``MAX_NEWS_ITEMS`` entries (or
+    absent); single entries are checked as they are applied. A map, a number or a string
+    here used to crash the node (the loop over it raised ``TypeError``)."""
+    return items is None or (isinstance(items, list) and len(items) <= MAX_NEWS_ITEMS)
 
 
 class News:
@@ -114,6 +128,9 @@ class News:
 
     def receive(self, items: Any, now: float, source: str, published: bool = False) -> None:
         """Merge a message's news (from a probe, or ``published`` on the topic)."""
+        if not well_formed(items):
+            self.stats["malformed_news"] = self.stats.get("malformed_news", 0) + 1
+            return
         for item in items or []:
             self.apply(item, now, source, published)
         if self.table.refute_needed:
@@ -123,8 +140,11 @@ class News:
         """Merge one piece of news; ``published``: it came on the liveness topic."""
         try:
             peer_id, status, incarnation, proof, by = item
-            update = Update(str(peer_id), Status(status), int(incarnation), proof,
+            update = Update(str(peer_id), Status(status), incarnation, proof,
                             str(by) if by else None)
+            limit = MAX_INCARNATION - (update.status is not Status.ALIVE)
+            if not isinstance(incarnation, int) or not 0 <= incarnation <= limit:
+                return  # inf, nan, strings and out-of-range numbers alike
         except (TypeError, ValueError):
             return
         if published and update.status is Status.SUSPECT:

@@ -234,8 +234,17 @@ class LivenessTable:
         return self.self_id in chosen
 
     def published_elsewhere(self, peer_id: str, incarnation: int) -> None:
-        """Another member published this suspicion to everyone: we need not."""
+        """Another member published this suspicion to everyone: we need not. Only
+        suspicions of members at their current incarnation or later are remembered (a
+        member publishing suspicions of made-up peers or incarnations grew the set until
+        the next registry change)."""
+        member = self.members.get(peer_id)
+        if member is None or incarnation < member.incarnation:
+            return
         self.published.add((peer_id, incarnation))
+        if len(self.published) > 4 * len(self.members) + 64:
+            self.published = {(p, i) for p, i in self.published
+                              if p in self.members and i >= self.members[p].incarnation}
 
     def timeout_for(self, member: Member) -> float:
         """Lifeguard: the more members independently suspect it, the sooner it is confirmed.

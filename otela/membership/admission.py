@@ -22,6 +22,7 @@ from libp2p.crypto.keys import PublicKey
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
+from otela.logbudget import LogBudget
 from otela.membership.certificate import (
     Certificate,
     MembershipError,
@@ -29,6 +30,7 @@ from otela.membership.certificate import (
     verify_certificate,
 )
 from otela.mesh.framing import read_frame, write_frame
+from otela.mesh.quota import SMALL_STREAMS, set_capped_handler
 from otela.registry.store import Registry
 from otela.registry.wire import Trust
 
@@ -36,6 +38,9 @@ log = logging.getLogger("otela.mesh")
 
 ADMISSION_PROTOCOL = TProtocol("/otela/admission/1.0.0")
 HANDSHAKE_TIMEOUT_S = 5.0
+# Refused peers remembered (shown in /v1/health, and disconnected at once by ``enforce``):
+# anyone can mint peer ids, so the oldest are forgotten past this many.
+MAX_REFUSALS = 1024
 MAX_CERT_FRAME = 8 * 1024
 
 
@@ -65,6 +70,8 @@ class Admission:
         self._admitted: dict[ID, Certificate] = {}
         self._first_seen: dict[ID, float] = {}
         self.refusals: dict[str, Refusal] = {}
+        # Anyone who connects can cause a refusal: its warning is logged within a budget.
+        self._log_budget = LogBudget(burst=20, window=60.0)
 
     @property
     def open(self) -> bool:
@@ -108,8 +115,15 @@ class Admission:
         return cert
 
     def _refuse(self, peer: ID, reason: str) -> None:
-        self.refusals[peer.to_base58()] = Refusal(peer.to_base58(), reason, self.clock())
-        log.warning("refusing peer %s: %s", peer, reason)
+        key = peer.to_base58()
+        self.refusals.pop(key, None)  # re-inserted last: the newest refusal is kept longest
+        self.refusals[key] = Refusal(key, reason, self.clock())
+        while len(self.refusals) > MAX_REFUSALS:
+            del self.refusals[next(iter(self.refusals))]
+        skipped = self._log_budget.take()
+        if skipped is not None:
+            log.warning("refusing peer %s: %s%s", peer, reason,
+                        f" ({skipped} refusals not logged)" if skipped else "")
 
     def _accept(self, peer: ID, data: bytes) -> bool:
         try:
@@ -124,7 +138,7 @@ class Admission:
 
     def install(self, host: Any) -> None:
         if not self.open:
-            host.set_stream_handler(ADMISSION_PROTOCOL, self._handle)
+            set_capped_handler(host, ADMISSION_PROTOCOL, self._handle, SMALL_STREAMS)
 
     async def _handle(self, stream: Any) -> None:
         peer = stream.muxed_conn.peer_id

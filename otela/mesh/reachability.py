@@ -32,6 +32,7 @@ from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_byt
 
 from otela.mesh.addresses import is_loopback
 from otela.mesh.connections import is_relayed
+from otela.mesh.quota import SMALL_STREAMS, set_capped_handler
 from otela.registry.records import PRIVATE_RELAYED, PUBLIC, UNKNOWN, UNREACHABLE
 
 log = logging.getLogger("otela.nat")
@@ -125,7 +126,7 @@ class DialBackServer:
         self._limit = trio.Semaphore(MAX_CONCURRENT_PROBES)
 
     def install(self, host: Any) -> None:
-        host.set_stream_handler(DIALBACK_PROTOCOL, self.handle)
+        set_capped_handler(host, DIALBACK_PROTOCOL, self.handle, SMALL_STREAMS)
 
     async def handle(self, stream: Any) -> None:
         try:

@@ -20,6 +20,12 @@ Applied once, on import of ``otela.mesh.host`` (see docs/mesh.md for the table):
   multiplied the cost of each reconnection: ~12 % of a node's CPU, by py-spy, in a
   128-node federation after an overload. otela does not need it: a registry delta missed
   on one link arrives on the others or by anti-entropy, and liveness news rides on probes.
+- An inbound GossipSub stream carrying bytes that are not a protobuf RPC raised
+  ``DecodeError`` out of ``Pubsub.continuously_read_stream``, which the stream handler did
+  not catch: the pubsub service, and with it the node, died (found by
+  ``tests/integration/test_misbehaving_peer.py``). Anything the reader raises is now a
+  ``ParseError``, which the handler already treats as a broken peer stream (reset it,
+  drop the peer from pubsub, reopen while still connected).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 import libp2p.network.swarm as _swarm
 import libp2p.pubsub.gossipsub as _gossipsub
 import libp2p.pubsub.pubsub as _pubsub
+from libp2p.exceptions import ParseError
 
 RECORD_REUSE_S = 60.0
 VERIFIED_RECORDS_KEPT = 4096
@@ -56,10 +63,27 @@ def apply() -> None:
         module.env_to_send_in_RPC = reuse  # type: ignore[attr-defined]
         module.maybe_consume_signed_record = once  # type: ignore[attr-defined]
     _pubsub.Pubsub._replay_recent_messages = no_replay  # type: ignore[method-assign]
+    _pubsub.Pubsub.continuously_read_stream = (  # type: ignore[method-assign]
+        tolerant_reader(_pubsub.Pubsub.continuously_read_stream))
 
 
 async def no_replay(self: Any, peer_id: Any, topic: str) -> None:
     """Stands in for ``Pubsub._replay_recent_messages`` (see the module docstring)."""
+
+
+def tolerant_reader(read: Any) -> Any:
+    """Wrap ``Pubsub.continuously_read_stream`` so that whatever a peer's bytes make it
+    raise reaches the stream handler as a ``ParseError`` (see the module docstring)."""
+
+    async def continuously_read_stream(self: Any, stream: Any) -> None:
+        try:
+            await read(self, stream)
+        except ParseError:
+            raise
+        except Exception as exc:  # DecodeError, and anything else junk can cause
+            raise ParseError(f"malformed pubsub RPC: {type(exc).__name__}: {exc}") from exc
+
+    return continuously_read_stream
 
 
 def reused_record(build: Any) -> Any:

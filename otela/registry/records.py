@@ -9,8 +9,41 @@ This module is pure (no I/O, no clock reads): callers pass times in.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+# Integers in records (versions, counts, sizes) stay below 2**63: every replica re-encodes
+# them (msgpack, SQLite, JSON for other languages), and a member announcing 2**64 or
+# ``inf`` must be refused at parsing, not crash a replica or poison its anti-entropy.
+MAX_INT = 2**63 - 1
+
+
+def count(value: Any, name: str) -> int:
+    """A non-negative integer field below ``MAX_INT``; ``ValueError`` for anything else
+    (``int(inf)`` raises ``OverflowError``, which callers would not expect)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} is not a finite number")
+    number = int(value)
+    if not 0 <= number <= MAX_INT:
+        raise ValueError(f"{name} {number} is out of range")
+    return number
+
+
+def finite(value: Any, name: str) -> float:
+    """A finite float field (times): nan compares false with everything, so a record
+    signed at nan would never be compacted nor refused as too old or too new."""
+    try:
+        number = float(value)
+    except OverflowError as exc:  # an integer too large for a float
+        raise ValueError(f"{name} is out of range") from exc
+    if not math.isfinite(number):
+        raise ValueError(f"{name} is not a finite number")
+    return number
+
+
+def optional_count(value: Any, name: str) -> int | None:
+    return None if value is None else count(value, name)
 
 
 class Lifecycle(enum.IntEnum):
@@ -44,8 +77,8 @@ class Hardware:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Hardware:
         return cls(
-            cpus=int(data.get("cpus", 0)),
-            memory_bytes=int(data.get("memory_bytes", 0)),
+            cpus=count(data.get("cpus", 0), "cpus"),
+            memory_bytes=count(data.get("memory_bytes", 0), "memory_bytes"),
             gpus=tuple(GPU.from_dict(g) for g in data.get("gpus", ())),
         )
 
@@ -60,7 +93,8 @@ class GPU:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GPU:
-        return cls(name=str(data["name"]), memory_bytes=int(data.get("memory_bytes", 0)))
+        return cls(name=str(data["name"]),
+                   memory_bytes=count(data.get("memory_bytes", 0), "memory_bytes"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +130,10 @@ class ModelInfo:
         meta = data.get("meta") or {}
         return cls(
             id=str(data["id"]),
-            max_context=None if ctx is None else int(ctx),
+            max_context=optional_count(ctx, "max_context"),
             dtype=None if data.get("dtype") is None else str(data["dtype"]),
             quantization=None if data.get("quantization") is None else str(data["quantization"]),
-            tensor_parallel=None if tp is None else int(tp),
+            tensor_parallel=optional_count(tp, "tensor_parallel"),
             meta=tuple(sorted((str(k), str(v)) for k, v in dict(meta).items())),
         )
 
@@ -128,7 +162,7 @@ class SlurmJob:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SlurmJob:
         def opt_int(key: str) -> int | None:
-            return None if data.get(key) is None else int(data[key])
+            return optional_count(data.get(key), key)
 
         def opt_str(key: str) -> str | None:
             return None if data.get(key) is None else str(data[key])
@@ -140,7 +174,7 @@ class SlurmJob:
             node_list=opt_str("node_list"),
             cpus=opt_int("cpus"),
             gpus=opt_int("gpus"),
-            end_time=None if end is None else float(end),
+            end_time=None if end is None else finite(end, "end_time"),
         )
 
 
@@ -207,14 +241,14 @@ class NodeRecord:
             peer_id=str(data["peer_id"]),
             provider_id=str(data["provider_id"]),
             state=Lifecycle.parse(str(data["state"])),
-            version=int(data["version"]),
+            version=count(data["version"], "version"),
             http_url=str(data["http_url"]),
             addrs=tuple(str(a) for a in data.get("addrs", ())),
             hardware=Hardware.from_dict(dict(data.get("hardware") or {})),
             models=tuple(ModelInfo.from_dict(dict(m)) for m in data.get("models", ())),
             ingress=bool(data.get("ingress", False)),
             engine=None if data.get("engine") is None else str(data["engine"]),
-            updated_at=float(data.get("updated_at", 0.0)),
+            updated_at=finite(data.get("updated_at", 0.0), "updated_at"),
             idle=bool(data.get("idle", False)),
             slurm=None if not data.get("slurm") else SlurmJob.from_dict(dict(data["slurm"])),
             reachability=_reachability(data.get("reachability", "unknown")),

@@ -37,7 +37,7 @@ from otela.membership.certificate import (
     verify_revocation,
 )
 from otela.registry.crdt import Entry, tiebreak_of
-from otela.registry.records import Lifecycle, NodeRecord
+from otela.registry.records import Lifecycle, NodeRecord, finite
 from otela.registry.session import owns
 
 WIRE_VERSION = 1
@@ -176,6 +176,8 @@ FORGED = "record for a session its signer did not create"
 
 
 def _unpack_body(envelope: dict[str, Any]) -> tuple[bytes, bytes, dict[str, Any]]:
+    if not isinstance(envelope, dict):
+        raise WireError("envelope is not a map")
     body, sig = envelope.get("body"), envelope.get("sig")
     if not isinstance(body, bytes) or not isinstance(sig, bytes):
         raise WireError("envelope lacks body or signature bytes")
@@ -222,9 +224,11 @@ def _verify_eviction(envelope: dict[str, Any], trust: Trust, now: float) -> Entr
     body, sig, data = _unpack_body(envelope)
     try:
         session_id, evictor = str(data["session_id"]), str(data["evictor"])
-        at, last = float(data["at"]), data["last"]
+        at, last = finite(data["at"], "at"), data["last"]
     except (KeyError, ValueError, TypeError) as exc:
         raise WireError(f"malformed eviction: {exc}") from exc
+    if not isinstance(last, dict):  # a member's eviction whose record is a list or a string
+        raise WireError("eviction's last record is not a map")
     if not _public_key(evictor).verify(EVICTION_DOMAIN + body, sig):
         raise WireError(f"bad signature on eviction of {session_id}")
     if trust.authority is not None:

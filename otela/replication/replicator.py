@@ -28,6 +28,7 @@ from libp2p.peer.id import ID
 from otela.membership.admission import Admission
 from otela.mesh.framing import read_frame, write_frame
 from otela.mesh.host import MeshHost
+from otela.mesh.quota import AE_STREAMS, set_capped_handler
 from otela.registry import antientropy
 from otela.registry.crdt import Entry, NotOwner, Rejected
 from otela.registry.store import Registry
@@ -116,7 +117,8 @@ class Replicator:
 
     def install(self) -> None:
         """Register the stream handler and the gossip validator (before the host runs)."""
-        self.mesh.host.set_stream_handler(AE_PROTOCOL, self._handle_anti_entropy)
+        set_capped_handler(self.mesh.host, AE_PROTOCOL, self._handle_anti_entropy,
+                           AE_STREAMS)
         self.mesh.pubsub.set_topic_validator(REGISTRY_TOPIC, self.validate_gossip, False)
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -150,6 +152,11 @@ class Replicator:
             except (WireError, Rejected) as exc:
                 self.stats[f"{source}_rejected"] += 1
                 log.debug("rejected %s envelope: %s", source, exc)
+            except Exception as exc:  # a parsing case verify missed: drop it, never crash
+                self.stats[f"{source}_rejected"] += 1
+                self.stats["unexpected_rejections"] += 1
+                log.debug("rejected %s envelope (unexpected %s): %s", source,
+                          type(exc).__name__, exc)
         self.stats[f"{source}_applied"] += changed
         return changed
 

@@ -111,7 +111,13 @@ def check(method: str, url: str, body: bytes | None, response: httpx.Response) -
         raise FuzzFailure(f"{where}: not an OpenAI error body: {response.text[:500]!r}")
 
 
-_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):$", re.MULTILINE)
+# A whole line: a plain traceback, an exception group's ("+ Exception Group Traceback"), or
+# one nested inside a group ("| Traceback"), which trio's nurseries produce; or the header
+# of a box that rich draws around one (the CLI's crash output: "╭─── Traceback (...) ───╮").
+_TRACEBACK = re.compile(
+    r"^(?:(?:Traceback|[ |+-]*\+ Exception Group Traceback|[ |]*\| Traceback)"
+    r" \(most recent call last\):"
+    r"|[│ ]*╭─+ Traceback \(most recent call last\) ─+╮[│ ]*)$", re.MULTILINE)
 
 
 def traceback_in(log: Path) -> str:

@@ -310,6 +310,53 @@ def test_garbage_news_is_ignored():
     assert table.suspected() == frozenset()
 
 
+def test_news_that_is_not_a_list_is_dropped_and_counted():
+    """A map, number or string where the list of news belongs crashed the node
+    (``TypeError`` looping over it, on the liveness topic's receiving task)."""
+    me, peer = Keyed(), Keyed()
+    news, table, _, stats = news_for(me, [peer.peer_id])
+    for items in (7, 1.5, {"a": 1}, "suspect", b"x", True,
+                  [[peer.peer_id, "suspect", 0, None, "x"]] * 1000):
+        news.receive(items, 1.0, "x", published=True)
+    assert stats["malformed_news"] == 7
+    assert table.suspected() == frozenset()
+
+
+def test_incarnations_that_cannot_be_encoded_are_ignored():
+    """inf/nan raised OverflowError/ValueError out of ``apply``; 2**64 - 1 was accepted and
+    a suspicion of us at it made our refutation 2**64, which msgpack cannot encode: every
+    probe and ack we sent afterwards failed."""
+    import msgpack
+
+    me, peer = Keyed(), Keyed()
+    news, table, _, _ = news_for(me, [peer.peer_id])
+    for incarnation in (float("inf"), float("nan"), 2**63, 2**64 - 1, -1, 1e300, "3",
+                        2**63 - 1):  # a suspicion at the top could never be refuted
+        news.apply([me.peer_id, "suspect", incarnation, None, peer.peer_id], 1.0, "x")
+        news.apply([peer.peer_id, "suspect", incarnation, None, "x"], 1.0, "x")
+    assert table.incarnation == 0 and table.suspected() == frozenset()
+    news.apply([me.peer_id, "suspect", 2**63 - 2, None, peer.peer_id], 1.0, "x")
+    assert table.incarnation == 2**63 - 1
+    msgpack.packb({"u": news.piggyback()})  # still encodable
+    # ... and our refutation at the top is accepted by others.
+    other_news, other_table, _, _ = news_for(peer, [me.peer_id])
+    other_news.apply([me.peer_id, "suspect", 2**63 - 2, None, "x"], 1.0, "x")
+    assert me.peer_id in other_table.suspected()
+    alive = [me.peer_id, "alive", 2**63 - 1, me.sign(alive_payload(me.peer_id, 2**63 - 1)),
+             None]
+    other_news.apply(alive, 2.0, "x")
+    assert other_table.suspected() == frozenset()
+
+
+def test_published_suspicions_of_strangers_or_made_up_incarnations_are_not_kept():
+    me, peer = Keyed(), Keyed()
+    news, table, _, _ = news_for(me, [peer.peer_id])
+    for i in range(5000):
+        news.apply([f"stranger-{i}", "suspect", i, None, "x"], 1.0, "x", published=True)
+        news.apply([peer.peer_id, "suspect", i, None, "x"], 1.0, "x", published=True)
+    assert len(table.published) <= 4 * len(table.members) + 65
+
+
 # -- the member list --------------------------------------------------------------------
 
 

@@ -60,3 +60,27 @@ def test_each_record_is_verified_once_and_bad_ones_are_still_rejected():
     assert not once(Rpc(b"forged"), None, "p") and not once(Rpc(b"forged"), None, "p")
     assert once(Rpc(b"good"), None, "q")  # the same record from another sender: checked
     assert checked == [b"good", b"forged", b"forged", b"good"]
+
+
+def test_junk_on_a_pubsub_stream_reaches_the_handler_as_a_parse_error():
+    """Bytes that are not a protobuf RPC raised DecodeError past the library's handler,
+    which killed the pubsub service and the node; the handler resets the stream and drops
+    the peer on ParseError."""
+    import pytest
+    import trio
+    from google.protobuf.message import DecodeError
+    from libp2p.exceptions import ParseError
+
+    assert pubsub.Pubsub.continuously_read_stream.__qualname__.startswith("tolerant_reader")
+    assert "ParseError" in inspect.getsource(pubsub.Pubsub.stream_handler)
+
+    async def junk(self: object, stream: object) -> None:
+        raise DecodeError("Error parsing message with type 'pubsub.pb.RPC'")
+
+    async def cancelled(self: object, stream: object) -> None:
+        raise trio.Cancelled._create()  # type: ignore[attr-defined]
+
+    with pytest.raises(ParseError, match="DecodeError"):
+        trio.run(workarounds.tolerant_reader(junk), None, None)
+    with pytest.raises(trio.Cancelled):  # cancellation is not a peer's fault: untouched
+        trio.run(workarounds.tolerant_reader(cancelled), None, None)

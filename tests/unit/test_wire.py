@@ -201,3 +201,51 @@ def test_open_mode_accepts_evictions_from_known_nodes_even_if_they_were_evicted(
                                 evictor_peer_id=stranger.peer_id, reason="x", now=NOW)
     with pytest.raises(WireError, match="not a member"):
         verify(by_stranger, trust, NOW)
+
+
+def signed_body(node, changes, kind="rec", domain=None):
+    """An envelope whose body is a member's own record with ``changes``, correctly signed:
+    what a misbehaving member can send (a valid signature over junk)."""
+    from otela.registry.wire import RECORD_DOMAIN
+
+    body = msgpack.unpackb(signed(node)["body"])
+    body.update(changes)
+    data = msgpack.packb(body, use_bin_type=True)
+    return {"v": 1, "t": kind, "body": data,
+            "sig": node.keys.private_key.sign((domain or RECORD_DOMAIN) + data), "cert": None}
+
+
+@pytest.mark.parametrize("changes", [
+    {"version": float("inf")}, {"version": float("nan")}, {"version": -1},
+    {"version": 2**63}, {"version": 2**64 - 1}, {"version": 1e300},
+    {"updated_at": float("nan")}, {"updated_at": float("inf")},
+    {"hardware": {"cpus": float("inf")}}, {"hardware": {"memory_bytes": 2**64 - 1}},
+    {"hardware": [1, 2]}, {"models": [{"id": "m", "max_context": float("nan")}]},
+    {"models": {"id": "m"}}, {"models": [[1, 2]]}, {"slurm": {"job_id": "1", "cpus": 1e400}},
+    {"slurm": {"job_id": "1", "end_time": float("inf")}}, {"addrs": 7},
+])
+def test_signed_records_with_out_of_range_numbers_or_wrong_types_are_wire_errors(changes):
+    """inf/nan or integers past 2**63 in a member's own signed record raised OverflowError
+    (or were stored, and then broke every anti-entropy exchange that re-encoded them)."""
+    with pytest.raises(WireError):
+        verify(signed_body(new_node(), changes), OPEN, NOW)
+
+
+@pytest.mark.parametrize("last", [[1, 2], "record", 7, None, b"bytes"])
+def test_an_eviction_whose_record_is_not_a_map_is_a_wire_error(last):
+    """It crashed the replica with AttributeError (``last.get``)."""
+    from otela.registry.wire import EVICTION_DOMAIN
+
+    member = new_node()
+    body = msgpack.packb({"session_id": sid("s1"), "evictor": member.peer_id, "reason": "x",
+                          "at": NOW, "last": last}, use_bin_type=True)
+    env = {"v": 1, "t": "evict", "body": body,
+           "sig": member.keys.private_key.sign(EVICTION_DOMAIN + body), "cert": None}
+    with pytest.raises(WireError):
+        verify(env, OPEN, NOW)
+    nan_time = msgpack.packb({"session_id": sid("s1"), "evictor": member.peer_id,
+                              "reason": "x", "at": float("nan"), "last": {}},
+                             use_bin_type=True)
+    with pytest.raises(WireError, match="finite"):
+        verify({**env, "body": nan_time,
+                "sig": member.keys.private_key.sign(EVICTION_DOMAIN + nan_time)}, OPEN, NOW)
