@@ -342,6 +342,12 @@ class NodeConfig:
         help="Nodes tried for one request, when the earlier ones provably did not take it "
         "(refused the connection, not serving). A request an engine may have started is "
         "never sent again.")
+    retry_broken: bool = setting(
+        "routing", False, parse=v.as_bool, example="true",
+        help="Also send a non-streaming request to another node when its node broke the "
+        "connection before answering (it died, most likely). Clients then see no error "
+        "while another node serves the model, but a request may run twice. Streams never "
+        "are.")
     affinity_prefix: int = setting(
         "routing", 512, parse=v.as_positive_int, example="2048", metavar="CHARS",
         help="prefix_affinity: how many leading characters of the prompt form a request's "

@@ -49,6 +49,7 @@ class Ask:
     policy: str | None = None  # None: the ingress's --routing-policy
     body: bytes = b""  # what the engine gets: the client's bytes unless the extension was cut
     extension: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False  # the client asked for a stream (never re-sent once delivered)
 
 
 def read_ask(headers: list[tuple[bytes, bytes]], body: dict[str, Any], raw: bytes,
@@ -73,14 +74,14 @@ def read_ask(headers: list[tuple[bytes, bytes]], body: dict[str, Any], raw: byte
     if POLICY_HEADER in wanted:
         policy = wanted[POLICY_HEADER].decode("latin-1").strip() or None
     if EXTENSION not in body:
-        return Ask(trust, clauses, policy, raw)
+        return Ask(trust, clauses, policy, raw, stream=body.get("stream") is True)
     extension = body.pop(EXTENSION)
     trust, extra_clauses, body_policy = _read_extension(extension, trust)
     if policy is not None and body_policy is not None and policy != body_policy:
         raise AskError(f"X-Otela-Policy says {policy!r} and the body's otela.policy "
                        f"{body_policy!r}; give one", "otela.policy")
     return Ask(trust, clauses + extra_clauses, policy or body_policy, orjson.dumps(body),
-               extension)
+               extension, stream=body.get("stream") is True)
 
 
 def _read_extension(extension: Any, trust: TrustSet

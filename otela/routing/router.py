@@ -6,8 +6,12 @@ ejections). Which of them: the policy (``policies``), fed load estimates
 (``load.LoadBoard``). How to reach it: ``otela.dataplane.upstream``. What counts as "never
 reached": ``NotDelivered`` alone, so no request is ever executed twice; a failure after
 delivery is a 502 (``upstream_failed``), silence past the first-byte timeout a 504
-(``upstream_timeout``). Connection failures, 5xx answers and timeouts count towards the
-node's ejection (``ejection``); 4xx answers are the client's business and do not.
+(``upstream_timeout``). With ``retry_broken`` (``--retry-broken``) the operator accepts
+that a non-streaming request may run twice: one whose node broke the connection before
+answering (it died, most likely, and its work with it) is then sent to another node too,
+so that clients see no error while any other node serves the model. Streams never are.
+Connection failures, 5xx answers and timeouts count towards the node's ejection
+(``ejection``); 4xx answers are the client's business and do not.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class RoutingSettings:
     eject_max_share: float = 0.5
     load_ttl: float = 15.0
     affinity_balance: float = 2.0
+    retry_broken: bool = False  # re-send a non-streaming request whose node broke off
 
 
 def routing_settings(config: NodeConfig) -> RoutingSettings:
@@ -73,7 +78,7 @@ def routing_settings(config: NodeConfig) -> RoutingSettings:
         eject_after=config.eject_after, eject_time=config.eject_time,
         eject_max_time=config.eject_max_time, eject_max_share=config.eject_max_share,
         load_ttl=max(15.0, 3 * config.load_interval),
-        affinity_balance=config.affinity_balance)
+        affinity_balance=config.affinity_balance, retry_broken=config.retry_broken)
 
 
 @dataclass
@@ -138,6 +143,7 @@ class Router:
                                    settings.eject_max_time, settings.eject_max_share)
         self.loads = LoadBoard(settings.load_ttl)
         self.retries = 0  # attempts after a first one that was not delivered
+        self.resent = 0  # of those, after a node broke off before answering (retry_broken)
         # Requests this router has running on each session (load-aware policies read it;
         # with data-path workers the control process adds up every worker's).
         self.busy: Counter[str] = Counter()
@@ -174,6 +180,7 @@ class Router:
         pick = Pick(model_id, affinity_key() if policy.uses_affinity_key and affinity_key
                     else None)
         tried: set[str] = set()
+        resend = self.settings.retry_broken and not ask.stream
         while len(tried) < self.settings.max_attempts:
             remaining = [r for r in nodes if r.session_id not in tried] if tried else nodes
             if not remaining:
@@ -185,7 +192,7 @@ class Router:
                 self.retries += 1
             tried.add(node.session_id)
             routed = await self._attempt(node, candidate, policy, pick, path, headers,
-                                         ask.body, len(tried))
+                                         ask.body, len(tried), resend)
             if routed is not None:
                 return routed
             now = self.clock()
@@ -206,9 +213,10 @@ class Router:
                          self.loads.capacity(session, now))
 
     async def _attempt(self, node: NodeRecord, candidate: Candidate, policy: Policy,
-                       pick: Pick, path: str, headers: Headers, body: bytes, attempt: int
-                       ) -> Routed | None:
-        """One try; ``None`` if the node did not take the request (try another)."""
+                       pick: Pick, path: str, headers: Headers, body: bytes, attempt: int,
+                       resend: bool = False) -> Routed | None:
+        """One try; ``None`` if the node did not take the request (try another), or
+        broke off before answering and ``resend`` allows another node to run it too."""
         session = node.session_id
         policy.on_start(candidate, pick)
         self.busy[session] += 1
@@ -228,6 +236,11 @@ class Router:
                 f"{self.first_byte_timeout:.0f} s.", code="upstream_timeout") from None
         except UpstreamFailed as exc:
             self._failed(node, candidate, policy, pick, FAILED)
+            if resend:
+                self.resent += 1
+                log.warning("node %s broke off before answering (%s); sending the request "
+                            "to another node (--retry-broken)", session, exc)
+                return None
             raise RequestError(
                 502, f"The node serving the request failed before it answered ({exc}); "
                 "it may have run, so it was not retried.", code="upstream_failed") from None

@@ -81,7 +81,8 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def route_through(behaviours: list[Behaviour | None], timeout: float = 5.0
+async def route_through(behaviours: list[Behaviour | None], timeout: float = 5.0,
+                        retry_broken: bool = False, stream: bool = False
                         ) -> tuple[int, list[int]]:
     """Route one request over candidates with these behaviours (``None``: nothing listens),
     tried in order; the response status (or the RequestError's) and hits per candidate."""
@@ -105,10 +106,12 @@ async def route_through(behaviours: list[Behaviour | None], timeout: float = 5.0
         upstreams = Upstreams(pool, self_session=lambda: "me", local_engine=lambda: None,
                               hop_signer=None, p2p=None)
         router = Router(registry, upstreams,
-                        RoutingSettings(policy="random", first_byte_timeout=timeout),
+                        RoutingSettings(policy="random", first_byte_timeout=timeout,
+                                        retry_broken=retry_broken),
                         rng=FirstChoice())
         try:
-            routed = await router.route("m", "/v1/chat/completions", [], Ask(ANY, body=b"{}"))
+            routed = await router.route("m", "/v1/chat/completions", [],
+                                        Ask(ANY, body=b"{}", stream=stream))
             status = routed.reply.status
             await routed.reply.aclose()
         except RequestError as exc:
@@ -123,8 +126,9 @@ def serving_entry(name: str, url: str) -> Entry:
     return dataclasses.replace(base, record=dataclasses.replace(base.record, http_url=url))
 
 
-def run(behaviours: list[Behaviour | None], timeout: float = 5.0) -> tuple[int, list[int]]:
-    return trio.run(route_through, behaviours, timeout)
+def run(behaviours: list[Behaviour | None], timeout: float = 5.0, retry_broken: bool = False,
+        stream: bool = False) -> tuple[int, list[int]]:
+    return trio.run(route_through, behaviours, timeout, retry_broken, stream)
 
 
 def test_a_refused_connection_is_retried_on_the_next_node():
@@ -142,6 +146,22 @@ def test_a_node_that_says_it_did_not_deliver_is_retried():
 def test_a_connection_lost_after_sending_is_a_502_and_never_retried(behaviour):
     status, hits = run([behaviour, answers])
     assert status == 502 and hits == [1, 0]
+
+
+@pytest.mark.parametrize("behaviour", [closes_without_answering, resets_after_reading],
+                         ids=["closed", "reset"])
+def test_with_retry_broken_a_plain_request_goes_on_but_a_stream_never(behaviour):
+    status, hits = run([behaviour, answers], retry_broken=True)
+    assert status == 200 and hits == [1, 1]
+    status, hits = run([behaviour, answers], retry_broken=True, stream=True)
+    assert status == 502 and hits == [1, 0]
+    status, hits = run([behaviour, behaviour, behaviour, answers], retry_broken=True)
+    assert status == 502 and hits == [1, 1, 1, 0]  # --route-attempts (3) still bounds it
+
+
+def test_with_retry_broken_a_silent_node_is_still_a_504_never_resent():
+    status, hits = run([never_answers, answers], timeout=0.5, retry_broken=True)
+    assert status == 504 and hits == [1, 0]  # it may still be working on it
 
 
 def test_an_upstream_that_never_answers_is_a_504_after_the_first_byte_timeout():
