@@ -126,9 +126,11 @@ def signal_machine(pids: list[int], sig: int) -> None:
 
 def start(fed: LocalFederation, args: argparse.Namespace
           ) -> tuple[LocalNode, LocalNode, list[LocalNode]]:
-    boot = fed.start_node("boot", extra_args=QUIET)
+    # A bootstrap node has a well-known address: the same port after a restart.
+    boot = fed.start_node("boot", extra_args=QUIET, p2p_port=args.boot_port)
     ingress = fed.start_node("ingress", ingress=True, bootstrap=[boot], extra_args=[
-        *QUIET, "--max-connections-per-client", "100000"])
+        *QUIET, "--max-connections-per-client", "100000",
+        *(["--retry-broken"] if args.retry_broken else [])])
     serving = []
     for i in range(args.nodes):
         engine = echo_engine_command(free_port(), [MODEL], "--request-delay",
@@ -211,7 +213,8 @@ def event(name: str, fed: LocalFederation, boot: LocalNode, ingress: LocalNode,
 
     def restart_boot() -> None:
         fed.stop_node(boot)
-        restarted = fed.start_node("boot", extra_args=QUIET, timeout=60)
+        restarted = fed.start_node("boot", extra_args=QUIET, timeout=60,
+                                   p2p_port=args.boot_port)
         peers = {n.status["peer_id"] for n in [ingress, *serving]}
         wait_for(lambda: peers <= {n["peer_id"] for n in
                                    restarted.get("/v1/registry/nodes")["nodes"]
@@ -256,11 +259,16 @@ def main() -> None:
     parser.add_argument("--warm", type=float, default=5.0)
     parser.add_argument("--observe", type=float, default=45.0)
     parser.add_argument("--stop-seconds", type=float, default=30.0)
+    parser.add_argument("--retry-broken", action="store_true",
+                        help="run the ingress with --retry-broken")
     parser.add_argument("--json", action="store_true", help="one JSON object per scenario")
+    parser.add_argument("--keep", metavar="DIR", help="keep the nodes' homes and logs here")
     args = parser.parse_args()
+    args.boot_port = free_port()
     with tempfile.TemporaryDirectory(prefix="otela-chaos-") as tmp:
+        root = Path(args.keep) if args.keep else Path(tmp)
         for name in args.scenarios.split(","):
-            result = run_scenario(name, args, Path(tmp))
+            result = run_scenario(name, args, root)
             if args.json:
                 print(json.dumps(result), flush=True)
             else:
