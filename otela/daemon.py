@@ -72,6 +72,7 @@ from otela.mesh.bootstrap import (
 from otela.mesh.host import build_host
 from otela.mesh.nat import NatTraversal, known_relays
 from otela.mesh.netlog import NetLog
+from otela.mesh.peer_cache import PeerCache
 from otela.mesh.peering import Peering
 from otela.mesh.quota import quotas_of
 from otela.metrics import Registry as MetricsRegistry
@@ -127,6 +128,10 @@ class Node:
         self.inflight = Inflight()
         self.bootstrap_peers = [parse_bootstrap(a) for a in config.bootstrap if not is_url(a)]
         self.bootstrap_urls = [a for a in config.bootstrap if is_url(a)]
+        # Peers remembered from the last run: how a node restarted without a bootstrap
+        # (the bootstrap node itself) finds the federation again.
+        self.peer_cache = PeerCache(config.home, self.identity.peer_id.to_base58(),
+                                    lambda: self.registry)
         self.mesh = build_host(self.identity, config.listen_host, config.p2p_port)
         self.replica = LocalReplica(
             self.identity,
@@ -454,6 +459,9 @@ class Node:
                         keep_connected, self.mesh, self.replicator.sync_with, peer, isolated,
                         self.netlog
                     )
+                nursery.start_soon(self.peer_cache.rejoin, self.mesh.host, isolated,
+                                   self.replicator.sync_with)
+                nursery.start_soon(self.peer_cache.keep_saving)
                 if self.supervisor is not None:
                     self._start_engine(nursery, self.supervisor)
                 if self.slurm_job is not None:
@@ -497,6 +505,7 @@ class Node:
     async def _shutdown(self) -> None:
         """Fail-stop: DOWN, stop the engine, keep its logs. Clean stop: drain, then LEFT."""
         with trio.CancelScope(shield=True):
+            self.peer_cache.save()  # whom to call after a restart
             supervisor = self.supervisor
             assert self.record is not None
             if self.record.state < Lifecycle.DOWN:

@@ -50,6 +50,30 @@ def test_three_daemons_mesh_through_one_bootstrap_and_a_late_joiner_learns_state
     assert any(addr.endswith(f"/p2p/{a.status['peer_id']}") for addr in health["addrs"])
 
 
+def live_peers(node) -> set[str]:
+    return {n["peer_id"] for n in node.get("/v1/registry/nodes")["nodes"]
+            if n["state"] != "LEFT"}
+
+
+def test_a_restarted_bootstrap_node_finds_the_federation_again(federation):
+    # The bootstrap node has no bootstrap of its own: after a restart (new session, a new
+    # port here) only the peers it remembered can bring it back.
+    boot = federation.start_node("boot")
+    a = federation.start_node("a", bootstrap=[boot])
+    b = federation.start_node("b", bootstrap=[boot])
+    everyone = {n.status["peer_id"] for n in (boot, a, b)}
+    wait_for(lambda: live_peers(boot) == everyone, CONVERGE_S, "boot to list a and b")
+    assert federation.stop_node(boot) == 0
+    assert (boot.home / "peers.json").exists()
+
+    boot = federation.start_node("boot")
+    wait_for(lambda: live_peers(boot) == everyone, CONVERGE_S,
+             "the restarted bootstrap node to find a and b again")
+    for node in (a, b):
+        wait_for(lambda node=node: node.states().get(boot.session_id) == "JOIN", CONVERGE_S,
+                 f"{node.name} to learn the bootstrap node's new session")
+
+
 def test_chat_completion_and_stream_through_the_ingress(federation):
     ingress = federation.start_node("ingress", ingress=True)
     server = serving_node(federation, "server", ingress, "echo-1", "--token-delay", "0.1")
