@@ -7,7 +7,8 @@ robin over its connected ones). The peer is suspected only if all three paths fa
 3. nothing was heard from it within ``stale_window``: no probe or ack, no anti-entropy, no
    gossip it published *or forwarded* to us (a busy peer on an overloaded machine answers
    probes late but keeps forwarding gossip: it is slow, not dead).
-After the round the loop confirms expired suspicions and signs the evictions that are due
+After the round, and whenever a grace period runs out or an eviction falls due between
+rounds, the loop confirms expired suspicions and signs the evictions that are due
 (``table.py``), unless our own event loop lags (``health.py``); the eviction brake's
 turning on and off is logged as an event.
 
@@ -120,13 +121,21 @@ class Prober:
 
     async def run(self) -> None:
         while True:
-            started = self.clock()
-            interval = self.config.probe_interval * self.health.multiplier
+            end = self.clock() + self.config.probe_interval * self.health.multiplier
             await self.period()
-            asked = max(0.0, interval - (self.clock() - started))
-            before = self.clock()
-            await trio.sleep(asked)
-            self.health.slept(asked, self.clock() - before, self.clock())
+            # Sleep out the period, waking when a grace period runs out or an eviction
+            # falls due (``LivenessTable.next_deadline``): acting only at the end of a
+            # period added up to a period to every eviction.
+            while True:
+                now = self.clock()
+                deadline = self.table.next_deadline(now)
+                wake = deadline if deadline is not None and deadline < end else end
+                asked = max(0.0, wake - now)
+                await trio.sleep(asked)
+                self.health.slept(asked, self.clock() - now, self.clock())
+                if wake >= end:
+                    break
+                await self.settle()
 
     async def period(self) -> None:
         """One probe period's work, without the sleep."""
@@ -137,8 +146,12 @@ class Prober:
         target = self.watch.next_target(self.clock())
         if target is not None and await self.round(target) != "silent":
             self.watch.decided(target)
-        now = self.clock()
         self._watch_brake()
+        await self.settle()
+
+    async def settle(self) -> None:
+        """Confirm the suspicions whose grace ran out and sign the evictions now due."""
+        now = self.clock()
         self.table.observe_dissemination_delay(self.node.gossip_lag())
         if not self.health.lagging(now):  # irreversible steps wait until we trust our view
             for peer_id in self.table.expired_suspicions(now):

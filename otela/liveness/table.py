@@ -342,6 +342,17 @@ class LivenessTable:
             self._enqueue(Update(member.peer_id, Status.CONFIRMED, member.incarnation))
         return [m.peer_id for m in expired]
 
+    def next_deadline(self, now: float) -> float | None:
+        """The first moment after ``now`` at which a suspicion's grace runs out or an
+        eviction this node signs falls due, if any: the caller acts then instead of at the
+        end of its probe period, up to a period later. Moments already past are left to
+        the next period (the brake, or our lagging loop, may be holding them back)."""
+        times = [m.suspected_at + self.timeout_for(m) for m in self.members.values()
+                 if m.status is Status.SUSPECT and m.suspected_at is not None]
+        times += [m.evict_at for m in self.members.values()
+                  if m.status is Status.CONFIRMED and m.evict_at is not None]
+        return min((t for t in times if t > now), default=None)
+
     def _one_at_a_time(self, expired: list[Member], now: float) -> list[Member]:
         """Of the expired suspects, the one to confirm now while braking, if any."""
         # One eviction in flight at a time, federation-wide: nothing new while a confirmed

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import pytest
 import trio
 import trio.testing
 from libp2p.crypto.ed25519 import create_new_key_pair
@@ -152,6 +153,32 @@ def test_a_dead_peer_is_suspected_confirmed_and_evicted():
     assert [peer for peer, _ in d.node.evicted][:1] == ["a"]
     assert d.event_kinds("a")[:3] == ["suspected", "confirmed", "evicted"]
     assert d.stats["evicted"] >= 1 and d.health.score == 0
+
+
+def test_a_grace_period_is_acted_on_when_it_runs_out_not_at_the_next_period():
+    """Between probe rounds the loop wakes when a suspicion's grace runs out (and when
+    an eviction it signs falls due): checking only at the end of each period added up
+    to a period to every eviction."""
+    d = Detector(["a", "b"])
+    d.node.links = {"b"}  # a is gone (not probed here); b answers
+    d.transport.alive = {"b"}
+
+    async def main() -> None:
+        d.members.sync(d.node.records(), d.node.gen, trio.current_time())
+        d.table.apply(Update("a", Status.SUSPECT, 0, by="b"), now=-0.4)
+        d.table.probe_failed("a", now=-0.4)  # both voices there can be: the 6 s grace
+        with trio.move_on_after(12):
+            await d.prober.run()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    first: dict[str, float] = {}
+    for e in d.events.events:
+        if e["peer_id"] == "a":
+            first.setdefault(e["event"], e["at"])
+    assert first["confirmed"] == pytest.approx(5.6)  # periods end at 6.0
+    # Signed at once by the first-ranked suspecter, one stagger later by the second.
+    assert first["evicted"] - first["confirmed"] in (pytest.approx(0.0), pytest.approx(1.0))
+    assert d.health.score == 0 and d.health.late_at is None  # no wake-up counted as late
 
 
 def test_a_peer_heard_from_recently_is_not_suspected():

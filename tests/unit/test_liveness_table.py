@@ -170,6 +170,21 @@ def test_a_published_suspicion_waits_the_base_timeout_at_any_size():
     assert t.timeout_for(t.members["p6"]) == pytest.approx(10.0 * math.log10(128))
 
 
+def test_the_next_deadline_is_the_first_grace_or_eviction_still_to_come():
+    t = table("a", "b", "c", timeout=5.0)
+    assert t.next_deadline(now=0.0) is None
+    t.probe_failed("a", now=0.0)  # lone: 20 s
+    t.apply(Update("b", Status.SUSPECT, 0, by="c"), now=1.0)
+    t.probe_failed("b", now=1.0)  # two of the two voices there can be: 5 s
+    assert t.next_deadline(now=1.0) == 6.0
+    assert t.expired_suspicions(now=6.0) == ["b"]
+    # b is confirmed: we rank among its two suspecters, so sign at 6 s or one stagger on.
+    evict_at = t.members["b"].evict_at
+    assert evict_at in (6.0, 7.0)
+    assert t.next_deadline(now=6.0) == (7.0 if evict_at == 7.0 else 20.0)
+    assert t.next_deadline(now=20.0) is None  # past moments are left to the next period
+
+
 def test_our_own_failed_probe_confirms_someone_elses_suspicion():
     t = table("a", "b")
     t.apply(Update("a", Status.SUSPECT, 0, by="b"), now=0.0)
