@@ -217,7 +217,8 @@ class Prober:
         window = self.config.stale_window * self.health.multiplier
         if acked:
             return "acked"
-        if self.table.heard_recently(target, self.clock(), window):
+        if self.table.heard_recently(target, self.clock(), window) and not (
+                await self._quiet_by_next_round(target, window)):
             return "silent"
         if self.health.lagging(self.clock()):
             self.stats["withheld"] += 1
@@ -230,6 +231,25 @@ class Prober:
             self.events.record(target, "suspected", detail)
             log.warning("suspecting %s: %s", target, detail)
         return "suspected"
+
+    async def _quiet_by_next_round(self, target: str, window: float) -> bool:
+        """A lost neighbour (its connection dropped without our closing it) whose direct
+        and indirect probes just failed, and that was heard from too recently to suspect:
+        if its recent-contact window runs out before the next round, wait for that moment
+        and check again, instead of probing it again a period later. Same three checks,
+        evaluated when the window runs out: anything heard from it meanwhile still counts.
+        Checking only once per period had added up to a period to the detection of a
+        crash (a SIGKILLed node of three suspected 4.3 s after the kill, LEFT after
+        10.3 s)."""
+        member = self.table.members.get(target)
+        if target not in self.watch.lost or member is None:
+            return False
+        quiet_at = member.last_heard + window
+        interval = self.config.probe_interval * self.health.multiplier
+        if quiet_at - self.clock() > interval:
+            return False
+        await trio.sleep(max(0.0, quiet_at - self.clock()) + 0.001)
+        return not self.table.heard_recently(target, self.clock(), window)
 
     async def ping(self, target: str) -> bool:
         """A direct probe, timed out by the peer's measured round trips and our health."""

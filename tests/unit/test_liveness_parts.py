@@ -195,6 +195,42 @@ def test_a_peer_heard_from_recently_is_not_suspected():
     assert d.table.suspected() == frozenset()
 
 
+def test_a_lost_neighbour_is_suspected_when_its_contact_window_runs_out():
+    """Direct and indirect probes of a lost neighbour failed at 2.2 s, but it was heard
+    from at 0 s: rather than probing it again a period later, the round waits for its
+    3 s window to run out and suspects it then, unless it is heard from meanwhile. A
+    neighbour still connected to us is not waited for (it gets another probe)."""
+
+    def run_round(lost: bool, heard_at: float | None) -> tuple[str, float]:
+        d = Detector(["a", "b"])
+        d.transport.alive = {"b"}
+        d.transport.helpers_blind = {"b"}
+
+        async def go() -> tuple[str, float]:
+            d.members.sync(d.node.records(), 1, trio.current_time())  # a heard at 0 s
+            d.watch.observe({"a", "b"}, {"a", "b"}, {"a", "b"}, trio.current_time())
+            if lost:
+                d.watch.observe({"b"}, {"a", "b"}, {"a", "b"}, trio.current_time())
+            await trio.sleep(1.2)
+            outcome = ""
+            async with trio.open_nursery() as nursery:
+                if heard_at is not None:
+                    async def hear() -> None:
+                        await trio.sleep(heard_at - trio.current_time())
+                        d.table.heard_from("a", trio.current_time())
+                    nursery.start_soon(hear)
+                outcome = await d.prober.round("a")  # its probes fail at 2.2 s
+            return outcome, trio.current_time()
+
+        return trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0))
+
+    outcome, at = run_round(lost=True, heard_at=None)
+    assert outcome == "suspected" and at == pytest.approx(3.0, abs=0.01)
+    assert run_round(lost=True, heard_at=2.5)[0] == "silent"  # it spoke meanwhile
+    outcome, at = run_round(lost=False, heard_at=None)
+    assert outcome == "silent" and at == pytest.approx(2.2)
+
+
 def test_a_lagging_node_accuses_nobody_and_evicts_nobody():
     d = Detector(["a"])
 
