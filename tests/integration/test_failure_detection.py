@@ -111,7 +111,8 @@ def test_a_killed_node_of_three_is_left_within_10_s_with_the_default_timeouts(fe
             "liveness_events"]
         suspected = min(e["at"] for e in events if e["event"] == "suspected")
         seen = (s.name, f"suspected {suspected - killed_at:.1f} s", f"LEFT {left_after:.1f} s",
-                health, lag)
+                health, lag, [(round(e["at"] - killed_at, 2), e["event"], e["detail"])
+                              for e in events])
         assert left_after <= 10.0 * stretch + 2 * lag, seen
         confirmed = [e["at"] for e in events if e["event"] == "confirmed"]
         if confirmed:  # a node may get the other's eviction before its own timer runs out
