@@ -9,11 +9,12 @@ two-stage policy (§3.4):
    timeout is *confirmed*: the caller then evicts its sessions (LEFT).
 The timeout shrinks with independent evidence (Lifeguard's dynamic suspicion timeout):
 a suspicion raised by one member alone waits ``max_multiplier`` x ``suspicion_timeout``,
-one that ``expected_confirmations`` further members raised independently waits
-``suspicion_timeout``, log-scaled in between. A dead node loses every neighbour's
-connection and is suspected by all of them at once, so it is evicted as fast as before;
-a node that only one overloaded neighbour could not reach gets several times longer to
-hear of it and refute.
+one that ``expected_confirmations`` further members raised independently (or as many as
+there are: two survivors of three nodes) waits ``suspicion_timeout``, log-scaled in
+between (``timeout_for``). A dead node loses every neighbour's connection and is
+suspected by all of them at once, so it is evicted as fast as before; a node that only
+one overloaded neighbour could not reach gets several times longer to hear of it and
+refute.
 Verification: a crashed node that only one member was connected to (peering keeps a few
 random connections, and a node that crashes seconds after joining may have just the one
 to its bootstrap peer) would be suspected by that member alone and wait the longest
@@ -246,17 +247,41 @@ class LivenessTable:
             self.published = {(p, i) for p, i in self.published
                               if p in self.members and i >= self.members[p].incarnation}
 
+    def required_confirmations(self, member: Member) -> int:
+        """How many confirmations (suspecters beyond the first) cut ``member``'s grace to
+        the minimum: ``expected_confirmations``, or as many as could ever come, if fewer.
+        Those come from the members other than the suspect that are alive or already
+        suspect it, and ourselves, less the first suspecter. In a 3-node federation only
+        the two survivors can suspect a crashed third: waiting for 3 confirmations had it
+        evicted after 15 s (2.5 x the timeout) instead of 6 s."""
+        voters = sum(1 for p, m in self.members.items() if p != member.peer_id and (
+            m.status is Status.ALIVE or p in member.suspecters))
+        return min(self.expected_confirmations, voters)
+
     def timeout_for(self, member: Member) -> float:
         """Lifeguard: the more members independently suspect it, the sooner it is confirmed.
 
-        The base grows with log10 of the federation's size, as in SWIM and memberlist: the
-        suspicion and the refutation each need O(log N) gossip hops to reach everyone, so
-        in a larger federation a live suspect needs longer to be heard (x1 up to 10
-        members, x1.5 at 32, x2.1 at 128)."""
-        minimum = self.suspicion_timeout * max(1.0, math.log10(len(self.members) + 1))
-        maximum = self.max_multiplier * minimum
+        A lone suspicion waits ``max_multiplier`` x the timeout, grown with log10 of the
+        federation's size as in SWIM and memberlist (x1 up to 10 members, x1.5 at 32, x2.1
+        at 128): news riding on probes needs O(log N) rounds to reach the suspect, and its
+        refutation as long to come back. With ``required_confirmations`` it waits the
+        minimum, which for a *published* suspicion does not grow with size: the suspect
+        heard of it on the liveness topic in one delivery, and its refutation goes out
+        the same way, so it waits ``suspicion_timeout`` plus twice the measured gossip lag
+        (the suspicion's delivery and the refutation's), which stretches it where gossip
+        runs late. An unpublished suspicion's minimum (the eviction brake is on) keeps
+        the log10 N growth. Confirmations scale it log-wise in between."""
+        spread = max(1.0, math.log10(len(self.members) + 1))
+        maximum = self.max_multiplier * self.suspicion_timeout * spread
+        if (member.peer_id, member.incarnation) in self.published:
+            minimum = self.suspicion_timeout + 2 * self.dissemination_delay
+        else:
+            minimum = self.suspicion_timeout * spread
+        required = self.required_confirmations(member)
         confirmations = max(0, len(member.suspecters) - 1)
-        scale = math.log(confirmations + 1) / math.log(self.expected_confirmations + 1)
+        if confirmations >= required:
+            return minimum
+        scale = math.log(confirmations + 1) / math.log(required + 1)
         return max(minimum, maximum - (maximum - minimum) * scale)
 
     def apply(self, update: Update, now: float, proof_valid: bool = False) -> bool:
@@ -325,6 +350,17 @@ class LivenessTable:
             member.evict_at = now + self.eviction_delay(member)
             self._enqueue(Update(member.peer_id, Status.CONFIRMED, member.incarnation))
         return [m.peer_id for m in expired]
+
+    def next_deadline(self, now: float) -> float | None:
+        """The first moment after ``now`` at which a suspicion's grace runs out or an
+        eviction this node signs falls due, if any: the caller acts then instead of at the
+        end of its probe period, up to a period later. Moments already past are left to
+        the next period (the brake, or our lagging loop, may be holding them back)."""
+        times = [m.suspected_at + self.timeout_for(m) for m in self.members.values()
+                 if m.status is Status.SUSPECT and m.suspected_at is not None]
+        times += [m.evict_at for m in self.members.values()
+                  if m.status is Status.CONFIRMED and m.evict_at is not None]
+        return min((t for t in times if t > now), default=None)
 
     def _one_at_a_time(self, expired: list[Member], now: float) -> list[Member]:
         """Of the expired suspects, the one to confirm now while braking, if any."""

@@ -84,6 +84,47 @@ def test_a_killed_node_is_suspected_everywhere_then_evicted(federation):
         assert min(suspected_at) <= peer["left_at"] + 0.01
 
 
+def test_a_killed_node_of_three_is_left_within_seconds_with_the_default_timeouts(federation):
+    """Issue 19: LEFT within 10 s of a SIGKILL at every size, with the default timeouts
+    (probe 1 s, suspicion 6 s). At 3 nodes only the two survivors can suspect the third:
+    waiting for three independent confirmations had held it 15 s, LEFT after 17.5 s."""
+    nodes = mesh(federation, 3, [])
+    victim, survivors = nodes[-1], nodes[:-1]
+    killed_at = time.time()
+    os.kill(victim.process.pid, signal.SIGKILL)
+    for s in survivors:
+        wait_for(lambda s=s: s.states().get(victim.session_id) == "LEFT", 30.0,
+                 f"{s.name} to mark the killed node LEFT")
+    # A node that finds itself overloaded stretches its timeouts by 1 + its local health,
+    # and the grace grows by twice the gossip lag it measures (tens of ms when healthy):
+    # on a saturated machine the detector waits longer on purpose.
+    health = [s.get("/v1/health")["liveness"]["local_health"] for s in survivors]
+    stretch = 1 + max(health)
+    lag = max(s.get("/v1/network")["liveness"]["gossip_lag_s"] for s in survivors)
+    for s in survivors:
+        # Each survivor's own records (no polling delay): when the eviction reached it,
+        # and how long it held the suspicion before confirming it.
+        entry = next(e for e in s.get("/v1/registry/nodes")["nodes"]
+                     if e["session_id"] == victim.session_id)
+        left_after = entry["received_at"] - killed_at
+        events = s.get(f"/v1/network?peer={victim.status['peer_id']}")["peer"][
+            "liveness_events"]
+        suspected = min(e["at"] for e in events if e["event"] == "suspected")
+        seen = (s.name, f"suspected {suspected - killed_at:.1f} s", f"LEFT {left_after:.1f} s",
+                health, lag, [(round(e["at"] - killed_at, 2), e["event"], e["detail"])
+                              for e in events])
+        # The goal is 10 s (benchmarks/failure_detection.py: 7.5-9.7 s at 3 nodes); in a
+        # whole test run on 2 cores the first suspicion alone has taken 4.8 s, so the bound
+        # leaves 3 s more, and still fails the old rule (LEFT after 17.5 s).
+        assert left_after <= 13.0 * stretch + 2 * lag, seen
+        confirmed = [e["at"] for e in events if e["event"] == "confirmed"]
+        if confirmed:  # a node may get the other's eviction before its own timer runs out
+            # The 6 s grace, not 2.5 x it (a grace that runs out during a probe round is
+            # acted on when the round ends, and rounds run long on a loaded machine).
+            held = confirmed[0] - suspected
+            assert held <= (6.0 + 2.0) * stretch + 2 * lag, (*seen, f"held {held:.1f} s")
+
+
 def test_a_briefly_paused_node_refutes_and_is_not_evicted(federation):
     nodes = mesh(federation, 4, ["--probe-interval", "0.5s", "--suspicion-timeout", "6s"])
     paused, observers = nodes[-1], nodes[:-1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import pytest
 import trio
 import trio.testing
 from libp2p.crypto.ed25519 import create_new_key_pair
@@ -154,6 +155,32 @@ def test_a_dead_peer_is_suspected_confirmed_and_evicted():
     assert d.stats["evicted"] >= 1 and d.health.score == 0
 
 
+def test_a_grace_period_is_acted_on_when_it_runs_out_not_at_the_next_period():
+    """Between probe rounds the loop wakes when a suspicion's grace runs out (and when
+    an eviction it signs falls due): checking only at the end of each period added up
+    to a period to every eviction."""
+    d = Detector(["a", "b"])
+    d.node.links = {"b"}  # a is gone (not probed here); b answers
+    d.transport.alive = {"b"}
+
+    async def main() -> None:
+        d.members.sync(d.node.records(), d.node.gen, trio.current_time())
+        d.table.apply(Update("a", Status.SUSPECT, 0, by="b"), now=-0.4)
+        d.table.probe_failed("a", now=-0.4)  # both voices there can be: the 6 s grace
+        with trio.move_on_after(12):
+            await d.prober.run()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    first: dict[str, float] = {}
+    for e in d.events.events:
+        if e["peer_id"] == "a":
+            first.setdefault(e["event"], e["at"])
+    assert first["confirmed"] == pytest.approx(5.6)  # periods end at 6.0
+    # Signed at once by the first-ranked suspecter, one stagger later by the second.
+    assert first["evicted"] - first["confirmed"] in (pytest.approx(0.0), pytest.approx(1.0))
+    assert d.health.score == 0 and d.health.late_at is None  # no wake-up counted as late
+
+
 def test_a_peer_heard_from_recently_is_not_suspected():
     d = Detector(["a", "b"])
     d.transport.helpers_blind = {"b"}
@@ -166,6 +193,42 @@ def test_a_peer_heard_from_recently_is_not_suspected():
 
     assert trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0)) == "silent"
     assert d.table.suspected() == frozenset()
+
+
+def test_a_lost_neighbour_is_suspected_when_its_contact_window_runs_out():
+    """Direct and indirect probes of a lost neighbour failed at 2.2 s, but it was heard
+    from at 0 s: rather than probing it again a period later, the round waits for its
+    3 s window to run out and suspects it then, unless it is heard from meanwhile. A
+    neighbour still connected to us is not waited for (it gets another probe)."""
+
+    def run_round(lost: bool, heard_at: float | None) -> tuple[str, float]:
+        d = Detector(["a", "b"])
+        d.transport.alive = {"b"}
+        d.transport.helpers_blind = {"b"}
+
+        async def go() -> tuple[str, float]:
+            d.members.sync(d.node.records(), 1, trio.current_time())  # a heard at 0 s
+            d.watch.observe({"a", "b"}, {"a", "b"}, {"a", "b"}, trio.current_time())
+            if lost:
+                d.watch.observe({"b"}, {"a", "b"}, {"a", "b"}, trio.current_time())
+            await trio.sleep(1.2)
+            outcome = ""
+            async with trio.open_nursery() as nursery:
+                if heard_at is not None:
+                    async def hear() -> None:
+                        await trio.sleep(heard_at - trio.current_time())
+                        d.table.heard_from("a", trio.current_time())
+                    nursery.start_soon(hear)
+                outcome = await d.prober.round("a")  # its probes fail at 2.2 s
+            return outcome, trio.current_time()
+
+        return trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0))
+
+    outcome, at = run_round(lost=True, heard_at=None)
+    assert outcome == "suspected" and at == pytest.approx(3.0, abs=0.01)
+    assert run_round(lost=True, heard_at=2.5)[0] == "silent"  # it spoke meanwhile
+    outcome, at = run_round(lost=False, heard_at=None)
+    assert outcome == "silent" and at == pytest.approx(2.2)
 
 
 def test_a_lagging_node_accuses_nobody_and_evicts_nobody():

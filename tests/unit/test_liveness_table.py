@@ -22,7 +22,7 @@ def test_members_follow_the_registry_and_exclude_ourselves():
 
 
 def test_failed_probes_suspect_and_the_timeout_confirms():
-    t = table("a", timeout=5.0)
+    t = table("a", "b", timeout=5.0)
     assert t.probe_failed("a", now=10.0)
     assert not t.probe_failed("a", now=11.0)  # already suspected by us: no new news
     assert t.suspected() == {"a"}
@@ -106,6 +106,83 @@ def test_independent_suspicions_shorten_the_grace_period():
     assert t.timeout_for(t.members["a"]) == 5.0
     assert t.expired_suspicions(now=4.9) == []
     assert t.expired_suspicions(now=5.0) == ["a"]
+
+
+def test_small_federations_need_only_the_confirmations_they_can_give():
+    """Three nodes: only the two survivors can suspect a crashed third, so one
+    confirmation is all there can be; waiting for three held a crash for 2.5 x the
+    timeout (LEFT 17.5 s after SIGKILL with the 6 s default)."""
+    t = table("a", "b", timeout=5.0)
+    t.probe_failed("a", now=0.0)
+    assert t.required_confirmations(t.members["a"]) == 1
+    assert t.timeout_for(t.members["a"]) == 20.0  # still a lone suspicion
+    t.apply(Update("a", Status.SUSPECT, 0, by="b"), now=1.0)
+    assert t.timeout_for(t.members["a"]) == 5.0
+    assert t.expired_suspicions(now=4.9) == []
+    assert t.expired_suspicions(now=5.0) == ["a"]
+    # A member that is itself suspected (and has not voted) cannot confirm anything.
+    five = table("a", "b", "c", "d", timeout=5.0)
+    five.probe_failed("c", now=0.0)
+    five.probe_failed("d", now=0.0)
+    five.probe_failed("a", now=0.0)
+    assert five.required_confirmations(five.members["a"]) == 1  # only b is left to ask
+    five.apply(Update("a", Status.SUSPECT, 0, by="c"), now=0.0)  # a suspect voted before
+    assert five.required_confirmations(five.members["a"]) == 2
+    # Two nodes: nobody else could ever confirm, so the suspicion is all the evidence.
+    pair = table("a", timeout=5.0)
+    pair.probe_failed("a", now=0.0)
+    assert pair.required_confirmations(pair.members["a"]) == 0
+    assert pair.timeout_for(pair.members["a"]) == 5.0
+    # Enough members: three confirmations, as before.
+    large = table(*[f"p{i}" for i in range(9)], timeout=5.0)
+    large.probe_failed("p0", now=0.0)
+    large.apply(Update("p0", Status.SUSPECT, 0, by="p1"), now=0.0)
+    assert large.required_confirmations(large.members["p0"]) == 3
+    assert 5.0 < large.timeout_for(large.members["p0"]) < 20.0
+
+
+def test_a_published_suspicion_waits_the_base_timeout_at_any_size():
+    """Published on the liveness topic, the suspicion reached the suspect in one delivery
+    and its refutation would come back in one: its minimum grace does not grow with log N
+    (at 64 nodes it had been 1.8 x the timeout, LEFT 13.4 s after SIGKILL), it grows with
+    the measured gossip lag instead. Lone and unpublished suspicions keep the log N
+    growth."""
+    peers = [f"p{i}" for i in range(127)]
+    t = table(*peers, timeout=5.0)
+    for suspecter in ["p1", "p2", "p3", "p4"]:
+        t.apply(Update("p0", Status.SUSPECT, 0, by=suspecter), now=0.0)
+    assert t.timeout_for(t.members["p0"]) == pytest.approx(5.0 * math.log10(128))
+    t.published_elsewhere("p0", 0)
+    assert t.timeout_for(t.members["p0"]) == 5.0
+    t.observe_dissemination_delay(1.5)  # gossip runs late: the refutation would too
+    assert t.timeout_for(t.members["p0"]) == 8.0
+    t.scale_timeouts(2.0)  # and an unhealthy node waits longer still
+    assert t.timeout_for(t.members["p0"]) == 13.0
+    # A lone published suspicion (a dropped connection) still waits the longest.
+    t.probe_failed("p5", now=0.0)
+    t.published_elsewhere("p5", 0)
+    assert t.timeout_for(t.members["p5"]) == pytest.approx(4 * 10.0 * math.log10(128))
+    # A suspicion published for an older incarnation does not count for a newer one.
+    t.apply(Update("p6", Status.SUSPECT, 1, by="p1"), now=0.0)
+    for suspecter in ["p2", "p3", "p4"]:
+        t.apply(Update("p6", Status.SUSPECT, 1, by=suspecter), now=0.0)
+    t.published_elsewhere("p6", 0)
+    assert t.timeout_for(t.members["p6"]) == pytest.approx(10.0 * math.log10(128))
+
+
+def test_the_next_deadline_is_the_first_grace_or_eviction_still_to_come():
+    t = table("a", "b", "c", timeout=5.0)
+    assert t.next_deadline(now=0.0) is None
+    t.probe_failed("a", now=0.0)  # lone: 20 s
+    t.apply(Update("b", Status.SUSPECT, 0, by="c"), now=1.0)
+    t.probe_failed("b", now=1.0)  # two of the two voices there can be: 5 s
+    assert t.next_deadline(now=1.0) == 6.0
+    assert t.expired_suspicions(now=6.0) == ["b"]
+    # b is confirmed: we rank among its two suspecters, so sign at 6 s or one stagger on.
+    evict_at = t.members["b"].evict_at
+    assert evict_at in (6.0, 7.0)
+    assert t.next_deadline(now=6.0) == (7.0 if evict_at == 7.0 else 20.0)
+    assert t.next_deadline(now=20.0) is None  # past moments are left to the next period
 
 
 def test_our_own_failed_probe_confirms_someone_elses_suspicion():
