@@ -57,7 +57,12 @@ def error_json(status: int, message: str, code: str | None = None,
 
 class NotDelivered(Exception):
     """The request never reached an engine (no connection, or the node said so): another
-    node may take it. Only this outcome is ever retried, so nothing runs twice."""
+    node may take it. Only this outcome is ever retried, so nothing runs twice.
+    ``refused``: the node's address refused the connection (nothing listens there)."""
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class UpstreamFailed(Exception):

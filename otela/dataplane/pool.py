@@ -235,7 +235,8 @@ class HttpPool:
             self.connect_failures += 1
             reason = "timed out" if isinstance(exc, trio.TooSlowError) else (
                 exc.strerror or str(exc))
-            raise NotDelivered(f"cannot connect to {host}:{port}: {reason}") from None
+            raise NotDelivered(f"cannot connect to {host}:{port}: {reason}",
+                               refused=isinstance(exc, ConnectionRefusedError)) from None
         except BaseException:
             sockio.close(sock)
             raise

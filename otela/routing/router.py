@@ -225,7 +225,7 @@ class Router:
             reply = await self.upstreams.send(node, path, body, headers,
                                               self.first_byte_timeout)
         except NotDelivered as exc:
-            self._failed(node, candidate, policy, pick, NOT_DELIVERED)
+            self._failed(node, candidate, policy, pick, NOT_DELIVERED, exc.refused)
             log.warning("node %s did not take the request, trying another: %s",
                         session, exc)
             return None
@@ -267,9 +267,9 @@ class Router:
                       policy, pick, outcome)
 
     def _failed(self, node: NodeRecord, candidate: Candidate, policy: Policy, pick: Pick,
-                outcome: str) -> None:
+                outcome: str, refused: bool = False) -> None:
         self._unbusy(node.session_id)
-        if self.ejections.failure(node.session_id, self.clock()):
+        if self.ejections.failure(node.session_id, self.clock(), refused):
             log.warning("ejecting node %s (provider %s) from routing after repeated "
                         "failures (last: %s)", node.session_id, node.provider_id, outcome)
         policy.on_end(candidate, pick, outcome)

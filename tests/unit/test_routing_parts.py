@@ -263,6 +263,17 @@ def test_consecutive_failures_eject_for_growing_times_and_success_resets():
     assert ej.total == 3 and ej.count(NOW + 40) == 1
 
 
+def test_a_refused_connection_ejects_at_once_within_the_share():
+    ej = Ejections(consecutive=5, base=10, max_share=0.5)
+    assert ej.failure("a", NOW, refused=True)  # nothing listens there: out now
+    assert not ej.failure("a", NOW, refused=True)  # already out: no second ejection
+    assert ej.failure("b", NOW + 1, refused=True)
+    assert ej.failure("c", NOW + 2, refused=True)
+    assert ej.ejected(["a", "b", "c", "d"], NOW + 3) == {"b", "c"}  # at most half
+    assert not ej.failure("d", NOW)  # other failures still need five in a row
+    assert ej.total == 3
+
+
 def test_at_most_a_share_is_ejected_and_the_oldest_ejection_ends_first():
     ej = Ejections(consecutive=1, max_share=0.5)
     for i, s in enumerate("abcd"):
