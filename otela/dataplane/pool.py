@@ -9,8 +9,15 @@ never be sent to another one:
 
 - ``NotDelivered``: no connection could be made (refused, unreachable, connect timeout):
   nothing was sent, trying another node is safe;
-- ``UpstreamFailed``: the connection broke after the request was (maybe partly) sent and
-  before the response was complete;
+- ``NotDelivered`` too: the connection broke before all of the request was sent, or a
+  pooled (reused) connection was reset before a byte of answer. That reset means our
+  request met a socket whose process had already closed it (a server that read the
+  request and then died or closed sends an orderly end-of-file): the keep-alive race,
+  seen when a node is SIGKILLed between two requests on one connection. On a fresh
+  connection a reset stays ambiguous (a server may read a request, then abort) and is
+  an ``UpstreamFailed``;
+- ``UpstreamFailed``: the connection broke after the request was sent and before the
+  response was complete;
 - ``UpstreamTimeout``: nothing came back within the first-byte timeout.
 
 Idle connections are kept per upstream (at most ``max_idle``, the most recently used
@@ -182,15 +189,27 @@ class HttpPool:
         response = _Response()
         response.parser = httptools.HttpResponseParser(response)
         try:
-            await sockio.send_all(conn.sock, data)
+            try:
+                await sockio.send_all(conn.sock, data)
+            except sockio.Closed as exc:
+                raise NotDelivered(f"{host}:{port}: the connection broke before the request "
+                                   f"was sent: {exc}") from None
+            answered = False
             # A plain cancel scope: trio.fail_after is a generator-based context manager,
             # measurably slower on a path that runs once per request.
             with trio.CancelScope(deadline=trio.current_time() + first_byte_timeout) as wait:
                 while not response.head_done:
-                    received = await _recv(conn)
+                    try:
+                        received = await sockio.recv(conn.sock)
+                    except sockio.Closed as exc:
+                        if exc.reset and not answered and conn.requests > 1:
+                            raise NotDelivered(f"{host}:{port} reset the connection before "
+                                               f"reading the request: {exc}") from None
+                        raise
                     if not received:
                         raise UpstreamFailed("the upstream closed the connection before "
                                              "answering")
+                    answered = True
                     _feed(response, received)
             if wait.cancelled_caught:
                 sockio.close(conn.sock)

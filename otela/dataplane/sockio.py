@@ -19,7 +19,11 @@ RECV_SIZE = 65536
 
 
 class Closed(Exception):
-    """The peer reset the connection, or it is closed."""
+    """The peer reset the connection (``reset``), or it is closed."""
+
+    def __init__(self, message: str, reset: bool = False) -> None:
+        super().__init__(message)
+        self.reset = reset
 
 
 async def recv(sock: socket.socket, size: int = RECV_SIZE) -> bytes:
@@ -30,7 +34,8 @@ async def recv(sock: socket.socket, size: int = RECV_SIZE) -> bytes:
         except BlockingIOError:
             await trio.lowlevel.wait_readable(sock.fileno())
         except OSError as exc:
-            raise Closed(exc.strerror or str(exc)) from None
+            raise Closed(exc.strerror or str(exc), isinstance(exc, ConnectionResetError)
+                         ) from None
 
 
 def try_send(sock: socket.socket, data: bytes | memoryview) -> int:
@@ -40,7 +45,7 @@ def try_send(sock: socket.socket, data: bytes | memoryview) -> int:
     except BlockingIOError:
         return 0
     except OSError as exc:
-        raise Closed(exc.strerror or str(exc)) from None
+        raise Closed(exc.strerror or str(exc), isinstance(exc, ConnectionResetError)) from None
 
 
 async def send_all(sock: socket.socket, data: bytes) -> None:

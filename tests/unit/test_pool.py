@@ -4,9 +4,14 @@ connection, and a stream arrives chunk by chunk."""
 
 from __future__ import annotations
 
+import socket
+from functools import partial
+
+import pytest
 import trio
 import trio.testing
 
+from otela.dataplane.errors import NotDelivered, UpstreamFailed
 from otela.dataplane.http import HttpServer, Request, Response, ServerLimits
 from otela.dataplane.pool import HttpPool
 
@@ -79,3 +84,49 @@ def test_a_stream_arrives_in_chunks_and_an_abandoned_reply_closes_its_connection
         assert await reply.read() and pool.connects == 2
 
     run(test)
+
+
+ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+
+
+async def answer_once_then_reset(stream: trio.SocketStream) -> None:
+    """Answer one request, then die with the next one unread: the kernel resets."""
+    await stream.receive_some(65536)
+    await stream.send_all(ANSWER)
+    await stream.socket.recv(1, socket.MSG_PEEK)  # the next request has arrived, unread
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00" * 2)
+    stream.socket.close()
+
+
+async def reset_without_answering(stream: trio.SocketStream) -> None:
+    await stream.socket.recv(1, socket.MSG_PEEK)
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00" * 2)
+    stream.socket.close()
+
+
+async def two_requests(behaviour) -> list[str]:  # type: ignore[no-untyped-def]
+    outcomes = []
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, behaviour, 0, host="127.0.0.1"))
+        listener = listeners[0]
+        port = listener.socket.getsockname()[1]
+        pool = HttpPool()
+        for _ in range(2):
+            try:
+                reply = await pool.request("127.0.0.1", port, b"POST", b"/x", JSON, b"{}", 5)
+                await reply.read()
+                outcomes.append("ok")
+            except (NotDelivered, UpstreamFailed) as exc:
+                outcomes.append(type(exc).__name__)
+        pool.close()
+        nursery.cancel_scope.cancel()
+    return outcomes
+
+
+@pytest.mark.parametrize(("behaviour", "expected"), [
+    (answer_once_then_reset, ["ok", "NotDelivered"]),  # a reused connection's server died
+    (reset_without_answering, ["UpstreamFailed", "UpstreamFailed"]),  # fresh: ambiguous
+])
+def test_a_reset_before_any_answer_is_not_delivered_only_on_a_reused_connection(
+        behaviour, expected):
+    assert trio.run(two_requests, behaviour) == expected
