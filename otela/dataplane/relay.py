@@ -24,7 +24,8 @@ from otela.dataplane.errors import RequestError, UpstreamFailed, clip, error_jso
 from otela.dataplane.exchange import UsageTap
 from otela.dataplane.headers import Headers
 from otela.dataplane.http import Response
-from otela.dataplane.sse_usage import UsageChunkFilter, WholeEvents
+from otela.dataplane.sse_events import WholeEvents, error_event, is_event_stream
+from otela.dataplane.sse_usage import UsageChunkFilter
 from otela.dataplane.upstream import Reply
 
 
@@ -80,20 +81,14 @@ async def relay(reply: Reply, response: Response, extra: Headers,
         await reply.aclose()
 
 
-_EVENT_END = b"\n\n"
-
-
 def _is_event_stream(reply: Reply) -> bool:
-    content_type = policy.value(reply.headers, b"content-type") or b""
-    return content_type.split(b";", 1)[0].strip().lower() == b"text/event-stream"
+    return is_event_stream(policy.value(reply.headers, b"content-type"))
 
 
 def _stream_error(reason: str, at_boundary: bool) -> bytes:
-    """The event that ends a broken stream; after a partial event (only when the stream
-    was not made of events we could find), a blank line first, so that this one parses."""
+    """The event that ends a broken stream."""
     message = f"the serving node broke off the stream: {clip(reason)}"
-    event = b"data: " + error_json(502, message, "upstream_failed") + _EVENT_END
-    return event if at_boundary else _EVENT_END + event
+    return error_event(error_json(502, message, "upstream_failed"), at_boundary)
 
 
 async def _forward(chunk: bytes, response: Response, tap: UsageTap | None,

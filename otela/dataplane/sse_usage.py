@@ -5,12 +5,7 @@ report them only when asked (``stream_options.include_usage``): then the last ev
 ``[DONE]`` is a chunk with empty ``choices`` and a ``usage`` object. When the ingress adds
 that request (``ask_for_usage``), the client did not ask for such a chunk, so
 ``UsageChunkFilter`` removes it from the stream before it is relayed. Events pass through
-untouched otherwise.
-
-Both hold back the incomplete event at the end of what arrived (``WholeEvents``) until
-its end comes: then a stream the serving node breaks off can be ended with an error
-event that parses, instead of after half an event. At most ``MAX_PARTIAL_BYTES`` are
-held; a stream that has not ended an event by then is passed on as it comes.
+untouched otherwise, whole events at a time (``sse_events.WholeEvents``).
 """
 
 from __future__ import annotations
@@ -18,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+
+from otela.dataplane.sse_events import WholeEvents
 
 
 def ask_for_usage(body: dict[str, Any]) -> bool:
@@ -47,44 +44,6 @@ def _is_usage_only(event: bytes) -> bool:
             return (isinstance(data, dict) and data.get("choices") == []
                     and isinstance(data.get("usage"), dict))
     return False
-
-
-MAX_PARTIAL_BYTES = 1024 * 1024
-
-
-class WholeEvents:
-    """Feed an event stream's chunks in order; relay what ``feed`` and ``end`` return:
-    the same bytes, each event's released once it is complete."""
-
-    def __init__(self) -> None:
-        self._partial = b""
-        self.at_boundary = True  # what was released so far ends between two events
-
-    def feed(self, chunk: bytes) -> bytes:
-        if not self._partial and (chunk.endswith(b"\n\n") or chunk.endswith(b"\r\n\r\n")):
-            return self.released(chunk)  # whole events, as engines mostly write them
-        data = self._partial + chunk
-        cut = max(data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n"))
-        if cut < 0:
-            if len(data) > MAX_PARTIAL_BYTES:  # not events as we know them: pass it on
-                self._partial = b""
-                self.at_boundary = False
-                return data
-            self._partial = data
-            return b""
-        end = cut + (4 if data.startswith(b"\r\n\r\n", cut) else 2)
-        whole, self._partial = data[:end], data[end:]
-        return self.released(whole)
-
-    def released(self, whole: bytes) -> bytes:
-        """Complete events on their way out (a subclass may change them)."""
-        self.at_boundary = True
-        return whole
-
-    def end(self) -> bytes:
-        """What is held when the stream ends properly (its last, unterminated event)."""
-        rest, self._partial = self._partial, b""
-        return rest
 
 
 class UsageChunkFilter(WholeEvents):

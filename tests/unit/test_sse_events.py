@@ -1,11 +1,13 @@
-"""Event streams are relayed whole events at a time (otela.dataplane.sse_usage)."""
+"""Event streams are relayed whole events at a time (otela.dataplane.sse_events,
+sse_usage)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otela.dataplane.sse_usage import MAX_PARTIAL_BYTES, UsageChunkFilter, WholeEvents
+from otela.dataplane.sse_events import MAX_PARTIAL_BYTES, WholeEvents
+from otela.dataplane.sse_usage import UsageChunkFilter
 
 STREAM = (b": hello\n\ndata: {\"a\": 1}\n\ndata: {\"choices\": [], \"usage\": "
           b"{\"prompt_tokens\": 1}}\n\r\n\r\ndata: caf\xc3\xa9\n\ndata: [DONE]\n\n")

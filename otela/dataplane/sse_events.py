@@ -1,0 +1,60 @@
+"""Server-sent event streams relayed whole events at a time.
+
+``WholeEvents`` holds back the incomplete event at the end of what has arrived until its
+end comes. Then a stream the serving node breaks off can be ended with an error event
+that parses (``relay``), instead of one glued to half an event. At most
+``MAX_PARTIAL_BYTES`` are held; a stream that has not ended an event by then is passed
+on as it comes. Subclasses may change complete events on their way out
+(``sse_usage.UsageChunkFilter``).
+"""
+
+from __future__ import annotations
+
+MAX_PARTIAL_BYTES = 1024 * 1024
+EVENT_END = b"\n\n"
+
+
+def is_event_stream(content_type: bytes | None) -> bool:
+    return (content_type or b"").split(b";", 1)[0].strip().lower() == b"text/event-stream"
+
+
+def error_event(error_json: bytes, at_boundary: bool) -> bytes:
+    """An event carrying an OpenAI-style error body; after a partial event (only when the
+    stream was not made of events we could find), a blank line first, so that it parses."""
+    event = b"data: " + error_json + EVENT_END
+    return event if at_boundary else EVENT_END + event
+
+
+class WholeEvents:
+    """Feed an event stream's chunks in order; relay what ``feed`` and ``end`` return:
+    the same bytes, each event's released once it is complete."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self.at_boundary = True  # what was released so far ends between two events
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not self._partial and (chunk.endswith(EVENT_END) or chunk.endswith(b"\r\n\r\n")):
+            return self.released(chunk)  # whole events, as engines mostly write them
+        data = self._partial + chunk
+        cut = max(data.rfind(EVENT_END), data.rfind(b"\r\n\r\n"))
+        if cut < 0:
+            if len(data) > MAX_PARTIAL_BYTES:  # not events as we know them: pass it on
+                self._partial = b""
+                self.at_boundary = False
+                return data
+            self._partial = data
+            return b""
+        end = cut + (4 if data.startswith(b"\r\n\r\n", cut) else 2)
+        whole, self._partial = data[:end], data[end:]
+        return self.released(whole)
+
+    def released(self, whole: bytes) -> bytes:
+        """Complete events on their way out (a subclass may change them)."""
+        self.at_boundary = True
+        return whole
+
+    def end(self) -> bytes:
+        """What is held when the stream ends properly (its last, unterminated event)."""
+        rest, self._partial = self._partial, b""
+        return rest
