@@ -16,6 +16,7 @@ import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 import multiaddr
@@ -73,6 +74,14 @@ def next_backoff(current: float, rng: random.Random) -> tuple[float, float]:
     return current * rng.uniform(0.8, 1.2), min(current * 2, BACKOFF_MAX_S)
 
 
+async def dial(host: Any, peer: PeerInfo, timeout: float = DIAL_TIMEOUT_S) -> None:
+    """Connect to ``peer`` within ``timeout`` (``trio.TooSlowError`` past it), first lifting
+    py-libp2p's negative cache for it (module docstring): we own the retry schedule."""
+    host.get_network().unblock_peer(peer.peer_id)
+    with trio.fail_after(timeout):
+        await host.connect(peer)
+
+
 def isolated_below(mesh: MeshHost, minimum: int) -> Callable[[], bool]:
     """A check for "we hold fewer than ``minimum`` connections" (so we need a bootstrap)."""
     return lambda: len(mesh.host.get_connected_peers()) < minimum
@@ -106,10 +115,8 @@ async def keep_connected(
         if connected or (joined and needs_bootstrap is not None and not needs_bootstrap()):
             await trio.sleep(CHECK_INTERVAL_S)
             continue
-        host.get_network().unblock_peer(peer.peer_id)
         try:
-            with trio.fail_after(DIAL_TIMEOUT_S):
-                await host.connect(peer)
+            await dial(host, peer)
         except Exception as exc:  # the library raises many types for one failed dial
             failures += 1
             if netlog is not None:

@@ -27,8 +27,9 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from otela.mesh.bootstrap import BACKOFF_INITIAL_S, CHECK_INTERVAL_S, DIAL_TIMEOUT_S, next_backoff
-from otela.registry.records import Lifecycle, NodeRecord
+from otela.mesh.bootstrap import BACKOFF_INITIAL_S, CHECK_INTERVAL_S, dial, next_backoff
+from otela.mesh.peering import dialable
+from otela.registry.records import NodeRecord
 
 log = logging.getLogger("otela.mesh")
 
@@ -41,12 +42,7 @@ SAVE_INTERVAL_S = 60.0
 def chosen_peers(records: Iterable[NodeRecord], own_peer_id: str,
                  rng: random.Random) -> list[dict[str, object]]:
     """Up to ``KEEP`` live members with a direct address, at random: what to remember."""
-    by_peer: dict[str, list[str]] = {}
-    for record in records:
-        if record.state is Lifecycle.LEFT or record.peer_id == own_peer_id or \
-                not record.addrs or record.needs_relayed_path():
-            continue
-        by_peer[record.peer_id] = list(record.addrs)
+    by_peer = {r.peer_id: list(r.addrs) for r in records if dialable(r, own_peer_id)}
     peers = sorted(by_peer)
     rng.shuffle(peers)
     return [{"peer_id": p, "addrs": by_peer[p]} for p in peers[:KEEP]]
@@ -120,14 +116,12 @@ class PeerCache:
     async def _first_that_answers(self, host: Any, peers: list[PeerInfo],
                                   sync: Callable[[ID], Awaitable[bool]]) -> bool:
         for peer in peers:
-            host.get_network().unblock_peer(peer.peer_id)  # our schedule, not its cache
-            with trio.move_on_after(DIAL_TIMEOUT_S):
-                try:
-                    await host.connect(peer)
-                except Exception as exc:  # gone, moved: the next one may answer
-                    log.debug("remembered peer %s did not answer: %s", peer.peer_id, exc)
-                    continue
-                log.info("rejoined through remembered peer %s", peer.peer_id)
-                await sync(peer.peer_id)
-                return True
+            try:
+                await dial(host, peer)
+            except Exception as exc:  # gone, moved, too slow: the next one may answer
+                log.debug("remembered peer %s did not answer: %s", peer.peer_id, exc)
+                continue
+            log.info("rejoined through remembered peer %s", peer.peer_id)
+            await sync(peer.peer_id)
+            return True
         return False

@@ -27,12 +27,20 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from otela.registry.records import Lifecycle
+from otela.mesh.bootstrap import dial
+from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.store import Registry
 
 log = logging.getLogger("otela.mesh")
 
 DIAL_TIMEOUT_S = 5.0
+
+
+def dialable(record: NodeRecord, own_peer_id: str) -> bool:
+    """A member we may dial directly: not LEFT, not us, with an address, not behind a NAT
+    (those are reached through relays, on demand)."""
+    return not (record.state is Lifecycle.LEFT or record.peer_id == own_peer_id
+                or not record.addrs or record.needs_relayed_path())
 
 
 class Peering:
@@ -70,9 +78,7 @@ class Peering:
         suspected = self.suspected()
         out: dict[ID, list[multiaddr.Multiaddr]] = {}
         for record in self.registry:
-            if (record.state is Lifecycle.LEFT or record.peer_id == me
-                    or record.peer_id in suspected or not record.addrs
-                    or record.needs_relayed_path()):  # NAT'd: reached via relays on demand
+            if not dialable(record, me) or record.peer_id in suspected:
                 continue
             try:
                 out[ID.from_base58(record.peer_id)] = [multiaddr.Multiaddr(a) for a in record.addrs]
@@ -149,14 +155,11 @@ class Peering:
                     log.debug("trimming connection to %s failed", peer_id, exc_info=True)
 
     async def _dial(self, peer_id: ID, addrs: list[multiaddr.Multiaddr]) -> None:
-        self.host.get_network().unblock_peer(peer_id)  # we pace our own retries
-        with trio.move_on_after(DIAL_TIMEOUT_S):
-            try:
-                await self.host.connect(PeerInfo(peer_id, addrs))
-                self.last_errors.pop(peer_id.to_base58(), None)
-                return
-            except Exception as exc:  # dial failures are normal (NAT, churn); remember why
-                self.last_errors[peer_id.to_base58()] = str(exc)[:300]
-                log.debug("dial %s failed: %s", peer_id, exc)
-                return
-        self.last_errors[peer_id.to_base58()] = f"dial timed out after {DIAL_TIMEOUT_S:.0f}s"
+        try:
+            await dial(self.host, PeerInfo(peer_id, addrs), DIAL_TIMEOUT_S)
+            self.last_errors.pop(peer_id.to_base58(), None)
+        except trio.TooSlowError:
+            self.last_errors[peer_id.to_base58()] = f"dial timed out after {DIAL_TIMEOUT_S:.0f}s"
+        except Exception as exc:  # dial failures are normal (NAT, churn); remember why
+            self.last_errors[peer_id.to_base58()] = str(exc)[:300]
+            log.debug("dial %s failed: %s", peer_id, exc)
