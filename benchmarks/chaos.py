@@ -212,6 +212,7 @@ def event(name: str, fed: LocalFederation, boot: LocalNode, ingress: LocalNode,
             states.get(n.session_id) != "SERVING" for n in frozen)
 
     def restart_boot() -> None:
+        started = time.monotonic()
         fed.stop_node(boot)
         restarted = fed.start_node("boot", extra_args=QUIET, timeout=60,
                                    p2p_port=args.boot_port)
@@ -222,7 +223,6 @@ def event(name: str, fed: LocalFederation, boot: LocalNode, ingress: LocalNode,
                  "the restarted bootstrap node to list everyone again", interval=0.25)
         extra["boot_converged_s"] = round(time.monotonic() - started, 1)
 
-    started = time.monotonic()
     return {"kill": kill, "stop": stop, "boot": restart_boot}[name]
 
 
