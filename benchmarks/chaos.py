@@ -27,117 +27,46 @@ import argparse
 import collections
 import contextlib
 import json
-import os
-import random
 import signal
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import trio
 
 from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.steady_load import REQUEST_TIMEOUT_S, Outcome, SteadyLoad, machine_pids, signal_machine
+from tests.integration.netns import Lan, ensure_iptables
 
 MODEL = "echo-chaos"
 QUIET = ["--log-level", "WARNING"]
-REQUEST_TIMEOUT_S = 60.0
 
 
-@dataclass
-class Outcome:
-    sent_at: float
-    stream: bool
-    result: str
-    latency: float
-
-
-@dataclass
-class Load:
-    """Open-loop requests through ``url`` until stopped; every outcome kept."""
-
-    url: str
-    rate: float
-    stream_share: float
-    outcomes: list[Outcome] = field(default_factory=list)
-    messages: collections.Counter[str] = field(default_factory=collections.Counter)
-
-    async def run(self, stop: trio.Event) -> None:
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits,
-                                     trust_env=False) as client, \
-                trio.open_nursery() as nursery:
-            rng = random.Random(7)
-            next_at = trio.current_time()
-            while not stop.is_set():
-                next_at += rng.expovariate(self.rate)
-                await trio.sleep_until(next_at)
-                stream = rng.random() < self.stream_share
-                nursery.start_soon(self.one, client, stream, time.monotonic())
-
-    async def one(self, client: httpx.AsyncClient, stream: bool, sent_at: float) -> None:
-        body = {"model": MODEL, "stream": stream, "max_tokens": 8,
-                "messages": [{"role": "user", "content": "one two three four five six"}]}
-        try:
-            if stream:
-                result = await self.streamed(client, body)
-            else:
-                answer = await client.post(f"{self.url}/v1/chat/completions", json=body)
-                result = "ok" if answer.status_code == 200 else f"http {answer.status_code}"
-                if answer.status_code != 200:
-                    self.messages[result] += 1
-                    self.messages[answer.text[:300]] += 1
-        except httpx.TimeoutException:
-            result = "hang"
-        except httpx.HTTPError as exc:
-            result = f"cut ({type(exc).__name__})"
-        self.outcomes.append(Outcome(sent_at, stream, result, time.monotonic() - sent_at))
-
-    async def streamed(self, client: httpx.AsyncClient, body: dict[str, object]) -> str:
-        async with client.stream("POST", f"{self.url}/v1/chat/completions",
-                                 json=body) as answer:
-            if answer.status_code != 200:
-                return f"http {answer.status_code}"
-            data = b""
-            async for chunk in answer.aiter_raw():
-                data += chunk
-        if b"data: [DONE]" in data:
-            return "ok"
-        if b'data: {"error"' in data:
-            self.messages[data[data.index(b'data: {"error"'):][:300].decode()] += 1
-            return "error event"
-        return "cut"
-
-
-def machine_pids(node: LocalNode) -> list[int]:
-    """The node's daemon and its engine: what a machine failure takes down."""
-    return [node.process.pid, *node.engine_pids()]
-
-
-def signal_machine(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def start(fed: LocalFederation, args: argparse.Namespace
+def start(fed: LocalFederation, args: argparse.Namespace, lan: Lan | None = None
           ) -> tuple[LocalNode, LocalNode, list[LocalNode]]:
+    """The bootstrap node, the ingress and the serving nodes; with ``lan``, each node in a
+    network namespace of its own (host 0 the bootstrap node, 1 the ingress, then serving)."""
+    def place(i: int) -> dict[str, str]:
+        if lan is None:
+            return {}
+        ns, ip = lan.hosts[i]
+        return {"netns": ns, "host": ip}
+
     # A bootstrap node has a well-known address: the same port after a restart.
-    boot = fed.start_node("boot", extra_args=QUIET, p2p_port=args.boot_port)
+    boot = fed.start_node("boot", extra_args=QUIET, p2p_port=args.boot_port, **place(0))
     ingress = fed.start_node("ingress", ingress=True, bootstrap=[boot], extra_args=[
         *QUIET, "--max-connections-per-client", "100000",
-        *(["--retry-broken"] if args.retry_broken else [])])
+        *(["--retry-broken"] if args.retry_broken else [])], **place(1))
     serving = []
     for i in range(args.nodes):
         engine = echo_engine_command(free_port(), [MODEL], "--request-delay",
                                      str(args.request_delay), "--token-delay",
                                      str(args.token_delay))
         serving.append(fed.start_node(f"n{i}", bootstrap=[boot], process=engine,
-                                      extra_args=QUIET, timeout=60))
+                                      extra_args=QUIET, timeout=60, **place(2 + i)))
     sessions = {n.session_id for n in serving}
     wait_for(lambda: sum(s == "SERVING" for k, s in ingress.states().items()
                          if k in sessions) == len(sessions), 120,
@@ -146,9 +75,16 @@ def start(fed: LocalFederation, args: argparse.Namespace
 
 
 def run_scenario(name: str, args: argparse.Namespace, root: Path) -> dict[str, object]:
-    with LocalFederation(root / name) as fed:
-        boot, ingress, serving = start(fed, args)
-        load = Load(ingress.http_url, args.rate, args.stream_share)
+    # The network goes after the nodes: a namespace outlives its deletion while a process
+    # runs in it.
+    with contextlib.ExitStack() as stack:
+        lan = None
+        if name == "partition":
+            ensure_iptables()
+            lan = stack.enter_context(Lan(args.nodes + 2))
+        fed = stack.enter_context(LocalFederation(root / name))
+        boot, ingress, serving = start(fed, args, lan)
+        load = SteadyLoad(ingress.http_url, MODEL, args.rate, args.stream_share)
         extra: dict[str, object] = {}
 
         async def main() -> float:
@@ -157,7 +93,7 @@ def run_scenario(name: str, args: argparse.Namespace, root: Path) -> dict[str, o
                 nursery.start_soon(load.run, stop)
                 await trio.sleep(args.warm)
                 event_at = time.monotonic()
-                await trio.to_thread.run_sync(event(name, fed, boot, ingress, serving, args,
+                await trio.to_thread.run_sync(event(name, fed, lan, boot, ingress, serving, args,
                                                     extra))
                 await trio.sleep(max(0.0, args.observe - (time.monotonic() - event_at)))
                 stop.set()
@@ -167,13 +103,17 @@ def run_scenario(name: str, args: argparse.Namespace, root: Path) -> dict[str, o
 
         event_at = trio.run(main)
         after = [o for o in load.outcomes if o.sent_at >= event_at]
-        before = [o for o in load.outcomes if o.sent_at < event_at]
+        # Sent before the event: those still running at it are counted apart (a request in
+        # flight on a node that dies may fail; one that ended before it says the federation
+        # was healthy before anything happened).
+        before = [o for o in load.outcomes if o.sent_at + o.latency < event_at]
+        in_flight = [o for o in load.outcomes if o.sent_at < event_at <= o.sent_at + o.latency]
         for message, count in load.messages.most_common(8):
             print(f"  {count} x {message}", file=sys.stderr)
-        return summarize(name, before, after, extra)
+        return summarize(name, event_at, before, in_flight, after, extra)
 
 
-def event(name: str, fed: LocalFederation, boot: LocalNode, ingress: LocalNode,
+def event(name: str, fed: LocalFederation, lan: Lan | None, boot: LocalNode, ingress: LocalNode,
           serving: list[LocalNode], args: argparse.Namespace, extra: dict[str, object]
           ) -> Callable[[], None]:
     def kill() -> None:
@@ -223,11 +163,32 @@ def event(name: str, fed: LocalFederation, boot: LocalNode, ingress: LocalNode,
                  "the restarted bootstrap node to list everyone again", interval=0.25)
         extra["boot_converged_s"] = round(time.monotonic() - started, 1)
 
-    return {"kill": kill, "stop": stop, "boot": restart_boot}[name]
+    def partition() -> None:
+        assert lan is not None
+        nodes = [boot, ingress, *serving]
+        cut = 2 + len(serving) // 2  # bootstrap, ingress and half the serving nodes | the rest
+        lan.partition(range(cut), range(cut, len(nodes)))
+        time.sleep(args.stop_seconds)
+        lan.heal()
+        healed = time.monotonic()
+        names = {n.status["peer_id"] for n in serving}
+
+        def converged() -> bool:
+            views = [n.get("/v1/registry/nodes")["nodes"] for n in nodes]
+            keyed = [{(v["session_id"], v["state"]) for v in view} for view in views]
+            back = {v["peer_id"] for v in views[1] if v["state"] == "SERVING"}
+            return names <= back and all(k == keyed[0] for k in keyed)
+
+        wait_for(converged, 120, "every registry to agree and list every node SERVING",
+                 interval=0.1)
+        extra["converged_after_heal_s"] = round(time.monotonic() - healed, 1)
+
+    return {"kill": kill, "stop": stop, "boot": restart_boot,
+            "partition": partition}[name]
 
 
-def summarize(name: str, before: list[Outcome], after: list[Outcome],
-              extra: dict[str, object]) -> dict[str, object]:
+def summarize(name: str, event_at: float, before: list[Outcome], in_flight: list[Outcome],
+              after: list[Outcome], extra: dict[str, object]) -> dict[str, object]:
     def counts(outcomes: list[Outcome], stream: bool) -> dict[str, int]:
         return dict(collections.Counter(o.result for o in outcomes if o.stream == stream))
 
@@ -242,6 +203,10 @@ def summarize(name: str, before: list[Outcome], after: list[Outcome],
             "plain": counts(after, False), "streams": counts(after, True),
             "before_errors": dict(collections.Counter(o.result for o in before
                                                       if o.result != "ok")),
+            "in_flight_at_event": dict(collections.Counter(o.result for o in in_flight)),
+            # when the failures were sent, in seconds after the event (the first 12)
+            "errors_sent_at_s": [round(o.sent_at - event_at, 1) for o in after
+                                 if o.result != "ok"][:12],
             "p50_ms": pct(0.5), "p99_ms": pct(0.99),
             "median_before_ms": round(1000 * statistics.median(
                 [o.latency for o in before if not o.stream and o.result == "ok"] or [0]), 1),
@@ -250,7 +215,7 @@ def summarize(name: str, before: list[Outcome], after: list[Outcome],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scenarios", default="kill,stop,boot")
+    parser.add_argument("--scenarios", default="kill,stop,partition,boot")
     parser.add_argument("--nodes", type=int, default=6)
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--stream-share", type=float, default=0.2)
