@@ -320,8 +320,15 @@ class NodeConfig:
     connect_timeout: float = setting(
         "http", 5.0, parse=v.as_duration, example="2s", metavar="DURATION",
         help="A node (or engine) that does not accept a connection within this time did "
-        "not get the request: another node is tried, and the failure counts towards "
-        "ejecting it.")
+        "not get the request: another node is tried, and this ingress stops routing to "
+        "it for a while (ejection). The last node a request may try gets this long; "
+        "earlier ones get --failover-connect-timeout.")
+    failover_connect_timeout: float = setting(
+        "http", 1.0, parse=v.as_duration, example="0.5s", metavar="DURATION",
+        help="While another node could still take a request, a node that has not accepted "
+        "the connection within this time is given up for the next one (nothing was sent, "
+        "so nothing runs twice). 1 s: TCP resends a lost connection request after 1 s, "
+        "so a connection not made by then has lost a packet or its host is gone.")
     max_connections_per_client: int = setting(
         "http", 256, parse=v.as_positive_int, example="64", metavar="N",
         help="Open connections one client address may hold; more get 429.")

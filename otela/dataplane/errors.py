@@ -58,11 +58,19 @@ def error_json(status: int, message: str, code: str | None = None,
 class NotDelivered(Exception):
     """The request never reached an engine (no connection, or the node said so): another
     node may take it. Only this outcome is ever retried, so nothing runs twice.
-    ``refused``: the node's address refused the connection (nothing listens there)."""
 
-    def __init__(self, message: str, *, refused: bool = False) -> None:
+    ``unreachable``: the node's address refused the connection (nothing listens there) or
+    did not answer the connection attempt at all (the host is down or cut off): the router
+    stops sending it requests at once. ``blameless``: the node declined for a reason that is
+    not its fault, so it counts nothing against it (it does not know the caller as a member
+    yet: after a partition heals, a rejoined ingress's new session reaches it a moment
+    later)."""
+
+    def __init__(self, message: str, *, unreachable: bool = False,
+                 blameless: bool = False) -> None:
         super().__init__(message)
-        self.refused = refused
+        self.unreachable = unreachable
+        self.blameless = blameless
 
 
 class UpstreamFailed(Exception):

@@ -174,9 +174,11 @@ class HttpPool:
     connect_failures: int = 0
 
     async def request(self, host: str, port: int, method: bytes, target: bytes,
-                      headers: Headers, body: bytes, first_byte_timeout: float) -> Reply:
+                      headers: Headers, body: bytes, first_byte_timeout: float,
+                      connect_timeout: float | None = None) -> Reply:
         """Send a request; the ``Reply`` once its head has arrived. Raises ``NotDelivered``,
-        ``UpstreamFailed`` or ``UpstreamTimeout`` (see the module docstring)."""
+        ``UpstreamFailed`` or ``UpstreamTimeout`` (see the module docstring).
+        ``connect_timeout`` replaces the pool's for a new connection."""
         key = (host, port)
         head = [b"%b %b HTTP/1.1\r\nhost: %b:%d\r\n" % (method, target, host.encode(), port)]
         head.extend(b"%b: %b\r\n" % kv for kv in headers)
@@ -184,7 +186,7 @@ class HttpPool:
         data = b"".join(head) + body
         conn = self._reusable(key)
         if conn is None:
-            conn = await self._connect(key)
+            conn = await self._connect(key, connect_timeout or self.connect_timeout)
         conn.requests += 1
         response = _Response()
         response.parser = httptools.HttpResponseParser(response)
@@ -243,19 +245,21 @@ class HttpPool:
             sockio.close(conn.sock)
         return None
 
-    async def _connect(self, key: tuple[str, int]) -> _Conn:
+    async def _connect(self, key: tuple[str, int], timeout: float) -> _Conn:
         host, port = key
         sock = sockio.connected_socket(_family(host))
         try:
-            with trio.fail_after(self.connect_timeout):
+            with trio.fail_after(timeout):
                 await sockio.connect(sock, (host, port))
         except (OSError, trio.TooSlowError) as exc:
             sockio.close(sock)
             self.connect_failures += 1
             reason = "timed out" if isinstance(exc, trio.TooSlowError) else (
                 exc.strerror or str(exc))
+            # Refused, unroutable, or no answer to the attempt: nothing reachable listens
+            # there now.
             raise NotDelivered(f"cannot connect to {host}:{port}: {reason}",
-                               refused=isinstance(exc, ConnectionRefusedError)) from None
+                               unreachable=True) from None
         except BaseException:
             sockio.close(sock)
             raise

@@ -89,7 +89,9 @@ class Upstreams:
         return "http"
 
     async def send(self, node: NodeRecord, path: str, body: bytes, headers: Headers,
-                   first_byte_timeout: float) -> Reply:
+                   first_byte_timeout: float, connect_timeout: float | None = None) -> Reply:
+        """``connect_timeout``: how long a new connection may take before the node counts
+        as unreachable (default: the pool's)."""
         kind = self.path_kind(node)
         if kind == "local":
             engine = self.local_engine()
@@ -110,9 +112,10 @@ class Upstreams:
             headers = [*headers, (_HOP, token.encode())]
         host, port, prefix = engine_address(node.http_url)
         reply = await self.pool.request(host, port, b"POST", (prefix + hop_path).encode(),
-                                        headers, body, first_byte_timeout)
+                                        headers, body, first_byte_timeout, connect_timeout)
         if policy.value(reply.headers, policy.NOT_DELIVERED) == b"1":
             await reply.aclose()
+            # 403: the node does not know us as a member (yet): not the node's failing.
             raise NotDelivered(f"node {node.peer_id} did not deliver it (status "
-                               f"{reply.status})")
+                               f"{reply.status})", blameless=reply.status == 403)
         return reply

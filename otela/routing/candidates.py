@@ -5,7 +5,12 @@ own answer when nothing passes it. Pure.
    serving: 503 ``no_serving_node``);
 2. of a trusted provider (none: 503 ``no_trusted_node``, naming the trust set applied and
    never the untrusted nodes);
-3. not suspected by the failure detector (none: 503 ``no_serving_node``);
+3. not suspected by the failure detector, unless all of them are: then all of them
+   (Envoy's "panic mode"). A suspicion is a hint that may be stale or second-hand (after
+   a partition heals, the other side's suspicions of this side's nodes arrive a moment
+   before the suspects' refutations, and at an ingress they once suspected every
+   candidate: a certain 503); a suspect that is really gone fails at the connection,
+   before anything is sent, and the next candidate is tried;
 4. meeting every requirement (none: 503 ``no_matching_node``, naming the clause that
    excluded the last of them);
 5. not ejected by this ingress for failing (``ejection``; never all of them).
@@ -47,11 +52,7 @@ def eligible(
                 f"(trust set applied: {clip(trust.describe(), 300)}).",
                 code="no_trusted_node")
     if suspected:
-        serving = tuple(r for r in serving if r.peer_id not in suspected)
-        if not serving:
-            raise RequestError(
-                503, f"Every node that may serve `{clip(model_id)}` is suspected "
-                "unreachable right now; retry later.", code="no_serving_node")
+        serving = tuple(r for r in serving if r.peer_id not in suspected) or serving
     if clauses:
         serving, excluded_by = select(clauses, serving, model_id)
         if excluded_by is not None:

@@ -8,7 +8,10 @@ client's problem and count for nothing; any other answer resets the count. A ref
 connection ejects at once: nothing listens at the node's address (its process is gone),
 and a least-loaded policy would otherwise favour it, since it fails fast and so always
 looks idle (seen in benchmarks/chaos.py: the request after half the nodes were killed
-tried three dead ones). After ``consecutive`` failures in a row a node is ejected for
+tried three dead ones). So does a connection attempt nobody answers (the host is down or
+cut off: each request sent there would wait out the connect timeout first; seen in the
+chaos benchmark's partition, where requests tried three cut-off nodes in a row).
+After ``consecutive`` failures in a row a node is ejected for
 ``base * 2**(ejections-1)`` seconds (capped at ``max_time``): each relapse keeps it out
 longer. At most ``max_share`` of a model's candidates are ejected at once: when more
 would be, the oldest ejection ends first — ejecting everything would turn one bad minute
@@ -44,11 +47,11 @@ class Ejections:
         if health is not None:
             health.failures = 0
 
-    def failure(self, session: str, now: float, refused: bool = False) -> bool:
-        """Count a failure (``refused``: a refused connection, which ejects at once);
-        whether the node is ejected now."""
+    def failure(self, session: str, now: float, unreachable: bool = False) -> bool:
+        """Count a failure (``unreachable``: a connection refused or not answered, which
+        ejects at once); whether the node is ejected now."""
         health = self._health.setdefault(session, _Health())
-        health.failures = max(health.failures + 1, self.consecutive if refused else 0)
+        health.failures = max(health.failures + 1, self.consecutive if unreachable else 0)
         if health.failures < self.consecutive or health.ejected_until > now:
             return False
         health.failures = 0

@@ -67,6 +67,7 @@ class RoutingSettings:
     load_ttl: float = 15.0
     affinity_balance: float = 2.0
     retry_broken: bool = False  # re-send a non-streaming request whose node broke off
+    failover_connect_timeout: float = 1.0  # a connection attempt while others remain
 
 
 def routing_settings(config: NodeConfig) -> RoutingSettings:
@@ -78,7 +79,8 @@ def routing_settings(config: NodeConfig) -> RoutingSettings:
         eject_after=config.eject_after, eject_time=config.eject_time,
         eject_max_time=config.eject_max_time, eject_max_share=config.eject_max_share,
         load_ttl=max(15.0, 3 * config.load_interval),
-        affinity_balance=config.affinity_balance, retry_broken=config.retry_broken)
+        affinity_balance=config.affinity_balance, retry_broken=config.retry_broken,
+        failover_connect_timeout=config.failover_connect_timeout)
 
 
 @dataclass
@@ -191,8 +193,11 @@ class Router:
             if tried:
                 self.retries += 1
             tried.add(node.session_id)
+            # While another node could still take it, a slow connection is given up early.
+            last = len(tried) == self.settings.max_attempts or len(remaining) == 1
+            connect_timeout = None if last else self.settings.failover_connect_timeout
             routed = await self._attempt(node, candidate, policy, pick, path, headers,
-                                         ask.body, len(tried), resend)
+                                         ask.body, len(tried), resend, connect_timeout)
             if routed is not None:
                 return routed
             now = self.clock()
@@ -214,7 +219,8 @@ class Router:
 
     async def _attempt(self, node: NodeRecord, candidate: Candidate, policy: Policy,
                        pick: Pick, path: str, headers: Headers, body: bytes, attempt: int,
-                       resend: bool = False) -> Routed | None:
+                       resend: bool = False, connect_timeout: float | None = None
+                       ) -> Routed | None:
         """One try; ``None`` if the node did not take the request (try another), or
         broke off before answering and ``resend`` allows another node to run it too."""
         session = node.session_id
@@ -223,9 +229,10 @@ class Router:
         self.loads.sent(session)
         try:
             reply = await self.upstreams.send(node, path, body, headers,
-                                              self.first_byte_timeout)
+                                              self.first_byte_timeout, connect_timeout)
         except NotDelivered as exc:
-            self._failed(node, candidate, policy, pick, NOT_DELIVERED, exc.refused)
+            self._failed(node, candidate, policy, pick, NOT_DELIVERED, exc.unreachable,
+                         counts=not exc.blameless)
             log.warning("node %s did not take the request, trying another: %s",
                         session, exc)
             return None
@@ -267,9 +274,10 @@ class Router:
                       policy, pick, outcome)
 
     def _failed(self, node: NodeRecord, candidate: Candidate, policy: Policy, pick: Pick,
-                outcome: str, refused: bool = False) -> None:
+                outcome: str, unreachable: bool = False, counts: bool = True) -> None:
+        """``counts``: whether the failure counts towards ejecting the node."""
         self._unbusy(node.session_id)
-        if self.ejections.failure(node.session_id, self.clock(), refused):
+        if counts and self.ejections.failure(node.session_id, self.clock(), unreachable):
             log.warning("ejecting node %s (provider %s) from routing after repeated "
                         "failures (last: %s)", node.session_id, node.provider_id, outcome)
         policy.on_end(candidate, pick, outcome)

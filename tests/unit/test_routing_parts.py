@@ -81,6 +81,19 @@ def test_only_serving_nodes_of_trusted_providers_are_candidates():
     assert {r.session_id for r in eligible(reg, "m", trust=trust)} == {sid("a"), sid("c")}
 
 
+def test_suspected_nodes_are_left_out_unless_every_candidate_is_suspected():
+    reg = registry_of(serving("a"), serving("b"), serving("c", "other"))
+    peers = {r.session_id: r.peer_id for r in eligible(reg, "m")}
+    a, b, c = peers[sid("a")], peers[sid("b")], peers[sid("c")]
+    assert {r.session_id for r in eligible(reg, "m", suspected={a})} == {sid("b"), sid("c")}
+    # All suspected: a stale or second-hand hint; trying them beats a certain 503.
+    assert len(eligible(reg, "m", suspected={a, b, c})) == 3
+    # Trust first: an untrusted node that is not suspected never ends the panic.
+    trust = ANY.narrowed(frozenset({"p"}), "X-Otela-Providers")
+    assert {r.session_id for r in eligible(reg, "m", trust=trust, suspected={a, b})} == {
+        sid("a"), sid("b")}
+
+
 def test_no_trusted_node_names_the_trust_set_and_never_the_untrusted_nodes():
     reg = registry_of(serving("a", "evil"), serving("b", "other"))
     trust = ANY.narrowed(frozenset({"cscs"}), "--trusted-providers").narrowed(
@@ -265,10 +278,10 @@ def test_consecutive_failures_eject_for_growing_times_and_success_resets():
 
 def test_a_refused_connection_ejects_at_once_within_the_share():
     ej = Ejections(consecutive=5, base=10, max_share=0.5)
-    assert ej.failure("a", NOW, refused=True)  # nothing listens there: out now
-    assert not ej.failure("a", NOW, refused=True)  # already out: no second ejection
-    assert ej.failure("b", NOW + 1, refused=True)
-    assert ej.failure("c", NOW + 2, refused=True)
+    assert ej.failure("a", NOW, unreachable=True)  # nothing listens there: out now
+    assert not ej.failure("a", NOW, unreachable=True)  # already out: no second ejection
+    assert ej.failure("b", NOW + 1, unreachable=True)
+    assert ej.failure("c", NOW + 2, unreachable=True)
     assert ej.ejected(["a", "b", "c", "d"], NOW + 3) == {"b", "c"}  # at most half
     assert not ej.failure("d", NOW)  # other failures still need five in a row
     assert ej.total == 3
