@@ -12,6 +12,10 @@ answering (it died, most likely, and its work with it) is then sent to another n
 so that clients see no error while any other node serves the model. Streams never are.
 Connection failures, 5xx answers and timeouts count towards the node's ejection
 (``ejection``); 4xx answers are the client's business and do not.
+A node that declined only because it does not know this ingress as a member yet (a 403
+from its engine hop: after a partition heals, this ingress rejoins under a new session
+that reaches the others a moment later) is tried again, after a short pause, once every
+other candidate has been tried, within the same attempt budget.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ if TYPE_CHECKING:
     from otela.config import NodeConfig
 
 log = logging.getLogger("otela.routing")
+
+DECLINED_PAUSE_S = 0.5  # before asking again a node that did not know us yet (x attempts)
 
 OK, CLIENT_ERROR, FAILED, NOT_DELIVERED = "ok", "client_error", "failed", "not_delivered"
 
@@ -182,22 +188,31 @@ class Router:
         pick = Pick(model_id, affinity_key() if policy.uses_affinity_key and affinity_key
                     else None)
         tried: set[str] = set()
+        declined: set[str] = set()  # did not know us yet: worth asking again
+        attempts = 0
         resend = self.settings.retry_broken and not ask.stream
-        while len(tried) < self.settings.max_attempts:
+        while attempts < self.settings.max_attempts:
             remaining = [r for r in nodes if r.session_id not in tried] if tried else nodes
+            if not remaining and declined:
+                await trio.sleep(DECLINED_PAUSE_S * attempts)
+                tried -= declined
+                declined.clear()
+                remaining = [r for r in nodes if r.session_id not in tried]
             if not remaining:
                 break
             candidate = policy.pick([self._candidate(r, now) for r in remaining], pick,
                                     self.rng)
             node = candidate.record
-            if tried:
+            if attempts:
                 self.retries += 1
+            attempts += 1
             tried.add(node.session_id)
             # While another node could still take it, a slow connection is given up early.
-            last = len(tried) == self.settings.max_attempts or len(remaining) == 1
+            last = attempts == self.settings.max_attempts or len(remaining) == 1
             connect_timeout = None if last else self.settings.failover_connect_timeout
             routed = await self._attempt(node, candidate, policy, pick, path, headers,
-                                         ask.body, len(tried), resend, connect_timeout)
+                                         ask.body, attempts, resend, connect_timeout,
+                                         declined)
             if routed is not None:
                 return routed
             now = self.clock()
@@ -219,10 +234,11 @@ class Router:
 
     async def _attempt(self, node: NodeRecord, candidate: Candidate, policy: Policy,
                        pick: Pick, path: str, headers: Headers, body: bytes, attempt: int,
-                       resend: bool = False, connect_timeout: float | None = None
-                       ) -> Routed | None:
-        """One try; ``None`` if the node did not take the request (try another), or
-        broke off before answering and ``resend`` allows another node to run it too."""
+                       resend: bool = False, connect_timeout: float | None = None,
+                       declined: set[str] | None = None) -> Routed | None:
+        """One try; ``None`` if the node did not take the request (try another; added to
+        ``declined`` if only because it does not know us yet), or broke off before
+        answering and ``resend`` allows another node to run it too."""
         session = node.session_id
         policy.on_start(candidate, pick)
         self.busy[session] += 1
@@ -233,6 +249,8 @@ class Router:
         except NotDelivered as exc:
             self._failed(node, candidate, policy, pick, NOT_DELIVERED, exc.unreachable,
                          counts=not exc.blameless)
+            if exc.blameless and declined is not None:
+                declined.add(session)
             log.warning("node %s did not take the request, trying another: %s",
                         session, exc)
             return None

@@ -70,6 +70,23 @@ async def says_not_delivered(stream: trio.SocketStream) -> None:
                           b"content-length: 0\r\n\r\n")
 
 
+def declines_until_it_knows_us(times: int) -> Behaviour:
+    """A node that has not heard of the caller's session yet: 403 not-a-member (not
+    delivered) ``times`` times, then it answers."""
+    seen = [0]
+
+    async def behaviour(stream: trio.SocketStream) -> None:
+        await read_request(stream)
+        seen[0] += 1
+        if seen[0] <= times:
+            await stream.send_all(b"HTTP/1.1 403 Forbidden\r\nx-otela-not-delivered: 1\r\n"
+                                  b"content-length: 0\r\n\r\n")
+        else:
+            await stream.send_all(OK)
+
+    return behaviour
+
+
 async def never_answers(stream: trio.SocketStream) -> None:
     await read_request(stream)
     await trio.sleep_forever()
@@ -167,3 +184,58 @@ def test_with_retry_broken_a_silent_node_is_still_a_504_never_resent():
 def test_an_upstream_that_never_answers_is_a_504_after_the_first_byte_timeout():
     status, hits = run([never_answers, answers], timeout=0.5)
     assert status == 504 and hits == [1, 0]
+
+
+def test_a_node_that_does_not_know_us_yet_is_asked_again_after_the_others():
+    # the only candidate: asked again after a pause (our new session reaches it meanwhile)
+    status, hits = run([declines_until_it_knows_us(1)])
+    assert status == 200 and hits == [2]
+    # another candidate first; the budget (--route-attempts, 3) still bounds it all
+    status, hits = run([declines_until_it_knows_us(1), None])
+    assert status == 200 and hits == [2, 0]
+    status, hits = run([declines_until_it_knows_us(5)])
+    assert status == 502 and hits == [3]
+
+
+def test_a_connection_nobody_answers_gives_way_to_the_next_node_early():
+    # A listener whose accept queue is full drops connection requests: the attempt gets
+    # no answer, as with a host that is down or cut off.
+    with socket.socket() as full:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        fillers = [socket.create_connection(full.getsockname(), timeout=1)]
+        with pytest.raises(OSError):  # the queue (one connection) is full
+            socket.create_connection(full.getsockname(), timeout=0.5).close()
+        port = full.getsockname()[1]
+
+        async def scenario() -> tuple[int, float, int]:
+            registry = Registry()
+            registry.apply(serving_entry("silent", f"http://127.0.0.1:{port}"), NOW)
+            async with trio.open_nursery() as nursery:
+                async def serve(stream: trio.SocketStream) -> None:
+                    async with stream:
+                        await answers(stream)
+
+                listeners = await nursery.start(trio.serve_tcp, serve, 0)
+                good = listeners[0].socket.getsockname()[1]
+                registry.apply(serving_entry("ok", f"http://127.0.0.1:{good}"), NOW)
+                pool = HttpPool(connect_timeout=30.0)
+                router = Router(registry, Upstreams(pool, self_session=lambda: "me",
+                                                    local_engine=lambda: None,
+                                                    hop_signer=None, p2p=None),
+                                RoutingSettings(policy="random", failover_connect_timeout=0.3),
+                                rng=FirstChoice())
+                started = trio.current_time()
+                routed = await router.route("m", "/v1/chat/completions", [],
+                                            Ask(ANY, body=b"{}"))
+                took = trio.current_time() - started
+                await routed.reply.aclose()
+                pool.close()
+                nursery.cancel_scope.cancel()
+            return routed.reply.status, took, router.ejections.count(trio.current_time())
+
+        status, took, ejected = trio.run(scenario)
+        for sock in fillers:
+            sock.close()
+    assert status == 200 and took < 5.0  # given up after 0.3 s, not the 30 s timeout
+    assert ejected == 1  # and out of routing at once, as a refused one would be
