@@ -27,7 +27,6 @@ from typing import Any
 import msgpack
 import multiaddr
 import trio
-from libp2p.abc import INotifee
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
@@ -41,6 +40,7 @@ from otela.liveness.prober import DetectorConfig, Prober
 from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable
 from otela.liveness.watch import NeighbourWatch
+from otela.mesh.connections import OnConnected
 from otela.mesh.quota import SWIM_STREAMS, set_capped_handler
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.replication import LocalReplica
@@ -52,31 +52,6 @@ LIVENESS_TOPIC = "otela/liveness/1"
 ADDR_TTL_S = 3600  # peerstore TTL of members' addresses
 
 __all__ = ["LIVENESS_TOPIC", "SWIM_PROTOCOL", "DetectorConfig", "FailureDetector"]
-
-
-class _ConnectionNotifee(INotifee):
-    """Tells the detector of every new connection, even one gone before the next round."""
-
-    def __init__(self, on_connected: Callable[[str], None]) -> None:
-        self.on_connected = on_connected
-
-    async def connected(self, network: Any, conn: Any) -> None:
-        self.on_connected(conn.muxed_conn.peer_id.to_base58())
-
-    async def disconnected(self, network: Any, conn: Any) -> None:
-        pass
-
-    async def opened_stream(self, network: Any, stream: Any) -> None:
-        pass
-
-    async def closed_stream(self, network: Any, stream: Any) -> None:
-        pass
-
-    async def listen(self, network: Any, multiaddr: Any) -> None:
-        pass
-
-    async def listen_close(self, network: Any, multiaddr: Any) -> None:
-        pass
 
 
 class _SwimTransport:
@@ -204,7 +179,7 @@ class FailureDetector:
     def install(self) -> None:
         set_capped_handler(self.host, SWIM_PROTOCOL, self._handle, SWIM_STREAMS)
         self.host.get_network().register_notifee(
-            _ConnectionNotifee(lambda peer_id: self.prober.appeared.add(peer_id)))
+            OnConnected(lambda peer_id: self.prober.appeared.add(peer_id)))
         self.replica.replicator.on_contact(lambda peer: self.table.heard_from(peer, self.clock()))
         if self.pubsub is not None:
             self.pubsub.set_topic_validator(LIVENESS_TOPIC, self._validate_news, False)

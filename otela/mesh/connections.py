@@ -7,8 +7,10 @@ moves new requests to a direct connection once hole punching made one).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from libp2p.abc import INotifee
 from libp2p.peer.id import ID
 
 from otela.mesh.relay import is_circuit
@@ -49,3 +51,30 @@ def remote_ips(host: Any, peer_id: ID) -> set[str]:
             if not is_circuit(addr) and len(parts) > 2 and parts[1] in ("ip4", "ip6"):
                 ips.add(parts[2])
     return ips
+
+
+class OnConnected(INotifee):
+    """Calls ``on_connected`` with the peer id (base58) of every new connection, even one
+    gone before anyone could look (register with ``network.register_notifee``). The
+    callback runs inside the network's own task: it must only note the peer down."""
+
+    def __init__(self, on_connected: Callable[[str], None]) -> None:
+        self.on_connected = on_connected
+
+    async def connected(self, network: Any, conn: Any) -> None:
+        self.on_connected(conn.muxed_conn.peer_id.to_base58())
+
+    async def disconnected(self, network: Any, conn: Any) -> None:
+        pass
+
+    async def opened_stream(self, network: Any, stream: Any) -> None:
+        pass
+
+    async def closed_stream(self, network: Any, stream: Any) -> None:
+        pass
+
+    async def listen(self, network: Any, multiaddr: Any) -> None:
+        pass
+
+    async def listen_close(self, network: Any, multiaddr: Any) -> None:
+        pass

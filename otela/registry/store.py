@@ -115,6 +115,11 @@ class Registry:
         authority mode, with a valid certificate). Who may use a node's engine hop."""
         return peer_id in self._live_by_peer
 
+    def has_left(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` has a LEFT session here (it left, or was evicted)."""
+        return any(entry.record.peer_id == peer_id and entry.state is Lifecycle.LEFT
+                   for entry in self.map)
+
     def serving_candidates(self, model_id: str) -> tuple[NodeRecord, ...]:
         """SERVING sessions for ``model_id``: the routing hot path, one dict lookup."""
         cached = self._serving.get(model_id)

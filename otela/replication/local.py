@@ -14,6 +14,7 @@ applies it locally and gossips it. Around that it runs the upkeep tasks:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -120,6 +121,11 @@ class LocalReplica:
         self.revocations_dir = home / REVOCATIONS_DIR
         self.record: NodeRecord | None = None
         self._loaded_revocations: set[Path] = set()
+        # Rejoin the moment our session is evicted, not at the next maintenance pass: until
+        # then this node routes around itself (after a partition heals, an ingress whose
+        # whole view was just evicted by the other side answered 404 for a second).
+        self._evicted_send, self._evicted = trio.open_memory_channel[None](1)
+        self.replicator.on_applied(self._check_evicted)
 
     def install(self, host: Any) -> None:
         self.admission.install(host)
@@ -131,6 +137,7 @@ class LocalReplica:
             nursery.start_soon(self.admission.enforce, host)
             nursery.start_soon(self._refresh_lease)
             nursery.start_soon(self._maintain)
+            nursery.start_soon(self._rejoin_when_evicted)
             task_status.started()
 
     async def announce(self, **changes: Any) -> NodeRecord:
@@ -206,6 +213,16 @@ class LocalReplica:
                 if self.replicator.ingest([envelope], "local"):
                     log.info("retired earlier session %s of this node", entry.key)
                     await self.replicator.publish(envelope)
+
+    def _check_evicted(self, entry: Entry) -> None:
+        if (self.record is not None and entry.key == self.record.session_id
+                and entry.state is Lifecycle.LEFT):
+            with contextlib.suppress(trio.WouldBlock):  # a wake-up is pending already
+                self._evicted_send.send_nowait(None)
+
+    async def _rejoin_when_evicted(self) -> None:
+        async for _ in self._evicted:
+            await self._rejoin_if_evicted()
 
     async def _rejoin_if_evicted(self) -> None:
         record = self.record

@@ -7,7 +7,11 @@
 - Anti-entropy (``/otela/registry/ae/1.0.0``): the digest exchange of
   ``otela.registry.antientropy``, run when we connect to a bootstrap peer (so a joiner
   gets the whole state in one exchange), periodically with a random peer (repairing
-  what gossip lost), and with every peer when we announce DOWN or LEFT before exiting.
+  what gossip lost), with every peer when we announce DOWN or LEFT before exiting, and at
+  once with a peer that connects while its only sessions here are LEFT (one we evicted,
+  coming back after a partition healed: each side holds news the other missed, such as
+  its own eviction, which gossip sent while they were cut off and will not send again;
+  waiting for the periodic exchange to pick that peer took 5 s and more).
 Every envelope is verified (signature, certificate, revocation, GC horizon) before it
 touches the registry; bad input is dropped and counted in ``stats``, never raised.
 """
@@ -26,6 +30,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from otela.membership.admission import Admission
+from otela.mesh.connections import OnConnected
 from otela.mesh.framing import read_frame, write_frame
 from otela.mesh.host import MeshHost
 from otela.mesh.quota import AE_STREAMS, set_capped_handler
@@ -94,14 +99,22 @@ class Replicator:
         self.stats: Counter[str] = Counter()
         self._self_id: ID = mesh.host.get_id()
         self._contact_listeners: list[Callable[[str], None]] = []
+        self._applied_listeners: list[Callable[[Entry], None]] = []
         self.gossip_lag = GossipLag()
         self._forgery_logged: dict[str, float] = {}
+        # Peers that connected while their sessions here were all LEFT: sync at once.
+        self._returning_send, self._returning = trio.open_memory_channel[str](64)
 
     def on_contact(self, listener: Callable[[str], None]) -> None:
         """Call ``listener`` with a peer id whenever that peer itself sent us something,
         gossip it only forwarded included (the failure detector counts it as recent
         contact: a peer forwarding gossip is running, however slowly it answers probes)."""
         self._contact_listeners.append(listener)
+
+    def on_applied(self, listener: Callable[[Entry], None]) -> None:
+        """Call ``listener`` with every entry that changed the registry (it must be quick:
+        it runs on the ingest path)."""
+        self._applied_listeners.append(listener)
 
     def _heard(self, peer_id: str) -> None:
         for listener in self._contact_listeners:
@@ -120,12 +133,14 @@ class Replicator:
         set_capped_handler(self.mesh.host, AE_PROTOCOL, self._handle_anti_entropy,
                            AE_STREAMS)
         self.mesh.pubsub.set_topic_validator(REGISTRY_TOPIC, self.validate_gossip, False)
+        self.mesh.host.get_network().register_notifee(OnConnected(self._connected))
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         subscription = await self.mesh.pubsub.subscribe(REGISTRY_TOPIC)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_gossip, subscription)
             nursery.start_soon(self._anti_entropy_loop)
+            nursery.start_soon(self._sync_returning)
             task_status.started()
 
     # -- ingest ------------------------------------------------------------------------
@@ -140,8 +155,11 @@ class Replicator:
                 item = verify(envelope, trust, now)
                 if isinstance(item, Entry):
                     applied = self.registry.apply(item, now)
-                    if applied and source == "gossip":
-                        self.gossip_lag.observe(now - item.updated_at, now)
+                    if applied:
+                        if source == "gossip":
+                            self.gossip_lag.observe(now - item.updated_at, now)
+                        for listener in self._applied_listeners:
+                            listener(item)
                     changed += applied
                 elif self.registry.add_revocation(item[0], item[1], now):
                     changed += 1
@@ -317,6 +335,18 @@ class Replicator:
                     await stream.close()
                 except Exception:
                     log.debug("closing anti-entropy stream failed", exc_info=True)
+
+    def _connected(self, peer_id: str) -> None:
+        if not self.registry.is_member(peer_id) and self.registry.has_left(peer_id):
+            try:
+                self._returning_send.send_nowait(peer_id)
+            except trio.WouldBlock:  # a burst of joiners: the periodic exchange remains
+                self.stats["ae_returning_dropped"] += 1
+
+    async def _sync_returning(self) -> None:
+        async for peer_id in self._returning:
+            self.stats["ae_returning"] += 1
+            await self.sync_with(ID.from_base58(peer_id))
 
     async def _anti_entropy_loop(self) -> None:
         while True:
