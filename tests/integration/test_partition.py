@@ -1,17 +1,21 @@
-"""A partition between two halves of a federation, in network namespaces."""
+"""A partition between two halves of a federation, in network namespaces, under load."""
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+import trio
 
 from otela.localfed import LocalFederation, LocalNode, echo_engine_command, wait_for
+from otela.steady_load import SteadyLoad
 
 from .helpers import CONVERGE_S, chat
 from .netns import Lan, ensure_iptables
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 # Eviction takes ~10 s here, but a node that finds itself overloaded (a loaded CI machine)
 # stretches its timeouts by up to 9x before accusing anyone: this deadline allows for that.
@@ -50,6 +54,31 @@ def test_each_half_keeps_routing_and_registries_converge_after_healing(
                  and all(s == "SERVING" for s in node.states().values()),
                  2 * CONVERGE_S, f"{node.name} to see all four SERVING")
 
+    # A steady load through h0 the whole time: none of it may fail, since h0's half
+    # always serves the model (requests caught on the far side wait for the heal).
+    load = SteadyLoad(nodes[0].http_url, "shared", rate=8.0, stream_share=0.25,
+                      timeout=EVICT_S + 120)
+
+    async def under_load() -> None:
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(load.run, stop)
+            await trio.to_thread.run_sync(partition_and_heal, lan, nodes)
+            stop.set()
+
+    trio.run(under_load)
+    failures = [o for o in load.outcomes if o.result != "ok"]
+    assert len(load.outcomes) > 100
+    offset = time.time() - time.monotonic()  # failures by wall-clock time, as in the logs
+    when = [time.strftime("%H:%M:%S", time.localtime(o.sent_at + offset))
+            + f".{int((o.sent_at + offset) % 1 * 1000):03d}" for o in failures]
+    assert not failures, f"{Counter(o.result for o in failures)} at {when}: " \
+        f"{dict(load.messages)}"
+
+
+def partition_and_heal(lan: Lan, nodes: list[LocalNode]) -> None:
+    """Cut h0 h1 | h2 h3 until each half has evicted the other, then heal and wait for
+    every registry to agree again."""
     left, right = [0, 1], [2, 3]
     lan.partition(left, right)
     halves = ((left, right), (right, left))

@@ -1,0 +1,128 @@
+"""Chaos under load (the slowest tier): what clients of an ingress see while serving nodes
+freeze, die, or the bootstrap node restarts. Real processes; a steady open-loop load the
+whole time. The longer version, with figures, is ``benchmarks/chaos.py``; partitions under
+load are in ``test_partition.py``.
+
+What a client relies on, checked for every request sent:
+- a non-streaming request succeeds whenever some trusted node still serves the model; the
+  only exception is a request already running on a node at the moment that node is
+  killed (it may have run: it is not re-sent, and fails with a clear 502);
+- a stream either completes or ends with an OpenAI-style error event: never cut without
+  one, never a hang;
+- no node that came back stays out of routing.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+import trio
+
+from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.steady_load import Outcome, SteadyLoad, machine_pids, signal_machine
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+
+MODEL = "echo-chaos"
+QUIET = ["--log-level", "WARNING"]
+FREEZE_S = 12.0  # longer than it takes to suspect and evict a node here (~8 s)
+SETTLE_S = 120.0  # generous: a loaded CI machine stretches failure detection
+
+
+def start(fed: LocalFederation, serving: int, boot_port: int
+          ) -> tuple[LocalNode, LocalNode, list[LocalNode]]:
+    boot = fed.start_node("boot", extra_args=QUIET, p2p_port=boot_port)
+    ingress = fed.start_node("ingress", ingress=True, bootstrap=[boot], extra_args=[
+        *QUIET, "--max-connections-per-client", "100000"])
+    nodes = [fed.start_node(f"n{i}", bootstrap=[boot], extra_args=QUIET, timeout=60,
+                            process=echo_engine_command(free_port(), [MODEL],
+                                                        "--request-delay", "0.05",
+                                                        "--token-delay", "0.02"))
+             for i in range(serving)]
+    sessions = {n.session_id for n in nodes}
+    wait_for(lambda: sum(ingress.states().get(s) == "SERVING" for s in sessions)
+             == len(sessions), SETTLE_S, "every serving node to be SERVING at the ingress",
+             interval=0.25)
+    return boot, ingress, nodes
+
+
+def serving_peers(ingress: LocalNode) -> set[str]:
+    return {n["peer_id"] for n in ingress.get("/v1/registry/nodes")["nodes"]
+            if n["state"] == "SERVING"}
+
+
+def report(load: SteadyLoad, outcomes: list[Outcome]) -> str:
+    return f"{Counter(o.result for o in outcomes)}; messages: {dict(load.messages)}"
+
+
+def test_clients_see_no_errors_through_restart_freeze_and_kill(
+    federation: LocalFederation,
+) -> None:
+    boot_port = free_port()  # a bootstrap node keeps its well-known address on restart
+    boot, ingress, nodes = start(federation, 6, boot_port)
+    everyone = {n.status["peer_id"] for n in [ingress, *nodes]}
+    load = SteadyLoad(ingress.http_url, MODEL, rate=12.0, stream_share=0.25, timeout=120.0)
+    marks: dict[str, float] = {}
+
+    def restart_bootstrap() -> None:
+        federation.stop_node(boot)
+        restarted = federation.start_node("boot", extra_args=QUIET, timeout=60,
+                                          p2p_port=boot_port)
+        wait_for(lambda: everyone <= {n["peer_id"] for n in restarted.get(
+            "/v1/registry/nodes")["nodes"] if n["state"] != "LEFT"}, SETTLE_S,
+            "the restarted bootstrap node to list everyone again", interval=0.25)
+
+    def freeze_a_third() -> None:
+        frozen = nodes[:2]
+        pids = [pid for node in frozen for pid in machine_pids(node)]
+        signal_machine(pids, signal.SIGSTOP)
+        time.sleep(FREEZE_S)
+        signal_machine(pids, signal.SIGCONT)
+        names = {n.status["peer_id"] for n in frozen}
+        # Back in rotation (under new sessions if they were evicted while frozen).
+        wait_for(lambda: names <= serving_peers(ingress), SETTLE_S,
+                 "the frozen nodes to serve again", interval=0.25)
+
+    def kill_half() -> None:
+        victims = nodes[3:]
+        marks["kill"] = time.monotonic()
+        for node in victims:
+            signal_machine(machine_pids(node), signal.SIGKILL)
+        gone = {n.session_id for n in victims}
+        wait_for(lambda: all(ingress.states().get(s) in (None, "LEFT") for s in gone),
+                 SETTLE_S, "the ingress to evict the killed nodes", interval=0.25)
+        time.sleep(2.0)  # keep the load on the survivors a moment
+
+    phases: list[tuple[str, Callable[[], None]]] = [
+        ("restart", restart_bootstrap), ("freeze", freeze_a_third), ("kill", kill_half)]
+
+    async def run() -> None:
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(load.run, stop)
+            await trio.sleep(2.0)
+            for name, phase in phases:
+                marks[name + "_start"] = time.monotonic()
+                await trio.to_thread.run_sync(phase)
+            stop.set()
+
+    trio.run(run)
+
+    assert len(load.outcomes) > 300, report(load, load.outcomes)
+    killed_at = marks["kill"]
+    # Running on a node at the moment it was killed: may have run there, not re-sent.
+    at_kill = [o for o in load.outcomes if o.sent_at < killed_at < o.sent_at + o.latency]
+    rest = [o for o in load.outcomes if o not in at_kill]
+    plain_failures = [o for o in rest if not o.stream and o.result != "ok"]
+    assert not plain_failures, report(load, plain_failures)
+    streams = [o for o in load.outcomes if o.stream]
+    assert all(o.result in ("ok", "error event") for o in streams), report(load, streams)
+    assert all(o.result == "ok" for o in rest if o.stream), report(load, rest)
+    assert all(o.result in ("ok", "http 502", "error event") for o in at_kill), \
+        report(load, at_kill)
+    # No node stays out: the survivors and the thawed nodes all serve.
+    assert {n.status["peer_id"] for n in nodes[:3]} <= serving_peers(ingress)
