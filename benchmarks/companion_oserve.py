@@ -52,6 +52,11 @@ def main() -> None:
                   f"{r.get('static_simulated_speedup', nan):8.3f}  "
                   f"{r['oserve_layout']:40s}{r['homogeneous_layout']:16s}"
                   f"{r.get('static_layout', '-'):16s}")
+        for r in rows:
+            if "oserve_run_layout" in r:
+                print(f"  {r['level']} simulated runs' layouts: OSERVE {r['oserve_run_layout']}; "
+                      f"homogeneous {r['homogeneous_run_layout']}; "
+                      f"static {r.get('static_run_layout', r['homogeneous_run_layout'])}")
     for name in filter(None, a.table2.split(",")):
         r = table2(name, model=OPT["model"], scale=OPT["scale"], load=1.0)
         out[f"table2_{name}"] = r
