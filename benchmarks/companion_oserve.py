@@ -7,7 +7,8 @@ Run: .venv/bin/python benchmarks/companion_oserve.py [--models 70b,opt] [--level
      [--duration S] [--table2 T1,T4] [--json FILE]
 Planned speedup = LP throughput of OSERVE's layout / best homogeneous layout on the mix;
 simulated = requests completed when offered 1.05x the homogeneous capacity (paper speedups:
-1.14x at CV 0.112 to 2.66x at CV 0.688).
+1.14x at CV 0.112 to 2.66x at CV 0.688). The "static" columns compare with one fixed
+homogeneous layout, the best on --static-from's mix (default S1), at every level.
 """
 
 from __future__ import annotations
@@ -25,25 +26,37 @@ def main() -> None:
     ap.add_argument("--models", default="70b,opt")
     ap.add_argument("--levels", default="S1,S2,S3,S4,S5")
     ap.add_argument("--duration", type=float, default=600.0)
+    ap.add_argument("--static-from", default="S1",
+                    help="level whose best homogeneous layout is the fixed baseline ('' for none)")
     ap.add_argument("--table2", default="")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     for key in a.models.split(","):
-        kw: dict[str, Any] = {"duration_s": a.duration}
+        kw: dict[str, Any] = {"duration_s": a.duration, "static_from": a.static_from or None}
         if key == "opt":
             kw.update(model=OPT["model"], scale=OPT["scale"])
         rows = table1(levels=a.levels.split(","), **kw)
         out[key] = rows
         print(f"\n{rows[0]['level'] and ('Llama2-70B' if key == '70b' else 'OPT-30B')} "
               f"on 16 x H100")
-        print(f"{'level':6s}{'CV':>7s}{'paper':>7s}{'planned':>9s}{'simul.':>8s}  "
-              f"{'OSERVE layout':22s}{'homogeneous':14s}")
+        print(f"{'level':6s}{'CV':>7s}{'paper':>7s}{'planned':>9s}{'simul.':>8s}"
+              f"{'static planned':>16s}{'simul.':>8s}  "
+              f"{'OSERVE layout':40s}{'homogeneous':16s}{'static':16s}")
+        nan = float("nan")
         for r in rows:
             print(f"{r['level']:6s}{r['cv']:7.3f}{r['paper_speedup']:7.2f}"
-                  f"{r['planned_speedup']:9.3f}{r.get('simulated_speedup', float('nan')):8.3f}  "
-                  f"{r['oserve_layout']:22s}{r['homogeneous_layout']:14s}")
+                  f"{r['planned_speedup']:9.3f}{r.get('simulated_speedup', nan):8.3f}"
+                  f"{r.get('static_planned_speedup', nan):16.3f}"
+                  f"{r.get('static_simulated_speedup', nan):8.3f}  "
+                  f"{r['oserve_layout']:40s}{r['homogeneous_layout']:16s}"
+                  f"{r.get('static_layout', '-'):16s}")
+        for r in rows:
+            if "oserve_run_layout" in r:
+                print(f"  {r['level']} simulated runs' layouts: OSERVE {r['oserve_run_layout']}; "
+                      f"homogeneous {r['homogeneous_run_layout']}; "
+                      f"static {r.get('static_run_layout', r['homogeneous_run_layout'])}")
     for name in filter(None, a.table2.split(",")):
         r = table2(name, model=OPT["model"], scale=OPT["scale"], load=1.0)
         out[f"table2_{name}"] = r

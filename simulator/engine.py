@@ -135,6 +135,37 @@ class _Plan:
         return k
 
 
+def _binding_line(
+    lines: list[tuple[float, float]], s0: float, b: int, k_cap: int
+) -> tuple[tuple[float, float], int] | None:
+    """For a pipelined decode run (cycle j costs max over `lines` of a + slope*(s0+(j-1)b)):
+    the line that binds at the first cycle and the number of cycles it keeps binding (at
+    most `k_cap`), so that the run is one arithmetic series; None if under 2 cycles.
+
+    A maximum of lines is convex in j, so the line binding at cycle 1 binds on an interval
+    of cycles that starts there; past its end the next run picks the new line.
+    """
+
+    def value(line: tuple[float, float], j: int) -> float:
+        return line[0] + line[1] * (s0 + (j - 1) * b)
+
+    first = max(lines, key=lambda ln: (value(ln, 1), ln[1]))
+
+    def binds(j: int) -> bool:
+        return value(first, j) >= max(value(ln, j) for ln in lines)
+
+    if binds(k_cap):
+        return first, k_cap
+    lo, hi = 1, k_cap - 1  # largest j that `first` still binds
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if binds(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return (first, lo) if lo >= 2 else None
+
+
 class Replica:
     """One model replica (a TP x PP group of GPUs) with its own scheduler and KV pool."""
 
@@ -162,6 +193,9 @@ class Replica:
         self.finished: list[int] = []
         self.window = cost.model.sliding_window
         self.pending: _Plan | None = None
+        # pipeline stages: each iteration ("cycle") carries up to `pp` micro-batches, each
+        # with its own token budget, priced by `StepCost.cycle_time`
+        self.pp = cost.par.pp
 
     # ---- queries used by routers ------------------------------------------------------
     @property
@@ -324,7 +358,8 @@ class Replica:
         cfg = self.cfg
         decoding = [r for r in self.running if req.computed[r] >= req.target[r]]
         prefilling = [r for r in self.running if req.computed[r] < req.target[r]]
-        budget = cfg.max_batched_tokens
+        budget = cfg.max_batched_tokens * self.pp  # one budget per micro-batch in flight
+        per_chunk = cfg.max_batched_tokens  # a chunk rides in one micro-batch
         chunks: list[tuple[int, int, int]] = []  # (request, chunk, prior)
         if cfg.chunked_prefill:
             decoding = self._grow_decodes(decoding)
@@ -334,7 +369,7 @@ class Replica:
                     break
                 if req.status[r] != RUNNING:
                     continue
-                c = min(int(req.target[r] - req.computed[r]), budget)
+                c = min(int(req.target[r] - req.computed[r]), budget, per_chunk)
                 chunks.append((r, c, int(req.computed[r])))
                 budget -= c
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
@@ -349,7 +384,7 @@ class Replica:
                     break
                 self.waiting.popleft()
                 whole = int(req.target[r] - req.computed[r])  # after a prefix-cache hit
-                c = whole if not cfg.chunk_prompts else min(whole, budget)
+                c = whole if not cfg.chunk_prompts else min(whole, budget, per_chunk)
                 chunks.append((r, c, int(req.computed[r])))
                 budget -= c
         else:
@@ -378,7 +413,7 @@ class Replica:
             sw = float(np.minimum(kv + 1, self.window).sum()) if self.window else 0.0
         else:
             ctx_sum = sw = 0.0
-        dt = self.cost.step_time(
+        dt = self.cost.cycle_time(
             len(decoding),
             ctx_sum,
             [(c, p) for _, c, p in chunks],
@@ -453,11 +488,19 @@ class Replica:
         if k_cap < 2:
             return None
         cost = self.cost
-        a0 = cost.decode_base(b)
         s0 = float(kv.sum()) + b
-        if self.window:
-            a0 += cost.attn_slope_sliding * float(np.minimum(kv + 1, self.window).sum())
-        plan = _Plan(idx, kv, held, b, k_cap, a0, s0, cost.attn_slope, self.clock, 0.0)
+        if self.pp == 1:
+            a0 = cost.decode_base(b)
+            if self.window:
+                a0 += cost.attn_slope_sliding * float(np.minimum(kv + 1, self.window).sum())
+            slope = cost.attn_slope
+        else:
+            sw = float(np.minimum(kv + 1, self.window).sum()) if self.window else 0.0
+            line = _binding_line(cost.decode_cycle_lines(b, sw), s0, b, k_cap)
+            if line is None:
+                return None
+            (a0, slope), k_cap = line
+        plan = _Plan(idx, kv, held, b, k_cap, a0, s0, slope, self.clock, 0.0)
         plan.end = self.clock + plan.cum(k_cap)
         return plan
 

@@ -10,7 +10,8 @@ same `kernel_time`. Two views use those terms:
   terms one by one.
 
 Both read the same terms, so they cannot drift apart; `tests/simulator/test_roofline.py`
-checks that they agree to rounding error.
+checks that they agree to rounding error. With pipeline stages the engine charges
+`cycle_time` instead: the same terms, priced per micro-batch and overlapped across stages.
 """
 
 from __future__ import annotations
@@ -139,6 +140,14 @@ def p2p_time(nbytes: Array | float, gpu: GPU) -> Array | float:
     return t if t.ndim else float(t)
 
 
+def _even_split(n: int, parts: int) -> list[int]:
+    """`n` items over at most `parts` non-empty groups, as evenly as whole items allow
+    (largest first)."""
+    k = min(n, parts)
+    q, r = divmod(n, k)
+    return [q + 1] * r + [q] * (k - r)
+
+
 def expected_active_experts(tokens: Array | float, experts: int, top_k: int) -> Array:
     """Expected number of distinct experts hit by `tokens` tokens routing uniformly top-k."""
     t = np.asarray(tokens, dtype=float)
@@ -241,10 +250,12 @@ class StepCost:
     """The replica's roofline cost model: price any engine iteration, or list its operators.
 
     All times are the latency of one forward pass through the whole replica (all pipeline
-    stages in sequence). Construction tabulates the per-token operators for every token
-    count up to `max_tokens` (O(max_tokens) numpy work); pricing a step is O(1) plus the
-    number of prefill chunks in it. `step_overhead_s` and `tp_overhead_s` override the GPU's
-    calibration profile when given.
+    stages in sequence), except `cycle_time`: what the engine charges for one iteration, the
+    same as `step_time` without pipeline stages, and with them the pace at which `pp`
+    micro-batches in flight let every sequence advance (stages overlap). Construction
+    tabulates the per-token operators for every token count up to `max_tokens`
+    (O(max_tokens) numpy work); pricing a step is O(1) plus the number of prefill chunks.
+    `step_overhead_s` and `tp_overhead_s` override the GPU's calibration profile when given.
     """
 
     model: ModelSpec
@@ -485,6 +496,150 @@ class StepCost:
             + self.overhead_time(b, False)
             + self.attn_per_seq * b
         )
+
+    # ---- pipeline parallelism: micro-batches in flight ---------------------------------
+    def host_time(self, seqs: int) -> float:
+        """The part of `overhead_time` spent on the host (scheduling, input preparation,
+        sampling, output processing): one scheduler process does it for every micro-batch in
+        turn. The per-layer launch part runs on the GPUs, stage by stage."""
+        return self.fixed_overhead + self.seq_overhead * seqs
+
+    def handoff_time(self, tokens: int) -> float:
+        """The `pp - 1` activation hand-offs of one forward pass carrying `tokens` tokens."""
+        if self.par.pp <= 1 or tokens <= 0:
+            return 0.0
+        msg = tokens * self.model.hidden * self.ab
+        return (self.par.pp - 1) * float(p2p_time(msg, self.gpu))
+
+    def _stage_share(self, latency: float, host: float, head: float, handoff: float) -> float:
+        """GPU time of the busiest stage for one micro-batch of forward-pass `latency`: the
+        layer work (with its per-layer launches) split evenly over `pp` stages, plus the
+        lm_head on the last one; the host part and the hand-offs are not stage work."""
+        return (latency - host - head - handoff) / self.par.pp + head
+
+    def decode_cycle_lines(self, b: int, sliding_ctx_sum: float = 0.0) -> list[tuple[float, float]]:
+        """A pure-decode cycle of `b` sequences as max over lines a + slope * ctx_sum.
+
+        With pp = 1 it is the one line of `step_time` (`decode_base`, `attn_slope`). With
+        pp > 1 the batch is split into min(pp, b) micro-batches as even as whole sequences
+        allow (the summed context shared in proportion, `micro_batches`); `cycle_time` is the
+        largest of the three lines, each linear in the context, so a run of decode cycles
+        stays an arithmetic series while the same line binds (the engine's macro-steps):
+
+        * the biggest micro-batch's latency through every stage (hand-offs included): a
+          sequence cannot emit its next token before its last one has come out;
+        * the busiest stage's work summed over the micro-batches (stage-bound throughput);
+        * the host work of all micro-batches, done by one process in turn.
+        """
+        sw = self.attn_slope_sliding * sliding_ctx_sum
+        pp = self.par.pp
+        if pp <= 1:
+            return [(self.decode_base(b) + sw, self.attn_slope)]
+        sizes = _even_split(b, pp)
+        big = sizes[0]
+        latency = (self.decode_base(big) + sw * big / b, self.attn_slope * big / b)
+        stage = host = 0.0
+        for n in sizes:
+            h = self.head_time(n)
+            o = self.host_time(n)
+            stage += self._stage_share(self.decode_base(n), o, h, self.handoff_time(n))
+            host += o
+        return [latency, (stage + sw / pp, self.attn_slope / pp), (host, 0.0)]
+
+    def micro_batches(
+        self,
+        decode_seqs: int,
+        decode_ctx_sum: float,
+        prefill_chunks: list[tuple[int, int]],
+        sampled: int,
+        sliding_ctx_sum: float,
+    ) -> list[tuple[int, float, list[tuple[int, int]], int, float]]:
+        """Split one cycle's work into at most `pp` micro-batches: (decode seqs, their context
+        sum, prefill chunks, sampled rows, sliding context sum) each.
+
+        Prefill chunks ride apart from the decodes while there is room (up to `pp - 1`
+        micro-batches of chunks, each chunk joining the one with the fewest tokens), so a long
+        chunk does not hold back the decodes that cycle around it. Decodes are spread over
+        the other micro-batches as evenly as whole sequences allow and carry the context in
+        proportion (the engine tracks the batch's summed context, not which sequence rides
+        where). Rows sampled beyond the decodes are the prompts that finish, chunk by chunk.
+        """
+        pp = self.par.pp
+        if not prefill_chunks:
+            slots = 0
+        elif not decode_seqs:
+            slots = pp
+        else:
+            slots = min(len(prefill_chunks), pp - 1)
+        sizes = _even_split(decode_seqs, pp - slots) if decode_seqs else []
+        out: list[tuple[int, float, list[tuple[int, int]], int, float]] = []
+        for n in sizes:
+            share = n / decode_seqs
+            out.append((n, decode_ctx_sum * share, [], n, sliding_ctx_sum * share))
+        parts: list[list[tuple[int, int]]] = [[] for _ in range(slots)]
+        load = [0] * slots
+        extra = [0] * slots
+        left = sampled - decode_seqs
+        for c, p in prefill_chunks:
+            i = min(range(slots), key=lambda k: load[k])
+            parts[i].append((c, p))
+            load[i] += c
+            if left > 0:
+                extra[i] += 1
+                left -= 1
+        out += [(0, 0.0, parts[i], extra[i], 0.0) for i in range(slots) if parts[i]]
+        return out
+
+    def cycle_time(
+        self,
+        decode_seqs: int,
+        decode_ctx_sum: float,
+        prefill_chunks: list[tuple[int, int]] | None = None,
+        sampled: int | None = None,
+        sliding_ctx_sum: float | None = None,
+    ) -> float:
+        """Time for every sequence of an iteration to make one step of progress.
+
+        pp = 1: the iteration is one forward pass, `step_time` exactly. pp > 1 (vLLM keeps
+        up to `pp` scheduled batches in flight): the work is split into micro-batches
+        (`micro_batches`) that follow one another through the stages, so in steady state a
+        cycle lasts as long as the busiest stage's share of all of them (or the host's),
+        not the sum of the stages; but never less than a decoding micro-batch's whole
+        latency, because a sequence's next token needs its previous one through every stage
+        and hand-off. A lone sequence therefore sees the same latency as `step_time`.
+
+        A micro-batch of prefill chunks only gates the cycle when nothing decodes: otherwise
+        the decodes go round while it crosses the stages (its stage work still counts), and
+        its prompt's first token is reported at the cycle's end, up to its latency minus
+        the cycle early (a documented approximation of the engine's one clock per replica).
+        """
+        if self.par.pp <= 1:
+            return self.step_time(
+                decode_seqs, decode_ctx_sum, prefill_chunks, sampled, sliding_ctx_sum
+            )
+        chunks = prefill_chunks or []
+        if decode_seqs + sum(c for c, _ in chunks) == 0:
+            return 0.0
+        sampled, sliding_ctx_sum = self._defaults(
+            decode_seqs, decode_ctx_sum, chunks, sampled, sliding_ctx_sum
+        )
+        if not chunks and sampled == decode_seqs:
+            return max(
+                a + s * decode_ctx_sum
+                for a, s in self.decode_cycle_lines(decode_seqs, sliding_ctx_sum)
+            )
+        latency = stage = host = 0.0
+        for b, ctx, parts, smp, sw in self.micro_batches(
+            decode_seqs, decode_ctx_sum, chunks, sampled, sliding_ctx_sum
+        ):
+            t = self.step_time(b, ctx, parts, smp, sw)
+            o = self.host_time(b + len(parts))
+            tokens = b + sum(c for c, _ in parts)
+            if b or not decode_seqs:
+                latency = max(latency, t)
+            stage += self._stage_share(t, o, self.head_time(smp), self.handoff_time(tokens))
+            host += o
+        return max(latency, stage, host)
 
     # ---- one iteration ----------------------------------------------------------------
     def _defaults(

@@ -23,7 +23,7 @@ from typing import Any, cast
 
 from simulator.engine import REJECTED, WAITING, EngineConfig, Replica, RequestTable, _Plan
 from simulator.memory import MemoryPlan
-from simulator.roofline import StepCost
+from simulator.roofline import Parallelism, StepCost
 
 
 class ScaledCost:
@@ -40,6 +40,17 @@ class ScaledCost:
 
     def decode_base(self, b: int) -> float:
         return self.factor * self.base.decode_base(b)
+
+    @property
+    def par(self) -> Parallelism:
+        return self.base.par
+
+    def cycle_time(self, *args: Any, **kwargs: Any) -> float:
+        return self.factor * self.base.cycle_time(*args, **kwargs)
+
+    def decode_cycle_lines(self, b: int, sliding_ctx_sum: float = 0.0) -> list[tuple[float, float]]:
+        f = self.factor
+        return [(f * a, f * s) for a, s in self.base.decode_cycle_lines(b, sliding_ctx_sum)]
 
     @property
     def attn_slope(self) -> float:
