@@ -220,7 +220,8 @@ class EngineStreamClient:
             channel.forget(rid)
             message = f"peer {record.peer_id}: {_error_message(first)}"
             if _not_delivered(first):
-                raise NotDelivered(message)
+                # 403: the peer does not know us as a member (yet), not its failing.
+                raise NotDelivered(message, blameless=_status(first) == 403)
             raise UpstreamFailed(message)
         try:
             status, out = response_head(first)
@@ -288,6 +289,13 @@ def _error_message(frame: Frame) -> str:
         return str(frame.fields().get("message"))[:512]
     except FrameError as exc:
         return f"malformed error frame: {exc}"
+
+
+def _status(frame: Frame) -> object:
+    try:
+        return frame.fields().get("status")
+    except FrameError:
+        return None
 
 
 def _not_delivered(frame: Frame) -> bool:
