@@ -7,8 +7,9 @@ What a client relies on, checked for every request sent:
 - a non-streaming request succeeds whenever some trusted node still serves the model; the
   only exception is a request already running on a node at the moment that node is
   killed (it may have run: it is not re-sent, and fails with a clear 502);
-- a stream either completes or ends with an OpenAI-style error event: never cut without
-  one, never a hang;
+- a stream completes; one running on a node at the moment it is killed ends with an
+  OpenAI-style error event (or the plain 502, if the node had not answered yet): never cut
+  without one, never a hang;
 - no node that came back stays out of routing.
 """
 
@@ -119,9 +120,9 @@ def test_clients_see_no_errors_through_restart_freeze_and_kill(
     rest = [o for o in load.outcomes if o not in at_kill]
     plain_failures = [o for o in rest if not o.stream and o.result != "ok"]
     assert not plain_failures, report(load, plain_failures)
-    streams = [o for o in load.outcomes if o.stream]
-    assert all(o.result in ("ok", "error event") for o in streams), report(load, streams)
     assert all(o.result == "ok" for o in rest if o.stream), report(load, rest)
+    # Killed before its first byte, a stream gets the plain 502 (no stream to put an error
+    # event in yet); killed once streaming, an error event; never a cut without either.
     assert all(o.result in ("ok", "http 502", "error event") for o in at_kill), \
         report(load, at_kill)
     # No node stays out: the survivors and the thawed nodes all serve.
