@@ -37,12 +37,19 @@ from pathlib import Path
 
 import trio
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
-from otela.steady_load import REQUEST_TIMEOUT_S, Outcome, SteadyLoad, machine_pids, signal_machine
+from otela.localfed import LocalFederation, LocalNode, free_port, wait_for
+from otela.steady_load import (
+    QUIET,
+    REQUEST_TIMEOUT_S,
+    Outcome,
+    SteadyLoad,
+    machine_pids,
+    signal_machine,
+    start_behind_ingress,
+)
 from tests.integration.netns import Lan, ensure_iptables
 
 MODEL = "echo-chaos"
-QUIET = ["--log-level", "WARNING"]
 
 
 def start(fed: LocalFederation, args: argparse.Namespace, lan: Lan | None = None
@@ -55,23 +62,11 @@ def start(fed: LocalFederation, args: argparse.Namespace, lan: Lan | None = None
         ns, ip = lan.hosts[i]
         return {"netns": ns, "host": ip}
 
-    # A bootstrap node has a well-known address: the same port after a restart.
-    boot = fed.start_node("boot", extra_args=QUIET, p2p_port=args.boot_port, **place(0))
-    ingress = fed.start_node("ingress", ingress=True, bootstrap=[boot], extra_args=[
-        *QUIET, "--max-connections-per-client", "100000",
-        *(["--retry-broken"] if args.retry_broken else [])], **place(1))
-    serving = []
-    for i in range(args.nodes):
-        engine = echo_engine_command(free_port(), [MODEL], "--request-delay",
-                                     str(args.request_delay), "--token-delay",
-                                     str(args.token_delay))
-        serving.append(fed.start_node(f"n{i}", bootstrap=[boot], process=engine,
-                                      extra_args=QUIET, timeout=60, **place(2 + i)))
-    sessions = {n.session_id for n in serving}
-    wait_for(lambda: sum(s == "SERVING" for k, s in ingress.states().items()
-                         if k in sessions) == len(sessions), 120,
-             "every serving node to be SERVING at the ingress", interval=0.5)
-    return boot, ingress, serving
+    return start_behind_ingress(
+        fed, MODEL, args.nodes, args.boot_port, place=place,
+        engine_args=["--request-delay", str(args.request_delay),
+                     "--token-delay", str(args.token_delay)],
+        ingress_args=["--retry-broken"] if args.retry_broken else [])
 
 
 def run_scenario(name: str, args: argparse.Namespace, root: Path) -> dict[str, object]:

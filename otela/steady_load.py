@@ -1,7 +1,8 @@
 """A steady open-loop load of chat requests, and machine-level faults, for a local federation.
 
 Used by the chaos benchmark (``benchmarks/chaos.py``) and the chaos test tier
-(``tests/integration/test_chaos.py``): both send requests at a fixed mean rate whatever
+(``tests/integration/test_chaos.py``): both start the same federation (a bootstrap node, an
+ingress, serving nodes with echo engines), send requests at a fixed mean rate whatever
 happens to the nodes (open loop: a slow answer does not slow the sender, as with real
 users), keep every outcome, and fail machines by signalling a node's daemon and engine
 together.
@@ -18,14 +19,41 @@ import contextlib
 import os
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import trio
 
-from otela.localfed import LocalNode
+from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
 
 REQUEST_TIMEOUT_S = 60.0
+QUIET = ["--log-level", "WARNING"]
+
+
+def start_behind_ingress(
+    fed: LocalFederation, model: str, serving: int, boot_port: int, *,
+    engine_args: Sequence[str] = (), ingress_args: Sequence[str] = (),
+    place: Callable[[int], dict[str, Any]] = lambda host: {}, settle_s: float = 120.0,
+) -> tuple[LocalNode, LocalNode, list[LocalNode]]:
+    """The bootstrap node (on ``boot_port``: a bootstrap node keeps its well-known address
+    when restarted), an ingress, and ``serving`` nodes with echo engines for ``model``;
+    returns once the ingress sees every serving node SERVING. ``place(host)`` gives
+    ``start_node`` placement arguments (host 0 the bootstrap node, 1 the ingress, then the
+    serving nodes), e.g. a network namespace each."""
+    boot = fed.start_node("boot", extra_args=QUIET, p2p_port=boot_port, **place(0))
+    ingress = fed.start_node("ingress", ingress=True, bootstrap=[boot], extra_args=[
+        *QUIET, "--max-connections-per-client", "100000", *ingress_args], **place(1))
+    nodes = [fed.start_node(f"n{i}", bootstrap=[boot], extra_args=QUIET, timeout=60,
+                            process=echo_engine_command(free_port(), [model], *engine_args),
+                            **place(2 + i))
+             for i in range(serving)]
+    sessions = {n.session_id for n in nodes}
+    wait_for(lambda: sum(ingress.states().get(s) == "SERVING" for s in sessions)
+             == len(sessions), settle_s, "every serving node to be SERVING at the ingress",
+             interval=0.25)
+    return boot, ingress, nodes
 
 
 @dataclass

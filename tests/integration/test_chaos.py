@@ -23,32 +23,21 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
-from otela.steady_load import Outcome, SteadyLoad, machine_pids, signal_machine
+from otela.localfed import LocalFederation, LocalNode, free_port, wait_for
+from otela.steady_load import (
+    QUIET,
+    Outcome,
+    SteadyLoad,
+    machine_pids,
+    signal_machine,
+    start_behind_ingress,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 MODEL = "echo-chaos"
-QUIET = ["--log-level", "WARNING"]
 FREEZE_S = 12.0  # longer than it takes to suspect and evict a node here (~8 s)
 SETTLE_S = 120.0  # generous: a loaded CI machine stretches failure detection
-
-
-def start(fed: LocalFederation, serving: int, boot_port: int
-          ) -> tuple[LocalNode, LocalNode, list[LocalNode]]:
-    boot = fed.start_node("boot", extra_args=QUIET, p2p_port=boot_port)
-    ingress = fed.start_node("ingress", ingress=True, bootstrap=[boot], extra_args=[
-        *QUIET, "--max-connections-per-client", "100000"])
-    nodes = [fed.start_node(f"n{i}", bootstrap=[boot], extra_args=QUIET, timeout=60,
-                            process=echo_engine_command(free_port(), [MODEL],
-                                                        "--request-delay", "0.05",
-                                                        "--token-delay", "0.02"))
-             for i in range(serving)]
-    sessions = {n.session_id for n in nodes}
-    wait_for(lambda: sum(ingress.states().get(s) == "SERVING" for s in sessions)
-             == len(sessions), SETTLE_S, "every serving node to be SERVING at the ingress",
-             interval=0.25)
-    return boot, ingress, nodes
 
 
 def serving_peers(ingress: LocalNode) -> set[str]:
@@ -64,7 +53,10 @@ def test_clients_see_no_errors_through_restart_freeze_and_kill(
     federation: LocalFederation,
 ) -> None:
     boot_port = free_port()  # a bootstrap node keeps its well-known address on restart
-    boot, ingress, nodes = start(federation, 6, boot_port)
+    boot, ingress, nodes = start_behind_ingress(
+        federation, MODEL, 6, boot_port, engine_args=["--request-delay", "0.05",
+                                                      "--token-delay", "0.02"],
+        settle_s=SETTLE_S)
     everyone = {n.status["peer_id"] for n in [ingress, *nodes]}
     load = SteadyLoad(ingress.http_url, MODEL, rate=12.0, stream_share=0.25, timeout=120.0)
     marks: dict[str, float] = {}
