@@ -20,6 +20,7 @@ other candidate has been tried, within the same attempt budget.
 
 from __future__ import annotations
 
+import enum
 import logging
 import random
 from collections import Counter
@@ -126,6 +127,15 @@ class _Policies:
         return policy
 
 
+class Miss(enum.Enum):
+    """Why an attempt gave no reply to return, and so what the router does next."""
+
+    NEXT = "try another node"
+    # Declined only because the node has not heard of this ingress's session yet: worth
+    # asking again once the other candidates have been tried.
+    ASK_AGAIN = "ask again later"
+
+
 class Router:
     def __init__(
         self,
@@ -210,11 +220,12 @@ class Router:
             # While another node could still take it, a slow connection is given up early.
             last = attempts == self.settings.max_attempts or len(remaining) == 1
             connect_timeout = None if last else self.settings.failover_connect_timeout
-            routed = await self._attempt(node, candidate, policy, pick, path, headers,
-                                         ask.body, attempts, resend, connect_timeout,
-                                         declined)
-            if routed is not None:
-                return routed
+            result = await self._attempt(node, candidate, policy, pick, path, headers,
+                                         ask.body, attempts, resend, connect_timeout)
+            if isinstance(result, Routed):
+                return result
+            if result is Miss.ASK_AGAIN:
+                declined.add(node.session_id)
             now = self.clock()
         raise RequestError(
             502, f"All {len(tried)} candidate node(s) for `{clip(model_id)}` were unreachable.",
@@ -234,11 +245,10 @@ class Router:
 
     async def _attempt(self, node: NodeRecord, candidate: Candidate, policy: Policy,
                        pick: Pick, path: str, headers: Headers, body: bytes, attempt: int,
-                       resend: bool = False, connect_timeout: float | None = None,
-                       declined: set[str] | None = None) -> Routed | None:
-        """One try; ``None`` if the node did not take the request (try another; added to
-        ``declined`` if only because it does not know us yet), or broke off before
-        answering and ``resend`` allows another node to run it too."""
+                       resend: bool = False, connect_timeout: float | None = None
+                       ) -> Routed | Miss:
+        """One try: the node's reply, or why to go on without it (it did not take the
+        request, or broke off before answering and ``resend`` lets another node run it)."""
         session = node.session_id
         policy.on_start(candidate, pick)
         self.busy[session] += 1
@@ -249,11 +259,9 @@ class Router:
         except NotDelivered as exc:
             self._failed(node, candidate, policy, pick, NOT_DELIVERED, exc.unreachable,
                          counts=not exc.blameless)
-            if exc.blameless and declined is not None:
-                declined.add(session)
             log.warning("node %s did not take the request, trying another: %s",
                         session, exc)
-            return None
+            return Miss.ASK_AGAIN if exc.blameless else Miss.NEXT
         except UpstreamTimeout:
             self._failed(node, candidate, policy, pick, FAILED)
             raise RequestError(
@@ -265,7 +273,7 @@ class Router:
                 self.resent += 1
                 log.warning("node %s broke off before answering (%s); sending the request "
                             "to another node (--retry-broken)", session, exc)
-                return None
+                return Miss.NEXT
             raise RequestError(
                 502, f"The node serving the request failed before it answered ({exc}); "
                 "it may have run, so it was not retried.", code="upstream_failed") from None

@@ -8,6 +8,7 @@ import dataclasses
 import random
 import socket
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -98,17 +99,27 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def route_through(behaviours: list[Behaviour | None], timeout: float = 5.0,
-                        retry_broken: bool = False, stream: bool = False
-                        ) -> tuple[int, list[int]]:
-    """Route one request over candidates with these behaviours (``None``: nothing listens),
-    tried in order; the response status (or the RequestError's) and hits per candidate."""
+@dataclasses.dataclass
+class Trip:
+    status: int  # the response's, or the RequestError's
+    hits: list[int]  # connections each candidate accepted
+    took: float  # seconds until the router had a reply or gave up
+    ejected: int  # nodes the router ejected meanwhile
+
+
+async def route_through(behaviours: list[Behaviour | int | None], timeout: float = 5.0,
+                        retry_broken: bool = False, stream: bool = False,
+                        connect_timeout: float = 5.0, **settings: Any) -> Trip:
+    """Route one request over candidates with these behaviours (``None``: nothing listens;
+    a port number: whatever is at that port), tried in order."""
     hits = [0] * len(behaviours)
     registry = Registry()
     async with trio.open_nursery() as nursery:
         for i, behaviour in enumerate(behaviours):
             if behaviour is None:
                 port = closed_port()
+            elif isinstance(behaviour, int):
+                port = behaviour
             else:
                 async def serve(stream: trio.SocketStream, i: int = i,
                                 behaviour: Behaviour = behaviour) -> None:
@@ -119,13 +130,14 @@ async def route_through(behaviours: list[Behaviour | None], timeout: float = 5.0
                 listeners = await nursery.start(trio.serve_tcp, serve, 0)
                 port = listeners[0].socket.getsockname()[1]
             registry.apply(serving_entry(f"node{i}", f"http://127.0.0.1:{port}"), NOW)
-        pool = HttpPool()
+        pool = HttpPool(connect_timeout=connect_timeout)
         upstreams = Upstreams(pool, self_session=lambda: "me", local_engine=lambda: None,
                               hop_signer=None, p2p=None)
         router = Router(registry, upstreams,
                         RoutingSettings(policy="random", first_byte_timeout=timeout,
-                                        retry_broken=retry_broken),
+                                        retry_broken=retry_broken, **settings),
                         rng=FirstChoice())
+        started = trio.current_time()
         try:
             routed = await router.route("m", "/v1/chat/completions", [],
                                         Ask(ANY, body=b"{}", stream=stream))
@@ -133,9 +145,10 @@ async def route_through(behaviours: list[Behaviour | None], timeout: float = 5.0
             await routed.reply.aclose()
         except RequestError as exc:
             status = exc.status
+        took = trio.current_time() - started
         pool.close()
         nursery.cancel_scope.cancel()
-    return status, hits
+    return Trip(status, hits, took, router.ejections.count(trio.current_time()))
 
 
 def serving_entry(name: str, url: str) -> Entry:
@@ -145,7 +158,8 @@ def serving_entry(name: str, url: str) -> Entry:
 
 def run(behaviours: list[Behaviour | None], timeout: float = 5.0, retry_broken: bool = False,
         stream: bool = False) -> tuple[int, list[int]]:
-    return trio.run(route_through, behaviours, timeout, retry_broken, stream)
+    trip = trio.run(route_through, behaviours, timeout, retry_broken, stream)
+    return trip.status, trip.hits
 
 
 def test_a_refused_connection_is_retried_on_the_next_node():
@@ -206,36 +220,11 @@ def test_a_connection_nobody_answers_gives_way_to_the_next_node_early():
         fillers = [socket.create_connection(full.getsockname(), timeout=1)]
         with pytest.raises(OSError):  # the queue (one connection) is full
             socket.create_connection(full.getsockname(), timeout=0.5).close()
-        port = full.getsockname()[1]
 
-        async def scenario() -> tuple[int, float, int]:
-            registry = Registry()
-            registry.apply(serving_entry("silent", f"http://127.0.0.1:{port}"), NOW)
-            async with trio.open_nursery() as nursery:
-                async def serve(stream: trio.SocketStream) -> None:
-                    async with stream:
-                        await answers(stream)
-
-                listeners = await nursery.start(trio.serve_tcp, serve, 0)
-                good = listeners[0].socket.getsockname()[1]
-                registry.apply(serving_entry("ok", f"http://127.0.0.1:{good}"), NOW)
-                pool = HttpPool(connect_timeout=30.0)
-                router = Router(registry, Upstreams(pool, self_session=lambda: "me",
-                                                    local_engine=lambda: None,
-                                                    hop_signer=None, p2p=None),
-                                RoutingSettings(policy="random", failover_connect_timeout=0.3),
-                                rng=FirstChoice())
-                started = trio.current_time()
-                routed = await router.route("m", "/v1/chat/completions", [],
-                                            Ask(ANY, body=b"{}"))
-                took = trio.current_time() - started
-                await routed.reply.aclose()
-                pool.close()
-                nursery.cancel_scope.cancel()
-            return routed.reply.status, took, router.ejections.count(trio.current_time())
-
-        status, took, ejected = trio.run(scenario)
+        trip = trio.run(partial(route_through, [full.getsockname()[1], answers],
+                                connect_timeout=30.0, failover_connect_timeout=0.3))
         for sock in fillers:
             sock.close()
-    assert status == 200 and took < 5.0  # given up after 0.3 s, not the 30 s timeout
-    assert ejected == 1  # and out of routing at once, as a refused one would be
+    assert trip.status == 200 and trip.hits == [0, 1]
+    assert trip.took < 5.0  # given up after 0.3 s, not the 30 s connect timeout
+    assert trip.ejected == 1  # and out of routing at once, as a refused one would be
