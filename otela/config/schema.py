@@ -347,8 +347,9 @@ class NodeConfig:
     route_attempts: int = setting(
         "routing", 3, parse=v.as_positive_int, example="2", metavar="N",
         help="Nodes tried for one request, when the earlier ones provably did not take it "
-        "(refused the connection, not serving). A request an engine may have started is "
-        "never sent again.")
+        "(not serving, no answer to the connection attempt). Nodes that refuse the "
+        "connection outright (down) are skipped without using up an attempt. A request an "
+        "engine may have started is never sent again.")
     retry_broken: bool = setting(
         "routing", False, parse=v.as_bool, example="true",
         help="Also send a non-streaming request to another node when its node broke the "

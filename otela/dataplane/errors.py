@@ -61,15 +61,18 @@ class NotDelivered(Exception):
 
     ``unreachable``: the node's address refused the connection (nothing listens there) or
     did not answer the connection attempt at all (the host is down or cut off): the router
-    stops sending it requests at once. ``blameless``: the node declined for a reason that is
-    not its fault, so it counts nothing against it (it does not know the caller as a member
-    yet: after a partition heals, a rejoined ingress's new session reaches it a moment
+    stops sending it requests at once. ``refused``: turned away at once (refused, or no
+    route to the host), so the attempt cost nothing and does not use up the request's
+    ``--route-attempts``. ``blameless``: the node declined for a reason that is not its
+    fault, so it counts nothing against it (it does not know the caller as a member yet:
+    after a partition heals, a rejoined ingress's new session reaches it a moment
     later)."""
 
-    def __init__(self, message: str, *, unreachable: bool = False,
+    def __init__(self, message: str, *, unreachable: bool = False, refused: bool = False,
                  blameless: bool = False) -> None:
         super().__init__(message)
-        self.unreachable = unreachable
+        self.unreachable = unreachable or refused
+        self.refused = refused
         self.blameless = blameless
 
 

@@ -30,6 +30,7 @@ went away) closes its connection, so the engine sees the disconnect and stops.
 
 from __future__ import annotations
 
+import errno
 import socket
 from collections import deque
 from collections.abc import AsyncIterator
@@ -45,6 +46,8 @@ from otela.dataplane.errors import NotDelivered, UpstreamFailed, UpstreamTimeout
 Headers = list[tuple[bytes, bytes]]
 
 _RECV = 65536
+# Connect errors that come back at once: the attempt cost nothing.
+TURNED_AWAY = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH})
 FRESH_S = 0.02  # idle this briefly, a pooled connection is reused without checking it
 
 
@@ -259,7 +262,7 @@ class HttpPool:
             # Refused, unroutable, or no answer to the attempt: nothing reachable listens
             # there now.
             raise NotDelivered(f"cannot connect to {host}:{port}: {reason}",
-                               unreachable=True) from None
+                               unreachable=True, refused=_turned_away(exc)) from None
         except BaseException:
             sockio.close(sock)
             raise
@@ -299,3 +302,9 @@ def _still_open(sock: socket.socket) -> bool:
 
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _turned_away(exc: BaseException) -> bool:
+    """Whether a failed connect was answered at once (nothing listens, or no route): it
+    took no time, unlike an attempt nobody answered."""
+    return isinstance(exc, OSError) and exc.errno in TURNED_AWAY

@@ -131,6 +131,10 @@ class Miss(enum.Enum):
     """Why an attempt gave no reply to return, and so what the router does next."""
 
     NEXT = "try another node"
+    # Turned away at once (nothing listens: the node is down): try another without using
+    # up an attempt. After a crash every dead candidate may come first; while any node
+    # still serves the model the request must reach it.
+    REFUSED = "refused at once"
     # Declined only because the node has not heard of this ingress's session yet: worth
     # asking again once the other candidates have been tried.
     ASK_AGAIN = "ask again later"
@@ -199,12 +203,13 @@ class Router:
                     else None)
         tried: set[str] = set()
         declined: set[str] = set()  # did not know us yet: worth asking again
-        attempts = 0
+        attempts = 0  # nodes asked
+        counted = 0  # of those, the ones that use up --route-attempts (refusals do not)
         resend = self.settings.retry_broken and not ask.stream
-        while attempts < self.settings.max_attempts:
+        while counted < self.settings.max_attempts:
             remaining = [r for r in nodes if r.session_id not in tried] if tried else nodes
             if not remaining and declined:
-                await trio.sleep(DECLINED_PAUSE_S * attempts)
+                await trio.sleep(DECLINED_PAUSE_S * counted)
                 tried -= declined
                 declined.clear()
                 remaining = [r for r in nodes if r.session_id not in tried]
@@ -216,15 +221,18 @@ class Router:
             if attempts:
                 self.retries += 1
             attempts += 1
+            counted += 1
             tried.add(node.session_id)
             # While another node could still take it, a slow connection is given up early.
-            last = attempts == self.settings.max_attempts or len(remaining) == 1
+            last = counted == self.settings.max_attempts or len(remaining) == 1
             connect_timeout = None if last else self.settings.failover_connect_timeout
             result = await self._attempt(node, candidate, policy, pick, path, headers,
                                          ask.body, attempts, resend, connect_timeout)
             if isinstance(result, Routed):
                 return result
-            if result is Miss.ASK_AGAIN:
+            if result is Miss.REFUSED:
+                counted -= 1  # cost nothing; each candidate is still asked at most once
+            elif result is Miss.ASK_AGAIN:
                 declined.add(node.session_id)
             now = self.clock()
         raise RequestError(
@@ -261,6 +269,8 @@ class Router:
                          counts=not exc.blameless)
             log.warning("node %s did not take the request, trying another: %s",
                         session, exc)
+            if exc.refused:
+                return Miss.REFUSED
             return Miss.ASK_AGAIN if exc.blameless else Miss.NEXT
         except UpstreamTimeout:
             self._failed(node, candidate, policy, pick, FAILED)

@@ -167,6 +167,19 @@ def test_a_refused_connection_is_retried_on_the_next_node():
     assert status == 200 and hits == [0, 1]
 
 
+def test_refusals_do_not_use_up_the_attempts_so_a_live_node_is_always_reached():
+    # Three dead nodes drawn first (--route-attempts is 3): the fourth still gets it.
+    status, hits = run([None, None, None, answers])
+    assert status == 200 and hits == [0, 0, 0, 1]
+    # Each candidate is asked once: all dead is a 502, not a loop.
+    status, hits = run([None, None, None, None])
+    assert status == 502
+    # Attempts that reached a node still count: two declines, then budget's end.
+    status, hits = run([says_not_delivered, None, says_not_delivered, says_not_delivered,
+                        answers])
+    assert status == 502 and hits == [1, 0, 1, 1, 0]
+
+
 def test_a_node_that_says_it_did_not_deliver_is_retried():
     status, hits = run([says_not_delivered, answers])
     assert status == 200 and hits == [1, 1]
