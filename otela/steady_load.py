@@ -43,12 +43,13 @@ def start_behind_ingress(
     ``start_node`` placement arguments (host 0 the bootstrap node, 1 the ingress, then the
     serving nodes), e.g. a network namespace each."""
     boot = fed.start_node("boot", extra_args=QUIET, p2p_port=boot_port, **place(0))
-    ingress = fed.start_node("ingress", ingress=True, bootstrap=[boot], extra_args=[
-        *QUIET, "--max-connections-per-client", "100000", *ingress_args], **place(1))
-    nodes = [fed.start_node(f"n{i}", bootstrap=[boot], extra_args=QUIET, timeout=60,
-                            process=echo_engine_command(free_port(), [model], *engine_args),
-                            **place(2 + i))
-             for i in range(serving)]
+    with fed.together():
+        ingress = fed.start_node("ingress", ingress=True, bootstrap=[boot], extra_args=[
+            *QUIET, "--max-connections-per-client", "100000", *ingress_args], **place(1))
+        nodes = [fed.start_node(f"n{i}", bootstrap=[boot], extra_args=QUIET, timeout=60,
+                                process=echo_engine_command(free_port(), [model],
+                                                            *engine_args), **place(2 + i))
+                 for i in range(serving)]
     sessions = {n.session_id for n in nodes}
     wait_for(lambda: sum(ingress.states().get(s) == "SERVING" for s in sessions)
              == len(sessions), settle_s, "every serving node to be SERVING at the ingress",

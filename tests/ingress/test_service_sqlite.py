@@ -30,9 +30,13 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalNode, s
         ingress = federation.start_node(
             "ingress", ingress=True, extra_args=["--ingress-db", str(db)],
             extra_env={"OTELA_ADMIN_TOKEN": ADMIN})
-        for name, model, provider in (("server", MODEL, "prov-a"), ("other", OTHER, "prov-b")):
-            node = federation.start_node(name, bootstrap=[ingress], provider_id=provider,
-                                         process=echo_engine_command(free_port(), [model]))
+        with federation.together():
+            nodes = {name: federation.start_node(
+                name, bootstrap=[ingress], provider_id=provider,
+                process=echo_engine_command(free_port(), [model]))
+                for name, model, provider in (("server", MODEL, "prov-a"),
+                                              ("other", OTHER, "prov-b"))}
+        for name, node in nodes.items():
             wait_for(lambda n=node: ingress.states().get(n.session_id) == "SERVING", 20,
                      f"{name} to serve")
         yield ingress, str(db)

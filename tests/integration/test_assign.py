@@ -67,9 +67,10 @@ def test_plan_assigns_opted_in_idle_nodes_which_serve_through_the_ingress(
     opt_in = ["--accept-assignments", planner_id, "--engine-allowlist", str(allowlist)]
 
     ingress = federation.start_node("ingress", ingress=True)
-    a = federation.start_node("idle-a", bootstrap=[ingress], extra_args=[*GPUS, *opt_in])
-    b = federation.start_node("idle-b", bootstrap=[ingress], extra_args=[*GPUS, *opt_in])
-    c = federation.start_node("idle-c", bootstrap=[ingress], extra_args=GPUS)
+    with federation.together():
+        a = federation.start_node("idle-a", bootstrap=[ingress], extra_args=[*GPUS, *opt_in])
+        b = federation.start_node("idle-b", bootstrap=[ingress], extra_args=[*GPUS, *opt_in])
+        c = federation.start_node("idle-c", bootstrap=[ingress], extra_args=GPUS)
     idle = {n.session_id: n for n in (a, b, c)}
     wait_for(lambda: all(registry(ingress).get(s, {}).get("idle") for s in idle), CONVERGE_S,
              "the ingress to see the three idle nodes")

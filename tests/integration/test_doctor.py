@@ -45,8 +45,9 @@ def test_doctor_explains_peers_that_left_or_never_appeared(
 ) -> None:
     fed = federation
     a = fed.start_node("a", extra_args=["--suspicion-timeout", "3s"])
-    b = fed.start_node("b", bootstrap=[a])
-    c = fed.start_node("c", bootstrap=[a], extra_args=["--suspicion-timeout", "3s"])
+    with fed.together():
+        b = fed.start_node("b", bootstrap=[a])
+        c = fed.start_node("c", bootstrap=[a], extra_args=["--suspicion-timeout", "3s"])
     wait_for(lambda: len(a.states()) == 3 and len(c.states()) == 3, 20, "all to see all")
 
     fed.stop_node(b)  # SIGTERM: a clean leave

@@ -19,9 +19,10 @@ FAST = ["--probe-interval", "0.5s", "--suspicion-timeout", "3s"]
 
 def mesh(fed: LocalFederation, n: int, extra: list[str]) -> list[LocalNode]:
     boot = fed.start_node("boot", extra_args=extra)
-    nodes = [boot] + [
-        fed.start_node(f"n{i}", bootstrap=[boot], extra_args=extra) for i in range(n - 1)
-    ]
+    with fed.together():
+        nodes = [boot] + [
+            fed.start_node(f"n{i}", bootstrap=[boot], extra_args=extra) for i in range(n - 1)
+        ]
     everyone = {x.session_id for x in nodes}
     for node in nodes:
         wait_for(
@@ -154,8 +155,9 @@ def test_a_briefly_paused_node_refutes_and_is_not_evicted(federation):
 
 def test_routing_skips_a_suspected_node_before_it_is_evicted(federation):
     ingress = federation.start_node("ingress", extra_args=[*FAST[:2], "--suspicion-timeout", "30s"])
-    doomed = serving_node(federation, "doomed", ingress, "m")
-    survivor = serving_node(federation, "survivor", ingress, "m")
+    with federation.together():
+        doomed = serving_node(federation, "doomed", ingress, "m")
+        survivor = serving_node(federation, "survivor", ingress, "m")
     for node in (doomed, survivor):
         wait_state(ingress, node, "SERVING")
     os.kill(doomed.process.pid, signal.SIGKILL)  # the daemon; its engine dies with it

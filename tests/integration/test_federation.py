@@ -20,8 +20,9 @@ pytestmark = pytest.mark.slow
 
 def test_three_daemons_mesh_through_one_bootstrap_and_a_late_joiner_learns_state(federation):
     boot = federation.start_node("boot", ingress=True)
-    a = federation.start_node("a", bootstrap=[boot])
-    b = federation.start_node("b", bootstrap=[boot])
+    with federation.together():
+        a = federation.start_node("a", bootstrap=[boot])
+        b = federation.start_node("b", bootstrap=[boot])
     nodes = [boot, a, b]
     sessions = {n.session_id for n in nodes}
     for node in nodes:
@@ -59,8 +60,9 @@ def test_a_restarted_bootstrap_node_finds_the_federation_again(federation):
     # The bootstrap node has no bootstrap of its own: after a restart (new session, a new
     # port here) only the peers it remembered can bring it back.
     boot = federation.start_node("boot")
-    a = federation.start_node("a", bootstrap=[boot])
-    b = federation.start_node("b", bootstrap=[boot])
+    with federation.together():
+        a = federation.start_node("a", bootstrap=[boot])
+        b = federation.start_node("b", bootstrap=[boot])
     everyone = {n.status["peer_id"] for n in (boot, a, b)}
     wait_for(lambda: live_peers(boot) == everyone, CONVERGE_S, "boot to list a and b")
     assert federation.stop_node(boot) == 0
@@ -114,8 +116,9 @@ def test_chat_completion_and_stream_through_the_ingress(federation):
 
 def test_engine_death_marks_the_node_down_and_traffic_moves_to_the_other(federation):
     ingress = federation.start_node("ingress", ingress=True)
-    doomed = serving_node(federation, "doomed", ingress, "shared")
-    survivor = serving_node(federation, "survivor", ingress, "shared")
+    with federation.together():
+        doomed = serving_node(federation, "doomed", ingress, "shared")
+        survivor = serving_node(federation, "survivor", ingress, "shared")
     wait_state(ingress, doomed, "SERVING")
     wait_state(ingress, survivor, "SERVING")
 

@@ -47,7 +47,8 @@ def test_each_half_keeps_routing_and_registries_converge_after_healing(
         )
 
     nodes = [start(0, [])]
-    nodes += [start(i, [nodes[0]]) for i in (1, 2, 3)]
+    with federation.together():
+        nodes += [start(i, [nodes[0]]) for i in (1, 2, 3)]
     everyone = {n.session_id for n in nodes}
     for node in nodes:
         wait_for(lambda node=node: set(node.states()) == everyone

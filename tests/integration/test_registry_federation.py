@@ -87,8 +87,9 @@ def test_a_node_without_a_valid_certificate_does_not_start(federation, tmp_path)
 def test_expired_certificates_drop_out_and_revocations_gossip(federation, tmp_path):
     authority = Authority(tmp_path)
     boot = authority.start(federation, "boot")
-    watcher = authority.start(federation, "watcher", bootstrap=[boot])
-    revoked = authority.start(federation, "revoked", bootstrap=[boot])
+    with federation.together():
+        watcher = authority.start(federation, "watcher", bootstrap=[boot])
+        revoked = authority.start(federation, "revoked", bootstrap=[boot])
     wait_for(lambda: len(sessions(watcher)) == 3, CONVERGE_S, "three members to join")
     # Enrolled last, so its 10 s certificate cannot expire while the others start up.
     short = authority.start(federation, "short", bootstrap=[boot], ttl=10.0)

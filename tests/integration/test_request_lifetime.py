@@ -37,14 +37,16 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LocalNod
     timeouts = ["--first-byte-timeout", f"{FIRST_BYTE_TIMEOUT}s"]
     try:
         ingress = federation.start_node("ingress", ingress=True)
-        impatient = federation.start_node("impatient", ingress=True, bootstrap=[ingress],
-                                          extra_args=[*timeouts, "--eject-after", "1"])
-        slow = federation.start_node(
-            "slow", bootstrap=[ingress],
-            process=echo_engine_command(free_port(), [SLOW], "--token-delay", "3"))
-        hung = federation.start_node(
-            "hung", bootstrap=[ingress], extra_args=timeouts,
-            process=echo_engine_command(free_port(), [HUNG], "--token-delay", "1000"))
+        with federation.together():
+            impatient = federation.start_node(
+                "impatient", ingress=True, bootstrap=[ingress],
+                extra_args=[*timeouts, "--eject-after", "1"])
+            slow = federation.start_node(
+                "slow", bootstrap=[ingress],
+                process=echo_engine_command(free_port(), [SLOW], "--token-delay", "3"))
+            hung = federation.start_node(
+                "hung", bootstrap=[ingress], extra_args=timeouts,
+                process=echo_engine_command(free_port(), [HUNG], "--token-delay", "1000"))
         wait_state(ingress, slow, "SERVING")
         wait_state(impatient, hung, "SERVING")
         yield {"ingress": ingress, "impatient": impatient, "slow": slow, "hung": hung}

@@ -50,8 +50,9 @@ def metric(node: LocalNode, name: str) -> float:
 
 def test_requests_only_reach_trusted_providers_even_as_they_fail(federation):
     ingress = federation.start_node("ingress", ingress=True)
-    nodes = {name: serving_node(federation, name, ingress, MODEL, "--log-on-request", SERVED,
-                                provider=f"prov-{name}") for name in ("a", "b", "c")}
+    with federation.together():
+        nodes = {name: serving_node(federation, name, ingress, MODEL, "--log-on-request",
+                                    SERVED, provider=f"prov-{name}") for name in "abc"}
     for node in nodes.values():
         wait_state(ingress, node, "SERVING")
     trusted = {"X-Otela-Providers": "prov-a, prov-b"}
@@ -98,8 +99,9 @@ def test_requests_only_reach_trusted_providers_even_as_they_fail(federation):
 def test_an_ingress_default_trust_set_narrows_with_the_request(federation):
     ingress = federation.start_node("ingress", ingress=True,
                                     extra_args=["--trusted-providers", "prov-a,prov-b"])
-    a = serving_node(federation, "a", ingress, MODEL, provider="prov-a")
-    c = serving_node(federation, "c", ingress, MODEL, provider="prov-c")
+    with federation.together():
+        a = serving_node(federation, "a", ingress, MODEL, provider="prov-a")
+        c = serving_node(federation, "c", ingress, MODEL, provider="prov-c")
     wait_state(ingress, a, "SERVING")
     wait_state(ingress, c, "SERVING")
     for _ in range(20):
@@ -123,13 +125,14 @@ def test_a_certified_node_cannot_claim_a_trusted_providers_name(federation, tmp_
                                      extra_args=[*args, *more])
 
     ingress = start("ingress", "lab-ingress", "--ingress")
-    good = start("good", "lab-good", "--process",
-                 echo_engine_command(free_port(), [MODEL]), bootstrap=[ingress])
-    launcher = [sys.executable, "-m", "tests.integration.forger",
-                "--claim-provider", "lab-good", "--rounds", "6"]
-    liar = start("liar", "lab-evil", "--process",
-                 echo_engine_command(free_port(), [MODEL], "--log-on-request", SERVED),
-                 launcher=launcher, bootstrap=[ingress])
+    with federation.together():
+        good = start("good", "lab-good", "--process",
+                     echo_engine_command(free_port(), [MODEL]), bootstrap=[ingress])
+        launcher = [sys.executable, "-m", "tests.integration.forger",
+                    "--claim-provider", "lab-good", "--rounds", "6"]
+        liar = start("liar", "lab-evil", "--process",
+                     echo_engine_command(free_port(), [MODEL], "--log-on-request", SERVED),
+                     launcher=launcher, bootstrap=[ingress])
     wait_state(ingress, good, "SERVING")
     wait_state(ingress, liar, "SERVING")
     wait_for(lambda: liar.log_tail(400).count("forger: sent claim") >= 2, CONVERGE_S,
@@ -146,15 +149,16 @@ def test_a_certified_node_cannot_claim_a_trusted_providers_name(federation, tmp_
 
 def test_requirements_pick_the_node_with_matching_hardware_and_metadata(federation):
     ingress = federation.start_node("ingress", ingress=True)
-    h100 = federation.start_node(
-        "h100", bootstrap=[ingress], provider_id="lab",
-        process=echo_engine_command(free_port(), [MODEL], "--max-context", "4096"),
-        extra_args=["--gpus", "1xH100-SXM5-80GB:80", "--model-meta", "quantization=fp8",
-                    "--model-meta", "licence=apache-2.0"])
-    a100 = federation.start_node(
-        "a100", bootstrap=[ingress], provider_id="lab",
-        process=echo_engine_command(free_port(), [MODEL], "--max-context", "32768"),
-        extra_args=["--gpus", "2xA100-SXM4-80GB:80", "--model-meta", "tensor_parallel=2"])
+    with federation.together():
+        h100 = federation.start_node(
+            "h100", bootstrap=[ingress], provider_id="lab",
+            process=echo_engine_command(free_port(), [MODEL], "--max-context", "4096"),
+            extra_args=["--gpus", "1xH100-SXM5-80GB:80", "--model-meta", "quantization=fp8",
+                        "--model-meta", "licence=apache-2.0"])
+        a100 = federation.start_node(
+            "a100", bootstrap=[ingress], provider_id="lab",
+            process=echo_engine_command(free_port(), [MODEL], "--max-context", "32768"),
+            extra_args=["--gpus", "2xA100-SXM4-80GB:80", "--model-meta", "tensor_parallel=2"])
     wait_state(ingress, h100, "SERVING")
     wait_state(ingress, a100, "SERVING")
 
@@ -195,8 +199,9 @@ def test_a_failing_node_is_ejected_and_comes_back_after_it_recovers(federation, 
     broken = tmp_path / "broken"
     ingress = federation.start_node("ingress", ingress=True, extra_args=[
         "--eject-after", "3", "--eject-time", "3s", "--routing-policy", "round_robin"])
-    flaky = serving_node(federation, "flaky", ingress, MODEL, "--fail-while", str(broken))
-    steady = serving_node(federation, "steady", ingress, MODEL)
+    with federation.together():
+        flaky = serving_node(federation, "flaky", ingress, MODEL, "--fail-while", str(broken))
+        steady = serving_node(federation, "steady", ingress, MODEL)
     wait_state(ingress, flaky, "SERVING")
     wait_state(ingress, steady, "SERVING")
 
@@ -219,13 +224,14 @@ def test_a_failing_node_is_ejected_and_comes_back_after_it_recovers(federation, 
 def test_load_reports_reach_ingresses_on_answers_and_straight_from_the_node(federation):
     fast = ["--load-interval", "0.5s"]
     ingress = federation.start_node("ingress", ingress=True, extra_args=fast)
-    other = federation.start_node("other", ingress=True, bootstrap=[ingress],
-                                  extra_args=fast)
-    bystander = federation.start_node("bystander", bootstrap=[ingress], extra_args=fast)
-    busy = federation.start_node(
-        "busy", bootstrap=[ingress], provider_id="lab", extra_args=fast,
-        process=echo_engine_command(free_port(), [MODEL], "--request-delay", "6",
-                                    "--max-concurrency", "2"))
+    with federation.together():
+        other = federation.start_node("other", ingress=True, bootstrap=[ingress],
+                                      extra_args=fast)
+        bystander = federation.start_node("bystander", bootstrap=[ingress], extra_args=fast)
+        busy = federation.start_node(
+            "busy", bootstrap=[ingress], provider_id="lab", extra_args=fast,
+            process=echo_engine_command(free_port(), [MODEL], "--request-delay", "6",
+                                        "--max-concurrency", "2"))
     wait_state(ingress, busy, "SERVING")
     wait_state(other, busy, "SERVING")
 
@@ -262,7 +268,8 @@ def test_load_reports_reach_ingresses_on_answers_and_straight_from_the_node(fede
 def test_a_request_may_choose_the_policy_and_prefix_affinity_keeps_users_together(
         federation):
     ingress = federation.start_node("ingress", ingress=True)
-    nodes = [serving_node(federation, f"n{i}", ingress, MODEL) for i in range(3)]
+    with federation.together():
+        nodes = [serving_node(federation, f"n{i}", ingress, MODEL) for i in range(3)]
     for node in nodes:
         wait_state(ingress, node, "SERVING")
     affinity = {"X-Otela-Policy": "prefix_affinity"}
