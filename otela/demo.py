@@ -72,7 +72,8 @@ def _run(console: Console, federation: LocalFederation, n_requests: int, timeout
     console.print(f"dashboard [bold]{ingress.http_url}/ui[/]  (admin token for this run: "
                   f"{admin_token})")
     nodes: dict[str, LocalNode] = {}
-    with console.status("starting serving nodes (each wraps an echo engine)"):
+    with console.status("starting serving nodes (each wraps an echo engine)"), \
+            federation.together():
         for name, provider, model in SERVING_NODES:
             command = echo_engine_command(free_port(), [model], "--token-delay", "0.05")
             nodes[name] = federation.start_node(
