@@ -60,16 +60,20 @@ def test_each_half_keeps_routing_and_registries_converge_after_healing(
     load = SteadyLoad(nodes[0].http_url, "shared", rate=8.0, stream_share=0.25,
                       timeout=EVICT_S + 120)
 
+    window: list[tuple[float, float]] = []  # (cut, healed), time.monotonic()
+
     async def under_load() -> None:
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(load.run, stop)
-            await trio.to_thread.run_sync(partition_and_heal, lan, nodes)
+            window.append(await trio.to_thread.run_sync(partition_and_heal, lan, nodes))
             stop.set()
 
     trio.run(under_load)
     failures = [o for o in load.outcomes if o.result != "ok"]
-    assert len(load.outcomes) > 100
+    cut, healed = window[0]
+    during = [o for o in load.outcomes if cut <= o.sent_at <= healed]
+    assert len(during) >= 0.5 * load.rate * (healed - cut), "the load ran through the cut"
     offset = time.time() - time.monotonic()  # failures by wall-clock time, as in the logs
     when = [time.strftime("%H:%M:%S", time.localtime(o.sent_at + offset))
             + f".{int((o.sent_at + offset) % 1 * 1000):03d}" for o in failures]
@@ -77,11 +81,12 @@ def test_each_half_keeps_routing_and_registries_converge_after_healing(
         f"{dict(load.messages)}"
 
 
-def partition_and_heal(lan: Lan, nodes: list[LocalNode]) -> None:
+def partition_and_heal(lan: Lan, nodes: list[LocalNode]) -> tuple[float, float]:
     """Cut h0 h1 | h2 h3 until each half has evicted the other, then heal and wait for
-    every registry to agree again."""
+    every registry to agree again; when it cut and healed (time.monotonic())."""
     left, right = [0, 1], [2, 3]
     lan.partition(left, right)
+    cut = time.monotonic()
     halves = ((left, right), (right, left))
     # Each half excludes the other (suspected, then evicted) and keeps serving on its own.
     for mine, theirs in halves:
@@ -95,6 +100,7 @@ def partition_and_heal(lan: Lan, nodes: list[LocalNode]) -> None:
                 assert response.headers["x-otela-session-id"] in {nodes[k].session_id
                                                                   for k in mine}
     lan.heal()
+    healed = time.monotonic()
     # After healing, evicted nodes rejoin under new sessions and every replica converges.
     def converged() -> bool:
         views = [live_view(n) for n in nodes]
@@ -104,3 +110,4 @@ def partition_and_heal(lan: Lan, nodes: list[LocalNode]) -> None:
     wait_for(converged, 60.0, "all four registries to converge after healing")
     serving = {chat(nodes[0], "shared").headers["x-otela-session-id"] for _ in range(30)}
     assert len(serving) >= 3  # traffic spans both former halves again
+    return cut, healed
