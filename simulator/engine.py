@@ -333,8 +333,32 @@ class Replica:
         self.finished.append(r)
 
     # ---- one scheduler iteration ------------------------------------------------------------
-    def _grow_decodes(self, decoding: list[int]) -> list[int]:
-        """Give each decoding request room for one more token; preempt newest on shortage."""
+    def _grow_decodes(self, decoding: np.ndarray) -> np.ndarray:
+        """Give each decoding request room for one more token; preempt newest on shortage.
+
+        Usually the pool holds every new block: then one vectorised pass takes them all (a
+        step of a thousand sequences needs a block for about one in `block_size`). Only a
+        shortage, where who gets preempted depends on the order, goes one request at a time.
+        """
+        if len(decoding) == 0:
+            return decoding
+        req = self.req
+        need = np.maximum((req.kv_len[decoding] + self.bs) // self.bs - req.blocks[decoding], 0)
+        total = int(need.sum())
+        if self._can_take_at_once(total):
+            self._take(total)
+            req.blocks[decoding] += need
+            return decoding
+        return np.asarray(self._grow_one_by_one(decoding.tolist()), dtype=np.int64)
+
+    def _can_take_at_once(self, n: int) -> bool:
+        """Can `n` blocks be taken in one `_take` with the same outcome as taking them request
+        by request? Yes whenever the pool holds them all (evictions follow the same LRU order
+        either way)."""
+        return n <= self._available()
+
+    def _grow_one_by_one(self, decoding: list[int]) -> list[int]:
+        """`_grow_decodes` in request order, preempting the newest request on a shortage."""
         req = self.req
         out: list[int] = []
         for r in decoding:
@@ -352,12 +376,26 @@ class Replica:
                 out.append(r)
         return out
 
+    def _split_running(self) -> tuple[np.ndarray, list[int]]:
+        """Running requests whose prompt is fully computed (decoding, as an array) and those
+        still prefilling, both in running order (one numpy pass, not two Python loops)."""
+        req = self.req
+        run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+        done = req.computed[run] >= req.target[run]
+        return run[done], run[~done].tolist()
+
+    def _retire_finished(self, rows: np.ndarray) -> None:
+        """Finish the requests of `rows` (in order) that have generated their whole output."""
+        req = self.req
+        for r in rows[req.generated[rows] >= req.output_len[rows]].tolist():
+            self.running.remove(r)
+            self._finish(r)
+
     def step(self) -> None:
         """Run one iteration, or a closed-form run of identical decode iterations."""
         req = self.req
         cfg = self.cfg
-        decoding = [r for r in self.running if req.computed[r] >= req.target[r]]
-        prefilling = [r for r in self.running if req.computed[r] < req.target[r]]
+        decoding, prefilling = self._split_running()
         budget = cfg.max_batched_tokens * self.pp  # one budget per micro-batch in flight
         per_chunk = cfg.max_batched_tokens  # a chunk rides in one micro-batch
         chunks: list[tuple[int, int, int]] = []  # (request, chunk, prior)
@@ -376,7 +414,7 @@ class Replica:
                 r = self.waiting[0]
                 if (
                     not cfg.chunk_prompts
-                    and (chunks or decoding)
+                    and (chunks or len(decoding))
                     and int(req.target[r] - req.computed[r]) > budget
                 ):
                     break  # runs whole in a later step
@@ -400,14 +438,14 @@ class Replica:
                 c = int(req.target[r] - req.computed[r])
                 chunks.append((r, c, int(req.computed[r])))
                 budget -= c
-            decoding = [] if chunks else self._grow_decodes(decoding)
-        if not chunks and not decoding:
+            decoding = decoding[:0] if chunks else self._grow_decodes(decoding)
+        if not chunks and not len(decoding):
             if self.waiting and not self.running:
                 # head request can never fit: reject it rather than spin forever
                 r = self.waiting.popleft()
                 req.status[r] = REJECTED
             return
-        if decoding:
+        if len(decoding):
             kv = req.kv_len[decoding]
             ctx_sum = float(kv.sum()) + len(decoding)
             sw = float(np.minimum(kv + 1, self.window).sum()) if self.window else 0.0
@@ -423,16 +461,13 @@ class Replica:
         self.clock += dt
         self.busy += dt
         self.steps += 1
-        if decoding:
-            di = np.asarray(decoding, dtype=np.int64)
+        if len(decoding):
+            di = decoding
             req.max_itl[di] = np.maximum(req.max_itl[di], self.clock - req.last_token[di])
             req.last_token[di] = self.clock
-        for r in decoding:
-            req.generated[r] += 1
-            req.kv_len[r] += 1
-            if req.generated[r] >= req.output_len[r]:
-                self.running.remove(r)
-                self._finish(r)
+            req.generated[di] += 1
+            req.kv_len[di] += 1
+            self._retire_finished(di)
         for r, c, _ in chunks:
             req.computed[r] += c
             req.kv_len[r] += c
@@ -460,7 +495,7 @@ class Replica:
         need = math.ceil(int(self.req.target[r]) / self.bs) + self._reserve(r)
         return need > self._available() - self.watermark_blocks
 
-    def _plan_macro(self, decoding: list[int]) -> _Plan | None:
+    def _plan_macro(self, decoding: np.ndarray) -> _Plan | None:
         """Plan the longest run of identical decode iterations (until the first completion or
         the KV pool runs out); None if it would be shorter than 2 iterations."""
         req = self.req
@@ -527,15 +562,14 @@ class Replica:
             self._finish(r)
         self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))
 
-    def _macro_ready(self) -> list[int] | None:
+    def _macro_ready(self) -> np.ndarray | None:
         """Decoding requests if the next iterations are pure, repeatable decode steps."""
         if not self.cfg.macro_steps or not self.running:
             return None
-        req = self.req
-        decoding = [r for r in self.running if req.computed[r] >= req.target[r]]
-        if len(decoding) != len(self.running) or not self._waiting_blocked():
+        if not self._waiting_blocked():
             return None
-        return decoding
+        decoding, prefilling = self._split_running()
+        return None if prefilling else decoding
 
     def settle(self, t: float) -> None:
         """Commit the part of a pending decode run that starts before t (before routing a
@@ -558,7 +592,7 @@ class Replica:
         while self.has_work and self.clock < t_until:
             if self.pending is None:
                 decoding = self._macro_ready()
-                plan = self._plan_macro(decoding) if decoding else None
+                plan = self._plan_macro(decoding) if decoding is not None else None
                 if plan is None:
                     self.step()
                     continue
@@ -581,7 +615,7 @@ class Replica:
             self.settle(INF)
             return
         decoding = self._macro_ready()
-        plan = self._plan_macro(decoding) if decoding else None
+        plan = self._plan_macro(decoding) if decoding is not None else None
         if plan is None:
             self.step()
         else:
