@@ -109,6 +109,7 @@ class _Plan:
     idx: np.ndarray
     kv: np.ndarray
     held: np.ndarray
+    left: np.ndarray  # output tokens each request has still to generate
     b: int
     k_cap: int
     a0: float
@@ -384,13 +385,6 @@ class Replica:
         done = req.computed[run] >= req.target[run]
         return run[done], run[~done].tolist()
 
-    def _retire_finished(self, rows: np.ndarray) -> None:
-        """Finish the requests of `rows` (in order) that have generated their whole output."""
-        req = self.req
-        for r in rows[req.generated[rows] >= req.output_len[rows]].tolist():
-            self.running.remove(r)
-            self._finish(r)
-
     def step(self) -> None:
         """Run one iteration, or a closed-form run of identical decode iterations."""
         req = self.req
@@ -465,9 +459,12 @@ class Replica:
             di = decoding
             req.max_itl[di] = np.maximum(req.max_itl[di], self.clock - req.last_token[di])
             req.last_token[di] = self.clock
-            req.generated[di] += 1
-            req.kv_len[di] += 1
-            self._retire_finished(di)
+            req.kv_len[di] = kv + 1
+            generated = req.generated[di] + 1
+            req.generated[di] = generated
+            for r in di[generated >= req.output_len[di]].tolist():
+                self.running.remove(r)
+                self._finish(r)
         for r, c, _ in chunks:
             req.computed[r] += c
             req.kv_len[r] += c
@@ -503,13 +500,15 @@ class Replica:
         kv = req.kv_len[idx]
         held = req.blocks[idx]
         b = len(idx)
-        k_cap = int((req.output_len[idx] - req.generated[idx]).min())
+        left = req.output_len[idx] - req.generated[idx]
+        k_cap = int(left.min())
         if k_cap < 2:
             return None
         avail = self._available()
+        rounded_up = kv + (self.bs - 1)
 
         def extra_blocks(k: int) -> int:
-            return int(np.maximum(0, (kv + k + self.bs - 1) // self.bs - held).sum())
+            return int(np.maximum((rounded_up + k) // self.bs - held, 0).sum())
 
         if extra_blocks(k_cap) > avail:
             lo, hi = 0, k_cap  # largest k with extra_blocks(k) <= avail
@@ -535,7 +534,7 @@ class Replica:
             if line is None:
                 return None
             (a0, slope), k_cap = line
-        plan = _Plan(idx, kv, held, b, k_cap, a0, s0, slope, self.clock, 0.0)
+        plan = _Plan(idx, kv, held, left, b, k_cap, a0, s0, slope, self.clock, 0.0)
         plan.end = self.clock + plan.cum(k_cap)
         return plan
 
@@ -548,16 +547,15 @@ class Replica:
         req.max_itl[idx] = np.maximum(req.max_itl[idx], np.maximum(first_gap, last_gap))
         req.last_token[idx] = p.start + dt
         new_kv = p.kv + k
-        need = (new_kv + self.bs - 1) // self.bs - p.held
-        self._take(int(np.maximum(0, need).sum()))
-        req.blocks[idx] = np.maximum(p.held, p.held + need)
+        grow = np.maximum((new_kv + (self.bs - 1)) // self.bs - p.held, 0)
+        self._take(int(grow.sum()))
+        req.blocks[idx] = p.held + grow
         req.kv_len[idx] = new_kv
         req.generated[idx] += k
         self.clock = p.start + dt
         self.busy += dt
         self.steps += k
-        done = idx[req.generated[idx] >= req.output_len[idx]]
-        for r in done.tolist():
+        for r in idx[p.left <= k].tolist():
             self.running.remove(r)
             self._finish(r)
         self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))

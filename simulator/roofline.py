@@ -303,6 +303,7 @@ class StepCost:
         self._head_memo: dict[int, float] = {}
         self._handoff_memo: dict[int, float] = {}
         self._decode_lines_memo: dict[int, tuple[int, float, float, float, float, float]] = {}
+        self._decode_mb_memo: dict[int, tuple[float, float, float, float]] = {}
 
     # ---- the one roofline --------------------------------------------------------------
     def _t(self, flops: Array | float, nbytes: Array | float) -> Array | float:
@@ -656,14 +657,31 @@ class StepCost:
         for b, ctx, parts, smp, sw in self.micro_batches(
             decode_seqs, decode_ctx_sum, chunks, sampled, sliding_ctx_sum
         ):
-            t = self.step_time(b, ctx, parts, smp, sw)
-            o = self.host_time(b + len(parts))
-            tokens = b + sum(c for c, _ in parts)
+            if parts:
+                t = self.step_time(b, ctx, parts, smp, sw)
+                o = self.host_time(b + len(parts))
+                head = self.head_time(smp)
+                handoff = self.handoff_time(b + sum(c for c, _ in parts))
+            else:  # decodes only: `step_time` with its context-free part memoised
+                fixed, o, head, handoff = self._decode_micro_batch(b)
+                t = fixed + self.decode_attn_time(b, ctx, sw)
             if b or not decode_seqs:
                 latency = max(latency, t)
-            stage += self._stage_share(t, o, self.head_time(smp), self.handoff_time(tokens))
+            stage += self._stage_share(t, o, head, handoff)
             host += o
         return max(latency, stage, host)
+
+    def _decode_micro_batch(self, b: int) -> tuple[float, float, float, float]:
+        """For a micro-batch of `b` decodes: the part of `step_time(b, ...)` before its
+        attention term (summed in the same order, so adding the attention gives the same
+        float), its host time, lm_head time and hand-offs. Memoised per `b`."""
+        memo = self._decode_mb_memo.get(b)
+        if memo is None:
+            fixed = self.tokens_time(b) + self.head_time(b)
+            fixed += self.overhead_time(b, False)
+            memo = (fixed, self.host_time(b), self.head_time(b), self.handoff_time(b))
+            self._decode_mb_memo[b] = memo
+        return memo
 
     # ---- one iteration ----------------------------------------------------------------
     def _defaults(
