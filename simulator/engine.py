@@ -190,6 +190,8 @@ class Replica:
         self.clock = 0.0
         self.busy = 0.0
         self.steps = 0
+        # (steps, ids): every running request is decoding, in running order, as of `steps`
+        self._all_decoding: tuple[int, np.ndarray] | None = None
         self.timeline: list[tuple[float, int]] = []
         self.finished: list[int] = []
         self.window = cost.model.sliding_window
@@ -379,17 +381,31 @@ class Replica:
 
     def _split_running(self) -> tuple[np.ndarray, list[int]]:
         """Running requests whose prompt is fully computed (decoding, as an array) and those
-        still prefilling, both in running order (one numpy pass, not two Python loops)."""
+        still prefilling, both in running order (one numpy pass, not two Python loops).
+
+        Usually the iteration or decode run just applied already knows the answer (every
+        running request decoding, `_all_decoding`): converting a list of a thousand ids to
+        an array costs more than the rest of the split, so that answer is reused while no
+        iteration has run since and the batch has the same size.
+        """
+        known = self._all_decoding
+        if known is not None and known[0] == self.steps and len(known[1]) == len(self.running):
+            return known[1], []
         req = self.req
         run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
         done = req.computed[run] >= req.target[run]
         return run[done], run[~done].tolist()
+
+    def _note_all_decoding(self, ids: np.ndarray) -> None:
+        """Record that `ids` are the running requests, all decoding, in running order."""
+        self._all_decoding = (self.steps, ids)
 
     def step(self) -> None:
         """Run one iteration, or a closed-form run of identical decode iterations."""
         req = self.req
         cfg = self.cfg
         decoding, prefilling = self._split_running()
+        only_decodes = not prefilling  # then the running list is `decoding` + admissions
         budget = cfg.max_batched_tokens * self.pp  # one budget per micro-batch in flight
         per_chunk = cfg.max_batched_tokens  # a chunk rides in one micro-batch
         chunks: list[tuple[int, int, int]] = []  # (request, chunk, prior)
@@ -455,6 +471,7 @@ class Replica:
         self.clock += dt
         self.busy += dt
         self.steps += 1
+        still = decoding  # decodes that keep running after this iteration
         if len(decoding):
             di = decoding
             req.max_itl[di] = np.maximum(req.max_itl[di], self.clock - req.last_token[di])
@@ -462,9 +479,14 @@ class Replica:
             req.kv_len[di] = kv + 1
             generated = req.generated[di] + 1
             req.generated[di] = generated
-            for r in di[generated >= req.output_len[di]].tolist():
-                self.running.remove(r)
-                self._finish(r)
+            finished = generated >= req.output_len[di]
+            done = di[finished]
+            if len(done):
+                still = di[~finished]
+                for r in done.tolist():
+                    self.running.remove(r)
+                    self._finish(r)
+        joined: list[int] = []  # admitted prompts that finished prefilling and keep running
         for r, c, _ in chunks:
             req.computed[r] += c
             req.kv_len[r] += c
@@ -480,6 +502,15 @@ class Replica:
                 if req.generated[r] >= req.output_len[r]:
                     self.running.remove(r)
                     self._finish(r)
+                else:
+                    joined.append(r)
+            else:
+                only_decodes = False  # a prompt still prefilling
+        if only_decodes and cfg.chunked_prefill:
+            # the running list was `decoding`; admissions were appended in chunk order
+            self._note_all_decoding(
+                np.concatenate((still, np.asarray(joined, dtype=np.int64))) if joined else still
+            )
         self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))
 
     def _waiting_blocked(self) -> bool:
@@ -555,9 +586,11 @@ class Replica:
         self.clock = p.start + dt
         self.busy += dt
         self.steps += k
-        for r in idx[p.left <= k].tolist():
+        finished = p.left <= k
+        for r in idx[finished].tolist():
             self.running.remove(r)
             self._finish(r)
+        self._note_all_decoding(idx[~finished])  # the plan held every running request
         self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))
 
     def _macro_ready(self) -> np.ndarray | None:
