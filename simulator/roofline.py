@@ -304,6 +304,8 @@ class StepCost:
         self._handoff_memo: dict[int, float] = {}
         self._decode_lines_memo: dict[int, tuple[int, float, float, float, float, float]] = {}
         self._decode_mb_memo: dict[int, tuple[float, float, float, float]] = {}
+        self._tokens_memo: dict[int, float] = {}
+        self._prompt_attn_memo: dict[int, float] = {}
 
     # ---- the one roofline --------------------------------------------------------------
     def _t(self, flops: Array | float, nbytes: Array | float) -> Array | float:
@@ -393,7 +395,11 @@ class StepCost:
         """Time of all per-token operators for a step carrying `tokens` tokens."""
         if tokens < self._table_n:
             return float(self.token_table[tokens])
-        return float(self._tokens_time(np.array([float(tokens)]))[0])
+        # beyond the table (a pipeline micro-batch of several chunks): priced once per count
+        t = self._tokens_memo.get(tokens)
+        if t is None:
+            t = self._tokens_memo[tokens] = float(self._tokens_time(np.array([float(tokens)]))[0])
+        return t
 
     # ---- lm_head ----------------------------------------------------------------------
     def head_term(self, sampled: int) -> Term:
@@ -473,6 +479,14 @@ class StepCost:
         return terms
 
     def prefill_attn_time(self, chunk: int, prior: int) -> float:
+        if prior == 0:  # a whole prompt in one chunk, the common case: memoised per length
+            t = self._prompt_attn_memo.get(chunk)
+            if t is None:
+                t = self._prompt_attn_memo[chunk] = self._prefill_attn_time(chunk, 0)
+            return t
+        return self._prefill_attn_time(chunk, prior)
+
+    def _prefill_attn_time(self, chunk: int, prior: int) -> float:
         return sum(
             t.layers * self._ts(float(t.flops), float(t.bytes))
             for t in self.prefill_attn_terms(chunk, prior)
