@@ -144,8 +144,12 @@ def analyze(
 ) -> dict[str, Any]:
     """Static (single-batch) analysis: per-operator prefill and decode breakdown plus totals.
 
-    Decode is priced at the mean context of the generation (input + output/2); end-to-end
-    latency sums the exact per-step decode times over the whole generation.
+    The operator tables are one forward pass (all pipeline stages in sequence), decode at the
+    mean context of the generation (input + output/2). The totals price each iteration as the
+    engine does (`StepCost.cycle_time`): with pipeline stages the batch is split into
+    micro-batches that overlap across the stages, so TTFT and TPOT agree with `run` on the
+    same batch; without stages a cycle is that forward pass. End-to-end latency sums the
+    exact per-step decode cycles over the whole generation.
     """
     m, g, par, prec = dep.model_spec, dep.gpu_spec, dep.parallelism, dep.precision
     plan = dep.memory()
@@ -155,10 +159,12 @@ def analyze(
     mid = input_len + output_len // 2
     dec = operator_breakdown(m, g, par, prec, batch, 1, mid, dep.step_overhead_s, dep.tp_overhead_s)
     cost = dep.cost()
-    ttft = sum(o.time_s for o in pre) + cost.request_overhead
+    prefill_cycle = cost.cycle_time(0, 0.0, [(input_len, 0)] * batch, sampled=batch)
+    ttft = prefill_cycle + cost.request_overhead
+    decode_cycle = cost.cycle_time(batch, float(batch * (mid + 1)))
     steps = np.arange(output_len - 1)
     ctx = (input_len + 1 + steps) * batch
-    tpots = np.array([cost.step_time(batch, float(c)) for c in ctx]) if len(steps) else np.zeros(0)
+    tpots = np.array([cost.cycle_time(batch, float(c)) for c in ctx]) if len(steps) else np.zeros(0)
     decode_total = float(tpots.sum())
     e2e = ttft + decode_total
     weight_bytes_gpu = plan.weight_bytes
@@ -184,8 +190,9 @@ def analyze(
             "step_overhead_s": cost.fixed_overhead,
         },
         "calibration": asdict(g.calibration),
-        "prefill": {"ops": _ops_dict(pre), "time_s": ttft},
-        "decode": {"ops": _ops_dict(dec), "time_s": sum(o.time_s for o in dec), "context": mid},
+        "prefill": {"ops": _ops_dict(pre), "time_s": ttft, "cycle_s": prefill_cycle},
+        "decode": {"ops": _ops_dict(dec), "time_s": sum(o.time_s for o in dec),
+                   "cycle_s": decode_cycle, "context": mid},
         "totals": {
             "ttft_s": ttft,
             "tpot_s": decode_total / max(1, output_len - 1),

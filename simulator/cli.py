@@ -174,6 +174,9 @@ def analyze_cmd(
     s.add_column("value", justify="right")
     s.add_row("TTFT", _fmt_t(tot["ttft_s"]))
     s.add_row("TPOT (mean)", _fmt_t(tot["tpot_s"]))
+    if pp > 1:  # the tables above are one pass through the stages in sequence
+        s.add_row(f"decode cycle @ ctx {res['decode']['context']} (micro-batches overlapped)",
+                  _fmt_t(res["decode"]["cycle_s"]))
     s.add_row("end-to-end", _fmt_t(tot["e2e_s"]))
     s.add_row("output tokens/s", f"{tot['output_tokens_per_s']:.1f}")
     s.add_row("decode floor (weights / peak BW)", _fmt_t(tot["decode_floor_s"]))

@@ -109,6 +109,7 @@ class _Plan:
     idx: np.ndarray
     kv: np.ndarray
     held: np.ndarray
+    left: np.ndarray  # output tokens each request has still to generate
     b: int
     k_cap: int
     a0: float
@@ -178,6 +179,10 @@ class Replica:
         self.cfg = cfg
         self.req = req
         self.bs = cfg.block_size
+        # log2 of a power-of-two block size: integer division of arrays by a shift (several
+        # times faster in numpy than a floor division, and the same for non-negative values)
+        power_of_two = self.bs & (self.bs - 1) == 0
+        self._bs_shift = self.bs.bit_length() - 1 if power_of_two else -1
         self.total_blocks = plan.kv_blocks
         self.free_blocks = plan.kv_blocks
         self.watermark_blocks = int(cfg.watermark * plan.kv_blocks)
@@ -189,6 +194,8 @@ class Replica:
         self.clock = 0.0
         self.busy = 0.0
         self.steps = 0
+        # (steps, ids): every running request is decoding, in running order, as of `steps`
+        self._all_decoding: tuple[int, np.ndarray] | None = None
         self.timeline: list[tuple[float, int]] = []
         self.finished: list[int] = []
         self.window = cost.model.sliding_window
@@ -211,6 +218,12 @@ class Replica:
         return bool(self.waiting or self.running)
 
     # ---- block management ---------------------------------------------------------------
+    def _blocks_for(self, tokens: np.ndarray) -> np.ndarray:
+        """Blocks that hold each of `tokens` (non-negative) tokens: ceil(tokens / bs)."""
+        if self._bs_shift >= 0:
+            return (tokens + (self.bs - 1)) >> self._bs_shift
+        return (tokens + (self.bs - 1)) // self.bs
+
     def _available(self) -> int:
         return self.free_blocks + self.evictable
 
@@ -289,7 +302,7 @@ class Replica:
         if req.preemptions[r] == 0:
             req.cached_tokens[r] = cached_blocks * self.bs
         req.status[r] = RUNNING
-        if np.isnan(req.first_sched[r]):
+        if math.isnan(req.first_sched[r]):
             req.first_sched[r] = self.clock
         self.running.append(r)
         return True
@@ -333,8 +346,32 @@ class Replica:
         self.finished.append(r)
 
     # ---- one scheduler iteration ------------------------------------------------------------
-    def _grow_decodes(self, decoding: list[int]) -> list[int]:
-        """Give each decoding request room for one more token; preempt newest on shortage."""
+    def _grow_decodes(self, decoding: np.ndarray) -> np.ndarray:
+        """Give each decoding request room for one more token; preempt newest on shortage.
+
+        Usually the pool holds every new block: then one vectorised pass takes them all (a
+        step of a thousand sequences needs a block for about one in `block_size`). Only a
+        shortage, where who gets preempted depends on the order, goes one request at a time.
+        """
+        if len(decoding) == 0:
+            return decoding
+        req = self.req
+        need = np.maximum(self._blocks_for(req.kv_len[decoding] + 1) - req.blocks[decoding], 0)
+        total = int(need.sum())
+        if self._can_take_at_once(total):
+            self._take(total)
+            req.blocks[decoding] += need
+            return decoding
+        return np.asarray(self._grow_one_by_one(decoding.tolist()), dtype=np.int64)
+
+    def _can_take_at_once(self, n: int) -> bool:
+        """Can `n` blocks be taken in one `_take` with the same outcome as taking them request
+        by request? Yes whenever the pool holds them all (evictions follow the same LRU order
+        either way)."""
+        return n <= self._available()
+
+    def _grow_one_by_one(self, decoding: list[int]) -> list[int]:
+        """`_grow_decodes` in request order, preempting the newest request on a shortage."""
         req = self.req
         out: list[int] = []
         for r in decoding:
@@ -352,12 +389,33 @@ class Replica:
                 out.append(r)
         return out
 
+    def _split_running(self) -> tuple[np.ndarray, list[int]]:
+        """Running requests whose prompt is fully computed (decoding, as an array) and those
+        still prefilling, both in running order (one numpy pass, not two Python loops).
+
+        Usually the iteration or decode run just applied already knows the answer (every
+        running request decoding, `_all_decoding`): converting a list of a thousand ids to
+        an array costs more than the rest of the split, so that answer is reused while no
+        iteration has run since and the batch has the same size.
+        """
+        known = self._all_decoding
+        if known is not None and known[0] == self.steps and len(known[1]) == len(self.running):
+            return known[1], []
+        req = self.req
+        run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+        done = req.computed[run] >= req.target[run]
+        return run[done], run[~done].tolist()
+
+    def _note_all_decoding(self, ids: np.ndarray) -> None:
+        """Record that `ids` are the running requests, all decoding, in running order."""
+        self._all_decoding = (self.steps, ids)
+
     def step(self) -> None:
         """Run one iteration, or a closed-form run of identical decode iterations."""
         req = self.req
         cfg = self.cfg
-        decoding = [r for r in self.running if req.computed[r] >= req.target[r]]
-        prefilling = [r for r in self.running if req.computed[r] < req.target[r]]
+        decoding, prefilling = self._split_running()
+        only_decodes = not prefilling  # then the running list is `decoding` + admissions
         budget = cfg.max_batched_tokens * self.pp  # one budget per micro-batch in flight
         per_chunk = cfg.max_batched_tokens  # a chunk rides in one micro-batch
         chunks: list[tuple[int, int, int]] = []  # (request, chunk, prior)
@@ -376,7 +434,7 @@ class Replica:
                 r = self.waiting[0]
                 if (
                     not cfg.chunk_prompts
-                    and (chunks or decoding)
+                    and (chunks or len(decoding))
                     and int(req.target[r] - req.computed[r]) > budget
                 ):
                     break  # runs whole in a later step
@@ -400,14 +458,14 @@ class Replica:
                 c = int(req.target[r] - req.computed[r])
                 chunks.append((r, c, int(req.computed[r])))
                 budget -= c
-            decoding = [] if chunks else self._grow_decodes(decoding)
-        if not chunks and not decoding:
+            decoding = decoding[:0] if chunks else self._grow_decodes(decoding)
+        if not chunks and not len(decoding):
             if self.waiting and not self.running:
                 # head request can never fit: reject it rather than spin forever
                 r = self.waiting.popleft()
                 req.status[r] = REJECTED
             return
-        if decoding:
+        if len(decoding):
             kv = req.kv_len[decoding]
             ctx_sum = float(kv.sum()) + len(decoding)
             sw = float(np.minimum(kv + 1, self.window).sum()) if self.window else 0.0
@@ -423,16 +481,22 @@ class Replica:
         self.clock += dt
         self.busy += dt
         self.steps += 1
-        if decoding:
-            di = np.asarray(decoding, dtype=np.int64)
+        still = decoding  # decodes that keep running after this iteration
+        if len(decoding):
+            di = decoding
             req.max_itl[di] = np.maximum(req.max_itl[di], self.clock - req.last_token[di])
             req.last_token[di] = self.clock
-        for r in decoding:
-            req.generated[r] += 1
-            req.kv_len[r] += 1
-            if req.generated[r] >= req.output_len[r]:
-                self.running.remove(r)
-                self._finish(r)
+            req.kv_len[di] = kv + 1
+            generated = req.generated[di] + 1
+            req.generated[di] = generated
+            finished = generated >= req.output_len[di]
+            done = di[finished]
+            if len(done):
+                still = di[~finished]
+                for r in done.tolist():
+                    self.running.remove(r)
+                    self._finish(r)
+        joined: list[int] = []  # admitted prompts that finished prefilling and keep running
         for r, c, _ in chunks:
             req.computed[r] += c
             req.kv_len[r] += c
@@ -440,7 +504,7 @@ class Replica:
                 if cfg.prefix_caching:
                     self._register_prefix(r)
                 req.generated[r] += 1
-                if np.isnan(req.first_token[r]):
+                if math.isnan(req.first_token[r]):
                     req.first_token[r] = self.clock
                 else:  # re-prefill after preemption: the user saw a stall
                     req.max_itl[r] = max(req.max_itl[r], self.clock - req.last_token[r])
@@ -448,6 +512,15 @@ class Replica:
                 if req.generated[r] >= req.output_len[r]:
                     self.running.remove(r)
                     self._finish(r)
+                else:
+                    joined.append(r)
+            else:
+                only_decodes = False  # a prompt still prefilling
+        if only_decodes and cfg.chunked_prefill:
+            # the running list was `decoding`; admissions were appended in chunk order
+            self._note_all_decoding(
+                np.concatenate((still, np.asarray(joined, dtype=np.int64))) if joined else still
+            )
         self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))
 
     def _waiting_blocked(self) -> bool:
@@ -460,7 +533,7 @@ class Replica:
         need = math.ceil(int(self.req.target[r]) / self.bs) + self._reserve(r)
         return need > self._available() - self.watermark_blocks
 
-    def _plan_macro(self, decoding: list[int]) -> _Plan | None:
+    def _plan_macro(self, decoding: np.ndarray) -> _Plan | None:
         """Plan the longest run of identical decode iterations (until the first completion or
         the KV pool runs out); None if it would be shorter than 2 iterations."""
         req = self.req
@@ -468,13 +541,13 @@ class Replica:
         kv = req.kv_len[idx]
         held = req.blocks[idx]
         b = len(idx)
-        k_cap = int((req.output_len[idx] - req.generated[idx]).min())
+        left = req.output_len[idx] - req.generated[idx]
+        k_cap = int(left.min())
         if k_cap < 2:
             return None
         avail = self._available()
-
         def extra_blocks(k: int) -> int:
-            return int(np.maximum(0, (kv + k + self.bs - 1) // self.bs - held).sum())
+            return int(np.maximum(self._blocks_for(kv + k) - held, 0).sum())
 
         if extra_blocks(k_cap) > avail:
             lo, hi = 0, k_cap  # largest k with extra_blocks(k) <= avail
@@ -500,7 +573,7 @@ class Replica:
             if line is None:
                 return None
             (a0, slope), k_cap = line
-        plan = _Plan(idx, kv, held, b, k_cap, a0, s0, slope, self.clock, 0.0)
+        plan = _Plan(idx, kv, held, left, b, k_cap, a0, s0, slope, self.clock, 0.0)
         plan.end = self.clock + plan.cum(k_cap)
         return plan
 
@@ -513,29 +586,29 @@ class Replica:
         req.max_itl[idx] = np.maximum(req.max_itl[idx], np.maximum(first_gap, last_gap))
         req.last_token[idx] = p.start + dt
         new_kv = p.kv + k
-        need = (new_kv + self.bs - 1) // self.bs - p.held
-        self._take(int(np.maximum(0, need).sum()))
-        req.blocks[idx] = np.maximum(p.held, p.held + need)
+        grow = np.maximum(self._blocks_for(new_kv) - p.held, 0)
+        self._take(int(grow.sum()))
+        req.blocks[idx] = p.held + grow
         req.kv_len[idx] = new_kv
         req.generated[idx] += k
         self.clock = p.start + dt
         self.busy += dt
         self.steps += k
-        done = idx[req.generated[idx] >= req.output_len[idx]]
-        for r in done.tolist():
+        finished = p.left <= k
+        for r in idx[finished].tolist():
             self.running.remove(r)
             self._finish(r)
+        self._note_all_decoding(idx[~finished])  # the plan held every running request
         self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))
 
-    def _macro_ready(self) -> list[int] | None:
+    def _macro_ready(self) -> np.ndarray | None:
         """Decoding requests if the next iterations are pure, repeatable decode steps."""
         if not self.cfg.macro_steps or not self.running:
             return None
-        req = self.req
-        decoding = [r for r in self.running if req.computed[r] >= req.target[r]]
-        if len(decoding) != len(self.running) or not self._waiting_blocked():
+        if not self._waiting_blocked():
             return None
-        return decoding
+        decoding, prefilling = self._split_running()
+        return None if prefilling else decoding
 
     def settle(self, t: float) -> None:
         """Commit the part of a pending decode run that starts before t (before routing a
@@ -558,7 +631,7 @@ class Replica:
         while self.has_work and self.clock < t_until:
             if self.pending is None:
                 decoding = self._macro_ready()
-                plan = self._plan_macro(decoding) if decoding else None
+                plan = self._plan_macro(decoding) if decoding is not None else None
                 if plan is None:
                     self.step()
                     continue
@@ -581,7 +654,7 @@ class Replica:
             self.settle(INF)
             return
         decoding = self._macro_ready()
-        plan = self._plan_macro(decoding) if decoding else None
+        plan = self._plan_macro(decoding) if decoding is not None else None
         if plan is None:
             self.step()
         else:

@@ -298,6 +298,14 @@ class StepCost:
         self.attn_per_seq = m.layers * float(self._t(0.0, self._decode_qo_bytes()))
         self._table_n = self.max_tokens + 1
         self.token_table = self._tokens_time(np.arange(self._table_n, dtype=float))
+        # memos of pure functions of a small integer, filled as the engine asks: an engine
+        # prices ~10^5 cycles an hour, but from a few thousand distinct batch shapes
+        self._head_memo: dict[int, float] = {}
+        self._handoff_memo: dict[int, float] = {}
+        self._decode_lines_memo: dict[int, tuple[int, float, float, float, float, float]] = {}
+        self._decode_mb_memo: dict[int, tuple[float, float, float, float]] = {}
+        self._tokens_memo: dict[int, float] = {}
+        self._prompt_attn_memo: dict[int, float] = {}
 
     # ---- the one roofline --------------------------------------------------------------
     def _t(self, flops: Array | float, nbytes: Array | float) -> Array | float:
@@ -387,7 +395,11 @@ class StepCost:
         """Time of all per-token operators for a step carrying `tokens` tokens."""
         if tokens < self._table_n:
             return float(self.token_table[tokens])
-        return float(self._tokens_time(np.array([float(tokens)]))[0])
+        # beyond the table (a pipeline micro-batch of several chunks): priced once per count
+        t = self._tokens_memo.get(tokens)
+        if t is None:
+            t = self._tokens_memo[tokens] = float(self._tokens_time(np.array([float(tokens)]))[0])
+        return t
 
     # ---- lm_head ----------------------------------------------------------------------
     def head_term(self, sampled: int) -> Term:
@@ -403,8 +415,11 @@ class StepCost:
     def head_time(self, sampled: int) -> float:
         if sampled <= 0:
             return 0.0
-        h = self.head_term(sampled)
-        return self._ts(float(h.flops), float(h.bytes))
+        t = self._head_memo.get(sampled)
+        if t is None:
+            h = self.head_term(sampled)
+            t = self._head_memo[sampled] = self._ts(float(h.flops), float(h.bytes))
+        return t
 
     # ---- attention --------------------------------------------------------------------
     def _decode_attn_per_token(self) -> tuple[float, float]:
@@ -464,6 +479,14 @@ class StepCost:
         return terms
 
     def prefill_attn_time(self, chunk: int, prior: int) -> float:
+        if prior == 0:  # a whole prompt in one chunk, the common case: memoised per length
+            t = self._prompt_attn_memo.get(chunk)
+            if t is None:
+                t = self._prompt_attn_memo[chunk] = self._prefill_attn_time(chunk, 0)
+            return t
+        return self._prefill_attn_time(chunk, prior)
+
+    def _prefill_attn_time(self, chunk: int, prior: int) -> float:
         return sum(
             t.layers * self._ts(float(t.flops), float(t.bytes))
             for t in self.prefill_attn_terms(chunk, prior)
@@ -508,8 +531,11 @@ class StepCost:
         """The `pp - 1` activation hand-offs of one forward pass carrying `tokens` tokens."""
         if self.par.pp <= 1 or tokens <= 0:
             return 0.0
-        msg = tokens * self.model.hidden * self.ab
-        return (self.par.pp - 1) * float(p2p_time(msg, self.gpu))
+        t = self._handoff_memo.get(tokens)
+        if t is None:
+            msg = tokens * self.model.hidden * self.ab
+            t = self._handoff_memo[tokens] = (self.par.pp - 1) * float(p2p_time(msg, self.gpu))
+        return t
 
     def _stage_share(self, latency: float, host: float, head: float, handoff: float) -> float:
         """GPU time of the busiest stage for one micro-batch of forward-pass `latency`: the
@@ -535,16 +561,29 @@ class StepCost:
         pp = self.par.pp
         if pp <= 1:
             return [(self.decode_base(b) + sw, self.attn_slope)]
+        memo = self._decode_lines_memo.get(b)
+        if memo is None:
+            memo = self._decode_lines_memo[b] = self._decode_lines_without_context(b)
+        big, lat_a, lat_s, stage_a, stage_s, host = memo
+        return [(lat_a + sw * big / b, lat_s), (stage_a + sw / pp, stage_s), (host, 0.0)]
+
+    def _decode_lines_without_context(
+        self, b: int
+    ) -> tuple[int, float, float, float, float, float]:
+        """The parts of `decode_cycle_lines` (pp > 1) that depend on `b` alone: the biggest
+        micro-batch, the latency line, the stage line and the host time (memoised per `b`;
+        the sliding-window term is added per call)."""
+        pp = self.par.pp
         sizes = _even_split(b, pp)
         big = sizes[0]
-        latency = (self.decode_base(big) + sw * big / b, self.attn_slope * big / b)
         stage = host = 0.0
         for n in sizes:
             h = self.head_time(n)
             o = self.host_time(n)
             stage += self._stage_share(self.decode_base(n), o, h, self.handoff_time(n))
             host += o
-        return [latency, (stage + sw / pp, self.attn_slope / pp), (host, 0.0)]
+        return big, self.decode_base(big), self.attn_slope * big / b, stage, \
+            self.attn_slope / pp, host
 
     def micro_batches(
         self,
@@ -632,14 +671,31 @@ class StepCost:
         for b, ctx, parts, smp, sw in self.micro_batches(
             decode_seqs, decode_ctx_sum, chunks, sampled, sliding_ctx_sum
         ):
-            t = self.step_time(b, ctx, parts, smp, sw)
-            o = self.host_time(b + len(parts))
-            tokens = b + sum(c for c, _ in parts)
+            if parts:
+                t = self.step_time(b, ctx, parts, smp, sw)
+                o = self.host_time(b + len(parts))
+                head = self.head_time(smp)
+                handoff = self.handoff_time(b + sum(c for c, _ in parts))
+            else:  # decodes only: `step_time` with its context-free part memoised
+                fixed, o, head, handoff = self._decode_micro_batch(b)
+                t = fixed + self.decode_attn_time(b, ctx, sw)
             if b or not decode_seqs:
                 latency = max(latency, t)
-            stage += self._stage_share(t, o, self.head_time(smp), self.handoff_time(tokens))
+            stage += self._stage_share(t, o, head, handoff)
             host += o
         return max(latency, stage, host)
+
+    def _decode_micro_batch(self, b: int) -> tuple[float, float, float, float]:
+        """For a micro-batch of `b` decodes: the part of `step_time(b, ...)` before its
+        attention term (summed in the same order, so adding the attention gives the same
+        float), its host time, lm_head time and hand-offs. Memoised per `b`."""
+        memo = self._decode_mb_memo.get(b)
+        if memo is None:
+            fixed = self.tokens_time(b) + self.head_time(b)
+            fixed += self.overhead_time(b, False)
+            memo = (fixed, self.host_time(b), self.head_time(b), self.handoff_time(b))
+            self._decode_mb_memo[b] = memo
+        return memo
 
     # ---- one iteration ----------------------------------------------------------------
     def _defaults(

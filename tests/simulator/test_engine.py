@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from simulator.engine import DONE, REJECTED, EngineConfig, simulate
+from simulator.engine import DONE, REJECTED, EngineConfig, Replica, simulate
 from simulator.hardware import get_gpu
 from simulator.memory import plan_memory
 from simulator.models import get_model
@@ -148,3 +148,39 @@ def test_closed_loop_never_sends_before_a_slot_frees() -> None:
         in_flight = ((sent[:r] <= sent[r]) & (finish[:r] > sent[r] + 1e-12)).sum()
         assert in_flight <= 3, (r, in_flight)
     assert (out.req.status == DONE).all()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"kv_gb": 1.0},  # preemptions
+        {"kv_gb": 2.0, "max_batched_tokens": 512},  # prompts over several chunks
+        {"prefix_caching": True},
+        {"chunk_prompts": False},
+        {"chunked_prefill": False},
+        {"kv_gb": 2.0, "macro_steps": False},
+    ],
+)
+def test_reused_decode_batch_is_the_running_split(kw, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # the engine reuses the decoding batch an iteration or decode run left behind instead of
+    # splitting the running list again: it must be exactly that split, in order
+    split = Replica._split_running
+    uses = 0
+
+    def checked(self: Replica) -> tuple[np.ndarray, list[int]]:
+        nonlocal uses
+        decoding, prefilling = split(self)
+        run = np.asarray(self.running, dtype=np.int64)
+        ready = self.req.computed[run] >= self.req.target[run]
+        assert decoding.tolist() == run[ready].tolist()
+        assert prefilling == run[~ready].tolist()
+        uses += 1
+        return decoding, prefilling
+
+    monkeypatch.setattr(Replica, "_split_running", checked)
+    wl = synthetic(
+        20, duration=20, input_dist="normal:800,300", output_dist="normal:300,200", seed=7,
+        prefix_groups=3, prefix_len=600,
+    )
+    out = _run(wl, **kw)
+    assert uses > 100 and summarize(out, timeline_points=0)["completed"] == len(wl)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from typing import Any, cast
 
+import numpy as np
+
 from simulator.engine import REJECTED, WAITING, EngineConfig, Replica, RequestTable, _Plan
 from simulator.memory import MemoryPlan
 from simulator.roofline import Parallelism, StepCost
@@ -127,8 +129,14 @@ class SharedReplica(Replica):
         held = sum(int(self.req.blocks[r]) for r in self.running) + self.reserved
         return held * self.block_bytes
 
+    def _can_take_at_once(self, n: int) -> bool:
+        """Only when nothing is taken: the free count is the pool's float bytes floored to
+        blocks, so one sum and per-request takes can round differently (and preempt
+        differently); keep the engine's request-by-request order."""
+        return n == 0
+
     # a planned decode run reserves its blocks up front: other engines share the pool
-    def _plan_macro(self, decoding: list[int]) -> _Plan | None:
+    def _plan_macro(self, decoding: np.ndarray) -> _Plan | None:
         plan = super()._plan_macro(decoding)
         if plan is None:
             return None
@@ -178,7 +186,7 @@ class SharedReplica(Replica):
         while self.has_work and self.clock < t_until:
             if self.pending is None:
                 decoding = self._macro_ready()
-                plan = self._plan_macro(decoding) if decoding else None
+                plan = self._plan_macro(decoding) if decoding is not None else None
                 if plan is None:
                     self.step()
                     if self.stalled:  # wait for memory; retried at the next event
