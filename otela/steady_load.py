@@ -54,6 +54,10 @@ def start_behind_ingress(
     wait_for(lambda: sum(ingress.states().get(s) == "SERVING" for s in sessions)
              == len(sessions), settle_s, "every serving node to be SERVING at the ingress",
              interval=0.25)
+    # Started beside the ingress, a node may hear of it a moment later, and a node's engine
+    # hop serves members only.
+    wait_for(lambda: all(ingress.session_id in n.states() for n in nodes), settle_s,
+             "every serving node to know the ingress", interval=0.25)
     return boot, ingress, nodes
 
 

@@ -234,6 +234,10 @@ def test_load_reports_reach_ingresses_on_answers_and_straight_from_the_node(fede
                                         "--max-concurrency", "2"))
     wait_state(ingress, busy, "SERVING")
     wait_state(other, busy, "SERVING")
+    # and the node both ingresses (started beside it, it may hear of one a moment later):
+    # it reports to the ingresses its registry lists
+    wait_for(lambda: {ingress.session_id, other.session_id} <= set(busy.states()),
+             CONVERGE_S, "the busy node to know both ingresses")
 
     def slow_request() -> None:
         ask(ingress, "take your time")
