@@ -29,3 +29,10 @@ def serving_node(
 def wait_state(observer: LocalNode, target: LocalNode, state: str) -> None:
     wait_for(lambda: observer.states().get(target.session_id) == state, CONVERGE_S,
              f"{observer.name} to see {target.name} {state}")
+
+
+def wait_known(observer: LocalNode, *targets: LocalNode) -> None:
+    """Until ``observer``'s registry lists every target (in any state): a node started
+    beside an ingress may hear of it a moment after the ingress hears of the node."""
+    wait_for(lambda: {t.session_id for t in targets} <= set(observer.states()), CONVERGE_S,
+             f"{observer.name} to know {', '.join(t.name for t in targets)}")

@@ -20,7 +20,7 @@ import trio
 
 from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
 
-from .helpers import CONVERGE_S, chat, wait_state
+from .helpers import chat, wait_known, wait_state
 
 pytestmark = pytest.mark.slow
 
@@ -51,8 +51,7 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LocalNod
         wait_state(impatient, hung, "SERVING")
         # Started beside it, the hung node may hear of the impatient ingress a moment
         # later, and its engine hop serves members only.
-        wait_for(lambda: impatient.session_id in hung.states(), CONVERGE_S,
-                 "the hung node to know the impatient ingress")
+        wait_known(hung, impatient)
         yield {"ingress": ingress, "impatient": impatient, "slow": slow, "hung": hung}
     finally:
         federation.close()

@@ -18,7 +18,7 @@ import pytest
 
 from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
 
-from .helpers import CONVERGE_S, serving_node, wait_state
+from .helpers import CONVERGE_S, serving_node, wait_known, wait_state
 from .test_registry_federation import Authority
 
 pytestmark = pytest.mark.slow
@@ -236,8 +236,7 @@ def test_load_reports_reach_ingresses_on_answers_and_straight_from_the_node(fede
     wait_state(other, busy, "SERVING")
     # and the node both ingresses (started beside it, it may hear of one a moment later):
     # it reports to the ingresses its registry lists
-    wait_for(lambda: {ingress.session_id, other.session_id} <= set(busy.states()),
-             CONVERGE_S, "the busy node to know both ingresses")
+    wait_known(busy, ingress, other)
 
     def slow_request() -> None:
         ask(ingress, "take your time")
