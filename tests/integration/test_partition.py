@@ -15,7 +15,9 @@ from otela.steady_load import SteadyLoad
 from .helpers import CONVERGE_S, chat
 from .netns import Lan, ensure_iptables
 
-pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+# netns.Lan uses fixed names (bridge otpbr0, its namespaces) in the root namespace: one
+# worker at a time (scripts/test runs several).
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.xdist_group("root-netns")]
 
 # Eviction takes ~10 s here, but a node that finds itself overloaded (a loaded CI machine)
 # stretches its timeouts by up to 9x before accusing anyone: this deadline allows for that.

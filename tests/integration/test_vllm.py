@@ -16,7 +16,9 @@ from otela.localfed import VLLM_ENV, free_port, vllm_engine_command, wait_for
 
 from .helpers import CONVERGE_S, wait_state
 
-pytestmark = pytest.mark.slow
+# The Slurm tests' worker also runs this one, so two real vLLM starts (~3 GB, both cores
+# for ~45 s) never overlap when the suite runs on several workers (scripts/test).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("engines-and-slurm")]
 
 MODEL = "tiny-llama"
 VLLM_READY_S = 400.0

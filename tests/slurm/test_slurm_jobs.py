@@ -30,7 +30,9 @@ from .helpers import (
     wait_state,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
+# One worker runs every Slurm test (the cluster is the machine's; see scripts/test).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster"),
+              pytest.mark.xdist_group("engines-and-slurm")]
 
 JOIN_S = 60.0
 WORDS = " ".join(f"w{i}" for i in range(12))  # 13 echoed tokens

@@ -17,7 +17,9 @@ from otela.cli import app
 
 from .helpers import chat, job_env, job_output, wait_job_node
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
+# One worker runs every Slurm test (the cluster is the machine's; see scripts/test).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster"),
+              pytest.mark.xdist_group("engines-and-slurm")]
 
 
 def test_a_planned_replica_runs_as_a_slurm_job(federation, tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ from otela.localfed import VLLM_ENV, free_port, vllm_engine_command, wait_for
 
 from .helpers import StateWatcher, chat, job_env, job_output, job_state, submit, wait_job_node
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
+# One worker runs every Slurm test (the cluster is the machine's; see scripts/test).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster"),
+              pytest.mark.xdist_group("engines-and-slurm")]
 
 VLLM_READY_S = 400.0
 

@@ -67,9 +67,14 @@ trio.run(run)
 """
 
 
+ACCURACY_S = 1e-3  # the replayer's own arrival error allowed, p99
+CONTROL_FAIR_S = 10e-3  # an attempt whose control was later than this had the host stalled
+
+
 def _start_control(schedule: np.ndarray, tmp_path: Path) -> subprocess.Popen[str]:
     """A process timing the same arrival schedule, at the same time, with nothing else to do:
-    if even it is late by more than 1 ms, the host (shared, 2 cores) was too busy to judge."""
+    how late the host (shared, 2 cores) makes a bare sleeper, which the replay is judged
+    beyond."""
     path = tmp_path / "schedule.npy"
     np.save(path, schedule)
     return subprocess.Popen(
@@ -113,9 +118,11 @@ def test_replay_reproduces_recorded_arrivals_through_a_federation(
     )
     path = write_trace(tmp_path / "recorded.jsonl", src)
     want = np.array([r.arrival for r in src.records])
-    # This 2-core machine is shared: another process's burst can delay any wake-up by
-    # milliseconds. A control process times the same schedule during each attempt; an
-    # attempt whose control stayed within 1 ms p99 must pass; up to four attempts.
+    # This 2-core machine is shared (the suite itself runs on two workers): another process's
+    # burst can delay any wake-up by milliseconds. A control process times the same schedule,
+    # with nothing else to do, during each attempt. The replay must reproduce the arrivals
+    # within 1 ms p99 beyond what the machine made the control late by (p99 <= 1 ms + the
+    # control's p99), in an attempt whose control stayed under 10 ms; up to four attempts.
     results = []
     for _ in range(4):
         control = _start_control(want, tmp_path)
@@ -135,11 +142,12 @@ def test_replay_reproduces_recorded_arrivals_through_a_federation(
             f"control p99 {control_p99 * 1e3:.3f} ms; arrival error p50 "
             f"{np.percentile(err, 50) * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms"
         )
-        if p99 <= 1e-3:
+        if control_p99 <= CONTROL_FAIR_S and p99 <= ACCURACY_S + control_p99:
             break
-    if all(c > 1e-3 for c, _ in results) and all(p > 1e-3 for _, p in results):
-        pytest.skip(f"host too busy to time 1 ms: control p99s {[c for c, _ in results]}")
-    assert min(p for _, p in results) <= 1e-3, results
+    fair = [(c, p) for c, p in results if c <= CONTROL_FAIR_S]
+    if not fair:
+        pytest.skip(f"host stalled every attempt: control p99s {[c for c, _ in results]}")
+    assert any(p <= ACCURACY_S + c for c, p in fair), results
     r = res.records[0]
     assert r.provider == "lab-replay" and r.node and r.ttft is not None and r.status == 200
     assert all(0 < x.ttft <= x.e2e for x in res.records if x.ttft is not None)
