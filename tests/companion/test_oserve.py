@@ -39,6 +39,34 @@ def test_lp_identical_replicas_split_the_work() -> None:
     assert a.flow.sum(axis=0) == pytest.approx([100, 50])
 
 
+def test_spreading_gives_each_type_to_both_identical_replicas() -> None:
+    # Two identical replicas, two types: U = (100/10 + 50/5) / 2 = 10 whatever the split, and
+    # the plain LP returns a vertex that gives each type to one replica (the segregation that
+    # made per-type routing lose to least-loaded). Spreading keeps U = 10 and moves to the
+    # capacity-proportional split: half of each type on each replica.
+    plain = assign([[10, 5], [10, 5]], [100, 50])
+    spread = assign([[10, 5], [10, 5]], [100, 50], spread=0.0)
+    assert plain.load == spread.load == pytest.approx(10.0)
+    assert spread.flow == pytest.approx(np.array([[50, 25], [50, 25]]))
+    assert spread.utilization == pytest.approx([10, 10])
+    assert spread.fractions() == pytest.approx(np.full((2, 2), 0.5))
+
+
+def test_spreading_keeps_the_specialisation_the_optimum_needs() -> None:
+    # The App. C case has one optimal flow (A takes all of type 1): spreading at tolerance 0
+    # leaves it. With 2 % slack (loads <= 12.75) it moves towards the proportional split
+    # (type 1: 66.7 on A, type 2: 31.25 on A) until both replicas are at 12.75:
+    # x/10 + y/5 = 12.75 and (100 - x)/5 + (50 - y)/3 = 12.75  =>  x = 80, y = 23.75.
+    exact = assign([[10, 5], [5, 3]], [100, 50], spread=0.0)
+    assert exact.flow == pytest.approx(np.array([[100, 12.5], [0, 37.5]]), abs=1e-4)
+    loose = assign([[10, 5], [5, 3]], [100, 50], spread=0.02)
+    assert loose.load == pytest.approx(12.5)  # the reported optimum is the first stage's
+    assert loose.flow == pytest.approx(np.array([[80, 23.75], [20, 26.25]]), abs=1e-4)
+    assert loose.utilization == pytest.approx([12.75, 12.75])
+    with pytest.raises(AssignmentError):
+        assign([[10, 5], [5, 3]], [100, 50], spread=-0.1)
+
+
 def test_lp_respects_edges_a_replica_cannot_serve() -> None:
     a = assign([[10, 0], [5, 3]], [10, 3])  # replica 0 cannot hold type 1 (too long)
     assert a.flow[0, 1] == 0.0

@@ -4,10 +4,12 @@ At start the policy clusters the requests into types, estimates each type's rate
 every candidate shape, chooses a layout (the heuristic search, the exhaustive reference, or
 the best homogeneous layout for the baseline) and launches it. Each arrival is classified and
 routed by the assignment LP: `lp` (default) sends it to the replica with the fewest requests
-per unit of LP share among those the LP gives its type; `lp-wrr` follows the LP fractions
-alone (smooth weighted round-robin), which lets random bursts pile up; `least_loaded` ignores
-types (the baseline). With `adapt_s` set, the policy re-plans every span from a forecast of
-the per-type rates and switches layouts by parameter copying (`switching`), as §5 describes.
+per unit of LP share among those the LP gives its type (shares spread over every replica
+that can take a type without lowering the LP's optimum: `assignment.assign(spread=)`);
+`lp-wrr` follows the LP fractions alone (smooth weighted round-robin), which lets random
+bursts pile up; `least_loaded` ignores types (the baseline). With `adapt_s` set, the policy
+re-plans every span from a forecast of the per-type rates and switches layouts by parameter
+copying (`switching`), as §5 describes.
 
 The workload the policy reads at start is the run's own trace: for a stationary mix that is
 what a perfect predictor would report. Types are assigned from known output lengths; the live
@@ -24,6 +26,7 @@ from numpy.typing import ArrayLike
 
 from simulator.policies.cluster import BasePolicy, Cluster, Instance, PolicyError
 from simulator.policies.interfaces import Shape
+from simulator.policies.oserve.assignment import AssignmentError, assign
 from simulator.policies.oserve.predict import TypeRateForecaster
 from simulator.policies.oserve.profile import candidate_shapes, capacity_table
 from simulator.policies.oserve.search import (
@@ -70,6 +73,7 @@ class OservePolicy(BasePolicy):
         reload_s: float = 50.0,
         copy: bool = True,
         calibration: Mapping[str, float] | None = None,
+        spread: float | None = 0.0,
         name: str | None = None,
     ) -> None:
         if layout not in LAYOUTS:
@@ -89,6 +93,7 @@ class OservePolicy(BasePolicy):
         self.reload_s = reload_s
         self.copy = copy
         self.calibration = dict(calibration or {})
+        self.spread = spread  # routing shares: see assignment.assign (None: the LP's vertex)
         default = "oserve" if layout != "homogeneous" else "homogeneous"
         self.name = name or (default if routing == "lp" else f"{default}-ll")
         self.types: RequestTypes | None = None
@@ -119,12 +124,22 @@ class OservePolicy(BasePolicy):
                               self.calibration or cluster.calibration)
         self._caps = caps
         if self.layout_mode == "homogeneous":
-            return best_homogeneous(shapes, caps, demand, host_gpus)
-        if self.layout_mode == "exhaustive":
-            return exhaustive(shapes, caps, demand, host_gpus)
-        best, trace = flow_guided_search(shapes, caps, demand, host_gpus, self.seed, start=start)
-        self._search = trace
-        return best
+            best = best_homogeneous(shapes, caps, demand, host_gpus)
+        elif self.layout_mode == "exhaustive":
+            best = exhaustive(shapes, caps, demand, host_gpus)
+        else:
+            best, trace = flow_guided_search(shapes, caps, demand, host_gpus, self.seed,
+                                             start=start)
+            self._search = trace
+        return self._spread(best, demand)
+
+    def _spread(self, plan: Scored, demand: np.ndarray) -> Scored:
+        """The chosen layout's routing shares: the layouts are scored with the plain LP
+        (faster), the one launched is re-solved with spreading."""
+        if self.spread is None:
+            return plan
+        a = assign([self._caps[s] for s in plan.layout], demand, spread=self.spread)
+        return Scored(plan.layout, plan.hosts, a)
 
     def start(self, cluster: Cluster, now: float) -> None:
         wl = cluster.wl
@@ -168,15 +183,18 @@ class OservePolicy(BasePolicy):
     def _weighted_jsq(self, j: int) -> Instance:
         """Among the replicas the LP gives type j, the one with the fewest requests per unit
         of its share: the assignment decides where a type may go, the queues decide which
-        of those serves it now (fixed fractions alone let random bursts pile up)."""
+        of those serves it now (fixed fractions alone let random bursts pile up). Equal keys
+        (identical replicas with equal shares) go to the fewest outstanding, then the lowest
+        id, as least-loaded routing does."""
         w = self.wrr[j].w
-        best, key = self.replicas[0], float("inf")
+        best, key = self.replicas[0], (float("inf"), 0, 0)
         for k, inst in enumerate(self.replicas):
             if w[k] <= 1e-9:
                 continue
-            load = (inst.outstanding + 1) / w[k]
-            if load < key:
-                best, key = inst, load
+            # shares from the LP carry rounding noise: compare them to 9 digits
+            cand = (round((inst.outstanding + 1) / w[k], 9), inst.outstanding, inst.id)
+            if cand < key:
+                best, key = inst, cand
         return best
 
     # ---- adaptive switching -----------------------------------------------------------
@@ -185,14 +203,11 @@ class OservePolicy(BasePolicy):
         layout (cheap, always), and switch to a new layout when it sustains 5 % more."""
         if self._forecast is None or self.plan is None or self.adapt_s is None:
             return
-        from simulator.policies.oserve.assignment import AssignmentError, assign
-        from simulator.policies.oserve.search import Scored
-
         self._forecast.close_span(self.adapt_s)
         demand = np.maximum(self._forecast.predict(), 1e-6)
         cur = self.plan
         try:
-            cur_a = assign([self._caps[s] for s in cur.layout], demand)
+            cur_a = assign([self._caps[s] for s in cur.layout], demand, spread=self.spread)
             self.plan = Scored(cur.layout, cur.hosts, cur_a)
             frac = cur_a.fractions()
             self.wrr = [SmoothWRR(frac[:, j]) for j in range(frac.shape[1])]
