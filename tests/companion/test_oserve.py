@@ -97,6 +97,23 @@ def test_search_finds_the_exhaustive_optimum_and_beats_homogeneous() -> None:
     assert ex.throughput > hom.throughput * 1.05
 
 
+def test_search_mixes_shapes_of_one_size() -> None:
+    # One 8-GPU host, two 4-GPU shapes: A is good at type 0, B at type 1 (req/s alone). No
+    # merge, split or swap of sizes applies (no 8-GPU or 2-GPU shape), so only re-picking the
+    # starting layout's shapes can reach A + B. Demand (5, 5): A x2 has U = (5/10 + 5/2)/2 =
+    # 1.5 (the best homogeneous, 6.7 req/s); A + B gives each type to its replica, U = 0.5
+    # (20 req/s), the exhaustive optimum.
+    a, b = Shape("x", 4), Shape("x", 2, 2)
+    caps = {a: np.array([10.0, 2.0]), b: np.array([1.0, 10.0])}
+    demand = np.array([5.0, 5.0])
+    hom = best_homogeneous([a, b], caps, demand, [8])
+    assert hom.layout == (a, a) and hom.throughput == pytest.approx(10 / 1.5)
+    found, _ = flow_guided_search([a, b], caps, demand, [8])
+    assert sorted(found.layout, key=str) == sorted((a, b), key=str)
+    assert found.throughput == pytest.approx(20.0)
+    assert exhaustive([a, b], caps, demand, [8]).throughput == pytest.approx(20.0)
+
+
 def test_layouts_and_packing() -> None:
     s2, s4 = Shape("x", 2), Shape("x", 4)
     got = {tuple(sorted(x.label for x in lay)) for lay in layouts([s2, s4], 8)}
