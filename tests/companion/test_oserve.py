@@ -172,3 +172,26 @@ def test_forecaster_follows_a_trend() -> None:
     p = f.predict()
     assert p[0] == pytest.approx(6.0, rel=0.15)  # rates 1..5 req/s -> about 6 next
     assert p[1] == 0.0
+
+
+def test_backlog_routing_weighs_queues_by_profiled_capacity() -> None:
+    # A serves 10 type-0 or 2 type-1 req/s, B the reverse: a request costs 0.1 s of its
+    # good replica's time and 0.5 s of the other's. A holds two type-0 requests (0.2 s), B
+    # one type-1 (0.1 s). A type 0 goes to A (0.2 + 0.1 < 0.1 + 0.5) although A holds more
+    # requests; a type 1 to B (0.1 + 0.1 < 0.2 + 0.5). With six type-0 requests on A
+    # (0.6 s), a type 0 goes to B (0.1 + 0.5 < 0.6 + 0.1).
+    from types import SimpleNamespace
+
+    from simulator.policies.oserve.policy import OservePolicy
+
+    a_shape, b_shape = Shape("x", 4), Shape("x", 2, 2)
+    pol = OservePolicy("m")
+    pol._caps = {a_shape: np.array([10.0, 2.0]), b_shape: np.array([2.0, 10.0])}
+    pol.type_of = np.array([0, 0, 1, 0, 0, 0, 0])
+    a = SimpleNamespace(id=0, shape=a_shape, replica=SimpleNamespace(waiting=[1], running=[0]))
+    b = SimpleNamespace(id=1, shape=b_shape, replica=SimpleNamespace(waiting=[], running=[2]))
+    pol.replicas = [a, b]  # type: ignore[list-item]
+    assert pol._least_backlog(0) is a
+    assert pol._least_backlog(1) is b
+    a.replica.waiting = [1, 3, 4, 5, 6]
+    assert pol._least_backlog(0) is b

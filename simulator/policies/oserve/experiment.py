@@ -49,7 +49,7 @@ def _plan(
 def level(
     name: str, model: str = scenario.MODEL, gpu: str = scenario.GPU, gpus: int = scenario.GPUS,
     duration_s: float = 0.0, load: float = 1.05, scale: float = 1.0, seed: int = 0,
-    static_from: str | None = None,
+    static_from: str | None = None, routing: str = "backlog",
 ) -> dict[str, Any]:
     """One Table 1 level: planned layouts and speedup, and (duration_s > 0) simulated one.
 
@@ -77,7 +77,7 @@ def level(
         rate = load * hom.throughput
         wl = scenario.workload(mix, rate, duration_s, seed=seed, model=model, scale=scale)
         runs: list[tuple[str, OservePolicy]] = [
-            ("oserve", OservePolicy(model, layout="search")),
+            ("oserve", OservePolicy(model, layout="search", routing=routing)),
             ("homogeneous", OservePolicy(model, layout="homogeneous", routing="least_loaded"))]
         if static_shape is not None:
             runs.append(("static", OservePolicy(model, layout="homogeneous",
@@ -110,7 +110,7 @@ def table1(levels: Sequence[str] = tuple(TABLE1), **kw: Any) -> list[dict[str, A
 def table2(
     name: str, span_s: float = 300.0, model: str = scenario.MODEL, gpu: str = scenario.GPU,
     gpus: int = scenario.GPUS, load: float = 0.9, scale: float = 1.0, seed: int = 0,
-    adapt_s: float = 60.0,
+    adapt_s: float = 60.0, routing: str = "backlog",
 ) -> dict[str, Any]:
     """One Table 2 trace: `span_s` per level; OSERVE re-plans every `adapt_s` (the paper's
     one-minute spans: a forecast of the per-type rates, a switch by parameter copying when
@@ -123,7 +123,8 @@ def table2(
     wl = scenario.temporal(levels, rate, span_s, seed=seed, model=model, scale=scale)
     res: dict[str, Any] = {"trace": name, "levels": levels, "cv": cv, "paper_speedup": paper,
                            "offered_rps": rate}
-    for key, pol in (("oserve", OservePolicy(model, layout="search", adapt_s=adapt_s)),
+    for key, pol in (("oserve", OservePolicy(model, layout="search", adapt_s=adapt_s,
+                                             routing=routing)),
                      ("static", OservePolicy(model, layout="homogeneous",
                                              routing="least_loaded"))):
         run = run_cluster(wl, pol, pool, horizon=span_s * len(levels))

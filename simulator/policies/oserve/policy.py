@@ -3,11 +3,14 @@
 At start the policy clusters the requests into types, estimates each type's rate, profiles
 every candidate shape, chooses a layout (the heuristic search, the exhaustive reference, or
 the best homogeneous layout for the baseline) and launches it. Each arrival is classified and
-routed by the assignment LP: `lp` (default) sends it to the replica with the fewest requests
-per unit of LP share among those the LP gives its type (shares spread over every replica
-that can take a type without lowering the LP's optimum: `assignment.assign(spread=)`);
-`lp-wrr` follows the LP fractions alone (smooth weighted round-robin), which lets random
-bursts pile up; `least_loaded` ignores types (the baseline). With `adapt_s` set, the policy
+routed: `backlog` (default) sends it to the replica that would clear its queue plus this
+request first, each request costing 1 / n_kj of replica k's time (the profiled capacities the
+LP plans with); `lp` sends it to the replica with the fewest requests per unit of LP share
+among those the LP gives its type (shares spread over every replica that can take a type
+without lowering the LP's optimum: `assignment.assign(spread=)`), which confines types to
+the replicas of the LP's solution, so bursts of one type cannot use the others; `lp-wrr`
+follows the LP fractions alone (smooth weighted round-robin), which lets random bursts pile
+up; `least_loaded` ignores types (the baseline). With `adapt_s` set, the policy
 re-plans every span from a forecast of the per-type rates and switches layouts by parameter
 copying (`switching`), as §5 describes.
 
@@ -39,7 +42,8 @@ from simulator.policies.oserve.switching import SwitchCost, switch_cost
 from simulator.policies.oserve.types import RequestTypes, fit_types
 
 LAYOUTS = ("search", "exhaustive", "homogeneous")
-ROUTING = ("lp", "lp-wrr", "least_loaded")
+ROUTING = ("backlog", "lp", "lp-wrr", "least_loaded")
+_SUFFIX = {"backlog": "", "lp": "-lp", "lp-wrr": "-wrr", "least_loaded": "-ll"}
 
 
 class SmoothWRR:
@@ -63,7 +67,7 @@ class OservePolicy(BasePolicy):
         self,
         model: str,
         layout: str = "search",
-        routing: str = "lp",
+        routing: str = "backlog",
         types: int = 4,
         seed: int = 0,
         shapes: Sequence[Shape] | None = None,
@@ -95,7 +99,7 @@ class OservePolicy(BasePolicy):
         self.calibration = dict(calibration or {})
         self.spread = spread  # routing shares: see assignment.assign (None: the LP's vertex)
         default = "oserve" if layout != "homogeneous" else "homogeneous"
-        self.name = name or (default if routing == "lp" else f"{default}-ll")
+        self.name = name or f"{default}{_SUFFIX[routing]}"
         self.types: RequestTypes | None = None
         self.type_of = np.zeros(0, np.int64)
         self.plan: Scored | None = None
@@ -174,6 +178,8 @@ class OservePolicy(BasePolicy):
             target = min(self.replicas, key=lambda i: (i.outstanding, i.id))
         elif self.routing == "lp-wrr":
             target = self.replicas[self.wrr[j].pick()]
+        elif self.routing == "backlog":
+            target = self._least_backlog(j)
         else:
             target = self._weighted_jsq(j)
         if self._forecast is not None:
@@ -193,6 +199,23 @@ class OservePolicy(BasePolicy):
                 continue
             # shares from the LP carry rounding noise: compare them to 9 digits
             cand = (round((inst.outstanding + 1) / w[k], 9), inst.outstanding, inst.id)
+            if cand < key:
+                best, key = inst, cand
+        return best
+
+    def _least_backlog(self, j: int) -> Instance:
+        """The replica that would finish its queue plus this request first, in the profiled
+        capacities' units: replica k's backlog is sum over its outstanding requests r of
+        1 / n_k,type(r) (seconds of its time at saturation), and the request adds 1 / n_kj."""
+        best, key = self.replicas[0], (float("inf"), 0)
+        for inst in self.replicas:
+            cost = 1.0 / np.maximum(self._caps[inst.shape], 1e-12)
+            if cost[j] > 1e11:
+                continue
+            rep = inst.replica
+            idx = np.fromiter((*rep.waiting, *rep.running), dtype=np.int64)
+            b = float(cost[self.type_of[idx]].sum()) + float(cost[j])
+            cand = (round(b, 9), inst.id)
             if cand < key:
                 best, key = inst, cand
         return best
