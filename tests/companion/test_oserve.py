@@ -188,10 +188,16 @@ def test_backlog_routing_weighs_queues_by_profiled_capacity() -> None:
     pol = OservePolicy("m")
     pol._caps = {a_shape: np.array([10.0, 2.0]), b_shape: np.array([2.0, 10.0])}
     pol.type_of = np.array([0, 0, 1, 0, 0, 0, 0])
-    a = SimpleNamespace(id=0, shape=a_shape, replica=SimpleNamespace(waiting=[1], running=[0]))
-    b = SimpleNamespace(id=1, shape=b_shape, replica=SimpleNamespace(waiting=[], running=[2]))
+    a = SimpleNamespace(id=0, shape=a_shape,
+                        replica=SimpleNamespace(waiting=[1], running=[0], finished=[]))
+    b = SimpleNamespace(id=1, shape=b_shape,
+                        replica=SimpleNamespace(waiting=[], running=[2], finished=[]))
     pol.replicas = [a, b]  # type: ignore[list-item]
+    assert pol._least_backlog(0) is a  # A's backlog is now 0.3 s
+    assert pol._least_backlog(1) is b  # B's 0.2 s
+    a.replica.finished = [0, 1]  # A finished both: 0.1 s left (the one just routed)
     assert pol._least_backlog(0) is a
-    assert pol._least_backlog(1) is b
-    a.replica.waiting = [1, 3, 4, 5, 6]
+    assert pol._backlog[0][0] == pytest.approx(0.2)
+    pol._backlog.clear()  # looked at afresh: six type-0 requests on A
+    a.replica.waiting, a.replica.running = [1, 3, 4, 5, 6], [0]
     assert pol._least_backlog(0) is b

@@ -103,6 +103,34 @@ def level(
     return out
 
 
+def search_check(
+    name: str, seeds: Sequence[int] = (0, 1, 2), model: str = scenario.MODEL,
+    gpu: str = scenario.GPU, gpus: int = scenario.GPUS, scale: float = 1.0,
+) -> dict[str, Any]:
+    """The paper's Figure 16 check: Algorithm 1 (one run per seed) against the exhaustive
+    optimum on one level's planning sample, both on the policy's own capacity table."""
+    import numpy as np
+
+    from simulator.policies.oserve.search import flow_guided_search
+
+    pool = Pool.uniform(gpu, gpus)
+    wl = scenario.workload(TABLE1[name][1], 10.0, 600.0, seed=11, model=model, scale=scale)
+    pol = OservePolicy(model, layout="exhaustive")
+    pol.start(Cluster(wl, pool), 0.0)
+    assert pol.plan is not None and pol.types is not None
+    demand = np.maximum(np.bincount(pol.type_of, minlength=pol.types.k) / max(wl.duration, 1.0),
+                        1e-6)
+    hosts = [h.gpus for h in pool.hosts]
+    out: dict[str, Any] = {"level": name, "exhaustive": pol.plan.describe(),
+                           "exhaustive_rps": pol.plan.throughput, "search": {}}
+    for s in seeds:
+        found, trace = flow_guided_search(list(pol._caps), pol._caps, demand, hosts, seed=s)
+        out["search"][s] = {"layout": found.describe(),
+                            "ratio": found.throughput / pol.plan.throughput,
+                            "evaluations": trace.evaluations}
+    return out
+
+
 def table1(levels: Sequence[str] = tuple(TABLE1), **kw: Any) -> list[dict[str, Any]]:
     return [level(name, **kw) for name in levels]
 

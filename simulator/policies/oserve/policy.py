@@ -107,6 +107,10 @@ class OservePolicy(BasePolicy):
         self.wrr: list[SmoothWRR] = []
         self.switches: list[dict[str, Any]] = []
         self.refused = 0
+        self._backlog: dict[int, list[float]] = {}  # instance id -> [backlog s, finished seen]
+        self._routed = 0
+        self._types_list: list[int] = []
+        self._costs: dict[Shape, list[float]] = {}  # shape -> 1 / n_kj (s per request)
         self._forecast: TypeRateForecaster | None = None
 
     # ---- planning ---------------------------------------------------------------------
@@ -207,18 +211,39 @@ class OservePolicy(BasePolicy):
         """The replica that would finish its queue plus this request first, in the profiled
         capacities' units: replica k's backlog is sum over its outstanding requests r of
         1 / n_k,type(r) (seconds of its time at saturation), and the request adds 1 / n_kj."""
-        best, key = self.replicas[0], (float("inf"), 0)
+        self._routed += 1
+        if len(self._types_list) != len(self.type_of):
+            self._types_list = self.type_of.tolist()
+        best, key, best_cost = self.replicas[0], (float("inf"), 0), 0.0
         for inst in self.replicas:
-            cost = 1.0 / np.maximum(self._caps[inst.shape], 1e-12)
-            if cost[j] > 1e11:
+            cost = self._costs.get(inst.shape)
+            if cost is None:
+                cost = self._costs[inst.shape] = [
+                    1.0 / c if c > 0 else float("inf") for c in self._caps[inst.shape].tolist()]
+            if cost[j] == float("inf"):
                 continue
-            rep = inst.replica
-            idx = np.fromiter((*rep.waiting, *rep.running), dtype=np.int64)
-            b = float(cost[self.type_of[idx]].sum()) + float(cost[j])
+            b = self._backlog_of(inst, cost) + cost[j]
             cand = (round(b, 9), inst.id)
             if cand < key:
-                best, key = inst, cand
+                best, key, best_cost = inst, cand, cost[j]
+        if best.id in self._backlog:
+            self._backlog[best.id][0] += best_cost
         return best
+
+    def _backlog_of(self, inst: Instance, cost: list[float]) -> float:
+        """Replica's backlog, kept incrementally: + each request routed to it, - each one in
+        its `finished` list since the last look (as the engine's own router does); summed
+        afresh for a new replica and every 1,024 arrivals (requests moved by a switch)."""
+        rep, types = inst.replica, self._types_list
+        st = self._backlog.get(inst.id)
+        if st is None or self._routed % 1024 == 0:
+            st = self._backlog[inst.id] = [
+                sum(cost[types[r]] for r in (*rep.waiting, *rep.running)),
+                len(rep.finished)]
+        elif len(rep.finished) > st[1]:
+            st[0] -= sum(cost[types[r]] for r in rep.finished[int(st[1]):])
+            st[1] = len(rep.finished)
+        return st[0]
 
     # ---- adaptive switching -----------------------------------------------------------
     def on_tick(self, cluster: Cluster, now: float) -> None:
