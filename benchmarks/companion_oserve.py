@@ -4,7 +4,8 @@ the workload mix grows more skewed (CV of the four type proportions), on the pap
 lengths halved for its 2K context). Optionally Table 2 (temporal), with adaptive switching.
 
 Run: .venv/bin/python benchmarks/companion_oserve.py [--models 70b,opt] [--levels S1,...]
-     [--duration S] [--table2 T1,T4] [--json FILE]
+     [--duration S] [--table2 T1,T4] [--routing backlog|lp|lp-wrr] [--json FILE]
+     [--search-check S1,S3,S5 --seeds 3]  (search vs exhaustive instead of Table 1)
 Planned speedup = LP throughput of OSERVE's layout / best homogeneous layout on the mix;
 simulated = requests completed when offered 1.05x the homogeneous capacity (paper speedups:
 1.14x at CV 0.112 to 2.66x at CV 0.688). The "static" columns compare with one fixed
@@ -18,7 +19,7 @@ import json
 import time
 from typing import Any
 
-from simulator.policies.oserve.experiment import OPT, table1, table2
+from simulator.policies.oserve.experiment import OPT, search_check, table1, table2
 
 
 def main() -> None:
@@ -29,12 +30,33 @@ def main() -> None:
     ap.add_argument("--static-from", default="S1",
                     help="level whose best homogeneous layout is the fixed baseline ('' for none)")
     ap.add_argument("--table2", default="")
+    ap.add_argument("--routing", default="backlog", help="OSERVE's routing (policy.ROUTING)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--search-check", default="",
+                    help="levels on which to compare the search (per seed) with exhaustive")
+    ap.add_argument("--seeds", type=int, default=3)
     a = ap.parse_args()
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
+    if a.search_check:
+        for key in a.models.split(","):
+            kw_s: dict[str, Any] = {"model": OPT["model"], "scale": OPT["scale"]} \
+                if key == "opt" else {}
+            for name in a.search_check.split(","):
+                r = search_check(name, range(a.seeds), **kw_s)
+                out[f"search_{key}_{name}"] = r
+                print(f"{key} {name}: exhaustive {r['exhaustive']} ({r['exhaustive_rps']:.2f} "
+                      "req/s); search " + "; ".join(
+                          f"seed {s}: {v['ratio']:.4f} {v['layout']}"
+                          for s, v in r["search"].items()), flush=True)
+        print(f"\ntotal wall {time.perf_counter() - t0:.0f} s")
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(out, fh, indent=2, default=str)
+        return
     for key in a.models.split(","):
-        kw: dict[str, Any] = {"duration_s": a.duration, "static_from": a.static_from or None}
+        kw: dict[str, Any] = {"duration_s": a.duration, "static_from": a.static_from or None,
+                              "routing": a.routing}
         if key == "opt":
             kw.update(model=OPT["model"], scale=OPT["scale"])
         rows = table1(levels=a.levels.split(","), **kw)
@@ -58,7 +80,7 @@ def main() -> None:
                       f"homogeneous {r['homogeneous_run_layout']}; "
                       f"static {r.get('static_run_layout', r['homogeneous_run_layout'])}")
     for name in filter(None, a.table2.split(",")):
-        r = table2(name, model=OPT["model"], scale=OPT["scale"], load=1.0)
+        r = table2(name, model=OPT["model"], scale=OPT["scale"], load=1.0, routing=a.routing)
         out[f"table2_{name}"] = r
         print(f"\nTable 2 {name} (OPT-30B, {'/'.join(r['levels'])}): OSERVE {r['oserve_rps']:.1f} "
               f"req/s, P99 {r['oserve_e2e_p99']:.1f} s; static {r['static_rps']:.1f} req/s, "

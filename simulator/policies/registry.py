@@ -81,7 +81,7 @@ def _static(router: str) -> Callable[[Context], ClusterPolicy]:
     return build
 
 
-def _oserve(layout: str, routing: str = "lp") -> Callable[[Context], ClusterPolicy]:
+def _oserve(layout: str, routing: str = "backlog") -> Callable[[Context], ClusterPolicy]:
     def build(ctx: Context) -> ClusterPolicy:
         from simulator.policies.oserve.policy import OservePolicy
 

@@ -29,21 +29,24 @@ def test_gyges_sustains_more_than_round_robin_and_least_load() -> None:
 
 def test_oserve_gain_grows_with_the_mix_cv() -> None:
     # paper Table 1: 1.14x at CV 0.112 to 2.66x at CV 0.688 (Llama2-70B) over vLLM (static).
-    # otela (PP micro-batches overlapped): Llama2-70B plans +2 % at S5 (TP2PP4x2 is best
-    # elsewhere); OPT-30B a small gain growing with skew, measured 1.002 (S1) and 1.035 (S5)
-    # over the best homogeneous layout of each level, 1.086 at S5 over TP4x4, the layout
-    # that is best on S1's mix
+    # otela (PP micro-batches overlapped): Llama2-70B plans +1-2 % at every level; OPT-30B a
+    # small gain growing with skew, measured 1.023 (S1) and 1.035 (S5) over the best
+    # homogeneous layout of each level, 1.086 at S5 over TP4x4, the layout that is best on
+    # S1's mix (docs/companion-oserve.md: before the search re-picked its starting layout's
+    # shapes it missed S1's optimum and planned 1.002 there, hence the older 2-point margin)
     s1 = level("S1", model=OPT["model"], scale=OPT["scale"])
     s5 = level("S5", model=OPT["model"], scale=OPT["scale"], duration_s=240.0,
                static_from="S1")
-    assert s5["planned_speedup"] > s1["planned_speedup"] + 0.02
+    assert s5["planned_speedup"] > s1["planned_speedup"] + 0.01
     assert s5["planned_speedup"] >= 1.02
     assert s5["static_layout"] == "TP4x4"
     assert s5["static_planned_speedup"] >= 1.06
-    # the event simulator agrees against the static layout (1.06 measured in 240 s); against
-    # the PP-heavy best homogeneous layout a short run's completions depend on its warm-up
-    # (1.38 in 240 s, 0.99 in 600 s), so that ratio is not asserted here
-    assert s5["static_simulated_speedup"] >= 1.03
+    assert s5["static_planned_speedup"] > s1["planned_speedup"] + 0.05
+    # the event simulator agrees against the static layout (1.028 measured in 240 s with the
+    # default backlog routing, 1.060 with `lp`); against the PP-heavy best homogeneous layout
+    # a short run's completions depend on its warm-up (1.34 in 240 s, 0.94 in 600 s), so that
+    # ratio is not asserted here
+    assert s5["static_simulated_speedup"] >= 1.01
     llama = level("S5")
     assert llama["planned_speedup"] >= 1.01  # measured 1.018 (TP1PP4x2 + TP2PP4x1)
 

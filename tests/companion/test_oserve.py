@@ -39,6 +39,34 @@ def test_lp_identical_replicas_split_the_work() -> None:
     assert a.flow.sum(axis=0) == pytest.approx([100, 50])
 
 
+def test_spreading_gives_each_type_to_both_identical_replicas() -> None:
+    # Two identical replicas, two types: U = (100/10 + 50/5) / 2 = 10 whatever the split, and
+    # the plain LP returns a vertex that gives each type to one replica (the segregation that
+    # made per-type routing lose to least-loaded). Spreading keeps U = 10 and moves to the
+    # capacity-proportional split: half of each type on each replica.
+    plain = assign([[10, 5], [10, 5]], [100, 50])
+    spread = assign([[10, 5], [10, 5]], [100, 50], spread=0.0)
+    assert plain.load == spread.load == pytest.approx(10.0)
+    assert spread.flow == pytest.approx(np.array([[50, 25], [50, 25]]))
+    assert spread.utilization == pytest.approx([10, 10])
+    assert spread.fractions() == pytest.approx(np.full((2, 2), 0.5))
+
+
+def test_spreading_keeps_the_specialisation_the_optimum_needs() -> None:
+    # The App. C case has one optimal flow (A takes all of type 1): spreading at tolerance 0
+    # leaves it. With 2 % slack (loads <= 12.75) it moves towards the proportional split
+    # (type 1: 66.7 on A, type 2: 31.25 on A) until both replicas are at 12.75:
+    # x/10 + y/5 = 12.75 and (100 - x)/5 + (50 - y)/3 = 12.75  =>  x = 80, y = 23.75.
+    exact = assign([[10, 5], [5, 3]], [100, 50], spread=0.0)
+    assert exact.flow == pytest.approx(np.array([[100, 12.5], [0, 37.5]]), abs=1e-4)
+    loose = assign([[10, 5], [5, 3]], [100, 50], spread=0.02)
+    assert loose.load == pytest.approx(12.5)  # the reported optimum is the first stage's
+    assert loose.flow == pytest.approx(np.array([[80, 23.75], [20, 26.25]]), abs=1e-4)
+    assert loose.utilization == pytest.approx([12.75, 12.75])
+    with pytest.raises(AssignmentError):
+        assign([[10, 5], [5, 3]], [100, 50], spread=-0.1)
+
+
 def test_lp_respects_edges_a_replica_cannot_serve() -> None:
     a = assign([[10, 0], [5, 3]], [10, 3])  # replica 0 cannot hold type 1 (too long)
     assert a.flow[0, 1] == 0.0
@@ -67,6 +95,23 @@ def test_search_finds_the_exhaustive_optimum_and_beats_homogeneous() -> None:
         assert trace.evaluations > 0
     assert len(set(ex.layout)) == 2  # the optimum mixes both shapes
     assert ex.throughput > hom.throughput * 1.05
+
+
+def test_search_mixes_shapes_of_one_size() -> None:
+    # One 8-GPU host, two 4-GPU shapes: A is good at type 0, B at type 1 (req/s alone). No
+    # merge, split or swap of sizes applies (no 8-GPU or 2-GPU shape), so only re-picking the
+    # starting layout's shapes can reach A + B. Demand (5, 5): A x2 has U = (5/10 + 5/2)/2 =
+    # 1.5 (the best homogeneous, 6.7 req/s); A + B gives each type to its replica, U = 0.5
+    # (20 req/s), the exhaustive optimum.
+    a, b = Shape("x", 4), Shape("x", 2, 2)
+    caps = {a: np.array([10.0, 2.0]), b: np.array([1.0, 10.0])}
+    demand = np.array([5.0, 5.0])
+    hom = best_homogeneous([a, b], caps, demand, [8])
+    assert hom.layout == (a, a) and hom.throughput == pytest.approx(10 / 1.5)
+    found, _ = flow_guided_search([a, b], caps, demand, [8])
+    assert sorted(found.layout, key=str) == sorted((a, b), key=str)
+    assert found.throughput == pytest.approx(20.0)
+    assert exhaustive([a, b], caps, demand, [8]).throughput == pytest.approx(20.0)
 
 
 def test_layouts_and_packing() -> None:
@@ -127,3 +172,32 @@ def test_forecaster_follows_a_trend() -> None:
     p = f.predict()
     assert p[0] == pytest.approx(6.0, rel=0.15)  # rates 1..5 req/s -> about 6 next
     assert p[1] == 0.0
+
+
+def test_backlog_routing_weighs_queues_by_profiled_capacity() -> None:
+    # A serves 10 type-0 or 2 type-1 req/s, B the reverse: a request costs 0.1 s of its
+    # good replica's time and 0.5 s of the other's. A holds two type-0 requests (0.2 s), B
+    # one type-1 (0.1 s). A type 0 goes to A (0.2 + 0.1 < 0.1 + 0.5) although A holds more
+    # requests; a type 1 to B (0.1 + 0.1 < 0.2 + 0.5). With six type-0 requests on A
+    # (0.6 s), a type 0 goes to B (0.1 + 0.5 < 0.6 + 0.1).
+    from types import SimpleNamespace
+
+    from simulator.policies.oserve.policy import OservePolicy
+
+    a_shape, b_shape = Shape("x", 4), Shape("x", 2, 2)
+    pol = OservePolicy("m")
+    pol._caps = {a_shape: np.array([10.0, 2.0]), b_shape: np.array([2.0, 10.0])}
+    pol.type_of = np.array([0, 0, 1, 0, 0, 0, 0])
+    a = SimpleNamespace(id=0, shape=a_shape,
+                        replica=SimpleNamespace(waiting=[1], running=[0], finished=[]))
+    b = SimpleNamespace(id=1, shape=b_shape,
+                        replica=SimpleNamespace(waiting=[], running=[2], finished=[]))
+    pol.replicas = [a, b]  # type: ignore[list-item]
+    assert pol._least_backlog(0) is a  # A's backlog is now 0.3 s
+    assert pol._least_backlog(1) is b  # B's 0.2 s
+    a.replica.finished = [0, 1]  # A finished both: 0.1 s left (the one just routed)
+    assert pol._least_backlog(0) is a
+    assert pol._backlog[0][0] == pytest.approx(0.2)
+    pol._backlog.clear()  # looked at afresh: six type-0 requests on A
+    a.replica.waiting, a.replica.running = [1, 3, 4, 5, 6], [0]
+    assert pol._least_backlog(0) is b

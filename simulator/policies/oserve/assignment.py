@@ -10,6 +10,17 @@ replica saturates, and sum(lambda)/U is the deployment's throughput on this mix,
 level's objective (Phi in the paper). When the demand exceeds capacity (U > 1) the same
 flows scaled by 1/U are a maximum flow of the paper's network with proportional service.
 Solved with OR-Tools' GLOP.
+
+The min-max LP usually has many optimal flows (two identical replicas can split each type in
+any way that balances them), and the simplex returns a vertex, which tends to segregate types
+onto replicas: one replica gets all the long prompts. Routing by such flows confines each type
+to fewer replicas than necessary, and a burst of one type then queues on them while the others
+idle. `spread` adds a second stage: among flows whose load stays within (1 + spread) of the
+optimum U, take the one closest (in each type's shares, L1) to the capacity-proportional
+split x_kj = lambda_j n_kj / sum_k n_kj, the split a capacity-weighted router would make
+without knowing types. On identical replicas that split is itself optimal, so each type goes
+to every replica in equal shares; between unlike replicas the LP keeps only the specialisation
+the optimum needs.
 """
 
 from __future__ import annotations
@@ -30,8 +41,8 @@ class Assignment:
     """Flows x[k][j] (requests/s of type j sent to replica k) and what they imply."""
 
     flow: np.ndarray  # shape (replicas, types)
-    load: float  # U: the busiest replica's normalised load
-    utilization: np.ndarray  # per replica: sum_j x_kj / n_kj
+    load: float  # U: the optimum of the min-max LP (the busiest replica's normalised load)
+    utilization: np.ndarray  # per replica: sum_j x_kj / n_kj (<= U (1 + spread) when spread)
 
     @property
     def throughput(self) -> float:
@@ -48,12 +59,16 @@ class Assignment:
         return [k for k, u in enumerate(self.utilization) if u >= self.load * (1 - tol) - tol]
 
 
-def assign(capacity: ArrayLike, demand: ArrayLike) -> Assignment:
+def assign(capacity: ArrayLike, demand: ArrayLike, spread: float | None = None) -> Assignment:
     """Minimise U subject to: every type's demand is fully assigned (sum_k x_kj = lambda_j),
     each replica's mixed load sum_j x_kj / n_kj <= U (C3), x_kj = 0 where n_kj = 0 (the edge
     capacity C2 of a type the replica cannot hold), x >= 0.
 
-    `capacity[k][j]` is n_kj in requests/s; `demand[j]` is lambda_j in requests/s.
+    `capacity[k][j]` is n_kj in requests/s; `demand[j]` is lambda_j in requests/s. With
+    `spread` (a relative tolerance, 0 to stay on the optimal face) a second stage keeps every
+    replica's load within U (1 + spread) and minimises sum_kj |x_kj - p_kj| / lambda_j, the
+    distance to the capacity-proportional split p_kj = lambda_j n_kj / sum_k n_kj (module
+    docstring). `load` stays the first stage's optimum either way.
     """
     n = np.asarray(capacity, dtype=float)
     lam = np.asarray(demand, dtype=float)
@@ -82,9 +97,32 @@ def assign(capacity: ArrayLike, demand: ArrayLike) -> Assignment:
     status = solver.Solve()
     if status != pywraplp.Solver.OPTIMAL:
         raise AssignmentError(f"GLOP status {status}")
+    best = float(u.solution_value())
+    if spread is not None:
+        if spread < 0:
+            raise AssignmentError("spread must be >= 0")
+        u.SetBounds(0.0, best * (1.0 + spread) + 1e-9 * max(best, 1.0))
+        dev = []
+        for j in range(types):
+            if lam[j] <= 0:
+                continue
+            total = float(n[:, j].sum())
+            for k in range(replicas):
+                if n[k, j] <= 0:
+                    continue
+                p = float(lam[j]) * float(n[k, j]) / total
+                d = solver.NumVar(0.0, inf, f"d{k}_{j}")
+                solver.Add(d >= x[k][j] - p)
+                solver.Add(d >= p - x[k][j])
+                dev.append(d * (1.0 / float(lam[j])))
+        if dev:
+            solver.Minimize(sum(dev))
+            status = solver.Solve()
+            if status != pywraplp.Solver.OPTIMAL:
+                raise AssignmentError(f"GLOP status {status} (spreading stage)")
     flow = np.array([[x[k][j].solution_value() for j in range(types)] for k in range(replicas)])
     flow = np.maximum(flow, 0.0)
     util = np.array([
         sum(flow[k, j] / n[k, j] for j in range(types) if n[k, j] > 0) for k in range(replicas)
     ])
-    return Assignment(flow, float(u.solution_value()), util)
+    return Assignment(flow, best, util)

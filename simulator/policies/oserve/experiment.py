@@ -49,7 +49,7 @@ def _plan(
 def level(
     name: str, model: str = scenario.MODEL, gpu: str = scenario.GPU, gpus: int = scenario.GPUS,
     duration_s: float = 0.0, load: float = 1.05, scale: float = 1.0, seed: int = 0,
-    static_from: str | None = None,
+    static_from: str | None = None, routing: str = "backlog",
 ) -> dict[str, Any]:
     """One Table 1 level: planned layouts and speedup, and (duration_s > 0) simulated one.
 
@@ -77,7 +77,7 @@ def level(
         rate = load * hom.throughput
         wl = scenario.workload(mix, rate, duration_s, seed=seed, model=model, scale=scale)
         runs: list[tuple[str, OservePolicy]] = [
-            ("oserve", OservePolicy(model, layout="search")),
+            ("oserve", OservePolicy(model, layout="search", routing=routing)),
             ("homogeneous", OservePolicy(model, layout="homogeneous", routing="least_loaded"))]
         if static_shape is not None:
             runs.append(("static", OservePolicy(model, layout="homogeneous",
@@ -103,6 +103,34 @@ def level(
     return out
 
 
+def search_check(
+    name: str, seeds: Sequence[int] = (0, 1, 2), model: str = scenario.MODEL,
+    gpu: str = scenario.GPU, gpus: int = scenario.GPUS, scale: float = 1.0,
+) -> dict[str, Any]:
+    """The paper's Figure 16 check: Algorithm 1 (one run per seed) against the exhaustive
+    optimum on one level's planning sample, both on the policy's own capacity table."""
+    import numpy as np
+
+    from simulator.policies.oserve.search import flow_guided_search
+
+    pool = Pool.uniform(gpu, gpus)
+    wl = scenario.workload(TABLE1[name][1], 10.0, 600.0, seed=11, model=model, scale=scale)
+    pol = OservePolicy(model, layout="exhaustive")
+    pol.start(Cluster(wl, pool), 0.0)
+    assert pol.plan is not None and pol.types is not None
+    demand = np.maximum(np.bincount(pol.type_of, minlength=pol.types.k) / max(wl.duration, 1.0),
+                        1e-6)
+    hosts = [h.gpus for h in pool.hosts]
+    out: dict[str, Any] = {"level": name, "exhaustive": pol.plan.describe(),
+                           "exhaustive_rps": pol.plan.throughput, "search": {}}
+    for s in seeds:
+        found, trace = flow_guided_search(list(pol._caps), pol._caps, demand, hosts, seed=s)
+        out["search"][s] = {"layout": found.describe(),
+                            "ratio": found.throughput / pol.plan.throughput,
+                            "evaluations": trace.evaluations}
+    return out
+
+
 def table1(levels: Sequence[str] = tuple(TABLE1), **kw: Any) -> list[dict[str, Any]]:
     return [level(name, **kw) for name in levels]
 
@@ -110,7 +138,7 @@ def table1(levels: Sequence[str] = tuple(TABLE1), **kw: Any) -> list[dict[str, A
 def table2(
     name: str, span_s: float = 300.0, model: str = scenario.MODEL, gpu: str = scenario.GPU,
     gpus: int = scenario.GPUS, load: float = 0.9, scale: float = 1.0, seed: int = 0,
-    adapt_s: float = 60.0,
+    adapt_s: float = 60.0, routing: str = "backlog",
 ) -> dict[str, Any]:
     """One Table 2 trace: `span_s` per level; OSERVE re-plans every `adapt_s` (the paper's
     one-minute spans: a forecast of the per-type rates, a switch by parameter copying when
@@ -123,7 +151,8 @@ def table2(
     wl = scenario.temporal(levels, rate, span_s, seed=seed, model=model, scale=scale)
     res: dict[str, Any] = {"trace": name, "levels": levels, "cv": cv, "paper_speedup": paper,
                            "offered_rps": rate}
-    for key, pol in (("oserve", OservePolicy(model, layout="search", adapt_s=adapt_s)),
+    for key, pol in (("oserve", OservePolicy(model, layout="search", adapt_s=adapt_s,
+                                             routing=routing)),
                      ("static", OservePolicy(model, layout="homogeneous",
                                              routing="least_loaded"))):
         run = run_cluster(wl, pol, pool, horizon=span_s * len(levels))

@@ -3,11 +3,16 @@
 At start the policy clusters the requests into types, estimates each type's rate, profiles
 every candidate shape, chooses a layout (the heuristic search, the exhaustive reference, or
 the best homogeneous layout for the baseline) and launches it. Each arrival is classified and
-routed by the assignment LP: `lp` (default) sends it to the replica with the fewest requests
-per unit of LP share among those the LP gives its type; `lp-wrr` follows the LP fractions
-alone (smooth weighted round-robin), which lets random bursts pile up; `least_loaded` ignores
-types (the baseline). With `adapt_s` set, the policy re-plans every span from a forecast of
-the per-type rates and switches layouts by parameter copying (`switching`), as §5 describes.
+routed: `backlog` (default) sends it to the replica that would clear its queue plus this
+request first, each request costing 1 / n_kj of replica k's time (the profiled capacities the
+LP plans with); `lp` sends it to the replica with the fewest requests per unit of LP share
+among those the LP gives its type (shares spread over every replica that can take a type
+without lowering the LP's optimum: `assignment.assign(spread=)`), which confines types to
+the replicas of the LP's solution, so bursts of one type cannot use the others; `lp-wrr`
+follows the LP fractions alone (smooth weighted round-robin), which lets random bursts pile
+up; `least_loaded` ignores types (the baseline). With `adapt_s` set, the policy
+re-plans every span from a forecast of the per-type rates and switches layouts by parameter
+copying (`switching`), as §5 describes.
 
 The workload the policy reads at start is the run's own trace: for a stationary mix that is
 what a perfect predictor would report. Types are assigned from known output lengths; the live
@@ -24,6 +29,7 @@ from numpy.typing import ArrayLike
 
 from simulator.policies.cluster import BasePolicy, Cluster, Instance, PolicyError
 from simulator.policies.interfaces import Shape
+from simulator.policies.oserve.assignment import AssignmentError, assign
 from simulator.policies.oserve.predict import TypeRateForecaster
 from simulator.policies.oserve.profile import candidate_shapes, capacity_table
 from simulator.policies.oserve.search import (
@@ -36,7 +42,8 @@ from simulator.policies.oserve.switching import SwitchCost, switch_cost
 from simulator.policies.oserve.types import RequestTypes, fit_types
 
 LAYOUTS = ("search", "exhaustive", "homogeneous")
-ROUTING = ("lp", "lp-wrr", "least_loaded")
+ROUTING = ("backlog", "lp", "lp-wrr", "least_loaded")
+_SUFFIX = {"backlog": "", "lp": "-lp", "lp-wrr": "-wrr", "least_loaded": "-ll"}
 
 
 class SmoothWRR:
@@ -60,7 +67,7 @@ class OservePolicy(BasePolicy):
         self,
         model: str,
         layout: str = "search",
-        routing: str = "lp",
+        routing: str = "backlog",
         types: int = 4,
         seed: int = 0,
         shapes: Sequence[Shape] | None = None,
@@ -70,6 +77,7 @@ class OservePolicy(BasePolicy):
         reload_s: float = 50.0,
         copy: bool = True,
         calibration: Mapping[str, float] | None = None,
+        spread: float | None = 0.0,
         name: str | None = None,
     ) -> None:
         if layout not in LAYOUTS:
@@ -89,8 +97,9 @@ class OservePolicy(BasePolicy):
         self.reload_s = reload_s
         self.copy = copy
         self.calibration = dict(calibration or {})
+        self.spread = spread  # routing shares: see assignment.assign (None: the LP's vertex)
         default = "oserve" if layout != "homogeneous" else "homogeneous"
-        self.name = name or (default if routing == "lp" else f"{default}-ll")
+        self.name = name or f"{default}{_SUFFIX[routing]}"
         self.types: RequestTypes | None = None
         self.type_of = np.zeros(0, np.int64)
         self.plan: Scored | None = None
@@ -98,6 +107,10 @@ class OservePolicy(BasePolicy):
         self.wrr: list[SmoothWRR] = []
         self.switches: list[dict[str, Any]] = []
         self.refused = 0
+        self._backlog: dict[int, list[float]] = {}  # instance id -> [backlog s, finished seen]
+        self._routed = 0
+        self._types_list: list[int] = []
+        self._costs: dict[Shape, list[float]] = {}  # shape -> 1 / n_kj (s per request)
         self._forecast: TypeRateForecaster | None = None
 
     # ---- planning ---------------------------------------------------------------------
@@ -119,12 +132,22 @@ class OservePolicy(BasePolicy):
                               self.calibration or cluster.calibration)
         self._caps = caps
         if self.layout_mode == "homogeneous":
-            return best_homogeneous(shapes, caps, demand, host_gpus)
-        if self.layout_mode == "exhaustive":
-            return exhaustive(shapes, caps, demand, host_gpus)
-        best, trace = flow_guided_search(shapes, caps, demand, host_gpus, self.seed, start=start)
-        self._search = trace
-        return best
+            best = best_homogeneous(shapes, caps, demand, host_gpus)
+        elif self.layout_mode == "exhaustive":
+            best = exhaustive(shapes, caps, demand, host_gpus)
+        else:
+            best, trace = flow_guided_search(shapes, caps, demand, host_gpus, self.seed,
+                                             start=start)
+            self._search = trace
+        return self._spread(best, demand)
+
+    def _spread(self, plan: Scored, demand: np.ndarray) -> Scored:
+        """The chosen layout's routing shares: the layouts are scored with the plain LP
+        (faster), the one launched is re-solved with spreading."""
+        if self.spread is None:
+            return plan
+        a = assign([self._caps[s] for s in plan.layout], demand, spread=self.spread)
+        return Scored(plan.layout, plan.hosts, a)
 
     def start(self, cluster: Cluster, now: float) -> None:
         wl = cluster.wl
@@ -159,6 +182,8 @@ class OservePolicy(BasePolicy):
             target = min(self.replicas, key=lambda i: (i.outstanding, i.id))
         elif self.routing == "lp-wrr":
             target = self.replicas[self.wrr[j].pick()]
+        elif self.routing == "backlog":
+            target = self._least_backlog(j)
         else:
             target = self._weighted_jsq(j)
         if self._forecast is not None:
@@ -168,16 +193,57 @@ class OservePolicy(BasePolicy):
     def _weighted_jsq(self, j: int) -> Instance:
         """Among the replicas the LP gives type j, the one with the fewest requests per unit
         of its share: the assignment decides where a type may go, the queues decide which
-        of those serves it now (fixed fractions alone let random bursts pile up)."""
+        of those serves it now (fixed fractions alone let random bursts pile up). Equal keys
+        (identical replicas with equal shares) go to the fewest outstanding, then the lowest
+        id, as least-loaded routing does."""
         w = self.wrr[j].w
-        best, key = self.replicas[0], float("inf")
+        best, key = self.replicas[0], (float("inf"), 0, 0)
         for k, inst in enumerate(self.replicas):
             if w[k] <= 1e-9:
                 continue
-            load = (inst.outstanding + 1) / w[k]
-            if load < key:
-                best, key = inst, load
+            # shares from the LP carry rounding noise: compare them to 9 digits
+            cand = (round((inst.outstanding + 1) / w[k], 9), inst.outstanding, inst.id)
+            if cand < key:
+                best, key = inst, cand
         return best
+
+    def _least_backlog(self, j: int) -> Instance:
+        """The replica that would finish its queue plus this request first, in the profiled
+        capacities' units: replica k's backlog is sum over its outstanding requests r of
+        1 / n_k,type(r) (seconds of its time at saturation), and the request adds 1 / n_kj."""
+        self._routed += 1
+        if len(self._types_list) != len(self.type_of):
+            self._types_list = self.type_of.tolist()
+        best, key, best_cost = self.replicas[0], (float("inf"), 0), 0.0
+        for inst in self.replicas:
+            cost = self._costs.get(inst.shape)
+            if cost is None:
+                cost = self._costs[inst.shape] = [
+                    1.0 / c if c > 0 else float("inf") for c in self._caps[inst.shape].tolist()]
+            if cost[j] == float("inf"):
+                continue
+            b = self._backlog_of(inst, cost) + cost[j]
+            cand = (round(b, 9), inst.id)
+            if cand < key:
+                best, key, best_cost = inst, cand, cost[j]
+        if best.id in self._backlog:
+            self._backlog[best.id][0] += best_cost
+        return best
+
+    def _backlog_of(self, inst: Instance, cost: list[float]) -> float:
+        """Replica's backlog, kept incrementally: + each request routed to it, - each one in
+        its `finished` list since the last look (as the engine's own router does); summed
+        afresh for a new replica and every 1,024 arrivals (requests moved by a switch)."""
+        rep, types = inst.replica, self._types_list
+        st = self._backlog.get(inst.id)
+        if st is None or self._routed % 1024 == 0:
+            st = self._backlog[inst.id] = [
+                sum(cost[types[r]] for r in (*rep.waiting, *rep.running)),
+                len(rep.finished)]
+        elif len(rep.finished) > st[1]:
+            st[0] -= sum(cost[types[r]] for r in rep.finished[int(st[1]):])
+            st[1] = len(rep.finished)
+        return st[0]
 
     # ---- adaptive switching -----------------------------------------------------------
     def on_tick(self, cluster: Cluster, now: float) -> None:
@@ -185,14 +251,11 @@ class OservePolicy(BasePolicy):
         layout (cheap, always), and switch to a new layout when it sustains 5 % more."""
         if self._forecast is None or self.plan is None or self.adapt_s is None:
             return
-        from simulator.policies.oserve.assignment import AssignmentError, assign
-        from simulator.policies.oserve.search import Scored
-
         self._forecast.close_span(self.adapt_s)
         demand = np.maximum(self._forecast.predict(), 1e-6)
         cur = self.plan
         try:
-            cur_a = assign([self._caps[s] for s in cur.layout], demand)
+            cur_a = assign([self._caps[s] for s in cur.layout], demand, spread=self.spread)
             self.plan = Scored(cur.layout, cur.hosts, cur_a)
             frac = cur_a.fractions()
             self.wrr = [SmoothWRR(frac[:, j]) for j in range(frac.shape[1])]

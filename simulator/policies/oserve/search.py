@@ -155,19 +155,20 @@ class SearchTrace:
 def _pick_shapes(
     sizes: Sequence[int], by_size: Mapping[int, list[Shape]], caps: Mapping[Shape, np.ndarray],
     demand: np.ndarray, host_gpus: Sequence[int], trace: SearchTrace,
+    init: Sequence[Shape] | None = None,
 ) -> Scored | None:
     """Choose each replica's shape for the given GPU counts (coordinate ascent on throughput,
-    starting from the first shape of each size: pure TP)."""
+    starting from `init`, by default the first shape of each size: pure TP)."""
     if any(d not in by_size for d in sizes):
         return None
-    cur = [by_size[d][0] for d in sizes]
+    cur = list(init) if init is not None else [by_size[d][0] for d in sizes]
     best = score(cur, caps, demand, host_gpus)
     trace.evaluations += 1
     improved = True
     while improved:
         improved = False
         for i, d in enumerate(sizes):
-            for s in by_size[d][1:] if len(by_size[d]) > 1 else []:
+            for s in by_size[d]:
                 if s == cur[i]:
                     continue
                 trial = [*cur[:i], s, *cur[i + 1:]]
@@ -261,10 +262,13 @@ def flow_guided_search(
     for s in sorted(set(shapes), key=lambda s: (s.pp, s.tp)):
         by_size.setdefault(s.gpus, []).append(s)
     trace = SearchTrace()
-    if start:
-        best = _pick_shapes([s.gpus for s in start], by_size, caps, demand, host_gpus, trace)
-    else:  # the best uniform layout (the paper starts from a uniform one)
-        best = best_homogeneous(shapes, caps, demand, host_gpus)
+    # the running layout, or the best uniform one (the paper starts from a uniform one), with
+    # its replicas' shapes re-picked one at a time: mixing shapes of one size (TP2PP4 next to
+    # TP4PP2) is a move no merge, split or swap of sizes makes
+    init = list(start) if start else list(best_homogeneous(shapes, caps, demand,
+                                                           host_gpus).layout)
+    best = _pick_shapes([s.gpus for s in init], by_size, caps, demand, host_gpus, trace,
+                        init=init)
     if best is None:
         raise AssignmentError("the initial layout does not fit or cannot serve every type")
     valid = sorted(by_size)
