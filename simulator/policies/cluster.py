@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Protocol
 
 import numpy as np
@@ -166,20 +167,17 @@ def pending_tokens_of(instances: Sequence[Instance]) -> list[int]:
     if not instances:
         return []
     req = instances[0].replica.req
-    ids: list[int] = []
-    owner: list[int] = []
-    for k, inst in enumerate(instances):
-        rep = inst.replica
-        n = len(ids)
-        ids.extend(rep.waiting)
-        ids.extend(rep.running)
-        owner.extend([k] * (len(ids) - n))
-    if not ids:
+    counts = [len(i.replica.waiting) + len(i.replica.running) for i in instances]
+    total = sum(counts)
+    if not total:
         return [0] * len(instances)
-    idx = np.asarray(ids, dtype=np.int64)
+    idx = np.fromiter(
+        chain.from_iterable(chain(i.replica.waiting, i.replica.running) for i in instances),
+        dtype=np.int64, count=total)
+    owner = np.repeat(np.arange(len(instances)), counts)
     left = (np.maximum(req.target[idx] - req.computed[idx], 0)
             + np.maximum(req.output_len[idx] - req.generated[idx], 0))
-    tot = np.bincount(np.asarray(owner), weights=left, minlength=len(instances))
+    tot = np.bincount(owner, weights=left, minlength=len(instances))
     return [int(x) for x in tot]
 
 

@@ -10,7 +10,7 @@ instance merge with its neighbours). All modes split back by Algorithm 2 on ever
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from simulator.policies.baselines import make_router, request_info
@@ -91,22 +91,25 @@ class GygesPolicy(BasePolicy):
                                max_seq=self.max_seq[1])
 
     # ---- views ------------------------------------------------------------------------
-    def _slots(self, cluster: Cluster, host: int) -> list[Slot]:
-        base = sum(x.gpus for x in cluster.pool.hosts[:host])
-        insts = [i for i in cluster.live if i.host == host]
+    def _slots(self, cluster: Cluster, hosts: Sequence[int]) -> dict[int, list[Slot]]:
+        """The scheduler's view of each of `hosts`, with every instance's load read in one
+        pass (it is most of a routing decision's cost, paid on every arrival)."""
+        wanted = set(hosts)
+        insts = [i for i in cluster.live if i.host in wanted]
         loads = pending_tokens_of(insts)
-        return [
-            Slot(
+        bases = {h: sum(x.gpus for x in cluster.pool.hosts[:h]) for h in wanted}
+        slots: dict[int, list[Slot]] = {h: [] for h in hosts}
+        for inst, load in zip(insts, loads, strict=True):
+            slots[inst.host].append(Slot(
                 id=inst.id,
-                first_gpu=min(inst.gpu_ids) - base,
+                first_gpu=min(inst.gpu_ids) - bases[inst.host],
                 tp=inst.shape.tp,
                 load=float(load),
                 # only a merged instance can hold a long request
                 long_requests=self._long_on(cluster, inst) if inst.shape.tp > 1 else 0,
                 max_seq=inst.max_seq,
-            )
-            for inst, load in zip(insts, loads, strict=True)
-        ]
+            ))
+        return slots
 
     def _long_on(self, cluster: Cluster, inst: Instance) -> int:
         req = cluster.req
@@ -119,10 +122,10 @@ class GygesPolicy(BasePolicy):
     def on_arrival(self, cluster: Cluster, r: int, now: float) -> None:
         length = int(cluster.req.input_len[r] + cluster.req.output_len[r])
         hosts = range(len(cluster.pool.hosts))
-        slots = {h: self._slots(cluster, h) for h in hosts}
         decision: Decision | None = None
         host = 0
         if self.mode == "gyges":
+            slots = self._slots(cluster, hosts)
             # one host at a time would merge needlessly: look for a fitting instance anywhere
             everywhere = [s for h in hosts for s in slots[h]]
             fits = schedule_request(length, everywhere, self.max_seq, 0)
@@ -146,8 +149,9 @@ class GygesPolicy(BasePolicy):
             eid = self.router.choose(request_info(cluster, r, now), eps, now)
             chosen = next(e for e in eps if e.id == eid)
             host = chosen.host
-            slot = next(s for s in slots[host] if s.id == chosen.id)
-            decision = baseline_request(length, slots[host], slot, self.max_seq)
+            on_host = self._slots(cluster, [host])[host]  # the baselines pick the instance first
+            slot = next(s for s in on_host if s.id == chosen.id)
+            decision = baseline_request(length, on_host, slot, self.max_seq)
         if decision is None:
             # nothing can hold it: let the engine reject it on the largest instance
             target = max(cluster.endpoints(self.model), key=lambda e: e.max_seq)
@@ -178,7 +182,7 @@ class GygesPolicy(BasePolicy):
     # ---- scale down -------------------------------------------------------------------
     def on_tick(self, cluster: Cluster, now: float) -> None:
         for h, host in enumerate(cluster.pool.hosts):
-            for s in self._slots(cluster, h):
+            for s in self._slots(cluster, [h])[h]:
                 if not should_scale_down(s, self.split_load * s.tp * self._kv1):
                     continue
                 inst = next(i for i in cluster.live if i.id == s.id)
