@@ -348,8 +348,9 @@ class NodeConfig:
         "routing", 3, parse=v.as_positive_int, example="2", metavar="N",
         help="Nodes tried for one request, when the earlier ones provably did not take it "
         "(not serving, no answer to the connection attempt). Nodes that refuse the "
-        "connection outright (down) are skipped without using up an attempt. A request an "
-        "engine may have started is never sent again.")
+        "connection outright (down), or do not know this node's session yet (asked again "
+        "later), do not use up an attempt. A request an engine may have started is never "
+        "sent again.")
     retry_broken: bool = setting(
         "routing", False, parse=v.as_bool, example="true",
         help="Also send a non-streaming request to another node when its node broke the "

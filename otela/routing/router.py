@@ -54,7 +54,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("otela.routing")
 
-DECLINED_PAUSE_S = 0.5  # before asking again a node that did not know us yet (x attempts)
+DECLINED_PAUSE_S = 0.5  # before asking again the nodes that did not know us yet (x round)
+ASK_AGAIN_ROUNDS = 2  # times those are asked again, once nobody else is left to ask
 
 OK, CLIENT_ERROR, FAILED, NOT_DELIVERED = "ok", "client_error", "failed", "not_delivered"
 
@@ -136,7 +137,9 @@ class Miss(enum.Enum):
     # still serves the model the request must reach it.
     REFUSED = "refused at once"
     # Declined only because the node has not heard of this ingress's session yet: worth
-    # asking again once the other candidates have been tried.
+    # asking again once the other candidates have been tried, and no attempt used up
+    # (right after a partition heals, every rejoined node may decline for a moment while
+    # the nodes that never left could serve).
     ASK_AGAIN = "ask again later"
 
 
@@ -204,12 +207,19 @@ class Router:
         tried: set[str] = set()
         declined: set[str] = set()  # did not know us yet: worth asking again
         attempts = 0  # nodes asked
-        counted = 0  # of those, the ones that use up --route-attempts (refusals do not)
+        # Of those, the ones that use up --route-attempts: a refused connection (nothing
+        # listens) or a node that does not know our session yet (it just rejoined, or we
+        # did) answered at once and says nothing against the others; each candidate is
+        # still asked at most once per round, so the loop is bounded.
+        counted = 0
+        rounds = 0  # times the declined were asked again
+        misses: Counter[Miss] = Counter()
         resend = self.settings.retry_broken and not ask.stream
         while counted < self.settings.max_attempts:
             remaining = [r for r in nodes if r.session_id not in tried] if tried else nodes
-            if not remaining and declined:
-                await trio.sleep(DECLINED_PAUSE_S * counted)
+            if not remaining and declined and rounds < ASK_AGAIN_ROUNDS:
+                rounds += 1
+                await trio.sleep(DECLINED_PAUSE_S * rounds)
                 tried -= declined
                 declined.clear()
                 remaining = [r for r in nodes if r.session_id not in tried]
@@ -230,14 +240,18 @@ class Router:
                                          ask.body, attempts, resend, connect_timeout)
             if isinstance(result, Routed):
                 return result
-            if result is Miss.REFUSED:
-                counted -= 1  # cost nothing; each candidate is still asked at most once
-            elif result is Miss.ASK_AGAIN:
+            misses[result] += 1
+            if result is not Miss.NEXT:
+                counted -= 1
+            if result is Miss.ASK_AGAIN:
                 declined.add(node.session_id)
             now = self.clock()
+        declines = misses[Miss.ASK_AGAIN]
+        why = (f" ({declines} of them did not know this node's session yet)" if declines
+               else "")
         raise RequestError(
-            502, f"All {len(tried)} candidate node(s) for `{clip(model_id)}` were unreachable.",
-            code="all_nodes_unreachable")
+            502, f"All {len(tried)} candidate node(s) for `{clip(model_id)}` were "
+            f"unreachable{why}.", code="all_nodes_unreachable")
 
     def _candidate(self, record: NodeRecord, now: float) -> Candidate:
         session = record.session_id

@@ -221,7 +221,14 @@ def test_a_node_that_does_not_know_us_yet_is_asked_again_after_the_others():
     status, hits = run([declines_until_it_knows_us(1), None])
     assert status == 200 and hits == [2, 0]
     status, hits = run([declines_until_it_knows_us(5)])
-    assert status == 502 and hits == [3]
+    assert status == 502 and hits == [3]  # asked again twice, then given up
+
+
+def test_nodes_that_do_not_know_us_yet_do_not_use_up_the_attempts():
+    # Right after a heal, three rejoined nodes that have not heard of this ingress yet come
+    # first (--route-attempts is 3): the node that never left still gets the request.
+    status, hits = run([declines_until_it_knows_us(9)] * 3 + [answers])
+    assert status == 200 and hits == [1, 1, 1, 1]
 
 
 def test_a_connection_nobody_answers_gives_way_to_the_next_node_early():
