@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shlex
 import signal
 import socket
@@ -31,10 +32,33 @@ class FederationError(RuntimeError):
 
 
 def free_port() -> int:
-    """A TCP port free right now (for engines, whose command line must name a port)."""
-    with socket.socket() as sock:
+    """A TCP port free right now (for engines, whose command line must name a port).
+
+    Drawn below the kernel's ephemeral range: nodes bind port 0, which the kernel fills from
+    that range, and a port picked there could be taken by a node starting beside us between
+    this pick and the engine's bind (an engine once failed to start because a node got its
+    port as its HTTP port, and the node's health check then reached the other node)."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(10000, low) if low > 10000 else 0
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    with socket.socket() as sock:  # nothing free below the range: let the kernel choose
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux default 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def echo_engine_command(port: int, models: list[str], *extra: str) -> str:
