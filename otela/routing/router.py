@@ -213,7 +213,7 @@ class Router:
         # still asked at most once per round, so the loop is bounded.
         counted = 0
         rounds = 0  # times the declined were asked again
-        misses: Counter[Miss] = Counter()
+        declines = 0  # answers that did not know our session yet, for the 502's message
         resend = self.settings.retry_broken and not ask.stream
         while counted < self.settings.max_attempts:
             remaining = [r for r in nodes if r.session_id not in tried] if tried else nodes
@@ -240,13 +240,12 @@ class Router:
                                          ask.body, attempts, resend, connect_timeout)
             if isinstance(result, Routed):
                 return result
-            misses[result] += 1
             if result is not Miss.NEXT:
                 counted -= 1
             if result is Miss.ASK_AGAIN:
+                declines += 1
                 declined.add(node.session_id)
             now = self.clock()
-        declines = misses[Miss.ASK_AGAIN]
         why = (f" ({declines} of them did not know this node's session yet)" if declines
                else "")
         raise RequestError(
