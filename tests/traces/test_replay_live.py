@@ -118,7 +118,7 @@ def test_replay_reproduces_recorded_arrivals_through_a_federation(
     )
     path = write_trace(tmp_path / "recorded.jsonl", src)
     want = np.array([r.arrival for r in src.records])
-    # This 2-core machine is shared (the suite itself runs on two workers): another process's
+    # This 2-core machine is shared (and with OTELA_TEST_WORKERS, by the suite): another process's
     # burst can delay any wake-up by milliseconds. A control process times the same schedule,
     # with nothing else to do, during each attempt. The replay must reproduce the arrivals
     # within 1 ms p99 beyond what the machine made the control late by (p99 <= 1 ms + the
