@@ -14,8 +14,12 @@ never be sent to another one:
   request met a socket whose process had already closed it (a server that read the
   request and then died or closed sends an orderly end-of-file): the keep-alive race,
   seen when a node is SIGKILLed between two requests on one connection. On a fresh
-  connection a reset stays ambiguous (a server may read a request, then abort) and is
-  an ``UpstreamFailed``;
+  connection a reset stays ambiguous for an arbitrary server (one may read a request,
+  then abort) and is an ``UpstreamFailed``, unless the caller knows the server never
+  aborts a connection it has read a request from (``unread_if_reset``: another node's
+  engine hop). Such a server that dies after reading all of a request closes with an
+  orderly end-of-file; a reset means the request sat unread in its socket, typically in
+  the accept queue of a process being killed;
 - ``UpstreamFailed``: the connection broke after the request was sent and before the
   response was complete;
 - ``UpstreamTimeout``: nothing came back within the first-byte timeout.
@@ -178,10 +182,12 @@ class HttpPool:
 
     async def request(self, host: str, port: int, method: bytes, target: bytes,
                       headers: Headers, body: bytes, first_byte_timeout: float,
-                      connect_timeout: float | None = None) -> Reply:
+                      connect_timeout: float | None = None, unread_if_reset: bool = False
+                      ) -> Reply:
         """Send a request; the ``Reply`` once its head has arrived. Raises ``NotDelivered``,
         ``UpstreamFailed`` or ``UpstreamTimeout`` (see the module docstring).
-        ``connect_timeout`` replaces the pool's for a new connection."""
+        ``connect_timeout`` replaces the pool's for a new connection; ``unread_if_reset``:
+        the server never aborts a connection after reading a request from it."""
         key = (host, port)
         head = [b"%b %b HTTP/1.1\r\nhost: %b:%d\r\n" % (method, target, host.encode(), port)]
         head.extend(b"%b: %b\r\n" % kv for kv in headers)
@@ -207,7 +213,8 @@ class HttpPool:
                     try:
                         received = await sockio.recv(conn.sock)
                     except sockio.Closed as exc:
-                        if exc.reset and not answered and conn.requests > 1:
+                        if exc.reset and not answered and (unread_if_reset
+                                                           or conn.requests > 1):
                             raise NotDelivered(f"{host}:{port} reset the connection before "
                                                f"reading the request: {exc}") from None
                         raise

@@ -111,8 +111,11 @@ class Upstreams:
             token = self.hop_signer.token(node.peer_id, "POST", hop_path, body)
             headers = [*headers, (_HOP, token.encode())]
         host, port, prefix = engine_address(node.http_url)
+        # An engine hop reads the whole request before it forwards it and never aborts a
+        # connection: a reset before its answer means the request was never read.
         reply = await self.pool.request(host, port, b"POST", (prefix + hop_path).encode(),
-                                        headers, body, first_byte_timeout, connect_timeout)
+                                        headers, body, first_byte_timeout, connect_timeout,
+                                        unread_if_reset=True)
         if policy.value(reply.headers, policy.NOT_DELIVERED) == b"1":
             await reply.aclose()
             # 403: the node does not know us as a member (yet): not the node's failing.

@@ -85,8 +85,22 @@ def node_of_job(observer: LocalNode, job_id: str) -> dict[str, Any] | None:
     return None
 
 
+QUEUED_S = 180.0  # a job may wait this long for the previous test's job to finish
+
+
 def wait_job_node(observer: LocalNode, job_id: str, state: str, timeout: float,
                   tmp: Path) -> dict[str, Any]:
+    """The job's node once ``observer`` lists it in ``state``: within ``timeout`` of the
+    job's start. Time in the queue does not count (a cancelled job of the test before may
+    still be completing on the one-node cluster)."""
+    try:
+        wait_for(lambda: job_state(job_id) not in ("PENDING", "CONFIGURING"), QUEUED_S,
+                 f"job {job_id} to start", interval=0.2)
+    except FederationError as exc:
+        queue = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i %T %r"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+        raise FederationError(f"{exc}; the queue:\n{queue}") from None
+
     def found() -> dict[str, Any] | None:
         node = node_of_job(observer, job_id)
         if node is None and job_state(job_id) in ("FAILED", "COMPLETED", "CANCELLED"):
