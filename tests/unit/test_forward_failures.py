@@ -185,16 +185,26 @@ def test_a_node_that_says_it_did_not_deliver_is_retried():
     assert status == 200 and hits == [1, 1]
 
 
-@pytest.mark.parametrize("behaviour", [closes_without_answering, resets_after_reading],
-                         ids=["closed", "reset"])
-def test_a_connection_lost_after_sending_is_a_502_and_never_retried(behaviour):
-    status, hits = run([behaviour, answers])
+def test_a_connection_closed_after_sending_is_a_502_and_never_retried():
+    status, hits = run([closes_without_answering, answers])
     assert status == 502 and hits == [1, 0]
 
 
-@pytest.mark.parametrize("behaviour", [closes_without_answering, resets_after_reading],
-                         ids=["closed", "reset"])
-def test_with_retry_broken_a_plain_request_goes_on_but_a_stream_never(behaviour):
+def test_a_reset_before_the_hop_answers_is_retried_since_the_request_was_never_read():
+    """An engine hop reads a whole request before forwarding it and never aborts a
+    connection; a process that dies having read it closes with an orderly end-of-file
+    (above). A reset therefore means the request sat unread in the dying node's socket
+    (its accept queue, typically, when it is SIGKILLed): another node gets it, streams
+    too. (To an engine, whose server may abort after reading, a reset on a fresh
+    connection stays ambiguous: ``tests/unit/test_pool.py``.)"""
+    status, hits = run([resets_after_reading, answers])
+    assert status == 200 and hits == [1, 1]
+    status, hits = run([resets_after_reading, answers], stream=True)
+    assert status == 200 and hits == [1, 1]
+
+
+def test_with_retry_broken_a_plain_request_goes_on_but_a_stream_never():
+    behaviour = closes_without_answering
     status, hits = run([behaviour, answers], retry_broken=True)
     assert status == 200 and hits == [1, 1]
     status, hits = run([behaviour, answers], retry_broken=True, stream=True)
