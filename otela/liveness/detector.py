@@ -41,6 +41,7 @@ from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable
 from otela.liveness.watch import NeighbourWatch
 from otela.mesh.connections import OnConnected
+from otela.mesh.listening import direct_tcp_addresses, nothing_listens
 from otela.mesh.quota import SWIM_STREAMS, set_capped_handler
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.replication import LocalReplica
@@ -57,8 +58,9 @@ __all__ = ["LIVENESS_TOPIC", "SWIM_PROTOCOL", "DetectorConfig", "FailureDetector
 class _SwimTransport:
     """Probes over the detector's channels (``prober.ProbeTransport``)."""
 
-    def __init__(self, channels: Channels) -> None:
+    def __init__(self, channels: Channels, host: Any) -> None:
         self.channels = channels
+        self.host = host
 
     async def probe(self, peer: str, timeout: float) -> bool:
         reply = await self.channels.request(peer, {"k": "ping"}, timeout)
@@ -67,6 +69,10 @@ class _SwimTransport:
     async def probe_via(self, helper: str, target: str, timeout: float) -> bool | None:
         reply = await self.channels.request(helper, {"k": "req", "target": target}, timeout)
         return None if reply is None else bool(reply.get("ok"))
+
+    async def turned_away(self, peer: str) -> bool:
+        addrs = self.host.get_peerstore().addrs(ID.from_base58(peer))
+        return await nothing_listens(direct_tcp_addresses(addrs))
 
 
 class _NodeMembership:
@@ -152,7 +158,7 @@ class FailureDetector:
         self.channels = Channels(host, SWIM_PROTOCOL, self._pack, self._unpack)
         self.prober = Prober(
             self.self_id, config, self.table, self.watch, self.health, self.news, self.events,
-            self.members, self.round_trips, _SwimTransport(self.channels),
+            self.members, self.round_trips, _SwimTransport(self.channels, host),
             _NodeMembership(host, replica), clock, self.stats)
 
     @property

@@ -6,7 +6,8 @@ robin over its connected ones). The peer is suspected only if all three paths fa
 2. none of ``indirect_probes`` other members gets an ack when asked to probe it;
 3. nothing was heard from it within ``stale_window``: no probe or ack, no anti-entropy, no
    gossip it published *or forwarded* to us (a busy peer on an overloaded machine answers
-   probes late but keeps forwarding gossip: it is slow, not dead).
+   probes late but keeps forwarding gossip: it is slow, not dead). Skipped for a lost
+   neighbour whose every address refused our dial: nothing listens there, it crashed.
 After the round, and whenever a grace period runs out or an eviction falls due between
 rounds, the loop confirms expired suspicions and signs the evictions that are due
 (``table.py``), unless our own event loop lags (``health.py``); the eviction brake's
@@ -71,6 +72,11 @@ class ProbeTransport(Protocol):
         that it could not), None (the helper did not answer)."""
         ...
 
+    async def turned_away(self, peer: str) -> bool:
+        """Whether every direct address of ``peer`` refuses a TCP connection: its host is
+        up and nothing listens there (``otela.mesh.listening``)."""
+        ...
+
 
 class Membership(Protocol):
     """What the loop reads of, and does to, the node around it."""
@@ -117,6 +123,7 @@ class Prober:
         self.clock = clock
         self.stats = stats
         self.appeared: set[str] = set()  # peers that connected since the last round
+        self.turned_away: set[str] = set()  # peers whose last ping found nothing listening
         self.braking = False  # mirrors ``table.braking()`` to log its changes
 
     async def run(self) -> None:
@@ -217,7 +224,12 @@ class Prober:
         window = self.config.stale_window * self.health.multiplier
         if acked:
             return "acked"
-        if self.table.heard_recently(target, self.clock(), window) and not (
+        # A lost neighbour that refuses connections has no process listening: it crashed.
+        # The recent-contact window is there for peers that are slow, and a slow peer never
+        # refuses, so it is not waited out (it had added up to 3 s to every crash's
+        # detection).
+        gone = target in self.watch.lost and target in self.turned_away
+        if not gone and self.table.heard_recently(target, self.clock(), window) and not (
                 await self._quiet_by_next_round(target, window)):
             return "silent"
         if self.health.lagging(self.clock()):
@@ -225,7 +237,9 @@ class Prober:
             return "silent"
         if self.table.probe_failed(target, self.clock()):
             self.stats["suspected"] += 1
-            detail = f"direct, {len(helpers)} indirect and recent-contact checks failed"
+            detail = (f"its connection dropped and every address refused a new one; "
+                      f"{len(helpers)} indirect checks failed" if gone else
+                      f"direct, {len(helpers)} indirect and recent-contact checks failed")
             if self.news.publish_suspicion(target, target in self.watch.lost):
                 detail += "; published"
             self.events.record(target, "suspected", detail)
@@ -252,7 +266,13 @@ class Prober:
         return not self.table.heard_recently(target, self.clock(), window)
 
     async def ping(self, target: str) -> bool:
-        """A direct probe, timed out by the peer's measured round trips and our health."""
+        """A direct probe, timed out by the peer's measured round trips and our health.
+        A peer we hold no connection to is first checked for a listener: if every address
+        refuses, the probe fails at once (a libp2p dial would retry for ~0.7 s first)."""
+        if target not in self.node.connected() and await self.transport.turned_away(target):
+            self.turned_away.add(target)
+            return False
+        self.turned_away.discard(target)
         started = self.clock()
         timeout = self.round_trips.timeout(target) * self.health.multiplier
         if not await self.transport.probe(target, timeout):

@@ -36,6 +36,7 @@ class FakeTransport:
         self.alive: set[str] = set()
         self.helpers_blind: set[str] = set()
         self.helpers_mute: set[str] = set()
+        self.refusing: set[str] = set()  # their addresses refuse connections: crashed
         self.probes: list[str] = []
 
     async def probe(self, peer: str, timeout: float) -> bool:
@@ -50,6 +51,9 @@ class FakeTransport:
             await trio.sleep(timeout)
             return None
         return helper not in self.helpers_blind and target in self.alive
+
+    async def turned_away(self, peer: str) -> bool:
+        return peer in self.refusing
 
 
 class FakeNode:
@@ -229,6 +233,43 @@ def test_a_lost_neighbour_is_suspected_when_its_contact_window_runs_out():
     assert run_round(lost=True, heard_at=2.5)[0] == "silent"  # it spoke meanwhile
     outcome, at = run_round(lost=False, heard_at=None)
     assert outcome == "silent" and at == pytest.approx(2.2)
+
+
+def test_a_lost_neighbour_that_refuses_connections_is_suspected_at_once():
+    """Its connection dropped and a new one is refused at every address: nothing listens
+    there, so the round does not wait for its contact window (heard from 0.5 s ago). A
+    lost neighbour that was merely silent (frozen, partitioned) still gets the window,
+    and so does a connected one whatever its dials say."""
+
+    def run_round(lost: bool, refusing: bool) -> tuple[str, float, str, list[str]]:
+        d = Detector(["a", "b"])
+        d.transport.alive = {"b"}
+        d.transport.helpers_blind = {"b"}
+        if refusing:
+            d.transport.refusing = {"a"}
+
+        async def go() -> tuple[str, float]:
+            d.members.sync(d.node.records(), 1, trio.current_time())
+            d.watch.observe({"a", "b"}, {"a", "b"}, {"a", "b"}, trio.current_time())
+            await trio.sleep(0.5)
+            d.table.heard_from("a", trio.current_time())
+            if lost:
+                d.node.links = {"b"}
+                d.watch.observe({"b"}, {"a", "b"}, {"a", "b"}, trio.current_time())
+            return await d.prober.round("a"), trio.current_time()
+
+        outcome, at = trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0))
+        suspected = [e["detail"] for e in d.events.events if e["event"] == "suspected"]
+        return outcome, at, suspected[0] if suspected else "", d.transport.probes
+
+    outcome, at, why, probes = run_round(lost=True, refusing=True)
+    # No libp2p dial waited out: the refusal answers the direct probe at once.
+    assert outcome == "suspected" and at == pytest.approx(0.5, abs=0.01)
+    assert "refused" in why and probes == []
+    outcome, at, _, probes = run_round(lost=True, refusing=False)
+    assert probes == ["a"]
+    assert outcome == "silent" and at == pytest.approx(1.5, abs=0.01)  # heard 1 s ago
+    assert run_round(lost=False, refusing=True)[0] == "silent"  # connected: not asked
 
 
 def test_a_lagging_node_accuses_nobody_and_evicts_nobody():

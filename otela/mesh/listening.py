@@ -1,0 +1,63 @@
+"""Whether anything still listens at a peer's addresses: a TCP connect, no libp2p.
+
+A peer whose every direct address refuses a TCP connection (RST to our SYN) has its host
+up and no process listening: a crashed or killed daemon. A slow, frozen or partitioned
+peer never refuses; its connects are accepted by its kernel or time out. The failure
+detector asks this of a neighbour whose connection just dropped and whose probes failed
+(``otela.liveness.prober``), so that a crash is suspected without first waiting out the
+recent-contact window meant for slow peers.
+
+A plain connect, not a libp2p dial: py-libp2p retries a refused dial with backoff
+(~0.7 s) and then blocks the peer in a negative cache, and a cancelled dial reports
+nothing; a connect answers in one round trip, and a live listener just sees a connection
+that closes before the handshake.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable
+
+import multiaddr
+import trio
+
+CONNECT_TIMEOUT_S = 0.5
+
+
+def direct_tcp_addresses(addrs: Iterable[multiaddr.Multiaddr]) -> list[tuple[str, int]]:
+    """The (host, port) of each plain TCP address (relayed and other transports left out)."""
+    found = []
+    for addr in addrs:
+        names = [p.name for p in addr.protocols()]
+        if len(names) < 2 or names[0] not in ("ip4", "ip6") or names[1] != "tcp" or any(
+                name not in ("ip4", "ip6", "tcp", "p2p") for name in names):
+            continue
+        found.append((addr.value_for_protocol(names[0]), int(addr.value_for_protocol("tcp"))))
+    return found
+
+
+async def nothing_listens(addresses: list[tuple[str, int]],
+                          timeout: float = CONNECT_TIMEOUT_S) -> bool:
+    """True only if there is at least one address and every one refused a connection."""
+    if not addresses:
+        return False
+    for host, port in addresses:
+        if not await _refused(host, port, timeout):
+            return False
+    return True
+
+
+async def _refused(host: str, port: int, timeout: float) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    try:
+        with trio.move_on_after(timeout):
+            await sock.connect((host, port))
+            return False  # something accepted it
+        return False  # no answer: maybe there, maybe cut off
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False  # unreachable, no route: says nothing about the process
+    finally:
+        sock.close()
