@@ -50,6 +50,7 @@ from otela.steady_load import (
 from tests.integration.netns import Lan, ensure_iptables
 
 MODEL = "echo-chaos"
+EVENT_ENDED = "_event_ended_at"  # set by an event that takes a moment (the kill)
 
 
 def start(fed: LocalFederation, args: argparse.Namespace, lan: Lan | None = None
@@ -97,12 +98,14 @@ def run_scenario(name: str, args: argparse.Namespace, root: Path) -> dict[str, o
             return event_at
 
         event_at = trio.run(main)
-        after = [o for o in load.outcomes if o.sent_at >= event_at]
+        ended_at = float(extra.pop(EVENT_ENDED, event_at))  # type: ignore[arg-type]
+        after = [o for o in load.outcomes if o.sent_at >= ended_at]
         # Sent before the event: those still running at it are counted apart (a request in
         # flight on a node that dies may fail; one that ended before it says the federation
         # was healthy before anything happened).
         before = [o for o in load.outcomes if o.sent_at + o.latency < event_at]
-        in_flight = [o for o in load.outcomes if o.sent_at < event_at <= o.sent_at + o.latency]
+        in_flight = [o for o in load.outcomes
+                     if o.sent_at < ended_at and event_at <= o.sent_at + o.latency]
         for message, count in load.messages.most_common(8):
             print(f"  {count} x {message}", file=sys.stderr)
         return summarize(name, event_at, before, in_flight, after, extra)
@@ -113,9 +116,12 @@ def event(name: str, fed: LocalFederation, lan: Lan | None, boot: LocalNode, ing
           ) -> Callable[[], None]:
     def kill() -> None:
         victims = serving[: len(serving) // 2]
+        pids = [pid for node in victims for pid in machine_pids(node)]
         started = time.monotonic()
-        for node in victims:
-            signal_machine(machine_pids(node), signal.SIGKILL)
+        signal_machine(pids, signal.SIGKILL)
+        # The kill is a window: requests sent before its last signal may be running on a
+        # node being killed.
+        extra[EVENT_ENDED] = time.monotonic()
         gone = {n.session_id for n in victims}
         wait_for(lambda: not any(ingress.states().get(s) == "SERVING" for s in gone), 120,
                  "the ingress to stop listing the killed nodes", interval=0.25)
