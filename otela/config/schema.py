@@ -322,7 +322,8 @@ class NodeConfig:
         help="A node (or engine) that does not accept a connection within this time did "
         "not get the request: another node is tried, and this ingress stops routing to "
         "it for a while (ejection). The last node a request may try gets this long; "
-        "earlier ones get --failover-connect-timeout.")
+        "earlier ones get --failover-connect-timeout. Connections nobody answers use up "
+        "none of --route-attempts until a request has spent this long routing.")
     failover_connect_timeout: float = setting(
         "http", 1.0, parse=v.as_duration, example="0.5s", metavar="DURATION",
         help="While another node could still take a request, a node that has not accepted "
@@ -349,8 +350,9 @@ class NodeConfig:
         help="Nodes tried for one request, when the earlier ones provably did not take it "
         "(not serving, no answer to the connection attempt). Nodes that refuse the "
         "connection outright (down), or do not know this node's session yet (asked again "
-        "later), do not use up an attempt. A request an engine may have started is never "
-        "sent again.")
+        "later), do not use up an attempt, nor do connections nobody answers until the "
+        "request has spent --connect-timeout routing. A request an engine may have started "
+        "is never sent again.")
     retry_broken: bool = setting(
         "routing", False, parse=v.as_bool, example="true",
         help="Also send a non-streaming request to another node when its node broke the "

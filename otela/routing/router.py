@@ -76,6 +76,9 @@ class RoutingSettings:
     affinity_balance: float = 2.0
     retry_broken: bool = False  # re-send a non-streaming request whose node broke off
     failover_connect_timeout: float = 1.0  # a connection attempt while others remain
+    # Time a request may spend on connections nobody answers before they use up attempts
+    # (--connect-timeout): nothing was sent, so only the client's wait bounds them.
+    unanswered_budget: float = 5.0
 
 
 def routing_settings(config: NodeConfig) -> RoutingSettings:
@@ -88,7 +91,8 @@ def routing_settings(config: NodeConfig) -> RoutingSettings:
         eject_max_time=config.eject_max_time, eject_max_share=config.eject_max_share,
         load_ttl=max(15.0, 3 * config.load_interval),
         affinity_balance=config.affinity_balance, retry_broken=config.retry_broken,
-        failover_connect_timeout=config.failover_connect_timeout)
+        failover_connect_timeout=config.failover_connect_timeout,
+        unanswered_budget=config.connect_timeout)
 
 
 @dataclass
@@ -141,6 +145,12 @@ class Miss(enum.Enum):
     # (right after a partition heals, every rejoined node may decline for a moment while
     # the nodes that never left could serve).
     ASK_AGAIN = "ask again later"
+    # Nobody answered the connection attempt (the host is down or cut off): nothing was
+    # sent, so it uses up no attempt while the request has spent less than
+    # ``unanswered_budget`` routing. In the first second of a partition, before anyone
+    # suspects the cut-off nodes, a request could draw three of them and fail while half
+    # the federation served.
+    UNANSWERED = "connection not answered"
 
 
 class Router:
@@ -209,12 +219,14 @@ class Router:
         attempts = 0  # nodes asked
         # Of those, the ones that use up --route-attempts: a refused connection (nothing
         # listens) or a node that does not know our session yet (it just rejoined, or we
-        # did) answered at once and says nothing against the others; each candidate is
+        # did) answered at once and says nothing against the others, and a connection
+        # nobody answered sent nothing (within ``unanswered_budget``); each candidate is
         # still asked at most once per round, so the loop is bounded.
         counted = 0
         rounds = 0  # times the declined were asked again
         declines = 0  # answers that did not know our session yet, for the 502's message
         resend = self.settings.retry_broken and not ask.stream
+        began = now
         while counted < self.settings.max_attempts:
             remaining = [r for r in nodes if r.session_id not in tried] if tried else nodes
             if not remaining and declined and rounds < ASK_AGAIN_ROUNDS:
@@ -240,7 +252,9 @@ class Router:
                                          ask.body, attempts, resend, connect_timeout)
             if isinstance(result, Routed):
                 return result
-            if result is not Miss.NEXT:
+            if result is not Miss.NEXT and (
+                    result is not Miss.UNANSWERED
+                    or self.clock() - began < self.settings.unanswered_budget):
                 counted -= 1
             if result is Miss.ASK_AGAIN:
                 declines += 1
@@ -284,7 +298,9 @@ class Router:
                         session, exc)
             if exc.refused:
                 return Miss.REFUSED
-            return Miss.ASK_AGAIN if exc.blameless else Miss.NEXT
+            if exc.blameless:
+                return Miss.ASK_AGAIN
+            return Miss.UNANSWERED if exc.unreachable else Miss.NEXT
         except UpstreamTimeout:
             self._failed(node, candidate, policy, pick, FAILED)
             raise RequestError(

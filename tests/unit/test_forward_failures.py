@@ -4,10 +4,11 @@ that provably never reached an engine is retried elsewhere; everything else is a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -135,7 +136,8 @@ async def route_through(behaviours: list[Behaviour | int | None], timeout: float
                               hop_signer=None, p2p=None)
         router = Router(registry, upstreams,
                         RoutingSettings(policy="random", first_byte_timeout=timeout,
-                                        retry_broken=retry_broken, **settings),
+                                        retry_broken=retry_broken,
+                                        unanswered_budget=connect_timeout, **settings),
                         rng=FirstChoice())
         started = trio.current_time()
         try:
@@ -241,20 +243,41 @@ def test_nodes_that_do_not_know_us_yet_do_not_use_up_the_attempts():
     assert status == 200 and hits == [1, 1, 1, 1]
 
 
-def test_a_connection_nobody_answers_gives_way_to_the_next_node_early():
-    # A listener whose accept queue is full drops connection requests: the attempt gets
-    # no answer, as with a host that is down or cut off.
-    with socket.socket() as full:
-        full.bind(("127.0.0.1", 0))
-        full.listen(0)
-        fillers = [socket.create_connection(full.getsockname(), timeout=1)]
-        with pytest.raises(OSError):  # the queue (one connection) is full
-            socket.create_connection(full.getsockname(), timeout=0.5).close()
+@contextlib.contextmanager
+def unanswering_ports(count: int) -> Iterator[list[int]]:
+    """Ports whose listener's accept queue is full: it drops connection requests, so an
+    attempt gets no answer, as with a host that is down or cut off."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            full = stack.enter_context(socket.socket())
+            full.bind(("127.0.0.1", 0))
+            full.listen(0)
+            stack.enter_context(socket.create_connection(full.getsockname(), timeout=1))
+            with pytest.raises(OSError):  # the queue (one connection) is full
+                socket.create_connection(full.getsockname(), timeout=0.5).close()
+            ports.append(full.getsockname()[1])
+        yield ports
 
-        trip = trio.run(partial(route_through, [full.getsockname()[1], answers],
+
+def test_a_connection_nobody_answers_gives_way_to_the_next_node_early():
+    with unanswering_ports(1) as ports:
+        trip = trio.run(partial(route_through, [*ports, answers],
                                 connect_timeout=30.0, failover_connect_timeout=0.3))
-        for sock in fillers:
-            sock.close()
     assert trip.status == 200 and trip.hits == [0, 1]
     assert trip.took < 5.0  # given up after 0.3 s, not the 30 s connect timeout
     assert trip.ejected == 1  # and out of routing at once, as a refused one would be
+
+
+def test_connections_nobody_answers_use_up_no_attempts_within_the_connect_timeout():
+    # The first second of a partition: three cut-off nodes come first (--route-attempts
+    # is 3), nobody suspects them yet, and a node on this side still serves.
+    with unanswering_ports(3) as ports:
+        trip = trio.run(partial(route_through, [*ports, answers],
+                                connect_timeout=5.0, failover_connect_timeout=0.3))
+    assert trip.status == 200 and trip.hits == [0, 0, 0, 1]
+    # Past --connect-timeout of routing they count again: the wait stays bounded.
+    with unanswering_ports(4) as ports:
+        trip = trio.run(partial(route_through, [*ports, answers],
+                                connect_timeout=0.5, failover_connect_timeout=0.3))
+    assert trip.status == 502 and trip.hits == [0, 0, 0, 0, 0]
