@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -198,6 +199,10 @@ def wait_for(
     raise FederationError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 class LocalFederation:
     """Nodes under one temporary directory; ``close()`` stops them all."""
 
@@ -226,10 +231,22 @@ class LocalFederation:
             self.wait_started(node, node.home / "status.json", timeout)
 
     def __enter__(self) -> LocalFederation:
+        # A SIGTERM (``timeout``, a job scheduler, ``kill``) ends Python without unwinding,
+        # and every node would outlive the script: turned into SystemExit, it runs
+        # ``__exit__`` and stops them. Only where nobody handles SIGTERM yet, and only from
+        # the main thread (where Python runs signal handlers).
+        self._previous_sigterm: Any = None
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            if self._previous_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._previous_sigterm)
 
     def start_node(
         self,
