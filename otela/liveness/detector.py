@@ -41,7 +41,7 @@ from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable
 from otela.liveness.watch import NeighbourWatch
 from otela.mesh.connections import OnConnected
-from otela.mesh.listening import direct_tcp_addresses, nothing_listens
+from otela.mesh.listening import nothing_listens_at
 from otela.mesh.quota import SWIM_STREAMS, set_capped_handler
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.replication import LocalReplica
@@ -72,7 +72,7 @@ class _SwimTransport:
 
     async def turned_away(self, peer: str) -> bool:
         addrs = self.host.get_peerstore().addrs(ID.from_base58(peer))
-        return await nothing_listens(direct_tcp_addresses(addrs))
+        return await nothing_listens_at(addrs)
 
 
 class _NodeMembership:

@@ -7,7 +7,7 @@ robin over its connected ones). The peer is suspected only if all three paths fa
 3. nothing was heard from it within ``stale_window``: no probe or ack, no anti-entropy, no
    gossip it published *or forwarded* to us (a busy peer on an overloaded machine answers
    probes late but keeps forwarding gossip: it is slow, not dead). Skipped for a lost
-   neighbour whose every address refused our dial: nothing listens there, it crashed.
+   neighbour whose every address refuses a TCP connection: nothing listens, it crashed.
 After the round, and whenever a grace period runs out or an eviction falls due between
 rounds, the loop confirms expired suspicions and signs the evictions that are due
 (``table.py``), unless our own event loop lags (``health.py``); the eviction brake's
@@ -123,7 +123,7 @@ class Prober:
         self.clock = clock
         self.stats = stats
         self.appeared: set[str] = set()  # peers that connected since the last round
-        self.turned_away: set[str] = set()  # peers whose last ping found nothing listening
+        self.refusing: set[str] = set()  # peers whose last ping found nothing listening
         self.braking = False  # mirrors ``table.braking()`` to log its changes
 
     async def run(self) -> None:
@@ -228,7 +228,7 @@ class Prober:
         # The recent-contact window is there for peers that are slow, and a slow peer never
         # refuses, so it is not waited out (it had added up to 3 s to every crash's
         # detection).
-        gone = target in self.watch.lost and target in self.turned_away
+        gone = target in self.watch.lost and target in self.refusing
         if not gone and self.table.heard_recently(target, self.clock(), window) and not (
                 await self._quiet_by_next_round(target, window)):
             return "silent"
@@ -270,9 +270,9 @@ class Prober:
         A peer we hold no connection to is first checked for a listener: if every address
         refuses, the probe fails at once (a libp2p dial would retry for ~0.7 s first)."""
         if target not in self.node.connected() and await self.transport.turned_away(target):
-            self.turned_away.add(target)
+            self.refusing.add(target)
             return False
-        self.turned_away.discard(target)
+        self.refusing.discard(target)
         started = self.clock()
         timeout = self.round_trips.timeout(target) * self.health.multiplier
         if not await self.transport.probe(target, timeout):

@@ -36,6 +36,11 @@ def direct_tcp_addresses(addrs: Iterable[multiaddr.Multiaddr]) -> list[tuple[str
     return found
 
 
+async def nothing_listens_at(addrs: Iterable[multiaddr.Multiaddr]) -> bool:
+    """``nothing_listens`` at a peer's multiaddrs (its plain TCP ones)."""
+    return await nothing_listens(direct_tcp_addresses(addrs))
+
+
 async def nothing_listens(addresses: list[tuple[str, int]],
                           timeout: float = CONNECT_TIMEOUT_S) -> bool:
     """True only if there is at least one address and every one refused a connection."""
@@ -53,8 +58,7 @@ async def _refused(host: str, port: int, timeout: float) -> bool:
     try:
         with trio.move_on_after(timeout):
             await sock.connect((host, port))
-            return False  # something accepted it
-        return False  # no answer: maybe there, maybe cut off
+        return False  # accepted, or no answer (maybe there, maybe cut off)
     except ConnectionRefusedError:
         return True
     except OSError:

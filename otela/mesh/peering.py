@@ -32,7 +32,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
 from otela.mesh.bootstrap import dial
-from otela.mesh.listening import direct_tcp_addresses, nothing_listens
+from otela.mesh.listening import nothing_listens_at
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.store import Registry
 
@@ -121,7 +121,7 @@ class Peering:
             if not evicted:
                 continue
             peer_id, addrs = self.rng.choice(evicted)
-            if await nothing_listens(direct_tcp_addresses(addrs)):
+            if await nothing_listens_at(addrs):
                 continue
             await self._dial(peer_id, addrs)
             if peer_id in self.host.get_connected_peers():
