@@ -91,8 +91,9 @@ def test_expired_certificates_drop_out_and_revocations_gossip(federation, tmp_pa
         watcher = authority.start(federation, "watcher", bootstrap=[boot])
         revoked = authority.start(federation, "revoked", bootstrap=[boot])
     wait_for(lambda: len(sessions(watcher)) == 3, CONVERGE_S, "three members to join")
-    # Enrolled last, so its 10 s certificate cannot expire while the others start up.
-    short = authority.start(federation, "short", bootstrap=[boot], ttl=10.0)
+    # Enrolled last, so its certificate cannot expire while the others start up. Its 25 s
+    # cover a start and a join slowed by a busy machine (10 s did not, beside another worker).
+    short = authority.start(federation, "short", bootstrap=[boot], ttl=25.0)
     everyone = {n.session_id for n in (boot, watcher, short, revoked)}
     wait_for(lambda: sessions(watcher) == everyone, CONVERGE_S, "all four to join")
 
@@ -108,7 +109,7 @@ def test_expired_certificates_drop_out_and_revocations_gossip(federation, tmp_pa
     )
     wait_for(lambda: revoked.session_id not in sessions(watcher), CONVERGE_S,
              "the watcher to drop the revoked node")
-    wait_for(lambda: short.session_id not in sessions(watcher), 30.0,
+    wait_for(lambda: short.session_id not in sessions(watcher), 45.0,
              "the watcher to drop the node whose certificate expired")
     assert sessions(watcher) == {boot.session_id, watcher.session_id}
 
