@@ -41,14 +41,19 @@ SERVING_NODES = [  # (name, provider, model)
 
 def run_demo(requests_per_model: int = 6, timeout: float = 60.0) -> int:
     console = make_console()
-    with tempfile.TemporaryDirectory(prefix="otela-demo-") as tmp:
-        federation = LocalFederation(Path(tmp))
+    # Entered, the federation turns a SIGTERM (``timeout``, ``kill``, a job scheduler) into
+    # SystemExit, so the ``finally`` below stops the nodes instead of leaving them running.
+    with tempfile.TemporaryDirectory(prefix="otela-demo-") as tmp, \
+            LocalFederation(Path(tmp)) as federation:
         try:
             _run(console, federation, requests_per_model, timeout)
             return 0
         except KeyboardInterrupt:
             console.print("[yellow]interrupted: shutting the federation down[/]")
             return 130
+        except SystemExit:
+            console.print("[yellow]terminated: shutting the federation down[/]")
+            raise
         except FederationError as exc:
             console.print(f"[red]demo failed:[/] {exc}")
             for node in federation.nodes:

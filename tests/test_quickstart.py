@@ -70,7 +70,8 @@ def test_demo_runs_a_federation_and_shuts_it_down():
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_demo_and_every_node_cleanly(tmp_path):
+@pytest.mark.parametrize(("how", "code"), [("ctrl-c", 130), ("kill", 128 + 15)])
+def test_ctrl_c_or_kill_stops_the_demo_and_every_node_cleanly(tmp_path, how, code):
     import signal
     import time
 
@@ -86,7 +87,10 @@ def test_ctrl_c_stops_the_demo_and_every_node_cleanly(tmp_path):
         output.append(line)
         if "-> node-" in line:
             break
-    os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    if how == "ctrl-c":
+        os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    else:
+        demo.send_signal(signal.SIGTERM)  # `kill PID`, `timeout`: the demo process alone
     try:
         # Each node gets 20 s to stop before the demo kills it (a non-zero exit code,
         # asserted below); they stop side by side, so this is ample even on a busy machine.
@@ -95,9 +99,9 @@ def test_ctrl_c_stops_the_demo_and_every_node_cleanly(tmp_path):
         logs = {str(log.relative_to(tmp_path)): log.read_text(errors="replace")[-3000:]
                 for log in tmp_path.glob("otela-demo-*/**/node.log")}
         os.killpg(demo.pid, signal.SIGKILL)
-        pytest.fail(f"the demo did not end within 90 s of Ctrl-C; node logs: {logs}")
+        pytest.fail(f"the demo did not end within 90 s of {how}; node logs: {logs}")
     text = "".join(output) + rest
-    assert demo.returncode == 130, text
+    assert demo.returncode == code, text
     assert re.search(r"exit codes \{'node-c': 0, 'node-b': 0, 'node-a': 0, 'ingress': 0\}",
                      text), text  # on one line: piped output is never wrapped
     deadline = time.monotonic() + 10
