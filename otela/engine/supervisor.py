@@ -19,6 +19,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import trio
@@ -29,6 +30,7 @@ from otela.engine.health import watch_health
 from otela.engine.logs import FatalPatterns, RotatingLog, copy_to_sink, pump_output
 from otela.engine.metadata import command_metadata, enrich, probe_engine_details
 from otela.engine.process import EngineFailed, EngineProcess, wait_ready
+from otela.mesh.listening import accepts_connections
 from otela.registry.records import ModelInfo
 
 log = logging.getLogger("otela.engine")
@@ -104,6 +106,7 @@ class Supervisor:
         config = self.config
         self._log = RotatingLog(config.engine_log, config.log_max_bytes, config.log_backups)
         self._log.write(f"--- otela: launching {' '.join(self.command.argv)}\n".encode())
+        await refuse_taken_port(self.command.url)
         await self.process.start(env=dict(os.environ))
         assert self.process.output is not None
         self._output_done = trio.Event()
@@ -155,3 +158,22 @@ class Supervisor:
         except OSError as exc:
             log.error("could not copy logs to %s: %s", sink, exc)
             return None
+
+
+async def refuse_taken_port(url: str) -> None:
+    """Fail if some process already listens where the engine is to listen.
+
+    Readiness and health are asked over HTTP at that address, so another server there (a
+    second node's engine on the same ``--port``, a leftover engine) would answer for an
+    engine that in fact failed to bind, and the node would announce a model it cannot
+    serve. A connect that is refused or unanswered does not block the launch.
+    """
+    parts = urlsplit(url)
+    host, port = parts.hostname, parts.port
+    if host is None or port is None:
+        return
+    if await accepts_connections(host, port):
+        raise EngineFailed(
+            f"something already listens at {url} (port {port}): another engine or service "
+            f"holds the port this engine is to use; stop it or give the engine another --port"
+        )

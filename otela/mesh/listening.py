@@ -52,16 +52,28 @@ async def nothing_listens(addresses: list[tuple[str, int]],
     return True
 
 
+async def accepts_connections(host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> bool:
+    """True only if a TCP connect to ``host:port`` completed: some process listens there."""
+    return await _connect(host, port, timeout) == "accepted"
+
+
 async def _refused(host: str, port: int, timeout: float) -> bool:
+    return await _connect(host, port, timeout) == "refused"
+
+
+async def _connect(host: str, port: int, timeout: float) -> str:
+    """``accepted``, ``refused`` (the host is up, nothing listens) or ``unknown`` (no
+    answer in time, no route: maybe there, maybe cut off)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = trio.socket.socket(family, socket.SOCK_STREAM)
     try:
         with trio.move_on_after(timeout):
             await sock.connect((host, port))
-        return False  # accepted, or no answer (maybe there, maybe cut off)
+            return "accepted"
+        return "unknown"
     except ConnectionRefusedError:
-        return True
+        return "refused"
     except OSError:
-        return False  # unreachable, no route: says nothing about the process
+        return "unknown"
     finally:
         sock.close()

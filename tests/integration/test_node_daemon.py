@@ -158,6 +158,28 @@ def test_fronting_an_already_running_engine_by_url(federation, tmp_path):
         engine.wait(10)
 
 
+def test_an_engine_port_held_by_another_server_is_fail_stop_not_a_false_serving(federation):
+    # Another server already answers /v1/models and /health on the port: readiness asked
+    # over HTTP would take it for the launched engine (which cannot bind) and announce it.
+    port = free_port()
+    argv = [sys.executable, "-m", "otela.engine.demo.echo", "--port", str(port),
+            "--model", "squatter"]
+    squatter = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False)
+                 .status_code == 200, 20, "the other server")
+        ingress = federation.start_node("ingress", ingress=True)
+        server = federation.start_node("server", bootstrap=[ingress],
+                                       process=echo_engine_command(port, ["mine"]))
+        assert server.process.wait(timeout=30) == 3
+        assert f"something already listens at http://127.0.0.1:{port}" in server.log_tail(40)
+        assert "SERVING" not in ingress.states().values()
+        assert squatter.poll() is None  # left alone
+    finally:
+        squatter.terminate()
+        squatter.wait(10)
+
+
 def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
            config: str | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("OTELA_")}

@@ -7,7 +7,7 @@ import socket
 import multiaddr
 import trio
 
-from otela.mesh.listening import direct_tcp_addresses, nothing_listens
+from otela.mesh.listening import accepts_connections, direct_tcp_addresses, nothing_listens
 
 PEER = "12D3KooWJE9nLNFixEDUrz7A8afy1fdg9NNjVEGigG9nEBFg9Yhr"
 
@@ -41,3 +41,11 @@ def test_one_listener_or_no_address_means_it_may_be_there() -> None:
         assert not trio.run(nothing_listens, [("127.0.0.1", closed_port()), live])
     assert not trio.run(nothing_listens, [])
 
+
+
+def test_accepts_connections_only_where_a_process_listens() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        assert trio.run(accepts_connections, "127.0.0.1", int(listener.getsockname()[1]))
+    assert not trio.run(accepts_connections, "127.0.0.1", closed_port())
