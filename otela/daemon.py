@@ -269,7 +269,8 @@ class Node:
         return self.inflight.count + (self.workers.in_flight() if self.workers else 0)
 
     def data_path_totals(self) -> dict[str, int]:
-        totals = {"retries": self.router.retries, "connects": self.pool.connects,
+        totals = {"retries": self.router.retries, "resent": self.router.resent,
+                  "abandoned": self.router.watch.abandoned, "connects": self.pool.connects,
                   "connect_failures": self.pool.connect_failures}
         if self.workers is not None:
             for key in totals:
@@ -397,6 +398,7 @@ class Node:
                 self._nursery = nursery
                 nursery.start_soon(self._watch_signals)
                 nursery.start_soon(self._sweep_pool)
+                nursery.start_soon(self.router.watch_failures)
                 nursery.start_soon(self.lag.run)
                 if self.access_log is not None:
                     await nursery.start(self.access_log.run)

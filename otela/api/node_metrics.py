@@ -23,7 +23,8 @@ class NodeParts(Protocol):
     def in_flight(self) -> int: ...
 
     def data_path_totals(self) -> dict[str, int]:
-        """``retries``, ``connects``, ``connect_failures``, over every data-path process."""
+        """``retries``, ``resent``, ``abandoned``, ``connects``, ``connect_failures``, over
+        every data-path process."""
         ...
 
     def worker_metric_states(self) -> list[dict[str, Any]]:
@@ -53,6 +54,10 @@ def install(metrics: Registry, node: NodeParts) -> Histogram:
     in_flight = metrics.gauge("otela_requests_in_flight", "Requests being relayed now.")
     retries = metrics.counter("otela_retries_total", "Requests sent to another node after "
                               "one did not take them (never after delivery).")
+    resent = metrics.counter("otela_resent_total", "Requests sent to another node after "
+                             "the one they reached broke off, or failed while they waited "
+                             "for its answer (--retry-broken: each may have run twice).",
+                             ("reason",))
     connects = metrics.counter("otela_upstream_connections_opened_total",
                                "Connections opened to engines and other nodes.")
     failures = metrics.counter("otela_upstream_connect_failures_total",
@@ -88,6 +93,8 @@ def install(metrics: Registry, node: NodeParts) -> Histogram:
         in_flight.set(value=node.in_flight())
         totals = node.data_path_totals()
         retries.set(value=totals["retries"])
+        resent.set("broke_off", value=totals["resent"] - totals["abandoned"])
+        resent.set("node_failed", value=totals["abandoned"])
         connects.set(value=totals["connects"])
         failures.set(value=totals["connect_failures"])
         states = Counter(record.state.name for record in node.registry)

@@ -356,9 +356,10 @@ class NodeConfig:
     retry_broken: bool = setting(
         "routing", False, parse=v.as_bool, example="true",
         help="Also send a non-streaming request to another node when its node broke the "
-        "connection before answering (it died, most likely). Clients then see no error "
-        "while another node serves the model, but a request may run twice. Streams never "
-        "are.")
+        "connection before answering (it died, most likely), or was suspected by the "
+        "failure detector while the request waited (it froze, or was cut off). Clients then "
+        "see no error and no long wait while another node serves the model, but a request "
+        "may run twice. Streams never are.")
     affinity_prefix: int = setting(
         "routing", 512, parse=v.as_positive_int, example="2048", metavar="CHARS",
         help="prefix_affinity: how many leading characters of the prompt form a request's "

@@ -9,7 +9,9 @@ delivery is a 502 (``upstream_failed``), silence past the first-byte timeout a 5
 (``upstream_timeout``). With ``retry_broken`` (``--retry-broken``) the operator accepts
 that a non-streaming request may run twice: one whose node broke the connection before
 answering (it died, most likely, and its work with it) is then sent to another node too,
-so that clients see no error while any other node serves the model. Streams never are.
+so that clients see no error while any other node serves the model; a request waiting for
+the first byte of a node that the failure detector then suspects (it froze, or is cut off)
+is given up there and sent on too (``abandon``). Streams never are.
 Connection failures, 5xx answers and timeouts count towards the node's ejection
 (``ejection``); 4xx answers are the client's business and do not.
 A node that declined only because it does not know this ingress as a member yet (a 403
@@ -42,6 +44,7 @@ from otela.dataplane.headers import Headers
 from otela.dataplane.upstream import Reply, Upstreams
 from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
+from otela.routing.abandon import FailedWhileWaiting, NodeWatch, failed_sessions, unless_failed
 from otela.routing.ask import Ask
 from otela.routing.candidates import eligible
 from otela.routing.ejection import Ejections
@@ -186,6 +189,14 @@ class Router:
         # by the control process (a worker sets it; ours are in it, a moment late).
         self.shared_busy: Mapping[str, int] = {}
         self.own_load = own_load  # our own engine's, when we serve (no hop: no header)
+        # With --retry-broken: requests waiting on a node, given up there if it fails.
+        self.watch = NodeWatch()
+
+    async def watch_failures(self) -> None:
+        """Give up waiting on nodes that fail (``--retry-broken``); run as one task. It
+        polls only while a request waits on a node."""
+        await self.watch.run(
+            lambda sessions: failed_sessions(sessions, self.registry, self.suspected()))
 
     def base_trust(self, key_trust: frozenset[str] | None = None) -> TrustSet:
         """The trust set before the request's own statement: the ingress default,
@@ -289,8 +300,21 @@ class Router:
         self.busy[session] += 1
         self.loads.sent(session)
         try:
-            reply = await self.upstreams.send(node, path, body, headers,
-                                              self.first_byte_timeout, connect_timeout)
+            if resend:  # a node that fails while we wait is given up, and another asked
+                with self.watch.waiting_on(session) as failed:
+                    reply = await unless_failed(failed, lambda: self.upstreams.send(
+                        node, path, body, headers, self.first_byte_timeout, connect_timeout))
+            else:
+                reply = await self.upstreams.send(node, path, body, headers,
+                                                  self.first_byte_timeout, connect_timeout)
+        except FailedWhileWaiting:
+            self._failed(node, candidate, policy, pick, FAILED)
+            self.resent += 1
+            self.watch.abandoned += 1
+            log.warning("node %s failed (suspected or no longer serving) while a request "
+                        "waited for its answer; sending it to another node (--retry-broken)",
+                        session)
+            return Miss.NEXT
         except NotDelivered as exc:
             self._failed(node, candidate, policy, pick, NOT_DELIVERED, exc.unreachable,
                          counts=not exc.blameless)

@@ -186,6 +186,7 @@ class Worker:
             await nursery.start(self.server.run, self.config.listen_host, self.port)
             nursery.start_soon(self._report)
             nursery.start_soon(self._sweep)
+            nursery.start_soon(self.router.watch_failures)
             try:
                 while True:
                     message = await self.channel.receive()
@@ -223,7 +224,8 @@ class Worker:
                 "engine_in_flight": self.load.in_flight,
                 "ejections": self.router.ejections.total,
                 "ejected": self.router.ejections.report(trio.current_time()),
-                "retries": self.router.retries, "connects": self.pool.connects,
+                "retries": self.router.retries, "resent": self.router.resent,
+                "abandoned": self.router.watch.abandoned, "connects": self.pool.connects,
                 "connect_failures": self.pool.connect_failures,
                 "metrics": self.metrics.state(), "traces": traces})
 

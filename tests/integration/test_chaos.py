@@ -15,11 +15,13 @@ What a client relies on, checked for every request sent:
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections import Counter
 from collections.abc import Callable
 
+import httpx
 import pytest
 import trio
 
@@ -123,3 +125,46 @@ def test_clients_see_no_errors_through_restart_freeze_and_kill(
         report(load, at_kill)
     # No node stays out: the survivors and the thawed nodes all serve.
     assert {n.status["peer_id"] for n in nodes[:3]} <= serving_peers(ingress)
+
+
+def test_with_retry_broken_requests_on_a_frozen_node_go_elsewhere_without_waiting(
+    federation: LocalFederation,
+) -> None:
+    # A node frozen (SIGSTOP) after taking requests: its kernel keeps the connections, so
+    # without --retry-broken they wait until it thaws. With it, once the failure detector
+    # suspects the node they are sent to the other one.
+    _, ingress, nodes = start_behind_ingress(
+        federation, MODEL, 2, free_port(), engine_args=["--request-delay", "0.5"],
+        ingress_args=["--retry-broken"], settle_s=SETTLE_S)
+    frozen = machine_pids(nodes[0])
+    latencies: list[float] = []
+    statuses: list[int] = []
+
+    async def one(client: httpx.AsyncClient) -> None:
+        began = time.monotonic()
+        response = await client.post(
+            f"{ingress.http_url}/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        statuses.append(response.status_code)
+        latencies.append(time.monotonic() - began)
+
+    async def burst() -> None:
+        # Six at once, each engine busy 0.5 s per request: a load-aware pick sends some to
+        # each node, the frozen one included.
+        async with httpx.AsyncClient(timeout=90.0, trust_env=False) as client, \
+                trio.open_nursery() as nursery:
+            for _ in range(6):
+                nursery.start_soon(one, client)
+
+    signal_machine(frozen, signal.SIGSTOP)
+    try:
+        trio.run(burst)
+    finally:
+        signal_machine(frozen, signal.SIGCONT)
+    assert statuses == [200] * 6
+    # Suspecting a frozen node takes a few seconds here (up to ~15 on a loaded machine);
+    # waiting for it to thaw would have taken the whole 90 s.
+    assert max(latencies) < 45.0, latencies
+    metrics = httpx.get(f"{ingress.http_url}/metrics", trust_env=False).text
+    given_up = re.search(r'otela_resent_total\{reason="node_failed"\} (\d+)', metrics)
+    assert given_up is not None and int(given_up.group(1)) >= 1, metrics[:2000]

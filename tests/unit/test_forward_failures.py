@@ -110,9 +110,11 @@ class Trip:
 
 async def route_through(behaviours: list[Behaviour | int | None], timeout: float = 5.0,
                         retry_broken: bool = False, stream: bool = False,
-                        connect_timeout: float = 5.0, **settings: Any) -> Trip:
+                        connect_timeout: float = 5.0, suspect_first_after: float | None = None,
+                        **settings: Any) -> Trip:
     """Route one request over candidates with these behaviours (``None``: nothing listens;
-    a port number: whatever is at that port), tried in order."""
+    a port number: whatever is at that port), tried in order. ``suspect_first_after``: the
+    failure detector suspects the first candidate's node this many seconds in."""
     hits = [0] * len(behaviours)
     registry = Registry()
     async with trio.open_nursery() as nursery:
@@ -134,12 +136,21 @@ async def route_through(behaviours: list[Behaviour | int | None], timeout: float
         pool = HttpPool(connect_timeout=connect_timeout)
         upstreams = Upstreams(pool, self_session=lambda: "me", local_engine=lambda: None,
                               hop_signer=None, p2p=None)
+        started = trio.current_time()
+        first = next(r for r in registry.snapshot() if r.peer_id == "peer-node0")
+
+        def suspected() -> frozenset[str]:
+            if suspect_first_after is None or \
+                    trio.current_time() - started < suspect_first_after:
+                return frozenset()
+            return frozenset({first.peer_id})
+
         router = Router(registry, upstreams,
                         RoutingSettings(policy="random", first_byte_timeout=timeout,
                                         retry_broken=retry_broken,
                                         unanswered_budget=connect_timeout, **settings),
-                        rng=FirstChoice())
-        started = trio.current_time()
+                        rng=FirstChoice(), suspected=suspected)
+        nursery.start_soon(router.watch_failures)
         try:
             routed = await router.route("m", "/v1/chat/completions", [],
                                         Ask(ANY, body=b"{}", stream=stream))
@@ -218,6 +229,23 @@ def test_with_retry_broken_a_plain_request_goes_on_but_a_stream_never():
 def test_with_retry_broken_a_silent_node_is_still_a_504_never_resent():
     status, hits = run([never_answers, answers], timeout=0.5, retry_broken=True)
     assert status == 504 and hits == [1, 0]  # it may still be working on it
+
+
+def test_with_retry_broken_a_request_waiting_on_a_node_suspected_meanwhile_goes_on():
+    # The node froze or was cut off after it took the request: once the failure detector
+    # suspects it, the request is sent to another node instead of waiting it out.
+    trip = trio.run(partial(route_through, [never_answers, answers], timeout=30.0,
+                            retry_broken=True, suspect_first_after=0.3))
+    assert trip.status == 200 and trip.hits == [1, 1]
+    assert 0.3 <= trip.took < 5.0
+    # Without --retry-broken it may be running, so it waits (here: the first-byte timeout).
+    trip = trio.run(partial(route_through, [never_answers, answers], timeout=1.5,
+                            suspect_first_after=0.3))
+    assert trip.status == 504 and trip.hits == [1, 0]
+    # A stream is never sent twice.
+    trip = trio.run(partial(route_through, [never_answers, answers], timeout=1.5,
+                            retry_broken=True, stream=True, suspect_first_after=0.3))
+    assert trip.status == 504 and trip.hits == [1, 0]
 
 
 def test_an_upstream_that_never_answers_is_a_504_after_the_first_byte_timeout():

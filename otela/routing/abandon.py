@@ -1,0 +1,118 @@
+"""Give up on a node that fails while a request waits for its answer (``--retry-broken``).
+
+A request sent to a node that then freezes or is cut off waits for an answer that comes
+late or never: TCP neither resets nor delivers, and after a partition heals the request
+may sit in the kernel's retransmission backoff for tens of seconds more. Without
+``--retry-broken`` it must wait (it may be running, and nothing runs twice). With it the
+operator accepts that a non-streaming request may run twice, so once the failure detector
+suspects the node, or the registry no longer lists it as serving, a request still waiting
+for its first byte is given up there and sent to another node.
+
+Requests register the node they wait on; whoever holds the node's state (the daemon's
+failure detector, a data-path worker's copy of it) calls ``notice`` with the suspects, and
+the daemon polls only while someone waits, so an idle node does no work for this.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable, Collection, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+import trio
+
+from otela.registry.records import Lifecycle
+from otela.registry.store import Registry
+
+T = TypeVar("T")
+
+POLL_S = 0.5  # how often the daemon compares waiting requests with the suspects
+
+
+class FailedWhileWaiting(Exception):
+    """The node the request waited on was suspected or left serving before answering."""
+
+
+class NodeWatch:
+    """Requests waiting on each node, woken when the node is suspected or stops serving."""
+
+    def __init__(self) -> None:
+        self._failed: dict[str, trio.Event] = {}  # session id -> set once it fails
+        self._waiting: Counter[str] = Counter()
+        self.someone_waits = trio.Event()
+        self.abandoned = 0  # requests given up on a failed node (each then sent elsewhere)
+
+    @contextmanager
+    def waiting_on(self, session_id: str) -> Iterator[trio.Event]:
+        """While in the block, the returned event is set if ``session_id`` fails."""
+        event = self._failed.get(session_id)
+        if event is None or event.is_set():
+            event = self._failed[session_id] = trio.Event()
+        self._waiting[session_id] += 1
+        self.someone_waits.set()
+        try:
+            yield event
+        finally:
+            self._waiting[session_id] -= 1
+            if self._waiting[session_id] <= 0:
+                del self._waiting[session_id]
+                if self._failed.get(session_id) is event:
+                    del self._failed[session_id]
+                if not self._waiting:
+                    self.someone_waits = trio.Event()
+
+    def notice(self, failed: Collection[str]) -> None:
+        """Wake the requests waiting on any session in ``failed``."""
+        for session_id in [p for p in self._waiting if p in failed]:
+            event = self._failed.get(session_id)
+            if event is not None:
+                event.set()
+
+    def waited_on(self) -> list[str]:
+        return list(self._waiting)
+
+    async def run(self, failed: Callable[[list[str]], Collection[str]]) -> None:
+        """Poll ``failed`` (given the sessions waited on) while any request waits; never
+        otherwise."""
+        while True:
+            await self.someone_waits.wait()
+            while self._waiting:
+                self.notice(failed(self.waited_on()))
+                await trio.sleep(POLL_S)
+
+
+async def unless_failed(event: trio.Event, send: Callable[[], Awaitable[T]]) -> T:
+    """Await ``send()``; if ``event`` is set first, cancel it and raise
+    ``FailedWhileWaiting``. Its own errors are raised as they are (not in a group)."""
+    async with trio.open_nursery() as nursery:
+        async def cancel_on_failure() -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(cancel_on_failure)
+        try:
+            result = await send()
+        except BaseException as exc:  # kept out of the nursery, which would group it
+            error: BaseException | None = exc
+        else:
+            error = None
+        nursery.cancel_scope.cancel()
+    if error is None:
+        return result
+    if isinstance(error, trio.Cancelled) and event.is_set():
+        raise FailedWhileWaiting from None
+    raise error
+
+
+def failed_sessions(sessions: list[str], registry: Registry,
+                    suspected: Collection[str]) -> list[str]:
+    """Of ``sessions``, those whose node is suspected or that no longer serve (DOWN, LEFT,
+    evicted, or gone from the registry)."""
+    failed = []
+    for session_id in sessions:
+        record = registry.get(session_id)
+        if record is None or record.state is not Lifecycle.SERVING \
+                or record.peer_id in suspected:
+            failed.append(session_id)
+    return failed
