@@ -75,6 +75,14 @@ def main() -> None:
                   f"{r['oserve_layout']:40s}{r['homogeneous_layout']:16s}"
                   f"{r.get('static_layout', '-'):16s}")
         for r in rows:
+            c = r["check"]
+            if c:
+                served = ", ".join(f"{k} {v:.2f}" for k, v in c["served_rps"].items())
+                print(f"  {r['level']} search: {r['searched_layout']} planned "
+                      f"{r['searched_planned_speedup']:.3f}; serving check ({c['sample_s']:.0f} s "
+                      f"at {c['sample_rps']:.1f} req/s, served req/s): {served}: "
+                      f"launch {c['chosen']}")
+        for r in rows:
             if "oserve_run_layout" in r:
                 print(f"  {r['level']} simulated runs' layouts: OSERVE {r['oserve_run_layout']}; "
                       f"homogeneous {r['homogeneous_run_layout']}; "

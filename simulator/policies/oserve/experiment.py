@@ -37,13 +37,14 @@ OPT = {"model": "opt-30b", "scale": 0.5}
 
 def _plan(
     model: str, mix: Sequence[float], pool: Pool, layout: str, scale: float,
-    shapes: Sequence[Shape] | None = None,
+    shapes: Sequence[Shape] | None = None, policy: bool = False,
 ) -> Any:
-    """The layout the policy plans for this mix (types and rates from a 10-minute sample)."""
+    """The layout the policy plans for this mix (types and rates from a 10-minute sample),
+    or with `policy` the planned policy itself."""
     wl = scenario.workload(mix, 10.0, 600.0, seed=11, model=model, scale=scale)
     pol = OservePolicy(model, layout=layout, shapes=shapes)
     pol.start(Cluster(wl, pool), 0.0)
-    return pol.plan
+    return pol if policy else pol.plan
 
 
 def level(
@@ -57,13 +58,22 @@ def level(
     that is best on that level's mix, replanned (assignment only) on this level's mix."""
     cv, mix, paper = TABLE1[name]
     pool = Pool.uniform(gpu, gpus)
-    het = _plan(model, mix, pool, "search", scale)
+    het_pol = _plan(model, mix, pool, "search", scale, policy=True)
+    het, check = het_pol.plan, het_pol.check
     hom = _plan(model, mix, pool, "homogeneous", scale)
+    # the LP's best homogeneous layout (the serving check may launch another, for both)
+    lp_hom = check["planned_rps"][check["homogeneous"]] if check else hom.throughput
     out: dict[str, Any] = {
         "level": name, "cv": cv, "cv_check": scenario.mix_cv(mix), "paper_speedup": paper,
+        # what the search found on the profiles, before the serving check, over the LP's
+        # best homogeneous layout: what the profiles promise
+        "searched_layout": check.get("searched", het.describe()),
+        "searched_planned_speedup": check.get("searched_planned_rps", het.throughput) / lp_hom,
+        "check": check,
         "oserve_layout": het.describe(), "homogeneous_layout": hom.describe(),
-        "planned_speedup": het.throughput / hom.throughput,
+        "planned_speedup": het.throughput / lp_hom,
         "oserve_lp_rps": het.throughput, "homogeneous_lp_rps": hom.throughput,
+        "lp_homogeneous_rps": lp_hom,
     }
     static_shape: Shape | None = None
     if static_from is not None:
@@ -74,7 +84,7 @@ def level(
                    static_planned_speedup=het.throughput / fixed.throughput,
                    static_lp_rps=fixed.throughput)
     if duration_s > 0:
-        rate = load * hom.throughput
+        rate = load * lp_hom
         wl = scenario.workload(mix, rate, duration_s, seed=seed, model=model, scale=scale)
         runs: list[tuple[str, OservePolicy]] = [
             ("oserve", OservePolicy(model, layout="search", routing=routing)),
