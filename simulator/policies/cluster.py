@@ -215,6 +215,9 @@ class Cluster:
         self._deps: dict[tuple[str, Shape], tuple[Deployment, MemoryPlan]] = {}
         self._elastic_gpu = 0
         self.held: list[list[Any]] = []  # [gpus, gpu type, since, until] held by a policy
+        # bumped whenever the live or draining instances change (launch, adopt, drain,
+        # retire, reshape): policies may cache views of `live` while it stays the same
+        self.version = 0
 
     # ---- configurations -------------------------------------------------------------
     def deployment(self, model: str, shape: Shape) -> tuple[Deployment, MemoryPlan]:
@@ -297,6 +300,7 @@ class Cluster:
         )
         self.instances.append(inst)
         self.live.append(inst)
+        self.version += 1
         if not quiet:
             self.log(now, "launch", f"{inst.model} {shape.label} on {shape.gpus}x{shape.gpu}"
                      + (f" (ready +{delay_s:g}s)" if delay_s else ""))
@@ -316,6 +320,7 @@ class Cluster:
         replica.idx = inst.id
         self.instances.append(inst)
         self.live.append(inst)
+        self.version += 1
         return inst
 
     def hold(self, gpus: int, gpu: str, now: float) -> list[Any]:
@@ -332,6 +337,7 @@ class Cluster:
         if inst.draining or not inst.live:
             return
         inst.draining = True
+        self.version += 1
         self.log(now, "drain", f"{inst.model} {inst.shape.label} #{inst.id}")
         self._retire_if_idle(inst, now)
 
@@ -343,6 +349,7 @@ class Cluster:
             raise PolicyError(f"instance {inst.id} still holds requests")
         inst.retired_at = max(now, inst.acquired)
         self.live.remove(inst)
+        self.version += 1
         self._mark(inst.host, inst.gpu_ids, False)
 
     def _retire_if_idle(self, inst: Instance, now: float) -> None:
@@ -361,9 +368,18 @@ class Cluster:
 
     # ---- time -----------------------------------------------------------------------
     def advance(self, t: float) -> None:
-        """Run every live replica up to t; drained replicas that emptied release their GPUs."""
+        """Run every live replica up to t; drained replicas that emptied release their GPUs.
+
+        Called on every arrival and tick for every replica, so the replicas for which
+        `advance(t)` does nothing are skipped here without the call: those without work, and
+        those whose pending decode run ends after t (`Replica.advance` and its subclasses
+        return at once in both cases)."""
         for inst in list(self.live):
-            inst.replica.advance(t)
+            rep = inst.replica
+            if rep.waiting or rep.running:
+                p = rep.pending
+                if p is None or p.end <= t:
+                    rep.advance(t)
             if inst.draining and not inst.replica.has_work:
                 self.retire(inst, min(t, max(inst.replica.clock, inst.acquired)))
 
@@ -457,6 +473,7 @@ class Cluster:
         for o in olds:
             o.retired_at = max(now, o.acquired)
             self.live.remove(o)
+            self.version += 1
             self._mark(o.host, o.gpu_ids, False)
             o.replica.running.clear()
             o.replica.waiting.clear()

@@ -97,6 +97,9 @@ class SageServePolicy(BasePolicy):
         self.plans: list[dict[str, Any]] = []
         self._tier: list[tuple[str, str]] = []
         self.blind: set[tuple[str, str]] = set()  # no history to forecast from yet
+        self._groups: dict[tuple[str, Any], list[Instance]] = {}  # see `_members`
+        self._groups_at = -1
+        self._groups_of: Cluster | None = None
 
     # ---- setup ------------------------------------------------------------------------
     def start(self, cluster: Cluster, now: float) -> None:
@@ -135,11 +138,24 @@ class SageServePolicy(BasePolicy):
     def _launch(self, cluster: Cluster, key: tuple[str, str], now: float, delay: float) -> None:
         inst = cluster.launch(key[0], self._shape(), now, delay)
         inst.tags["region"] = key[1]
+        self._groups_at = -1  # the region tag is set after the launch
 
     # ---- views ------------------------------------------------------------------------
     def _members(self, cluster: Cluster, key: tuple[str, str]) -> list[Instance]:
-        return [i for i in cluster.live
-                if not i.draining and i.model == key[0] and i.tags.get("region") == key[1]]
+        """The live, non-draining instances of (model, region), in `cluster.live` order.
+
+        Read several times per arrival; the grouping of `cluster.live` by key is rebuilt only
+        when the cluster's instances changed (`Cluster.version`). Callers must not modify
+        the list returned."""
+        if self._groups_at != cluster.version or self._groups_of is not cluster:
+            groups: dict[tuple[str, Any], list[Instance]] = {}
+            for i in cluster.live:
+                if not i.draining:
+                    groups.setdefault((i.model, i.tags.get("region")), []).append(i)
+            self._groups = groups
+            self._groups_at = cluster.version
+            self._groups_of = cluster
+        return self._groups.get(key, [])
 
     def _util(self, cluster: Cluster, key: tuple[str, str], now: float) -> float:
         """The endpoint's utilisation signal. `kv` is the paper's literal one: KV in use over
