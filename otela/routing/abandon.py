@@ -82,13 +82,18 @@ class NodeWatch:
                 await trio.sleep(POLL_S)
 
 
-async def unless_failed(event: trio.Event, send: Callable[[], Awaitable[T]]) -> T:
-    """Await ``send()``; if ``event`` is set first, cancel it and raise
-    ``FailedWhileWaiting``. Its own errors are raised as they are (not in a group)."""
+async def unless_failed(event: trio.Event, send: Callable[[], Awaitable[T]],
+                        give_up: Callable[[], bool] = lambda: True) -> T:
+    """Await ``send()``; if ``event`` is set first and ``give_up()`` then agrees, cancel it
+    and raise ``FailedWhileWaiting``. Its own errors are raised as they are (not in a
+    group). ``give_up`` says whether another node could take the request: if none could,
+    waiting on a node that may yet answer (a suspicion can be wrong, a node thaws) beats
+    certain failure, and the request waits as it would without ``--retry-broken``."""
     async with trio.open_nursery() as nursery:
         async def cancel_on_failure() -> None:
             await event.wait()
-            nursery.cancel_scope.cancel()
+            if give_up():
+                nursery.cancel_scope.cancel()
 
         nursery.start_soon(cancel_on_failure)
         try:

@@ -28,6 +28,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -156,6 +157,10 @@ class Miss(enum.Enum):
     UNANSWERED = "connection not answered"
 
 
+def _never() -> bool:
+    return False
+
+
 class Router:
     def __init__(
         self,
@@ -259,8 +264,13 @@ class Router:
             # While another node could still take it, a slow connection is given up early.
             last = counted == self.settings.max_attempts or len(remaining) == 1
             connect_timeout = None if last else self.settings.failover_connect_timeout
+            # Given up on a node that fails while the request waits only if another could
+            # take it, within the attempts left.
+            another_serves = partial(self._another_serves, model_id, ask, tried) \
+                if resend and counted < self.settings.max_attempts else _never
             result = await self._attempt(node, candidate, policy, pick, path, headers,
-                                         ask.body, attempts, resend, connect_timeout)
+                                         ask.body, attempts, resend, connect_timeout,
+                                         another_serves)
             if isinstance(result, Routed):
                 return result
             if result is not Miss.NEXT and (
@@ -277,6 +287,15 @@ class Router:
             502, f"All {len(tried)} candidate node(s) for `{clip(model_id)}` were "
             f"unreachable{why}.", code="all_nodes_unreachable")
 
+    def _another_serves(self, model_id: str, ask: Ask, tried: set[str]) -> bool:
+        """Whether a node not tried yet, and not suspected, could take the request now."""
+        try:
+            nodes = eligible(self.registry, model_id, trust=ask.trust, clauses=ask.clauses)
+        except RequestError:
+            return False
+        suspected = self.suspected()
+        return any(r.session_id not in tried and r.peer_id not in suspected for r in nodes)
+
     def _candidate(self, record: NodeRecord, now: float) -> Candidate:
         session = record.session_id
         ours = self.busy.get(session, 0)
@@ -291,10 +310,12 @@ class Router:
 
     async def _attempt(self, node: NodeRecord, candidate: Candidate, policy: Policy,
                        pick: Pick, path: str, headers: Headers, body: bytes, attempt: int,
-                       resend: bool = False, connect_timeout: float | None = None
+                       resend: bool = False, connect_timeout: float | None = None,
+                       another_serves: Callable[[], bool] = _never,
                        ) -> Routed | Miss:
         """One try: the node's reply, or why to go on without it (it did not take the
-        request, or broke off before answering and ``resend`` lets another node run it)."""
+        request, or broke off before answering and ``resend`` lets another node run it; or,
+        with ``resend``, it failed while the request waited and ``another_serves``)."""
         session = node.session_id
         policy.on_start(candidate, pick)
         self.busy[session] += 1
@@ -303,7 +324,8 @@ class Router:
             if resend:  # a node that fails while we wait is given up, and another asked
                 with self.watch.waiting_on(session) as failed:
                     reply = await unless_failed(failed, lambda: self.upstreams.send(
-                        node, path, body, headers, self.first_byte_timeout, connect_timeout))
+                        node, path, body, headers, self.first_byte_timeout, connect_timeout),
+                        give_up=another_serves)
             else:
                 reply = await self.upstreams.send(node, path, body, headers,
                                                   self.first_byte_timeout, connect_timeout)

@@ -238,6 +238,11 @@ def test_with_retry_broken_a_request_waiting_on_a_node_suspected_meanwhile_goes_
                             retry_broken=True, suspect_first_after=0.3))
     assert trip.status == 200 and trip.hits == [1, 1]
     assert 0.3 <= trip.took < 5.0
+    # With no other node to take it, it waits on the suspect (which may yet answer: a
+    # suspicion can be wrong) rather than fail for certain.
+    trip = trio.run(partial(route_through, [never_answers], timeout=1.5, retry_broken=True,
+                            suspect_first_after=0.3))
+    assert trip.status == 504 and trip.hits == [1]
     # Without --retry-broken it may be running, so it waits (here: the first-byte timeout).
     trip = trio.run(partial(route_through, [never_answers, answers], timeout=1.5,
                             suspect_first_after=0.3))
