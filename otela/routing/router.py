@@ -17,7 +17,8 @@ Connection failures, 5xx answers and timeouts count towards the node's ejection
 A node that declined only because it does not know this ingress as a member yet (a 403
 from its engine hop: after a partition heals, this ingress rejoins under a new session
 that reaches the others a moment later) is tried again, after a short pause, once every
-other candidate has been tried, within the same attempt budget.
+other candidate has been tried, within the same attempt budget; the candidates are looked
+up again after each pause, since nodes rejoin under new sessions meanwhile.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("otela.routing")
 
 DECLINED_PAUSE_S = 0.5  # before asking again the nodes that did not know us yet (x round)
-ASK_AGAIN_ROUNDS = 2  # times those are asked again, once nobody else is left to ask
+ASK_AGAIN_ROUNDS = 3  # times those are asked again, once nobody else is left to ask
 
 OK, CLIENT_ERROR, FAILED, NOT_DELIVERED = "ok", "client_error", "failed", "not_delivered"
 
@@ -250,6 +251,7 @@ class Router:
                 await trio.sleep(DECLINED_PAUSE_S * rounds)
                 tried -= declined
                 declined.clear()
+                nodes = self._refreshed(nodes, model_id, ask)
                 remaining = [r for r in nodes if r.session_id not in tried]
             if not remaining:
                 break
@@ -286,6 +288,19 @@ class Router:
         raise RequestError(
             502, f"All {len(tried)} candidate node(s) for `{clip(model_id)}` were "
             f"unreachable{why}.", code="all_nodes_unreachable")
+
+    def _refreshed(self, nodes: tuple[NodeRecord, ...], model_id: str, ask: Ask
+                   ) -> tuple[NodeRecord, ...]:
+        """The candidates now, after a pause (right after a heal, nodes rejoin under new
+        sessions meanwhile: the only candidate at first may be one that declined); the
+        earlier ones if none serves now."""
+        now = self.clock()
+        try:
+            return eligible(self.registry, model_id, trust=ask.trust, clauses=ask.clauses,
+                            suspected=self.suspected(),
+                            ejected=lambda sessions: self.ejections.ejected(sessions, now))
+        except RequestError:
+            return nodes
 
     def _another_serves(self, model_id: str, ask: Ask, tried: set[str]) -> bool:
         """Whether a node not tried yet, and not suspected, could take the request now."""

@@ -111,12 +111,15 @@ class Trip:
 async def route_through(behaviours: list[Behaviour | int | None], timeout: float = 5.0,
                         retry_broken: bool = False, stream: bool = False,
                         connect_timeout: float = 5.0, suspect_first_after: float | None = None,
+                        late_from: int | None = None, late_after: float = 0.0,
                         **settings: Any) -> Trip:
     """Route one request over candidates with these behaviours (``None``: nothing listens;
     a port number: whatever is at that port), tried in order. ``suspect_first_after``: the
-    failure detector suspects the first candidate's node this many seconds in."""
+    failure detector suspects the first candidate's node this many seconds in. The
+    candidates from index ``late_from`` on join the registry ``late_after`` seconds in."""
     hits = [0] * len(behaviours)
     registry = Registry()
+    late: list[Entry] = []
     async with trio.open_nursery() as nursery:
         for i, behaviour in enumerate(behaviours):
             if behaviour is None:
@@ -132,7 +135,16 @@ async def route_through(behaviours: list[Behaviour | int | None], timeout: float
 
                 listeners = await nursery.start(trio.serve_tcp, serve, 0)
                 port = listeners[0].socket.getsockname()[1]
-            registry.apply(serving_entry(f"node{i}", f"http://127.0.0.1:{port}"), NOW)
+            late.append(serving_entry(f"node{i}", f"http://127.0.0.1:{port}"))
+        for e in late[:late_from]:
+            registry.apply(e, NOW)
+
+        async def join_late() -> None:
+            await trio.sleep(late_after)
+            for e in late[late_from:] if late_from is not None else ():
+                registry.apply(e, NOW)
+
+        nursery.start_soon(join_late)
         pool = HttpPool(connect_timeout=connect_timeout)
         upstreams = Upstreams(pool, self_session=lambda: "me", local_engine=lambda: None,
                               hop_signer=None, p2p=None)
@@ -266,7 +278,15 @@ def test_a_node_that_does_not_know_us_yet_is_asked_again_after_the_others():
     status, hits = run([declines_until_it_knows_us(1), None])
     assert status == 200 and hits == [2, 0]
     status, hits = run([declines_until_it_knows_us(5)])
-    assert status == 502 and hits == [3]  # asked again twice, then given up
+    assert status == 502 and hits == [4]  # asked again three times, then given up
+
+
+def test_candidates_are_looked_up_again_after_the_pause():
+    # Right after a heal: the only candidate declines (it has not heard of our new session
+    # yet); meanwhile a node rejoins under a new session and becomes SERVING: it takes it.
+    trip = trio.run(partial(route_through, [declines_until_it_knows_us(9), answers],
+                            late_from=1, late_after=0.2))
+    assert trip.status == 200 and trip.hits[1] == 1
 
 
 def test_nodes_that_do_not_know_us_yet_do_not_use_up_the_attempts():
