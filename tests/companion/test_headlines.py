@@ -29,26 +29,26 @@ def test_gyges_sustains_more_than_round_robin_and_least_load() -> None:
 
 def test_oserve_gain_grows_with_the_mix_cv() -> None:
     # paper Table 1: 1.14x at CV 0.112 to 2.66x at CV 0.688 (Llama2-70B) over vLLM (static).
-    # otela (PP micro-batches overlapped): Llama2-70B plans +1-2 % at every level; OPT-30B a
-    # small gain growing with skew, measured 1.023 (S1) and 1.035 (S5) over the best
-    # homogeneous layout of each level, 1.086 at S5 over TP4x4, the layout that is best on
-    # S1's mix (docs/companion-oserve.md: before the search re-picked its starting layout's
-    # shapes it missed S1's optimum and planned 1.002 there, hence the older 2-point margin)
-    s1 = level("S1", model=OPT["model"], scale=OPT["scale"])
-    s5 = level("S5", model=OPT["model"], scale=OPT["scale"], duration_s=240.0,
-               static_from="S1")
-    assert s5["planned_speedup"] > s1["planned_speedup"] + 0.01
-    assert s5["planned_speedup"] >= 1.02
-    assert s5["static_layout"] == "TP4x4"
-    assert s5["static_planned_speedup"] >= 1.06
-    assert s5["static_planned_speedup"] > s1["planned_speedup"] + 0.05
-    # the event simulator agrees against the static layout (1.028 measured in 240 s with the
-    # default backlog routing, 1.060 with `lp`); against the PP-heavy best homogeneous layout
-    # a short run's completions depend on its warm-up (1.34 in 240 s, 0.94 in 600 s), so that
-    # ratio is not asserted here
-    assert s5["static_simulated_speedup"] >= 1.01
-    llama = level("S5")
-    assert llama["planned_speedup"] >= 1.01  # measured 1.018 (TP1PP4x2 + TP2PP4x1)
+    # otela: on its closed-loop profiles the search promises Llama2-70B +1.6 % at S1-S4
+    # (TP2PP4 + TP4PP2), which completed 0.970-0.981 of TP2PP4x2 in 10 minutes; the serving
+    # check now launches TP2PP4x2 there (measured 1.001 at S3) and keeps S5's TP1PP4x2 +
+    # TP2PP4 (planned 1.018, measured 1.042). No layout of these shapes served 1 % more than
+    # the best homogeneous one at S1 or S3 (docs/companion-oserve.md).
+    s3 = level("S3", duration_s=600.0)
+    assert s3["searched_planned_speedup"] >= 1.01  # what the profiles promise
+    assert s3["simulated_speedup"] >= 0.99  # what is launched never serves materially less
+    s5 = level("S5", duration_s=600.0)
+    assert s5["oserve_layout"] != s5["homogeneous_layout"]
+    assert s5["simulated_speedup"] >= 1.02
+    assert s5["simulated_speedup"] >= s3["simulated_speedup"] + 0.015
+    # OPT-30B at S5: the search's TP1PP4 + TP2PP2 + TP4x2 (profiles: +3.5 %) completed 0.943
+    # of the best homogeneous layout in 10 minutes; the check serves it less than TP2PP2x4
+    # and launches the best-serving layout
+    opt = level("S5", model=OPT["model"], scale=OPT["scale"])
+    assert opt["searched_planned_speedup"] >= 1.02
+    served = opt["check"]["served_rps"]
+    assert served[opt["oserve_layout"]] == max(served.values())
+    assert opt["oserve_layout"] == opt["homogeneous_layout"]
 
 
 def test_sageserve_uses_fewer_instance_hours_than_reactive() -> None:
