@@ -6,6 +6,7 @@ lengths halved for its 2K context). Optionally Table 2 (temporal), with adaptive
 Run: .venv/bin/python benchmarks/companion_oserve.py [--models 70b,opt] [--levels S1,...]
      [--duration S] [--table2 T1,T4] [--routing backlog|lp|lp-wrr] [--json FILE]
      [--search-check S1,S3,S5 --seeds 3]  (search vs exhaustive instead of Table 1)
+     [--served-layouts S1,S3,S5]  (every near-best layout on the serving check's sample)
 Planned speedup = LP throughput of OSERVE's layout / best homogeneous layout on the mix;
 simulated = requests completed when offered 1.05x the homogeneous capacity (paper speedups:
 1.14x at CV 0.112 to 2.66x at CV 0.688). The "static" columns compare with one fixed
@@ -19,7 +20,13 @@ import json
 import time
 from typing import Any
 
-from simulator.policies.oserve.experiment import OPT, search_check, table1, table2
+from simulator.policies.oserve.experiment import (
+    OPT,
+    search_check,
+    served_layouts,
+    table1,
+    table2,
+)
 
 
 def main() -> None:
@@ -35,9 +42,30 @@ def main() -> None:
     ap.add_argument("--search-check", default="",
                     help="levels on which to compare the search (per seed) with exhaustive")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--served-layouts", default="",
+                    help="levels on which every layout within 15 %% of the LP's best serves the "
+                         "serving check's sample (is there a heterogeneous gain to find?)")
     a = ap.parse_args()
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
+    if a.served_layouts:
+        for key in a.models.split(","):
+            kw_v: dict[str, Any] = {"model": OPT["model"], "scale": OPT["scale"]} \
+                if key == "opt" else {}
+            for name in a.served_layouts.split(","):
+                r = served_layouts(name, **kw_v)
+                out[f"served_{key}_{name}"] = r
+                print(f"{key} {name}: served / planned over {r['homogeneous']} "
+                      f"({r['homogeneous_served_rps']:.2f} req/s served), "
+                      f"{len(r['layouts'])} layouts, best 8:")
+                for x in r["layouts"][:8]:
+                    print(f"  {x['served']:.3f} / {x['planned']:.3f}  {x['layout']}")
+                print(flush=True)
+        print(f"total wall {time.perf_counter() - t0:.0f} s")
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(out, fh, indent=2, default=str)
+        return
     if a.search_check:
         for key in a.models.split(","):
             kw_s: dict[str, Any] = {"model": OPT["model"], "scale": OPT["scale"]} \

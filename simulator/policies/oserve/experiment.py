@@ -141,6 +141,42 @@ def search_check(
     return out
 
 
+def served_layouts(
+    name: str, keep: float = 0.85, model: str = scenario.MODEL, gpu: str = scenario.GPU,
+    gpus: int = scenario.GPUS, scale: float = 1.0,
+) -> dict[str, Any]:
+    """Is there a heterogeneous gain to find? Every layout of the policy's shapes that the LP
+    rates within `keep` of the best serves the serving check's sample (the planning sample of
+    `level`, offered at 1.05x the LP's best homogeneous capacity); rates are relative to the
+    LP's best homogeneous layout, best first."""
+    import numpy as np
+
+    from simulator.policies.oserve.search import best_homogeneous, layouts, score
+
+    pool = Pool.uniform(gpu, gpus)
+    wl = scenario.workload(TABLE1[name][1], 10.0, 600.0, seed=11, model=model, scale=scale)
+    pol = OservePolicy(model, check_s=0.0)
+    cluster = Cluster(wl, pool)
+    pol.start(cluster, 0.0)
+    assert pol.types is not None
+    caps = pol._caps
+    demand = np.maximum(np.bincount(pol.type_of, minlength=pol.types.k) / max(wl.duration, 1.0),
+                        1e-6)
+    hosts = [h.gpus for h in pool.hosts]
+    hom = best_homogeneous(list(caps), caps, demand, hosts)
+    cands = [sc for lay in layouts(list(caps), sum(hosts))
+             if (sc := score(lay, caps, demand, hosts)) is not None]
+    top = max(sc.throughput for sc in cands)
+    cands = [sc for sc in cands if sc.throughput >= keep * top]
+    pol.check_s = 120.0
+    pol._sample = pol._check_sample(cluster, pol.check_load * hom.throughput)
+    base = pol._served(cluster, hom, caps, demand)
+    rows = sorted(((pol._served(cluster, sc, caps, demand) / base, sc.throughput / hom.throughput,
+                    sc.describe()) for sc in cands), reverse=True)
+    return {"level": name, "homogeneous": hom.describe(), "homogeneous_served_rps": base,
+            "layouts": [{"layout": d, "served": v, "planned": p} for v, p, d in rows]}
+
+
 def table1(levels: Sequence[str] = tuple(TABLE1), **kw: Any) -> list[dict[str, Any]]:
     return [level(name, **kw) for name in levels]
 
