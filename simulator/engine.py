@@ -198,6 +198,11 @@ class Replica:
         self._all_decoding: tuple[int, np.ndarray] | None = None
         self.timeline: list[tuple[float, int]] = []
         self.finished: list[int] = []
+        # bumped by everything that can change the queues or their requests' progress
+        # (`enqueue`, `step`, `_commit`; code that edits the queues directly bumps it too), so
+        # that a figure derived from them can be reused while it stays the same
+        self.changes = 0
+        self.tokens_memo: tuple[int, int] | None = None  # (changes, pending tokens)
         self.window = cost.model.sliding_window
         self.pending: _Plan | None = None
         # pipeline stages: each iteration ("cycle") carries up to `pp` micro-batches, each
@@ -257,6 +262,7 @@ class Replica:
     # ---- lifecycle ----------------------------------------------------------------------
     def enqueue(self, r: int, t: float) -> None:
         self.settle(t)
+        self.changes += 1
         if not self.has_work:
             self.clock = max(self.clock, t)
         self.req.replica[r] = self.idx
@@ -412,6 +418,7 @@ class Replica:
 
     def step(self) -> None:
         """Run one iteration, or a closed-form run of identical decode iterations."""
+        self.changes += 1
         req = self.req
         cfg = self.cfg
         decoding, prefilling = self._split_running()
@@ -579,6 +586,7 @@ class Replica:
 
     def _commit(self, p: _Plan, k: int) -> None:
         """Apply the first k iterations of plan p (1 <= k <= p.k_cap)."""
+        self.changes += 1
         req, idx = self.req, p.idx
         dt = p.cum(k)
         first_gap = p.start + p.a0 + p.slope * p.s0 - req.last_token[idx]

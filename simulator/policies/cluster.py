@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any, Protocol
 
 import numpy as np
@@ -162,8 +161,29 @@ class Instance:
 
 
 def pending_tokens_of(instances: Sequence[Instance]) -> list[int]:
-    """`Instance.pending_tokens` of many instances in one numpy pass (routers that read every
-    replica's load on every arrival)."""
+    """`Instance.pending_tokens` of many instances (routers that read every replica's load on
+    every arrival). A replica's figure is kept with its `Replica.changes` count and reused
+    while that is unchanged; the others are computed together in one numpy pass."""
+    out = [0] * len(instances)
+    stale: list[int] = []
+    for k, inst in enumerate(instances):
+        rep = inst.replica
+        memo = rep.tokens_memo
+        if memo is not None and memo[0] == rep.changes:
+            out[k] = memo[1]
+        else:
+            stale.append(k)
+    if stale:
+        fresh = _pending_tokens_now([instances[k] for k in stale])
+        for k, v in zip(stale, fresh, strict=True):
+            out[k] = v
+            rep = instances[k].replica
+            rep.tokens_memo = (rep.changes, v)
+    return out
+
+
+def _pending_tokens_now(instances: Sequence[Instance]) -> list[int]:
+    """`Instance.pending_tokens` of each of `instances`, in one numpy pass."""
     if not instances:
         return []
     req = instances[0].replica.req
@@ -171,9 +191,11 @@ def pending_tokens_of(instances: Sequence[Instance]) -> list[int]:
     total = sum(counts)
     if not total:
         return [0] * len(instances)
-    idx = np.fromiter(
-        chain.from_iterable(chain(i.replica.waiting, i.replica.running) for i in instances),
-        dtype=np.int64, count=total)
+    ids: list[int] = []
+    for i in instances:
+        ids += i.replica.waiting
+        ids += i.replica.running
+    idx = np.array(ids, dtype=np.int64)
     owner = np.repeat(np.arange(len(instances)), counts)
     left = (np.maximum(req.target[idx] - req.computed[idx], 0)
             + np.maximum(req.output_len[idx] - req.generated[idx], 0))
@@ -477,6 +499,7 @@ class Cluster:
             self._mark(o.host, o.gpu_ids, False)
             o.replica.running.clear()
             o.replica.waiting.clear()
+            o.replica.changes += 1
             o.replica.pending = None
             o.replica.free_blocks = o.replica.total_blocks
         made = [
@@ -498,6 +521,8 @@ class Cluster:
             dst = min(ok, key=lambda m: (m.replica.outstanding, m.id))
             dst.replica.waiting.append(r)
             req.replica[r] = dst.replica.idx
+        for inst in made:
+            inst.replica.changes += 1  # requests moved in
         return made
 
 

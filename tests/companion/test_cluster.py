@@ -3,13 +3,23 @@ moves requests with their KV caches when replicas are reshaped, and accounts GPU
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from simulator.api import Deployment, run
 from simulator.engine import DONE
+from simulator.models import get_model
 from simulator.policies.baselines import StaticPolicy
-from simulator.policies.cluster import BasePolicy, Cluster, PolicyError, Pool, run_cluster
+from simulator.policies.cluster import (
+    BasePolicy,
+    Cluster,
+    PolicyError,
+    Pool,
+    pending_tokens_of,
+    run_cluster,
+)
 from simulator.policies.interfaces import EndpointView, Shape
 from simulator.policies.metrics import Slo, summarize
 from simulator.policies.workload import ClusterWorkload, Part
@@ -144,3 +154,53 @@ def test_slo_per_model_and_tier() -> None:
     tight = summarize(res, Slo(ttft_by_model={"m": 1e-6}))
     assert loose["slo_attainment"] == 1.0
     assert tight["slo_attainment"] == 0.0
+
+
+class _CheckLoads(BasePolicy):
+    """Runs another policy and, before each of its decisions, compares the memoised loads
+    (`pending_tokens_of`) with a fresh reading of every live replica."""
+
+    def __init__(self, inner: BasePolicy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.tick_s = inner.tick_s
+        self.checks = 0
+        self.reused = 0
+
+    def _check(self, cluster: Cluster) -> None:
+        live = list(cluster.live)
+        memo = [i.replica.tokens_memo for i in live]
+        self.reused += sum(1 for i, m in zip(live, memo, strict=True)
+                           if m is not None and m[0] == i.replica.changes)
+        assert pending_tokens_of(live) == [i.pending_tokens() for i in live]
+        self.checks += 1
+
+    def start(self, cluster: Cluster, now: float) -> None:
+        self.inner.start(cluster, now)
+
+    def on_arrival(self, cluster: Cluster, r: int, now: float) -> None:
+        self._check(cluster)
+        self.inner.on_arrival(cluster, r, now)
+
+    def on_tick(self, cluster: Cluster, now: float) -> None:
+        self._check(cluster)
+        self.inner.on_tick(cluster, now)
+
+
+def test_memoised_loads_equal_a_fresh_reading() -> None:
+    """`pending_tokens_of` reuses a replica's load while its `changes` count stands still;
+    through arrivals, macro-steps cut by arrivals, completions, preemptions and Gyges's
+    merges and splits (requests moved between replicas) it equals recomputing it."""
+    from simulator.policies.gyges import scenario
+    from simulator.policies.gyges.core import PAPER_MAX_SEQ
+    from simulator.policies.gyges.policy import GygesPolicy
+
+    wl = scenario.workload(120.0, 6.0, seed=3, model="llama-3.1-8b")
+    spec = dataclasses.replace(get_model("llama-3.1-8b"), max_context=131_072)
+    pol = _CheckLoads(GygesPolicy("llama-3.1-8b", "gyges", PAPER_MAX_SEQ))
+    res = run_cluster(wl, pol, Pool.uniform(GPU, 8), models={"llama-3.1-8b": spec})
+    gy = pol.inner
+    assert isinstance(gy, GygesPolicy)
+    assert gy.merges >= 1 and gy.splits >= 1  # requests did move between replicas
+    assert pol.checks > 700 and pol.reused > 0
+    assert summarize(res)["completed"] > 600

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # Gyges Table 1 (Qwen2.5-32B on H20): the longest sequence each TP degree supports.
 PAPER_MAX_SEQ: Mapping[int, int] = {1: 3_750, 2: 41_250, 4: 120_500}
 
 
-@dataclass(frozen=True)
-class Slot:
-    """One instance as the scheduler sees it."""
+class Slot(NamedTuple):
+    """One instance as the scheduler sees it (a named tuple: the router builds one per
+    instance on every arrival, and a frozen dataclass costs several times more to build)."""
 
     id: int
     first_gpu: int  # index of its first GPU on the host

@@ -11,6 +11,7 @@ instance merge with its neighbours). All modes split back by Algorithm 2 on ever
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 from simulator.policies.baselines import make_router, request_info
@@ -63,6 +64,11 @@ class GygesPolicy(BasePolicy):
         self._long: dict[int, int] = {}  # instance id -> long requests dispatched to it
         self._req_inst: dict[int, int] = {}
         self._kv1 = 0
+        # instance id -> (instance, first GPU on its host, TP, longest sequence): what a
+        # `Slot` takes from an instance that never changes over its life
+        self._fixed: dict[int, tuple[Instance, int, int, int]] = {}
+        # per request: longer than a TP1 instance holds (for the request table of a cluster)
+        self._is_long: tuple[list[bool], Cluster] | None = None
 
     # ---- setup ------------------------------------------------------------------------
     def start(self, cluster: Cluster, now: float) -> None:
@@ -97,26 +103,28 @@ class GygesPolicy(BasePolicy):
         wanted = set(hosts)
         insts = [i for i in cluster.live if i.host in wanted]
         loads = pending_tokens_of(insts)
-        bases = {h: sum(x.gpus for x in cluster.pool.hosts[:h]) for h in wanted}
         slots: dict[int, list[Slot]] = {h: [] for h in hosts}
+        fixed = self._fixed
         for inst, load in zip(insts, loads, strict=True):
-            slots[inst.host].append(Slot(
-                id=inst.id,
-                first_gpu=min(inst.gpu_ids) - bases[inst.host],
-                tp=inst.shape.tp,
-                load=float(load),
-                # only a merged instance can hold a long request
-                long_requests=self._long_on(cluster, inst) if inst.shape.tp > 1 else 0,
-                max_seq=inst.max_seq,
-            ))
+            f = fixed.get(inst.id)
+            if f is None or f[0] is not inst:
+                base = sum(x.gpus for x in cluster.pool.hosts[:inst.host])
+                f = fixed[inst.id] = (inst, min(inst.gpu_ids) - base, inst.shape.tp, inst.max_seq)
+            _, first_gpu, tp, max_seq = f
+            # only a merged instance can hold a long request
+            slots[inst.host].append(Slot(inst.id, first_gpu, tp, float(load),
+                                         self._long_on(cluster, inst) if tp > 1 else 0,
+                                         max_seq))
         return slots
 
     def _long_on(self, cluster: Cluster, inst: Instance) -> int:
-        req = cluster.req
         rep = inst.replica
-        lim = self.max_seq[1]
-        return sum(1 for r in (*rep.running, *rep.waiting)
-                   if int(req.input_len[r] + req.output_len[r]) > lim)
+        if self._is_long is None or self._is_long[1] is not cluster:
+            req = cluster.req
+            lengths = (req.input_len + req.output_len).tolist()
+            self._is_long = ([x > self.max_seq[1] for x in lengths], cluster)
+        is_long = self._is_long[0]
+        return sum(1 for r in chain(rep.running, rep.waiting) if is_long[r])
 
     # ---- routing ----------------------------------------------------------------------
     def on_arrival(self, cluster: Cluster, r: int, now: float) -> None:
