@@ -294,11 +294,12 @@ def flow_guided_search(
 # once, so decodes run in lockstep. Served open-loop in a mix, nearly every cycle also carries
 # prefill chunks, which take micro-batches of their own on a pipeline and leave the decodes
 # fewer; the profiles then misjudge shapes and types by different amounts (Llama2-70B, S3
-# mix, served over planned: TP2PP4 x2 0.91, TP4PP2 x2 0.94, TP2PP2 x4 1.02, TP1PP4 x4 1.15;
-# SILO alone, open-loop over closed-loop: 0.69 on TP2PP4, 1.05 on TP1PP4), and a layout the
-# LP ranks first can serve less than one it ranks below. The policy therefore simulates the
-# searched layout and the best homogeneous one on a short open-loop sample of the workload
-# and launches the heterogeneous one only if it serves more (`OservePolicy._choose`).
+# mix, completed in 10 minutes over LP capacity: TP2PP4 x2 0.93, TP4PP2 x2 0.95, TP2PP2 x4
+# 1.04, TP1PP4 x4 1.09; SILO alone, open-loop over closed-loop: 0.69 on TP2PP4, 1.05 on
+# TP1PP4), and a layout the LP ranks first can serve less than one it ranks below. The
+# policy therefore simulates the searched layout and the near-best homogeneous ones on a
+# short open-loop sample of the workload and launches the heterogeneous one only if it
+# serves more than all of them (`OservePolicy._choose`).
 def homogeneous_layout(shape: Shape, host_gpus: Sequence[int]) -> Layout:
     """As many replicas of `shape` as pack on the hosts."""
     lay = [shape] * (sum(host_gpus) // shape.gpus)
