@@ -1,13 +1,15 @@
 """OSERVE Table 1 (and Table 2) in the simulator: heterogeneous versus the best homogeneous
 deployment as the request mix grows more skewed.
 
-For each level S1-S5, the policy's planner (types, profiling, LP, search) runs on the level's
-workload; the *planned* speedup is the LP throughput of OSERVE's layout over the best
-homogeneous layout's on that mix (how much more of this mix it sustains). The *simulated*
-speedup checks it in the event simulator: both serve the level's workload offered at `load`
-(default 1.05) x the homogeneous layout's LP capacity for `duration_s`, OSERVE with its layout
-and per-type routing, vLLM static with the best homogeneous layout and least-loaded routing,
-and the speedup is the ratio of requests each completes. Just above the homogeneous capacity
+For each level S1-S5, the policy's planner (types, profiling, LP, search, serving check) runs
+on the level's workload; the *searched* speedup is the LP throughput of the layout the search
+finds over the LP's best homogeneous layout's on that mix (what the profiles promise), the
+*planned* one that of the layout launched after the serving check. The *simulated* speedup
+measures it in the event simulator: both serve the level's workload offered at `load`
+(default 1.05) x the LP's best homogeneous capacity for `duration_s`, OSERVE with its layout
+and per-type routing, vLLM static with the best-serving homogeneous layout (the baseline's
+own serving check) and least-loaded routing, and the speedup is the ratio of requests each
+completes. Just above the homogeneous capacity
 this ratio measures capacity: on levels where both plans are the same layout it stays within
 1 % of 1.0 (routing alone does not bias it), whereas further into overload, or in P99 latency
 there, the order in which each router lets requests through dominates.
