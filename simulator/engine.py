@@ -17,6 +17,7 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +27,17 @@ from simulator.router import Router, make_router
 from simulator.workload import Workload
 
 INF = float("inf")
+
+# `a.sum()` / `a.min()` of a 1-D array without the Python-level wrappers of numpy's methods
+# (the same reductions; they matter on the small arrays of every iteration)
+_sum = np.add.reduce
+_min = np.minimum.reduce
+
+# Decode runs of at most this many requests are planned and committed with Python scalars
+# instead of numpy arrays (the same integer and float arithmetic, element by element): most
+# runs of many-model or lightly loaded replicas hold a handful of requests, where the fixed
+# cost of each numpy call dominates.
+SMALL_BATCH = 4
 
 # request status codes
 WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3
@@ -107,9 +119,11 @@ class _Plan:
     """A run of identical decode iterations: step j (1-based) costs a0 + slope*(s0 + (j-1)*b)."""
 
     idx: np.ndarray
-    kv: np.ndarray
-    held: np.ndarray
-    left: np.ndarray  # output tokens each request has still to generate
+    # kv, held, left (and grow): numpy arrays, or Python lists of ints for a small batch
+    # (`ids` is then idx as a list; see `SMALL_BATCH`)
+    kv: Any
+    held: Any
+    left: Any  # output tokens each request has still to generate
     b: int
     k_cap: int
     a0: float
@@ -117,6 +131,13 @@ class _Plan:
     slope: float
     start: float
     end: float
+    # the blocks each request gains over the first `grow_k` iterations, when the planning
+    # already computed them (a run committed whole reuses them)
+    grow: Any = None
+    grow_k: int = 0
+    grow_total: int = 0  # sum(grow)
+    left_min: int = 0  # min(left): a commit of fewer iterations finishes no request
+    ids: list[int] | None = None
 
     def cum(self, k: int) -> float:
         """Duration of the first k iterations (closed form of the arithmetic series)."""
@@ -321,7 +342,7 @@ class Replica:
         req = self.req
         idx = np.asarray([*self.running, r], dtype=np.int64)
         left = np.maximum(req.output_len[idx] - req.generated[idx], 0)
-        return math.ceil(ratio * float(left.sum()) / self.bs)
+        return math.ceil(ratio * float(_sum(left)) / self.bs)
 
     def _release_ref_only(self, r: int) -> None:
         h = self.prefix_owner.pop(r, None)
@@ -363,7 +384,7 @@ class Replica:
             return decoding
         req = self.req
         need = np.maximum(self._blocks_for(req.kv_len[decoding] + 1) - req.blocks[decoding], 0)
-        total = int(need.sum())
+        total = int(_sum(need))
         if self._can_take_at_once(total):
             self._take(total)
             req.blocks[decoding] += need
@@ -474,8 +495,8 @@ class Replica:
             return
         if len(decoding):
             kv = req.kv_len[decoding]
-            ctx_sum = float(kv.sum()) + len(decoding)
-            sw = float(np.minimum(kv + 1, self.window).sum()) if self.window else 0.0
+            ctx_sum = float(_sum(kv)) + len(decoding)
+            sw = float(_sum(np.minimum(kv + 1, self.window))) if self.window else 0.0
         else:
             ctx_sum = sw = 0.0
         dt = self.cost.cycle_time(
@@ -545,18 +566,25 @@ class Replica:
         the KV pool runs out); None if it would be shorter than 2 iterations."""
         req = self.req
         idx = np.asarray(decoding, dtype=np.int64)
+        if len(idx) <= SMALL_BATCH:
+            return self._plan_macro_small(idx)
         kv = req.kv_len[idx]
         held = req.blocks[idx]
         b = len(idx)
         left = req.output_len[idx] - req.generated[idx]
-        k_cap = int(left.min())
+        left_min = k_cap = int(_min(left))
         if k_cap < 2:
             return None
         avail = self._available()
         def extra_blocks(k: int) -> int:
-            return int(np.maximum(self._blocks_for(kv + k) - held, 0).sum())
+            return int(_sum(np.maximum(self._blocks_for(kv + k) - held, 0)))
 
-        if extra_blocks(k_cap) > avail:
+        grow_cap = np.maximum(self._blocks_for(kv + k_cap) - held, 0)
+        grow: np.ndarray | None = grow_cap
+        grow_k = k_cap
+        grow_total = int(_sum(grow_cap))
+        if grow_total > avail:
+            grow = None
             lo, hi = 0, k_cap  # largest k with extra_blocks(k) <= avail
             while lo < hi:
                 mid = (lo + hi + 1) // 2
@@ -568,25 +596,83 @@ class Replica:
         if k_cap < 2:
             return None
         cost = self.cost
-        s0 = float(kv.sum()) + b
+        s0 = float(_sum(kv)) + b
         if self.pp == 1:
             a0 = cost.decode_base(b)
             if self.window:
-                a0 += cost.attn_slope_sliding * float(np.minimum(kv + 1, self.window).sum())
+                a0 += cost.attn_slope_sliding * float(_sum(np.minimum(kv + 1, self.window)))
             slope = cost.attn_slope
         else:
-            sw = float(np.minimum(kv + 1, self.window).sum()) if self.window else 0.0
+            sw = float(_sum(np.minimum(kv + 1, self.window))) if self.window else 0.0
             line = _binding_line(cost.decode_cycle_lines(b, sw), s0, b, k_cap)
             if line is None:
                 return None
             (a0, slope), k_cap = line
-        plan = _Plan(idx, kv, held, left, b, k_cap, a0, s0, slope, self.clock, 0.0)
+        plan = _Plan(idx, kv, held, left, b, k_cap, a0, s0, slope, self.clock, 0.0,
+                     grow if grow_k == k_cap else None, grow_k, grow_total, left_min)
+        plan.end = self.clock + plan.cum(k_cap)
+        return plan
+
+    def _plan_macro_small(self, idx: np.ndarray) -> _Plan | None:
+        """`_plan_macro` for at most `SMALL_BATCH` requests, with Python ints (same result)."""
+        req = self.req
+        ids = idx.tolist()
+        kv_len, blocks, out, gen = req.kv_len, req.blocks, req.output_len, req.generated
+        kv = [kv_len.item(r) for r in ids]
+        held = [blocks.item(r) for r in ids]
+        left = [out.item(r) - gen.item(r) for r in ids]
+        b = len(ids)
+        left_min = k_cap = min(left)
+        if k_cap < 2:
+            return None
+        avail = self._available()
+        up = self.bs - 1
+        bs = self.bs
+
+        def grow_by(k: int) -> list[int]:
+            return [max((x + k + up) // bs - h, 0) for x, h in zip(kv, held, strict=True)]
+
+        grow_cap = grow_by(k_cap)
+        grow: list[int] | None = grow_cap
+        grow_k = k_cap
+        grow_total = sum(grow_cap)
+        if grow_total > avail:
+            grow = None
+            lo, hi = 0, k_cap  # largest k with sum(grow_by(k)) <= avail
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if sum(grow_by(mid)) <= avail:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k_cap = lo
+        if k_cap < 2:
+            return None
+        cost = self.cost
+        s0 = float(sum(kv)) + b
+        w = self.window
+        if self.pp == 1:
+            a0 = cost.decode_base(b)
+            if w:
+                a0 += cost.attn_slope_sliding * float(sum(min(x + 1, w) for x in kv))
+            slope = cost.attn_slope
+        else:
+            sw = float(sum(min(x + 1, w) for x in kv)) if w else 0.0
+            line = _binding_line(cost.decode_cycle_lines(b, sw), s0, b, k_cap)
+            if line is None:
+                return None
+            (a0, slope), k_cap = line
+        plan = _Plan(idx, kv, held, left, b, k_cap, a0, s0, slope, self.clock, 0.0,
+                     grow if grow_k == k_cap else None, grow_k, grow_total, left_min, ids)
         plan.end = self.clock + plan.cum(k_cap)
         return plan
 
     def _commit(self, p: _Plan, k: int) -> None:
         """Apply the first k iterations of plan p (1 <= k <= p.k_cap)."""
         self.changes += 1
+        if p.ids is not None:
+            self._commit_small(p, k, p.ids)
+            return
         req, idx = self.req, p.idx
         dt = p.cum(k)
         first_gap = p.start + p.a0 + p.slope * p.s0 - req.last_token[idx]
@@ -594,19 +680,70 @@ class Replica:
         req.max_itl[idx] = np.maximum(req.max_itl[idx], np.maximum(first_gap, last_gap))
         req.last_token[idx] = p.start + dt
         new_kv = p.kv + k
-        grow = np.maximum(self._blocks_for(new_kv) - p.held, 0)
-        self._take(int(grow.sum()))
+        if k == p.grow_k and p.grow is not None:
+            grow = p.grow
+            self._take(p.grow_total)
+        else:
+            grow = np.maximum(self._blocks_for(new_kv) - p.held, 0)
+            self._take(int(_sum(grow)))
         req.blocks[idx] = p.held + grow
         req.kv_len[idx] = new_kv
         req.generated[idx] += k
         self.clock = p.start + dt
         self.busy += dt
         self.steps += k
-        finished = p.left <= k
-        for r in idx[finished].tolist():
-            self.running.remove(r)
-            self._finish(r)
-        self._note_all_decoding(idx[~finished])  # the plan held every running request
+        if k < p.left_min:  # no request finishes
+            self._note_all_decoding(idx)  # the plan held every running request
+        else:
+            finished = p.left <= k
+            for r in idx[finished].tolist():
+                self.running.remove(r)
+                self._finish(r)
+            self._note_all_decoding(idx[~finished])
+        self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))
+
+    def _commit_small(self, p: _Plan, k: int, ids: list[int]) -> None:
+        """`_commit` of a plan made by `_plan_macro_small`, element by element: the same
+        float operations in the same order as the numpy expressions, on the same values."""
+        req = self.req
+        dt = p.cum(k)
+        gap0 = p.start + p.a0 + p.slope * p.s0
+        last_gap = p.a0 + p.slope * (p.s0 + (k - 1) * p.b)
+        t_end = p.start + dt
+        max_itl, last_token = req.max_itl, req.last_token
+        for r in ids:
+            gap = gap0 - last_token.item(r)
+            if not gap >= last_gap:  # np.maximum(gap, last_gap)
+                gap = last_gap
+            m = max_itl.item(r)
+            max_itl[r] = m if m >= gap else gap
+            last_token[r] = t_end
+        if k == p.grow_k and p.grow is not None:
+            grow = p.grow
+            self._take(p.grow_total)
+        else:
+            up, bs = self.bs - 1, self.bs
+            grow = [max((x + k + up) // bs - h, 0) for x, h in zip(p.kv, p.held, strict=True)]
+            self._take(sum(grow))
+        blocks, kv_len, generated = req.blocks, req.kv_len, req.generated
+        for r, x, h, g in zip(ids, p.kv, p.held, grow, strict=True):
+            blocks[r] = h + g
+            kv_len[r] = x + k
+            generated[r] = generated.item(r) + k
+        self.clock = p.start + dt
+        self.busy += dt
+        self.steps += k
+        if k < p.left_min:  # no request finishes
+            self._note_all_decoding(p.idx)  # the plan held every running request
+        else:
+            keep = []
+            for r, left in zip(ids, p.left, strict=True):
+                if left <= k:
+                    self.running.remove(r)
+                    self._finish(r)
+                else:
+                    keep.append(r)
+            self._note_all_decoding(np.array(keep, dtype=np.int64))
         self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))
 
     def _macro_ready(self) -> np.ndarray | None:

@@ -174,12 +174,28 @@ def pending_tokens_of(instances: Sequence[Instance]) -> list[int]:
         else:
             stale.append(k)
     if stale:
-        fresh = _pending_tokens_now([instances[k] for k in stale])
+        todo = [instances[k] for k in stale]
+        n = 0
+        for i in todo:
+            n += len(i.replica.waiting) + len(i.replica.running)
+        fresh = _pending_tokens_now(todo) if n > 32 else [_pending_tokens_small(i) for i in todo]
         for k, v in zip(stale, fresh, strict=True):
             out[k] = v
             rep = instances[k].replica
             rep.tokens_memo = (rep.changes, v)
     return out
+
+
+def _pending_tokens_small(inst: Instance) -> int:
+    """`Instance.pending_tokens` with Python ints (fewer calls than numpy for a few requests)."""
+    rep = inst.replica
+    req = rep.req
+    target, computed, out, gen = req.target, req.computed, req.output_len, req.generated
+    total = 0
+    for q in (rep.waiting, rep.running):
+        for r in q:
+            total += max(target.item(r) - computed.item(r), 0) + max(out.item(r) - gen.item(r), 0)
+    return total
 
 
 def _pending_tokens_now(instances: Sequence[Instance]) -> list[int]:

@@ -15,6 +15,7 @@ from simulator.policies.baselines import StaticPolicy
 from simulator.policies.cluster import (
     BasePolicy,
     Cluster,
+    ClusterRun,
     PolicyError,
     Pool,
     pending_tokens_of,
@@ -204,3 +205,51 @@ def test_memoised_loads_equal_a_fresh_reading() -> None:
     assert gy.merges >= 1 and gy.splits >= 1  # requests did move between replicas
     assert pol.checks > 700 and pol.reused > 0
     assert summarize(res)["completed"] > 600
+
+
+def _fingerprint(res: ClusterRun) -> list[np.ndarray]:
+    q = res.cluster.req
+    return [q.finish, q.first_token, q.first_sched, q.status, q.replica, q.preemptions,
+            q.max_itl, q.last_token, q.generated, q.kv_len, q.blocks,
+            np.array([res.makespan, res.cluster.gpu_seconds(res.horizon)])]
+
+
+@pytest.mark.parametrize("case", ["static", "prism", "gyges"])
+def test_small_batch_path_equals_the_numpy_path(case: str, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
+    """Decode runs of few requests are planned and committed with Python scalars
+    (`engine.SMALL_BATCH`); every result equals the numpy path's to the last bit, on plain
+    replicas, on Prism's engines sharing a GPU's KV pool and through Gyges's reshapes."""
+    from simulator import engine
+
+    def once(small: int) -> list[np.ndarray]:
+        monkeypatch.setattr(engine, "SMALL_BATCH", small)
+        if case == "static":
+            wl = ClusterWorkload.single(
+                synthetic(12.0, duration=120, input_dist="normal:700,300",
+                          output_dist="normal:300,200"), "llama-3.1-8b")
+            res = run_cluster(wl, StaticPolicy({"llama-3.1-8b": [Shape(GPU)] * 2}),
+                              Pool.uniform(GPU, 2))
+        elif case == "prism":
+            from simulator.policies.prism import scenario as ps
+            from simulator.policies.prism.policy import PrismPolicy
+
+            wl = ps.workload(6.0, 120.0, seed=2)
+            res = run_cluster(wl, PrismPolicy("prism"), Pool.uniform(ps.GPU, 2),
+                              models=dict(ps.EXTRA_MODELS))
+        else:
+            from simulator.policies.gyges import scenario as gs
+            from simulator.policies.gyges.core import PAPER_MAX_SEQ
+            from simulator.policies.gyges.policy import GygesPolicy
+
+            wl = gs.workload(120.0, 6.0, seed=3, model="llama-3.1-8b")
+            spec = dataclasses.replace(get_model("llama-3.1-8b"), max_context=131_072)
+            res = run_cluster(wl, GygesPolicy("llama-3.1-8b", "gyges", PAPER_MAX_SEQ),
+                              Pool.uniform(GPU, 8), models={"llama-3.1-8b": spec})
+        assert summarize(res)["completed"] > 300
+        return _fingerprint(res)
+
+    numpy_only, mixed, scalar_only = once(0), once(4), once(10**6)
+    for a, b, c in zip(numpy_only, mixed, scalar_only, strict=True):
+        assert np.array_equal(a, b, equal_nan=True)
+        assert np.array_equal(a, c, equal_nan=True)

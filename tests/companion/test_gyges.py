@@ -3,6 +3,11 @@ RR/least-load baselines, and Algorithm 2's scale-down rule."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
+from simulator.models import get_model
+from simulator.policies.cluster import Cluster, Pool, run_cluster
 from simulator.policies.gyges.core import (
     PAPER_MAX_SEQ,
     Slot,
@@ -15,6 +20,7 @@ from simulator.policies.gyges.core import (
     schedule_request,
     should_scale_down,
 )
+from simulator.policies.gyges.policy import GygesPolicy
 
 
 def _host(tp4_first: int | None = None, load: float = 0.0, long4: int = 0) -> list[Slot]:
@@ -88,3 +94,35 @@ def test_scale_down_rule() -> None:
     assert not should_scale_down(Slot(0, 0, 4, 10.0, 1, PAPER_MAX_SEQ[4]), 100.0)
     assert not should_scale_down(Slot(0, 0, 4, 500.0, 0, PAPER_MAX_SEQ[4]), 100.0)
     assert not should_scale_down(Slot(0, 0, 1, 0.0, 0, PAPER_MAX_SEQ[1]), 100.0)
+
+
+class _FreshSlots(GygesPolicy):
+    """Gyges whose every view of the hosts is also rebuilt from scratch and compared."""
+
+    checks = 0
+
+    def _slots(self, cluster: Cluster, hosts: Sequence[int]) -> dict[int, list[Slot]]:
+        got = super()._slots(cluster, hosts)
+        kept = self._slot_cache, self._fixed, self._is_long
+        self._slot_cache, self._fixed, self._is_long = {}, {}, None
+        for i in cluster.live:
+            i.replica.tokens_memo = None
+        fresh = super()._slots(cluster, hosts)
+        self._slot_cache, self._fixed, self._is_long = kept
+        assert got == fresh
+        self.checks += 1
+        return got
+
+
+def test_kept_slots_equal_fresh_ones() -> None:
+    """The policy keeps each instance's Slot while its replica is unchanged; through merges,
+    splits and every arrival it equals reading every instance again."""
+    from simulator.policies.gyges import scenario
+
+    wl = scenario.workload(120.0, 6.0, seed=3, model="llama-3.1-8b")
+    spec = dataclasses.replace(get_model("llama-3.1-8b"), max_context=131_072)
+    for mode in ("gyges", "least_loaded"):
+        pol = _FreshSlots("llama-3.1-8b", mode, PAPER_MAX_SEQ)
+        run_cluster(wl, pol, Pool.uniform("h100-sxm", 8), models={"llama-3.1-8b": spec})
+        assert pol.merges >= 1 and pol.splits >= 1
+        assert pol.checks > 800

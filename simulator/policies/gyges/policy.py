@@ -69,6 +69,8 @@ class GygesPolicy(BasePolicy):
         self._fixed: dict[int, tuple[Instance, int, int, int]] = {}
         # per request: longer than a TP1 instance holds (for the request table of a cluster)
         self._is_long: tuple[list[bool], Cluster] | None = None
+        # instance -> (its replica's `changes` count, its Slot then): see `_slots`
+        self._slot_cache: dict[Instance, tuple[int, Slot]] = {}
 
     # ---- setup ------------------------------------------------------------------------
     def start(self, cluster: Cluster, now: float) -> None:
@@ -98,23 +100,33 @@ class GygesPolicy(BasePolicy):
 
     # ---- views ------------------------------------------------------------------------
     def _slots(self, cluster: Cluster, hosts: Sequence[int]) -> dict[int, list[Slot]]:
-        """The scheduler's view of each of `hosts`, with every instance's load read in one
-        pass (it is most of a routing decision's cost, paid on every arrival)."""
+        """The scheduler's view of each of `hosts` (most of a routing decision's cost, paid on
+        every arrival). An instance's `Slot` depends only on its replica's queues and their
+        requests' progress, so it is kept with the replica's `changes` count and rebuilt only
+        when that moved; the loads of the rebuilt ones are read in one pass."""
         wanted = set(hosts)
+        cache = self._slot_cache
         insts = [i for i in cluster.live if i.host in wanted]
-        loads = pending_tokens_of(insts)
+        stale = []
+        for inst in insts:
+            c = cache.get(inst)
+            if c is None or c[0] != inst.replica.changes:
+                stale.append(inst)
+        if stale:
+            for inst, load in zip(stale, pending_tokens_of(stale), strict=True):
+                f = self._fixed.get(inst.id)
+                if f is None or f[0] is not inst:
+                    base = sum(x.gpus for x in cluster.pool.hosts[:inst.host])
+                    f = self._fixed[inst.id] = (inst, min(inst.gpu_ids) - base,
+                                                inst.shape.tp, inst.max_seq)
+                _, first_gpu, tp, max_seq = f
+                # only a merged instance can hold a long request
+                cache[inst] = (inst.replica.changes, Slot(
+                    inst.id, first_gpu, tp, float(load),
+                    self._long_on(cluster, inst) if tp > 1 else 0, max_seq))
         slots: dict[int, list[Slot]] = {h: [] for h in hosts}
-        fixed = self._fixed
-        for inst, load in zip(insts, loads, strict=True):
-            f = fixed.get(inst.id)
-            if f is None or f[0] is not inst:
-                base = sum(x.gpus for x in cluster.pool.hosts[:inst.host])
-                f = fixed[inst.id] = (inst, min(inst.gpu_ids) - base, inst.shape.tp, inst.max_seq)
-            _, first_gpu, tp, max_seq = f
-            # only a merged instance can hold a long request
-            slots[inst.host].append(Slot(inst.id, first_gpu, tp, float(load),
-                                         self._long_on(cluster, inst) if tp > 1 else 0,
-                                         max_seq))
+        for inst in insts:
+            slots[inst.host].append(cache[inst][1])
         return slots
 
     def _long_on(self, cluster: Cluster, inst: Instance) -> int:

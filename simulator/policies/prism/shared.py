@@ -140,8 +140,11 @@ class SharedReplica(Replica):
         plan = super()._plan_macro(decoding)
         if plan is None:
             return None
-        need = int(sum(max(0, math.ceil((int(kv) + plan.k_cap) / self.bs) - int(h))
-                       for kv, h in zip(plan.kv, plan.held, strict=True)))
+        if plan.grow is not None and plan.grow_k == plan.k_cap:  # the same sum, computed
+            need = plan.grow_total
+        else:
+            need = int(sum(max(0, math.ceil((int(kv) + plan.k_cap) / self.bs) - int(h))
+                           for kv, h in zip(plan.kv, plan.held, strict=True)))
         if need and not self._take(need):
             return None
         self.reserved = need
