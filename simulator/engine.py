@@ -383,6 +383,18 @@ class Replica:
         if len(decoding) == 0:
             return decoding
         req = self.req
+        if len(decoding) <= SMALL_BATCH:  # the same, with Python ints
+            ids = decoding.tolist()
+            kv_len, blocks = req.kv_len, req.blocks
+            up, bs = self.bs - 1, self.bs
+            needs = [max((kv_len.item(r) + 1 + up) // bs - blocks.item(r), 0) for r in ids]
+            n = sum(needs)
+            if self._can_take_at_once(n):
+                self._take(n)
+                for r, x in zip(ids, needs, strict=True):
+                    blocks[r] = blocks.item(r) + x
+                return decoding
+            return np.asarray(self._grow_one_by_one(ids), dtype=np.int64)
         need = np.maximum(self._blocks_for(req.kv_len[decoding] + 1) - req.blocks[decoding], 0)
         total = int(_sum(need))
         if self._can_take_at_once(total):
@@ -493,7 +505,15 @@ class Replica:
                 r = self.waiting.popleft()
                 req.status[r] = REJECTED
             return
-        if len(decoding):
+        small = len(decoding) <= SMALL_BATCH  # then Python ints, the same arithmetic
+        if small:
+            ids = decoding.tolist()
+            kv_len = req.kv_len
+            kvs = [kv_len.item(r) for r in ids]
+            ctx_sum = float(sum(kvs)) + len(ids)
+            w = self.window
+            sw = float(sum(min(x + 1, w) for x in kvs)) if w else 0.0
+        elif len(decoding):
             kv = req.kv_len[decoding]
             ctx_sum = float(_sum(kv)) + len(decoding)
             sw = float(_sum(np.minimum(kv + 1, self.window))) if self.window else 0.0
@@ -510,7 +530,10 @@ class Replica:
         self.busy += dt
         self.steps += 1
         still = decoding  # decodes that keep running after this iteration
-        if len(decoding):
+        if small:
+            if ids:
+                still = self._decoded_small(ids, kvs, decoding)
+        elif len(decoding):
             di = decoding
             req.max_itl[di] = np.maximum(req.max_itl[di], self.clock - req.last_token[di])
             req.last_token[di] = self.clock
@@ -550,6 +573,31 @@ class Replica:
                 np.concatenate((still, np.asarray(joined, dtype=np.int64))) if joined else still
             )
         self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))
+
+    def _decoded_small(self, ids: list[int], kvs: list[int], decoding: np.ndarray) -> np.ndarray:
+        """`step`'s update of its decoding requests `ids` (KV lengths `kvs` before the step),
+        element by element; returns those that keep running (`decoding` if all do)."""
+        req = self.req
+        clock = self.clock
+        max_itl, last_token, kv_len = req.max_itl, req.last_token, req.kv_len
+        generated, out = req.generated, req.output_len
+        keep: list[int] = []
+        done: list[int] = []
+        for r, x in zip(ids, kvs, strict=True):
+            gap = clock - last_token.item(r)
+            m = max_itl.item(r)
+            max_itl[r] = m if m >= gap else gap  # np.maximum(m, gap)
+            last_token[r] = clock
+            kv_len[r] = x + 1
+            g = generated.item(r) + 1
+            generated[r] = g
+            (done if g >= out.item(r) else keep).append(r)
+        if not done:
+            return decoding
+        for r in done:
+            self.running.remove(r)
+            self._finish(r)
+        return np.array(keep, dtype=np.int64)
 
     def _waiting_blocked(self) -> bool:
         """True when no waiting request can start before something finishes."""
