@@ -441,6 +441,13 @@ class Replica:
         if known is not None and known[0] == self.steps and len(known[1]) == len(self.running):
             return known[1], []
         req = self.req
+        if len(self.running) <= SMALL_BATCH:  # the same split with Python ints
+            computed, target = req.computed, req.target
+            dec: list[int] = []
+            pre: list[int] = []
+            for r in self.running:
+                (dec if computed.item(r) >= target.item(r) else pre).append(r)
+            return np.array(dec, dtype=np.int64), pre
         run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
         done = req.computed[run] >= req.target[run]
         return run[done], run[~done].tolist()

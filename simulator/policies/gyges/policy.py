@@ -71,6 +71,8 @@ class GygesPolicy(BasePolicy):
         self._is_long: tuple[list[bool], Cluster] | None = None
         # instance -> (its replica's `changes` count, its Slot then): see `_slots`
         self._slot_cache: dict[Instance, tuple[int, Slot]] = {}
+        # (Cluster.version, cluster, its endpoints by id) for the baselines' routers
+        self._eps: tuple[int, Cluster | None, list[Instance]] = (-1, None, [])
 
     # ---- setup ------------------------------------------------------------------------
     def start(self, cluster: Cluster, now: float) -> None:
@@ -165,7 +167,10 @@ class GygesPolicy(BasePolicy):
                     _, host, decision = best
         else:
             assert self.router is not None
-            eps = sorted(cluster.endpoints(self.model), key=lambda e: e.id)
+            if self._eps[0] != cluster.version or self._eps[1] is not cluster:
+                self._eps = (cluster.version, cluster,
+                             sorted(cluster.endpoints(self.model), key=lambda e: e.id))
+            eps = self._eps[2]
             eid = self.router.choose(request_info(cluster, r, now), eps, now)
             chosen = next(e for e in eps if e.id == eid)
             host = chosen.host
