@@ -29,6 +29,7 @@ import multiaddr
 import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
+from libp2p.peer.peerstore import PeerStoreError
 
 from otela.identity import Identity
 from otela.liveness.channels import Channels
@@ -56,23 +57,46 @@ __all__ = ["LIVENESS_TOPIC", "SWIM_PROTOCOL", "DetectorConfig", "FailureDetector
 
 
 class _SwimTransport:
-    """Probes over the detector's channels (``prober.ProbeTransport``)."""
+    """Probes over SWIM channels. A probed peer we hold no connection to is dialled from
+    the peerstore, where its addresses expire: ``host.connect`` stores a dialled peer's
+    with a 120 s TTL, replacing the registry's hour, and nothing renews them while the
+    registry is quiet. So before each probe, and for the refused-connection check, the
+    peer's addresses come back from the registry (``addresses_of``) when they expired;
+    the expired peerstore raised out of that check and stopped a node of a 128-node
+    federation."""
 
-    def __init__(self, channels: Channels, host: Any) -> None:
+    def __init__(self, channels: Channels, host: Any,
+                 addresses_of: Callable[[str], list[multiaddr.Multiaddr]] = lambda p: []
+                 ) -> None:
         self.channels = channels
         self.host = host
+        self.addresses_of = addresses_of
 
     async def probe(self, peer: str, timeout: float) -> bool:
+        self.known_addresses(peer)
         reply = await self.channels.request(peer, {"k": "ping"}, timeout)
         return reply is not None and reply.get("k") == "ack"
 
     async def probe_via(self, helper: str, target: str, timeout: float) -> bool | None:
+        self.known_addresses(helper)
         reply = await self.channels.request(helper, {"k": "req", "target": target}, timeout)
         return None if reply is None else bool(reply.get("ok"))
 
     async def turned_away(self, peer: str) -> bool:
-        addrs = self.host.get_peerstore().addrs(ID.from_base58(peer))
-        return await nothing_listens_at(addrs)
+        return await nothing_listens_at(self.known_addresses(peer))
+
+    def known_addresses(self, peer: str) -> list[multiaddr.Multiaddr]:
+        """The peer's addresses in the peerstore, put back from the registry if they
+        expired (or were never there)."""
+        store = self.host.get_peerstore()
+        peer_id = ID.from_base58(peer)
+        try:
+            return list(store.addrs(peer_id))
+        except PeerStoreError:
+            addrs = self.addresses_of(peer)
+            if addrs:
+                store.add_addrs(peer_id, addrs, ADDR_TTL_S)
+            return addrs
 
 
 class _NodeMembership:
@@ -83,6 +107,7 @@ class _NodeMembership:
         self.host = host
         self.replica = replica
         self._stored_addrs: dict[str, tuple[tuple[str, ...], float]] = {}
+        self._parsed: dict[str, list[multiaddr.Multiaddr]] = {}
 
     def records(self) -> Iterable[NodeRecord]:
         return self.replica.registry
@@ -103,16 +128,22 @@ class _NodeMembership:
         now = time.monotonic()
         store = self.host.get_peerstore()
         self._stored_addrs = {p: v for p, v in self._stored_addrs.items() if p in peers}
+        self._parsed = {p: v for p, v in self._parsed.items() if p in peers}
         for peer_id, addrs in peers.items():
             stored = self._stored_addrs.get(peer_id)
             if stored is not None and stored[0] == addrs and now - stored[1] < ADDR_TTL_S / 2:
                 continue
             try:
-                store.add_addrs(ID.from_base58(peer_id),
-                                [multiaddr.Multiaddr(a) for a in addrs], ADDR_TTL_S)
+                parsed = [multiaddr.Multiaddr(a) for a in addrs]
+                store.add_addrs(ID.from_base58(peer_id), parsed, ADDR_TTL_S)
                 self._stored_addrs[peer_id] = (addrs, now)
+                self._parsed[peer_id] = parsed
             except Exception:
                 log.debug("bad addresses for %s", peer_id, exc_info=True)
+
+    def addresses_of(self, peer_id: str) -> list[multiaddr.Multiaddr]:
+        """The addresses the registry lists for ``peer_id`` (as last learnt)."""
+        return list(self._parsed.get(peer_id, ()))
 
     async def evict(self, peer_id: str, reason: str) -> list[str]:
         # Drop the connection too: behind a silent partition (packets dropped, no RST) it
@@ -156,10 +187,12 @@ class FailureDetector:
                          identity.key_pair.private_key.sign, self.stats)
         self.members = MemberList(self.self_id, self.table, self.round_trips, self.events)
         self.channels = Channels(host, SWIM_PROTOCOL, self._pack, self._unpack)
+        membership = _NodeMembership(host, replica)
         self.prober = Prober(
             self.self_id, config, self.table, self.watch, self.health, self.news, self.events,
-            self.members, self.round_trips, _SwimTransport(self.channels, host),
-            _NodeMembership(host, replica), clock, self.stats)
+            self.members, self.round_trips,
+            _SwimTransport(self.channels, host, membership.addresses_of), membership, clock,
+            self.stats)
 
     @property
     def local_health(self) -> int:

@@ -479,3 +479,39 @@ def test_members_follow_the_registry_and_a_rejoin_starts_afresh():
     rejoined = [*first, record("a2", 1, Lifecycle.SERVING, peer_id="a")]
     members.sync(rejoined, 2, 3.0)
     assert table.members["a"].status is Status.ALIVE  # a new session starts afresh
+
+
+def test_a_peer_whose_addresses_expired_is_asked_at_its_registry_addresses() -> None:
+    # host.connect stores a dialled peer's addresses with a 120 s TTL, and py-libp2p's
+    # peerstore raises once they expire: the check that a dropped neighbour's addresses
+    # refuse connections raised out of the detector and stopped a node of a 128-node
+    # federation. The registry's addresses are put back instead; with none known, no
+    # verdict.
+    import multiaddr
+    from libp2p.peer.peerstore import PeerStore
+
+    from otela.liveness.detector import _SwimTransport
+
+    class Host:
+        def __init__(self) -> None:
+            self.store = PeerStore()
+
+        def get_peerstore(self) -> PeerStore:
+            return self.store
+
+    refusing = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/1")
+    peer = ID.from_pubkey(create_new_key_pair().public_key)
+    host = Host()
+    host.store.add_addrs(peer, [refusing], ttl=120)
+    host.store.peer_data_map[peer].last_identified -= 600  # dialled 10 minutes ago
+    unknown = ID.from_pubkey(create_new_key_pair().public_key).to_base58()
+    registry = {peer.to_base58(): [refusing]}
+    transport = _SwimTransport(channels=None, host=host,  # type: ignore[arg-type]
+                               addresses_of=lambda p: registry.get(p, []))
+
+    async def ask() -> list[bool]:
+        return [await transport.turned_away(peer.to_base58()),
+                await transport.turned_away(unknown)]
+
+    assert trio.run(ask) == [True, False]
+    assert host.store.addrs(peer) == [refusing]  # back in the peerstore, for dials too
