@@ -129,7 +129,15 @@ class Prober:
     async def run(self) -> None:
         while True:
             end = self.clock() + self.config.probe_interval * self.health.multiplier
-            await self.period()
+            try:
+                await self.period()
+            except Exception:
+                # A bug in one period (a library raising where it did not before) must not
+                # stop the node's failure detection, let alone the node: logged with its
+                # traceback, counted (``period_errors`` in /v1/health), and the next
+                # period runs as usual.
+                self.stats["period_errors"] = self.stats.get("period_errors", 0) + 1
+                log.exception("failure detector: a probe period failed; going on")
             # Sleep out the period, waking when a grace period runs out or an eviction
             # falls due (``LivenessTable.next_deadline``): acting only at the end of a
             # period added up to a period to every eviction.

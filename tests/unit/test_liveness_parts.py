@@ -119,6 +119,24 @@ def run_for(seconds: float, detector: Detector) -> None:
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+def test_a_period_that_raises_is_counted_and_detection_goes_on():
+    d = Detector(["a", "b"])
+    d.transport.alive = {"a", "b"}
+    calls = [0]
+    plain_probe = d.transport.probe
+
+    async def flaky_probe(peer: str, timeout: float) -> bool:
+        calls[0] += 1
+        if calls[0] <= 3:
+            raise KeyError("peer ID is expired")  # as py-libp2p's peerstore once did
+        return await plain_probe(peer, timeout)
+
+    d.transport.probe = flaky_probe  # type: ignore[method-assign]
+    run_for(30, d)
+    assert d.stats["period_errors"] == 3
+    assert d.stats["probes"] >= 20 and d.node.evicted == []
+
+
 def test_peers_that_ack_are_never_suspected():
     d = Detector(["a", "b", "c"])
     d.transport.alive = {"a", "b", "c"}
