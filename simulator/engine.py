@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +156,19 @@ class _Plan:
         while k < self.k_cap and self.cum(k) < delta:
             k += 1
         return k
+
+
+def _largest_fitting(k_max: int, fits: Callable[[int], bool]) -> int:
+    """The largest k in [0, k_max] with ``fits(k)``, for ``fits`` true at 0 and monotone
+    (true up to some k, false after): how many decode steps the free KV blocks allow."""
+    lo, hi = 0, k_max
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _binding_line(
@@ -640,14 +654,7 @@ class Replica:
         grow_total = int(_sum(grow_cap))
         if grow_total > avail:
             grow = None
-            lo, hi = 0, k_cap  # largest k with extra_blocks(k) <= avail
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if extra_blocks(mid) <= avail:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k_cap = lo
+            k_cap = _largest_fitting(k_cap, lambda k: extra_blocks(k) <= avail)
         if k_cap < 2:
             return None
         cost = self.cost
@@ -693,14 +700,7 @@ class Replica:
         grow_total = sum(grow_cap)
         if grow_total > avail:
             grow = None
-            lo, hi = 0, k_cap  # largest k with sum(grow_by(k)) <= avail
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if sum(grow_by(mid)) <= avail:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k_cap = lo
+            k_cap = _largest_fitting(k_cap, lambda k: sum(grow_by(k)) <= avail)
         if k_cap < 2:
             return None
         cost = self.cost

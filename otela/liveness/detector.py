@@ -106,8 +106,9 @@ class _NodeMembership:
     def __init__(self, host: Any, replica: LocalReplica) -> None:
         self.host = host
         self.replica = replica
-        self._stored_addrs: dict[str, tuple[tuple[str, ...], float]] = {}
-        self._parsed: dict[str, list[multiaddr.Multiaddr]] = {}
+        # Per member: the registry's addresses as stored in the peerstore, parsed, and when.
+        self._stored_addrs: dict[str, tuple[tuple[str, ...], list[multiaddr.Multiaddr],
+                                            float]] = {}
 
     def records(self) -> Iterable[NodeRecord]:
         return self.replica.registry
@@ -128,22 +129,21 @@ class _NodeMembership:
         now = time.monotonic()
         store = self.host.get_peerstore()
         self._stored_addrs = {p: v for p, v in self._stored_addrs.items() if p in peers}
-        self._parsed = {p: v for p, v in self._parsed.items() if p in peers}
         for peer_id, addrs in peers.items():
             stored = self._stored_addrs.get(peer_id)
-            if stored is not None and stored[0] == addrs and now - stored[1] < ADDR_TTL_S / 2:
+            if stored is not None and stored[0] == addrs and now - stored[2] < ADDR_TTL_S / 2:
                 continue
             try:
                 parsed = [multiaddr.Multiaddr(a) for a in addrs]
                 store.add_addrs(ID.from_base58(peer_id), parsed, ADDR_TTL_S)
-                self._stored_addrs[peer_id] = (addrs, now)
-                self._parsed[peer_id] = parsed
+                self._stored_addrs[peer_id] = (addrs, parsed, now)
             except Exception:
                 log.debug("bad addresses for %s", peer_id, exc_info=True)
 
     def addresses_of(self, peer_id: str) -> list[multiaddr.Multiaddr]:
         """The addresses the registry lists for ``peer_id`` (as last learnt)."""
-        return list(self._parsed.get(peer_id, ()))
+        stored = self._stored_addrs.get(peer_id)
+        return [] if stored is None else list(stored[1])
 
     async def evict(self, peer_id: str, reason: str) -> list[str]:
         # Drop the connection too: behind a silent partition (packets dropped, no RST) it

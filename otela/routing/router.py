@@ -226,9 +226,7 @@ class Router:
         or failed, 504 timed out)."""
         policy = self.policies.get(ask.policy)
         now = self.clock()
-        nodes = eligible(self.registry, model_id, trust=ask.trust, clauses=ask.clauses,
-                         suspected=self.suspected(),
-                         ejected=lambda sessions: self.ejections.ejected(sessions, now))
+        nodes = self._eligible(model_id, ask, now)
         pick = Pick(model_id, affinity_key() if policy.uses_affinity_key and affinity_key
                     else None)
         tried: set[str] = set()
@@ -294,13 +292,17 @@ class Router:
         """The candidates now, after a pause (right after a heal, nodes rejoin under new
         sessions meanwhile: the only candidate at first may be one that declined); the
         earlier ones if none serves now."""
-        now = self.clock()
         try:
-            return eligible(self.registry, model_id, trust=ask.trust, clauses=ask.clauses,
-                            suspected=self.suspected(),
-                            ejected=lambda sessions: self.ejections.ejected(sessions, now))
+            return self._eligible(model_id, ask, self.clock())
         except RequestError:
             return nodes
+
+    def _eligible(self, model_id: str, ask: Ask, now: float) -> tuple[NodeRecord, ...]:
+        """The nodes ``ask`` may go to now (``candidates.eligible`` with this router's
+        suspects and ejections)."""
+        return eligible(self.registry, model_id, trust=ask.trust, clauses=ask.clauses,
+                        suspected=self.suspected(),
+                        ejected=lambda sessions: self.ejections.ejected(sessions, now))
 
     def _another_serves(self, model_id: str, ask: Ask, tried: set[str]) -> bool:
         """Whether a node not tried yet, and not suspected, could take the request now."""

@@ -5,12 +5,14 @@ Real otela processes and real echo-engine processes on 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -139,13 +141,24 @@ def test_idle_node_and_provider_metadata_are_in_every_registry(federation):
                                     "meta": {"family": "echo"}}
 
 
-def test_fronting_an_already_running_engine_by_url(federation, tmp_path):
-    port = free_port()
-    argv = [sys.executable, "-m", "otela.engine.demo.echo", "--port", str(port), "--model", "ext"]
+@contextlib.contextmanager
+def external_echo(port: int, model: str) -> Iterator[subprocess.Popen[bytes]]:
+    """An echo engine on ``port`` that otela did not launch, healthy, stopped after."""
+    argv = [sys.executable, "-m", "otela.engine.demo.echo", "--port", str(port), "--model",
+            model]
     engine = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False)
-                 .status_code == 200, 20, "the external engine")
+                 .status_code == 200, 20, f"the external engine on port {port}")
+        yield engine
+    finally:
+        engine.terminate()
+        engine.wait(10)
+
+
+def test_fronting_an_already_running_engine_by_url(federation, tmp_path):
+    port = free_port()
+    with external_echo(port, "ext") as engine:
         ingress = federation.start_node("ingress", ingress=True)
         server = federation.start_node("server", bootstrap=[ingress],
                                        extra_args=["--engine-url", f"http://127.0.0.1:{port}"])
@@ -153,21 +166,13 @@ def test_fronting_an_already_running_engine_by_url(federation, tmp_path):
         assert chat(ingress, "ext", "hi").json()["choices"][0]["message"]["content"] == "echo: hi"
         assert federation.stop_node(server) == 0
         assert engine.poll() is None  # otela did not launch it, so it does not stop it
-    finally:
-        engine.terminate()
-        engine.wait(10)
 
 
 def test_an_engine_port_held_by_another_server_is_fail_stop_not_a_false_serving(federation):
     # Another server already answers /v1/models and /health on the port: readiness asked
     # over HTTP would take it for the launched engine (which cannot bind) and announce it.
     port = free_port()
-    argv = [sys.executable, "-m", "otela.engine.demo.echo", "--port", str(port),
-            "--model", "squatter"]
-    squatter = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False)
-                 .status_code == 200, 20, "the other server")
+    with external_echo(port, "squatter") as squatter:
         ingress = federation.start_node("ingress", ingress=True)
         server = federation.start_node("server", bootstrap=[ingress],
                                        process=echo_engine_command(port, ["mine"]))
@@ -175,9 +180,6 @@ def test_an_engine_port_held_by_another_server_is_fail_stop_not_a_false_serving(
         assert f"something already listens at http://127.0.0.1:{port}" in server.log_tail(40)
         assert "SERVING" not in ingress.states().values()
         assert squatter.poll() is None  # left alone
-    finally:
-        squatter.terminate()
-        squatter.wait(10)
 
 
 def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
