@@ -5,6 +5,8 @@ import os
 
 import libp2p.pubsub.gossipsub as gossipsub
 import libp2p.pubsub.pubsub as pubsub
+import libp2p.stream_muxer.yamux.yamux as yamux
+import trio
 
 from otela.mesh import workarounds
 from otela.mesh.host import build_host  # noqa: F401 - importing applies the workarounds
@@ -26,7 +28,9 @@ def test_workarounds_are_installed_where_pubsub_looks_them_up():
     assert gossipsub.env_to_send_in_RPC is pubsub.env_to_send_in_RPC
     assert gossipsub.env_to_send_in_RPC.__name__ == "env_to_send_in_rpc"
     assert gossipsub.maybe_consume_signed_record is pubsub.maybe_consume_signed_record
-    assert os.environ["PY_YAMUX_RELEASE_ON_READ"] == "0"
+    assert "PY_YAMUX_RELEASE_ON_READ" not in os.environ
+    assert yamux.YamuxStream._auto_tune_and_send_window_update is workarounds.credit_at_half_window
+    assert "self._auto_tune_and_send_window_update(" in inspect.getsource(yamux.YamuxStream.read)
     # The replay to new subscribers is switched off where pubsub still calls it.
     assert pubsub.Pubsub._replay_recent_messages is workarounds.no_replay
     assert "self._replay_recent_messages" in inspect.getsource(pubsub.Pubsub)
@@ -84,3 +88,57 @@ def test_junk_on_a_pubsub_stream_reaches_the_handler_as_a_parse_error():
         trio.run(workarounds.tolerant_reader(junk), None, None)
     with pytest.raises(trio.Cancelled):  # cancellation is not a peer's fault: untouched
         trio.run(workarounds.tolerant_reader(cancelled), None, None)
+
+
+class Stream(yamux.YamuxStream):
+    """A Yamux stream's window bookkeeping without a connection: updates are recorded."""
+
+    def __init__(self) -> None:
+        self.stream_id = 1
+        self.conn = type("Conn", (), {"stream_buffers": {1: bytearray()}, "rtt": lambda _: 0.0})()
+        self.window_lock = trio.Lock()
+        self.recv_window = self.target_recv_window = yamux.DEFAULT_WINDOW_SIZE
+        self.epoch_start = 0.0
+        self.updates: list[int] = []
+
+    async def send_window_update(self, increment: int, skip_lock: bool = False) -> None:
+        self.updates.append(increment)
+
+    async def receive_and_read(self, size: int) -> None:
+        self.recv_window -= size  # what handle_incoming does when a DATA frame arrives
+        await workarounds.credit_at_half_window(self, bytes_read=size)
+
+
+def test_small_reads_return_no_credit_until_half_the_window_is_consumed():
+    async def main() -> Stream:
+        stream = Stream()
+        for _ in range(100):  # a probe's worth of bytes, a hundred times
+            await stream.receive_and_read(16)
+        assert stream.updates == []
+        half = yamux.DEFAULT_WINDOW_SIZE // 2
+        await stream.receive_and_read(half - 1600)
+        return stream
+
+    stream = trio.run(main)
+    assert len(stream.updates) == 1  # one update, returning all the credit consumed
+    assert stream.updates[0] >= yamux.DEFAULT_WINDOW_SIZE // 2
+    # The peer holds a full window again (auto-tuning may have grown it).
+    assert stream.recv_window == stream.target_recv_window >= yamux.DEFAULT_WINDOW_SIZE
+
+
+def test_bytes_buffered_but_unread_are_not_credited():
+    async def main() -> Stream:
+        stream = Stream()
+        stream.recv_window -= yamux.DEFAULT_WINDOW_SIZE  # a whole window arrived
+        stream.conn.stream_buffers[1].extend(b"x" * yamux.DEFAULT_WINDOW_SIZE)
+        await workarounds.credit_at_half_window(stream)
+        assert stream.updates == []  # nothing read yet
+        del stream.conn.stream_buffers[1][: yamux.DEFAULT_WINDOW_SIZE // 2]
+        await workarounds.credit_at_half_window(stream, bytes_read=yamux.DEFAULT_WINDOW_SIZE // 2)
+        return stream
+
+    stream = trio.run(main)
+    assert len(stream.updates) == 1
+    # Credit for what was read; the half still buffered stays counted against the peer.
+    buffered = yamux.DEFAULT_WINDOW_SIZE // 2
+    assert stream.recv_window + buffered == stream.target_recv_window
