@@ -271,8 +271,10 @@ class NodeConfig:
         help="Entries are compacted this long after their last signed update; live nodes "
         "re-sign every horizon/8. At least the retention.")
     anti_entropy_interval: float = setting(
-        "registry", 5.0, parse=v.as_duration, flag=False, example="10s",
-        help="Mean time between anti-entropy exchanges with a random peer.")
+        "registry", 30.0, parse=v.as_duration, flag=False, example="1m",
+        help="Mean time between anti-entropy exchanges with a random peer: a backstop, as "
+        "a peer whose replica drifted from ours is synced with when liveness messages "
+        "show it (a few seconds).")
 
     # -- [liveness] --------------------------------------------------------------------
     probe_interval: float = setting(

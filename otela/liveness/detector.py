@@ -7,7 +7,9 @@ health (``health.py``), the news merged and published (``news.py``), the member 
 the probe loop (``prober.py``). This module supplies what they need from the outside:
 
 - probes over ``/otela/swim/2.0.0`` on one long-lived stream per peer (``channels.py``),
-  every message carrying piggybacked news, and the serving side that acks probes, probes
+  every message carrying piggybacked news and a summary of the sender's registry (a
+  replica that drifted gets anti-entropy, ``otela/replication/drift.py``), and the
+  serving side that acks probes, probes
   a third peer on request, and lets a peer that closes its connection to us on purpose
   say so (``bye``);
 - the ``otela/liveness/1`` GossipSub topic for published news;
@@ -266,6 +268,10 @@ class FailureDetector:
 
     def _pack(self, message: dict[str, Any]) -> bytes:
         message["u"] = self.news.piggyback()
+        # The registry's summary and age ride along too: a replica that drifted from ours
+        # gets anti-entropy without a timer (``otela/replication/drift.py``).
+        message["r"], age = self.replica.replicator.summary()
+        message["ra"] = round(age, 1)
         return msgpack.packb(message, use_bin_type=True)
 
     def _unpack(self, sender: str, data: bytes) -> dict[str, Any]:
@@ -275,6 +281,7 @@ class FailureDetector:
         now = self.clock()
         self.table.heard_from(sender, now)
         self.news.receive(message.get("u"), now, sender)
+        self.replica.replicator.compare(sender, message.get("r"), message.get("ra"))
         return message
 
     # -- published news ------------------------------------------------------------------

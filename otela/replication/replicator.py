@@ -6,8 +6,11 @@
   come from anyone) and only when forwarded by an admitted peer.
 - Anti-entropy (``/otela/registry/ae/1.0.0``): the digest exchange of
   ``otela.registry.antientropy``, run when we connect to a bootstrap peer (so a joiner
-  gets the whole state in one exchange), periodically with a random peer (repairing
-  what gossip lost), with every peer when we announce DOWN or LEFT before exiting, and at
+  gets the whole state in one exchange), with a peer whose replica has drifted from ours
+  (``drift.py``: both replicas unchanged for a few seconds and still different, as the
+  summaries riding on liveness messages show), periodically with a random peer as a
+  backstop (every 30 s by default), with every peer when we announce DOWN or LEFT before
+  exiting, and at
   once with a peer that connects while its only sessions here are LEFT (one we evicted,
   coming back after a partition healed: each side holds news the other missed, such as
   its own eviction, which gossip sent while they were cut off and will not send again;
@@ -47,6 +50,7 @@ from otela.registry.wire import (
     gossip_refusal,
     verify,
 )
+from otela.replication.drift import SUMMARY_BYTES, DriftWatch, summary
 
 log = logging.getLogger("otela.mesh")
 
@@ -102,8 +106,12 @@ class Replicator:
         self._applied_listeners: list[Callable[[Entry], None]] = []
         self.gossip_lag = GossipLag()
         self._forgery_logged: dict[str, float] = {}
-        # Peers that connected while their sessions here were all LEFT: sync at once.
-        self._returning_send, self._returning = trio.open_memory_channel[str](64)
+        # Peers to sync with at once, and why: "returning" (connected while their sessions
+        # here were all LEFT) or "drift" (their replica stays different from ours).
+        self._due_send, self._due = trio.open_memory_channel[tuple[str, str]](64)
+        self.drift = DriftWatch()
+        self._summary = b""
+        self._summary_since = 0.0
 
     def on_contact(self, listener: Callable[[str], None]) -> None:
         """Call ``listener`` with a peer id whenever that peer itself sent us something,
@@ -140,7 +148,7 @@ class Replicator:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_gossip, subscription)
             nursery.start_soon(self._anti_entropy_loop)
-            nursery.start_soon(self._sync_returning)
+            nursery.start_soon(self._sync_due)
             task_status.started()
 
     # -- ingest ------------------------------------------------------------------------
@@ -338,18 +346,46 @@ class Replicator:
 
     def _connected(self, peer_id: str) -> None:
         if not self.registry.is_member(peer_id) and self.registry.has_left(peer_id):
-            try:
-                self._returning_send.send_nowait(peer_id)
-            except trio.WouldBlock:  # a burst of joiners: the periodic exchange remains
-                self.stats["ae_returning_dropped"] += 1
+            self._sync_soon(peer_id, "returning")
 
-    async def _sync_returning(self) -> None:
-        async for peer_id in self._returning:
-            self.stats["ae_returning"] += 1
+    def _sync_soon(self, peer_id: str, reason: str) -> None:
+        try:
+            self._due_send.send_nowait((peer_id, reason))
+        except trio.WouldBlock:  # a burst: the periodic exchange remains
+            self.stats[f"ae_{reason}_dropped"] += 1
+
+    async def _sync_due(self) -> None:
+        async for peer_id, reason in self._due:
+            self.stats[f"ae_{reason}"] += 1
             await self.sync_with(ID.from_base58(peer_id))
+
+    # -- drift: summaries riding on liveness messages --------------------------------------
+
+    def summary(self) -> tuple[bytes, float]:
+        """Our replica's summary and for how many seconds it has not changed (counted from
+        the first time it was asked after a change: an underestimate, which only delays)."""
+        now = self.clock()
+        current = summary(self.registry.map.digest_root(), sorted(self.registry.revocations))
+        if current != self._summary:
+            self._summary, self._summary_since = current, now
+        return current, now - self._summary_since
+
+    def compare(self, peer_id: str, theirs: Any, their_age: Any) -> None:
+        """A peer's summary arrived (on a probe or an ack): start anti-entropy with it when
+        ``DriftWatch`` says its replica has drifted from ours. Malformed values, or none
+        (an older peer), are ignored."""
+        if (not isinstance(theirs, bytes) or len(theirs) != SUMMARY_BYTES
+                or not isinstance(their_age, int | float) or not 0 <= their_age < 1e9):
+            return
+        ours, our_age = self.summary()
+        if self.drift.compare(peer_id, theirs, float(their_age), ours, our_age, self.clock(),
+                              leader=self._self_id.to_base58() < peer_id):
+            self._sync_soon(peer_id, "drift")
 
     async def _anti_entropy_loop(self) -> None:
         while True:
+            # A backstop (``drift.py`` starts the exchanges that repair something): a
+            # replica nobody we talk to compares with, a summary collision.
             await trio.sleep(self.anti_entropy_interval * random.uniform(0.7, 1.3))
             peers = [p for p in self.connected_peers() if self.admission.is_admitted(p)]
             if peers:
