@@ -25,12 +25,14 @@ from otela.metrics import Histogram
 
 
 class LagSampler:
-    """Samples four times a second. Every wake-up of an otherwise idle node costs CPU (the
-    loop turn, the timer, the hypervisor's share): sampling every 50 ms took an idle node
-    from 1.25 % to 1.95 % of a core (benchmarks/convergence.py); at 250 ms it adds ~0.13 %.
-    Late wake-ups caused by stalls of a few milliseconds are still counted in proportion."""
+    """Samples once a second. Every wake-up of an otherwise idle node costs CPU (the loop
+    turn, the timer, the hypervisor's share): sampling every 50 ms took an idle node from
+    1.25 % to 1.95 % of a core (benchmarks/convergence.py), every 250 ms it added ~0.13 %,
+    a tenth of an idle node's CPU once anti-entropy stopped running on a timer. Stalls are
+    still counted in proportion to how often they happen (a 20 ms stall is hit 2 % of the
+    time), and ``SlowSteps`` below names every step over 5 ms whatever the sampling."""
 
-    def __init__(self, lag: Histogram, label: str = "node", interval: float = 0.25) -> None:
+    def __init__(self, lag: Histogram, label: str = "node", interval: float = 1.0) -> None:
         self.interval = interval
         self.lag = lag
         self.label = label  # the ``process`` label: "node", "control", "worker-N"
