@@ -1,5 +1,7 @@
 """When a peer's replica has drifted from ours (``otela/replication/drift.py``)."""
 
+import itertools
+
 from otela.replication.drift import FIRST_GAP_S, MAX_GAP_S, SETTLE_S, DriftWatch, summary
 
 OURS = summary(b"\x01" * 16, [])
@@ -37,7 +39,7 @@ def test_a_difference_that_outlives_its_repairs_is_asked_less_and_less_often():
     watch = DriftWatch()
     times = [t / 2 for t in range(2 * 2000)]  # a probe every half second for 2000 s
     synced = [t for t in times if watch.compare("p", THEIRS, 1e6, OURS, 1e6, t, leader=True)]
-    gaps = [b - a for a, b in zip(synced, synced[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(synced)]
     assert synced[0] == 0.0
     assert gaps[:5] == [FIRST_GAP_S, 2 * FIRST_GAP_S, 4 * FIRST_GAP_S, 8 * FIRST_GAP_S,
                         16 * FIRST_GAP_S]
