@@ -158,10 +158,11 @@ class _Plan:
         return k
 
 
-def _largest_fitting(k_max: int, fits: Callable[[int], bool]) -> int:
-    """The largest k in [0, k_max] with ``fits(k)``, for ``fits`` true at 0 and monotone
-    (true up to some k, false after): how many decode steps the free KV blocks allow."""
-    lo, hi = 0, k_max
+def _largest_fitting(k_max: int, fits: Callable[[int], bool], k_min: int = 0) -> int:
+    """The largest k in [k_min, k_max] with ``fits(k)``, for ``fits`` true at ``k_min`` and
+    monotone (true up to some k, false after): how many decode steps the free KV blocks
+    allow, or how many cycles one line of a pipelined run keeps binding."""
+    lo, hi = k_min, k_max
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if fits(mid):
@@ -192,14 +193,8 @@ def _binding_line(
 
     if binds(k_cap):
         return first, k_cap
-    lo, hi = 1, k_cap - 1  # largest j that `first` still binds
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if binds(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return (first, lo) if lo >= 2 else None
+    last = _largest_fitting(k_cap - 1, binds, k_min=1)  # the last cycle `first` binds
+    return (first, last) if last >= 2 else None
 
 
 class Replica:

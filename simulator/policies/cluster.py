@@ -12,6 +12,7 @@ event loop: arrivals and periodic ticks, each handed to the policy).
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -564,17 +565,20 @@ class ClusterPolicy(Protocol):
         ...
 
 
-class BasePolicy:
-    """Defaults for the optional parts of `ClusterPolicy`."""
+class BasePolicy(abc.ABC):
+    """Defaults for the optional parts of `ClusterPolicy`; a policy must define `start`
+    and `on_arrival` (an abstract base class refuses to instantiate one that does not)."""
 
     name = "base"
     tick_s: float | None = None
 
-    def start(self, cluster: Cluster, now: float) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
+    @abc.abstractmethod
+    def start(self, cluster: Cluster, now: float) -> None:
+        """Set up the cluster (launch the first replicas) at simulated time ``now``."""
 
-    def on_arrival(self, cluster: Cluster, r: int, now: float) -> None:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def on_arrival(self, cluster: Cluster, r: int, now: float) -> None:
+        """Place (or hold) request ``r``, arriving at ``now``."""
 
     def on_tick(self, cluster: Cluster, now: float) -> None:
         return None
