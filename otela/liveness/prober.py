@@ -243,6 +243,9 @@ class Prober:
         if self.health.lagging(self.clock()):
             self.stats["withheld"] += 1
             return "silent"
+        if not helpers and not gone and self._others_can_judge(target):
+            self.stats["withheld"] += 1
+            return "silent"
         if self.table.probe_failed(target, self.clock()):
             self.stats["suspected"] += 1
             detail = (f"its connection dropped and every address refused a new one; "
@@ -253,6 +256,18 @@ class Prober:
             self.events.record(target, "suspected", detail)
             log.warning("suspecting %s: %s", target, detail)
         return "suspected"
+
+    def _others_can_judge(self, target: str) -> bool:
+        """Whether a member other than us and ``target`` is alive: then a round that asked
+        no helper (we have no other neighbour, as a node that just joined through its
+        bootstrap peer) is left to the members around ``target``, who watch it anyway and
+        can ask each other. A lone node that cannot get a second opinion cannot tell a peer
+        that is slow (a bootstrap peer busy with a join wave) from a dead one, and its
+        suspicion, heard by nobody else, would run into an eviction of a healthy node (one
+        in an idle 64-node federation on 2 cores). A peer that refuses connections is still
+        suspected at once, and in a federation of two nobody else can judge."""
+        return any(peer != target and member.status is Status.ALIVE
+                   for peer, member in self.table.members.items())
 
     async def _quiet_by_next_round(self, target: str, window: float) -> bool:
         """A lost neighbour (its connection dropped without our closing it) whose direct

@@ -304,6 +304,43 @@ def test_a_lagging_node_accuses_nobody_and_evicts_nobody():
     assert d.stats["withheld"] == 1 and d.table.suspected() == frozenset()
 
 
+def test_a_node_with_nobody_to_ask_leaves_a_slow_peer_to_the_others():
+    """A node that just joined holds one connection, to its bootstrap peer, which a join
+    wave keeps too busy to answer: with no helper to ask, it cannot tell slow from dead,
+    so it raises no suspicion while other members (who watch that peer and can ask each
+    other) are alive. One that refuses connections is still suspected, and so is the
+    only other member of a federation of two."""
+
+    def run(peers: list[str], refusing: bool) -> Detector:
+        d = Detector(peers)
+        d.node.links = {"a"}  # our only connection; b and c are known from the registry
+        if refusing:
+            async def drop() -> None:  # its connection drops and its port refuses
+                await trio.sleep(2.5)
+                d.node.links = set()
+                d.transport.refusing = {"a"}
+
+            async def main() -> None:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(drop)
+                    with trio.move_on_after(60):
+                        await d.prober.run()
+                    nursery.cancel_scope.cancel()
+
+            trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+        else:
+            run_for(60, d)
+        return d
+
+    d = run(["a", "b", "c"], refusing=False)
+    assert d.table.suspected() == frozenset() and d.node.evicted == []
+    assert d.stats["withheld"] >= 10 and d.stats["probes"] >= 10
+    d = run(["a", "b", "c"], refusing=True)
+    assert [peer for peer, _ in d.node.evicted][:1] == ["a"]
+    d = run(["a"], refusing=False)
+    assert [peer for peer, _ in d.node.evicted][:1] == ["a"]
+
+
 def test_mute_helpers_make_a_node_doubt_itself_and_slow_down():
     d = Detector(["a", "b", "c"])
     d.transport.helpers_mute = {"b", "c"}
