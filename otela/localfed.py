@@ -166,6 +166,17 @@ class LocalNode:
         """session id -> lifecycle state, as this node's registry replica says."""
         return {n["session_id"]: n["state"] for n in self.get("/v1/registry/nodes")["nodes"]}
 
+    def entry(self, session_id: str, timeout: float = 5.0) -> dict[str, Any] | None:
+        """One session's registry entry as this node's replica holds it, or None if it
+        does not know the session (yet): cheaper to poll than the whole listing."""
+        response = httpx.get(f"{self.http_url}/v1/registry/nodes/{session_id}",
+                             timeout=timeout, trust_env=False)
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        entry: dict[str, Any] = response.json()
+        return entry
+
     def engine_pids(self) -> list[int]:
         """PIDs of this node's engine process group (its direct children)."""
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")

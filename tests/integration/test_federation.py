@@ -45,6 +45,13 @@ def test_three_daemons_mesh_through_one_bootstrap_and_a_late_joiner_learns_state
         assert entry["state"] == "JOIN" and entry["version"] >= 1
         assert entry["hardware"]["cpus"] >= 1
         assert entry["models"] == []
+        alone = b.entry(node.session_id)  # one entry alone, as b's replica holds it
+        assert alone is not None
+        assert {**alone, "received_at": 0} == {**entry, "received_at": 0}
+    unknown = httpx.get(f"{boot.http_url}/v1/registry/nodes/no-such-session", timeout=5,
+                        trust_env=False)
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "session_not_found"
     health = a.get("/v1/health")
     assert health["peer_id"] == a.status["peer_id"]
     assert health["session_id"] == a.session_id
