@@ -56,7 +56,8 @@ def test_the_schema_lists_the_inspection_routes(node: tuple[LocalNode, Target]) 
     _, target = node
     paths = {path for _, path, _ in target.operations()}
     assert {"/v1/health", "/v1/network", "/v1/models", "/v1/models/{model_id}",
-            "/v1/registry/nodes", "/v1/assignments", "/v1/admin/keys",
+            "/v1/registry/nodes", "/v1/registry/nodes/{session_id}", "/v1/assignments",
+            "/v1/admin/keys",
             "/v1/admin/keys/{key_id}", "/v1/me", "/v1/load-reports"} <= paths
 
 
