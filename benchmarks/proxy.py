@@ -398,7 +398,11 @@ def main() -> None:
     mock_url = f"http://127.0.0.1:{port}"
     launcher = pinned(ROUTER_CORE, [sys.executable, "-m", "otela"])
     if args.otela_src is not None:
-        os.environ["PYTHONPATH"] = str(args.otela_src.resolve())  # the nodes' otela
+        # The nodes' otela. PYTHONSAFEPATH too: ``python -m otela`` otherwise puts its
+        # working directory (this checkout's root, where LocalFederation starts nodes)
+        # ahead of PYTHONPATH, and every node ran this checkout's code, not OTELA_SRC's.
+        os.environ["PYTHONPATH"] = str(args.otela_src.resolve())
+        os.environ["PYTHONSAFEPATH"] = "1"
     results: list[PathResult] = []
     try:
         wait_for(lambda: subprocess.run(["curl", "-sf", f"{mock_url}/health"],
