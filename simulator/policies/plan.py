@@ -55,6 +55,9 @@ def plan_oserve(wl: ClusterWorkload, pool: Pool) -> dict[str, Any]:
         "assignment": notes["assignment"],
         "throughput_rps": policy.plan.throughput,
         "homogeneous": {"layout": homog.describe(), "throughput_rps": homog.throughput},
+        # the serving check's sample and served rates, when one was simulated (the
+        # launched layout can differ from what the LP alone would pick)
+        "check": notes.get("check"),
     }
 
 
@@ -125,6 +128,13 @@ def show(result: dict[str, Any], console: Console) -> None:
         for label, shares in result["assignment"].items():
             t.add_row(label, *(f"{100 * x:.0f}%" for x in shares))
         console.print(t)
+        check = result.get("check")
+        if check:
+            served = ", ".join(f"{layout} {rps:.2f}"
+                               for layout, rps in check["served_rps"].items())
+            console.print(f"serving check ({check['sample_s']:.0f} s sample offered "
+                          f"{check['sample_rps']:.2f} req/s): served req/s {served}; "
+                          f"launched {check['chosen']}")
     elif kind == "prism":
         t = Table(title="Prism placement (KV pressure ratio per GPU)")
         for c in ("GPU", "models", "KV free GiB", "KVPR"):

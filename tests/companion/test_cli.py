@@ -4,6 +4,7 @@ small workloads."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -59,3 +60,27 @@ def test_plan_with_a_companion_policy(tmp_path: Path) -> None:
     r = runner.invoke(app, ["plan", "--policy", "gyges", "--pool", str(pool),
                             "--trace", str(trace)])
     assert r.exit_code == 2
+
+
+def test_plan_oserve_shows_the_serving_check(tmp_path: Path) -> None:
+    # Llama2-70B on 2 x 8 H100, S3's mix: the search plans a heterogeneous layout that
+    # serves less than TP2PP4 x2 in the simulator, and the plan must say what it launches
+    # and why (the check's served rates), not only the LP's promise.
+    from simulator.policies.oserve import scenario
+
+    pool = tmp_path / "pool.toml"
+    pool.write_text('[[hosts]]\ngpu = "h100"\ngpus_per_host = 8\ncount = 2\n')
+    trace = tmp_path / "o.jsonl"
+    write_trace(trace, scenario.workload(scenario.TABLE1["S3"][1], 10.0, 120.0,
+                                         seed=11).to_trace())
+    r = runner.invoke(app, ["plan", "--policy", "oserve", "--pool", str(pool),
+                            "--trace", str(trace), "--json"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.output)
+    check = result["check"]
+    assert check["chosen"] == result["layout"]
+    assert check["homogeneous"] in check["served_rps"] and check["sample_rps"] > 0
+    r = runner.invoke(app, ["plan", "--policy", "oserve", "--pool", str(pool),
+                            "--trace", str(trace)], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    assert "serving check" in r.output and f"launched {check['chosen']}" in r.output

@@ -294,3 +294,83 @@ def test_served_rate_is_the_offered_rate_below_capacity() -> None:
     assert len(c["served_rps"]) == 2
     for rate in c["served_rps"].values():
         assert rate == pytest.approx(c["sample_rps"], rel=0.05)  # measured within 1 %
+
+
+def test_a_replan_switches_only_if_the_proposal_serves_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A re-plan the profiles rate well above the running layout is simulated against it on a
+    # sample of the forecast mix before a switch (a restart) is paid for; a proposal that
+    # serves less is declined, and not simulated again while the forecast mix stands.
+    import dataclasses
+    from types import SimpleNamespace
+
+    from simulator.policies.cluster import Cluster, Pool
+    from simulator.policies.oserve import scenario
+    from simulator.policies.oserve.policy import OservePolicy
+    from simulator.policies.oserve.search import homogeneous_layout
+
+    wl = scenario.workload(scenario.TABLE1["S3"][1], 10.0, 240.0, seed=11)
+    cluster = Cluster(wl, Pool.uniform(scenario.GPU, 16))
+    pol = OservePolicy(scenario.MODEL, adapt_s=60.0, check_s=0.0, layout="homogeneous")
+    pol.start(cluster, 0.0)
+    assert pol.plan is not None and pol.types is not None
+    cur = pol.plan
+    demand = np.bincount(pol.type_of, minlength=pol.types.k) / 240.0
+    other = next(s for s in pol._caps if not any(s == x for x in cur.layout)
+                 and score(homogeneous_layout(s, [8, 8]), pol._caps, demand, [8, 8]))
+    real = score(homogeneous_layout(other, [8, 8]), pol._caps, demand, [8, 8])
+    assert real is not None
+    proposed = dataclasses.replace(real, assignment=SimpleNamespace(
+        throughput=2 * cur.throughput, fractions=real.assignment.fractions))
+    served = {cur.describe(): 30.0, proposed.describe(): 29.0}
+    asked: list[str] = []
+
+    def fake_served(self: OservePolicy, cluster: Cluster, sc: Scored, caps: object,
+                    demand: np.ndarray) -> float:
+        asked.append(sc.describe())
+        running = assign([self._caps[s] for s in cur.layout], demand, spread=self.spread)
+        assert self._sample is not None and self._sample[1] == pytest.approx(
+            1.05 * running.throughput)  # just above the running layout's capacity on the mix
+        return served[sc.describe()]
+
+    monkeypatch.setattr(OservePolicy, "_served", fake_served)
+    monkeypatch.setattr(OservePolicy, "_solve", lambda self, c, d, start: proposed)
+    pol.check_s = 120.0
+    pol._forecast.predict = lambda: demand  # type: ignore[union-attr,method-assign]
+    pol.on_tick(cluster, 120.0)
+    assert pol.plan.describe() == cur.describe() and pol.switches == []
+    assert sorted(asked) == sorted([cur.describe(), proposed.describe()])
+    assert pol.notes()["switch_checks"][0]["switched"] is False
+    pol.on_tick(cluster, 180.0)  # same proposal on the same mix: not simulated again
+    assert len(asked) == 2 and len(pol.switch_checks) == 1
+    served[proposed.describe()] = 33.0
+    pol._forecast.predict = lambda: demand * 1.3  # type: ignore[union-attr,method-assign]
+    pol.on_tick(cluster, 240.0)  # the mix moved: asked again, and it serves 10 % more
+    assert len(asked) == 4 and pol.switch_checks[-1]["switched"] is True
+    assert pol.plan.describe() == proposed.describe() and len(pol.switches) == 1
+
+
+def test_the_replan_sample_follows_the_forecast_mix_with_lengths_seen_so_far() -> None:
+    from simulator.policies.cluster import Cluster, Pool
+    from simulator.policies.oserve import scenario
+    from simulator.policies.oserve.policy import OservePolicy
+
+    wl = scenario.workload(scenario.TABLE1["S3"][1], 10.0, 240.0, seed=11)
+    cluster = Cluster(wl, Pool.uniform(scenario.GPU, 16))
+    pol = OservePolicy(scenario.MODEL, adapt_s=60.0, check_s=0.0, layout="homogeneous")
+    pol.start(cluster, 0.0)
+    assert pol.types is not None
+    pol.check_s = 120.0
+    demand = np.array([4.0, 0.0, 0.0, 1.0])  # only types 0 and 3, 4:1
+    sample = pol._mix_sample(cluster, demand, 10.0, now=100.0)
+    assert sample is not None and sample[1] == 10.0
+    b = sample[0].base
+    assert len(b) == pytest.approx(1200, rel=0.15)  # 10 req/s for 120 s
+    kinds = pol.types.classify(b.input_len, b.output_len)
+    assert set(kinds.tolist()) <= {0, 3}
+    assert (kinds == 0).mean() == pytest.approx(0.8, abs=0.05)
+    seen = {(int(i), int(o)) for i, o, t in zip(wl.base.input_len, wl.base.output_len,
+                                                 wl.base.arrival, strict=True) if t < 100.0}
+    assert {(int(i), int(o)) for i, o in zip(b.input_len, b.output_len, strict=True)} <= seen
+    assert pol._mix_sample(cluster, demand, 10.0, now=0.0) is None  # nothing seen yet
