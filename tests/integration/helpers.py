@@ -6,15 +6,21 @@ from typing import Any
 
 import httpx
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    http_client,
+    wait_for,
+)
 
 CONVERGE_S = 20.0
 
 
 def chat(node: LocalNode, model: str, content: str = "hello", **extra: Any) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": content}], **extra}
-    return httpx.post(f"{node.http_url}/v1/chat/completions", json=body, timeout=30,
-                      trust_env=False)
+    return http_client().post(f"{node.http_url}/v1/chat/completions", json=body, timeout=30)
 
 
 def serving_node(
