@@ -55,6 +55,7 @@ from otela.engine.command import EngineCommand, attached_engine, parse_engine_co
 from otela.engine.metadata import split_overrides
 from otela.engine.supervisor import Supervisor
 from otela.failures import os_error_in
+from otela.hostload import cpu_pressure
 from otela.identity import Identity, load_or_create
 from otela.liveness.detector import DetectorConfig, FailureDetector
 from otela.load.capacity import capacity_of
@@ -324,7 +325,8 @@ class Node:
             "membership": "open" if self.replica.admission.open else "authority",
             "suspected_peers": sorted(self.detector.suspected()),
             "reachability": self.nat.state,
-            "liveness": {**self.detector.stats, "local_health": self.detector.local_health},
+            "liveness": {**self.detector.stats, "local_health": self.detector.local_health,
+                         "host_cpu_pressure": cpu_pressure()},
             "event_loop": {"lag_worst_ms": round(self.lag.worst * 1e3, 2),
                            "lag_p99_bucket_ms": _ms(self.lag.lag.quantile_bound(
                                0.99, self.lag.label)),

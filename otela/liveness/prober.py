@@ -29,6 +29,7 @@ from typing import Protocol
 import trio
 
 from otela.config import default_of
+from otela.hostload import cpu_pressure
 from otela.liveness.events import EventLog
 from otela.liveness.health import LocalHealth
 from otela.liveness.members import MemberList
@@ -108,7 +109,8 @@ class Prober:
                  watch: NeighbourWatch, health: LocalHealth, news: News, events: EventLog,
                  members: MemberList, round_trips: RoundTrips, transport: ProbeTransport,
                  node: Membership, clock: Callable[[], float],
-                 stats: dict[str, int]) -> None:
+                 stats: dict[str, int],
+                 host_pressure: Callable[[], float | None] = cpu_pressure) -> None:
         self.self_id = self_id
         self.config = config
         self.table = table
@@ -122,6 +124,7 @@ class Prober:
         self.node = node
         self.clock = clock
         self.stats = stats
+        self.host_pressure = host_pressure  # reported with each suspicion we raise
         self.appeared: set[str] = set()  # peers that connected since the last round
         self.refusing: set[str] = set()  # peers whose last ping found nothing listening
         self.braking = False  # mirrors ``table.braking()`` to log its changes
@@ -253,6 +256,9 @@ class Prober:
                       f"direct, {len(helpers)} indirect and recent-contact checks failed")
             if self.news.publish_suspicion(target, target in self.watch.lost):
                 detail += "; published"
+            pressure = self.host_pressure()
+            if pressure is not None:  # a saturated host sees every peer as slow
+                detail += f"; host CPU pressure {pressure:.0f} %"
             self.events.record(target, "suspected", detail)
             log.warning("suspecting %s: %s", target, detail)
         return "suspected"

@@ -177,6 +177,23 @@ def test_a_dead_peer_is_suspected_confirmed_and_evicted():
     assert d.stats["evicted"] >= 1 and d.health.score == 0
 
 
+def test_a_suspicion_says_how_saturated_our_host_was():
+    d = Detector(["a", "b", "c"])
+    d.transport.alive = {"b", "c"}
+    d.transport.helpers_blind = {"b", "c"}
+    d.prober.host_pressure = lambda: 87.4
+    run_for(10, d)
+    raised = [e["detail"] for e in d.events.events if e["event"] == "suspected"]
+    assert raised and raised[0].endswith("; host CPU pressure 87 %")
+    d = Detector(["a", "b", "c"])  # a kernel without pressure information: nothing added
+    d.transport.alive = {"b", "c"}
+    d.transport.helpers_blind = {"b", "c"}
+    d.prober.host_pressure = lambda: None
+    run_for(10, d)
+    raised = [e["detail"] for e in d.events.events if e["event"] == "suspected"]
+    assert raised and "pressure" not in raised[0]
+
+
 def test_a_grace_period_is_acted_on_when_it_runs_out_not_at_the_next_period():
     """Between probe rounds the loop wakes when a suspicion's grace runs out (and when
     an eviction it signs falls due): checking only at the end of each period added up
