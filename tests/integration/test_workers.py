@@ -46,6 +46,10 @@ def test_workers_share_the_port_report_as_one_node_and_drain_on_sigterm(federati
     assert len(worker_pids(ingress)) == 2
     health = ingress.get("/v1/health")
     assert health["workers"] == {"count": 2, "restarts": 0}
+    # The registry above is the control process's; each worker routes with a snapshot it
+    # is pushed within ~50 ms of a change, and until then may not know the model (404).
+    wait_for(lambda: all(chat(ingress, "echo-w", "ready?", max_tokens=1).status_code == 200
+                         for _ in range(6)), 10, "every worker to know the model")
 
     for i in range(12):  # new connections each: the kernel spreads them over the workers
         response = chat(ingress, "echo-w", f"hello {i}", max_tokens=2)
@@ -61,16 +65,21 @@ def test_workers_share_the_port_report_as_one_node_and_drain_on_sigterm(federati
 
     # A slow stream is in flight when SIGTERM arrives: it finishes, then the node leaves.
     events: list[str] = []
+    answered = threading.Event()
 
     def stream() -> None:
         body = {"model": "echo-w", "stream": True,
                 "messages": [{"role": "user", "content": "one two three four five six"}]}
         with httpx.stream("POST", f"{ingress.http_url}/v1/chat/completions", json=body,
                           timeout=30, trust_env=False) as response:
+            answered.set()  # a worker holds it now
             events.extend(line for line in response.iter_lines() if line.startswith("data:"))
 
     reader = threading.Thread(target=stream)
     reader.start()
+    # The client's side first: the node's in_flight adds up the workers' reports, and a
+    # report from the requests above can still count one a moment after they finished.
+    assert answered.wait(10), "the stream was not answered"
     wait_for(lambda: ingress.get("/v1/health")["in_flight"] >= 1, 10,
              "the stream to be in flight")
     workers = worker_pids(ingress)
