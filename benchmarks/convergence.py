@@ -79,16 +79,13 @@ def run_size(n: int, root: Path, window: float, load_reports: bool = False
             observers = [x for x in nodes if x is not announcer]
             session = announcer.session_id
             for node in observers:  # one entry per poll: the whole listing costs the node
-                entries: list[dict] = []  # far more to encode, and 127 nodes polled it
-
-                def serving(node: LocalNode = node, session: str = session,
-                            entries: list[dict] = entries) -> bool:
-                    entry = node.entry(session, timeout=30)
-                    entries[:] = [entry] if entry else []
-                    return entry is not None and entry["state"] == "SERVING"
-
-                wait_for(serving, 120.0, f"{node.name} to apply the change", interval=0.25)
-                latencies.append(entries[0]["received_at"] - entries[0]["updated_at"])
+                # far more to encode, and 127 nodes were polled for it
+                wait_for(lambda node=node, session=session: (node.entry(session, timeout=30)
+                         or {}).get("state") == "SERVING", 120.0,
+                         f"{node.name} to apply the change", interval=0.25)
+                entry = node.entry(session, timeout=30)
+                assert entry is not None
+                latencies.append(entry["received_at"] - entry["updated_at"])
             nodes.append(announcer)
             progress(f"change {k + 1}/3 applied everywhere; so far p50/p95/max "
                      f"{1000 * statistics.median(latencies):.0f}/"

@@ -181,7 +181,7 @@ class LocalNode:
         """One session's registry entry as this node's replica holds it, or None if it
         does not know the session (yet): cheaper to poll than the whole listing."""
         response = http_client().get(f"{self.http_url}/v1/registry/nodes/{session_id}",
-                             timeout=timeout)
+                                     timeout=timeout)
         if response.status_code == 404:
             return None
         response.raise_for_status()

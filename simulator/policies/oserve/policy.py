@@ -180,6 +180,12 @@ class OservePolicy(BasePolicy):
         return self._spread(best, demand)
 
     # ---- the serving check (search.py) ------------------------------------------------
+    def _arrivals(self, rng: np.random.Generator, rate: float) -> np.ndarray:
+        """Poisson arrival times at `rate` over the check's `check_s` seconds."""
+        n = int(rate * self.check_s * 1.2) + 20
+        arr = np.cumsum(rng.exponential(1.0 / rate, n))
+        return arr[arr < self.check_s]
+
     def _check_sample(self, cluster: Cluster, rate: float) -> tuple[ClusterWorkload, float]:
         """`check_s` seconds of Poisson arrivals at `rate`, with the lengths of the workload's
         requests in order (those the plan is made for: the first span when adapting)."""
@@ -187,10 +193,7 @@ class OservePolicy(BasePolicy):
         src = np.flatnonzero(b.arrival < self.adapt_s) if self.adapt_s else np.arange(len(b))
         if len(src) == 0:
             src = np.arange(len(b))
-        rng = np.random.default_rng(self.seed)
-        n = int(rate * self.check_s * 1.2) + 20
-        arr = np.cumsum(rng.exponential(1.0 / rate, n))
-        arr = arr[arr < self.check_s]
+        arr = self._arrivals(np.random.default_rng(self.seed), rate)
         idx = src[np.arange(len(arr)) % len(src)]
         part = Part(arr, b.input_len[idx], b.output_len[idx], self.model, "check")
         return ClusterWorkload.from_parts([part]), rate
@@ -436,9 +439,7 @@ class OservePolicy(BasePolicy):
         if weights.sum() <= 0 or rate <= 0:
             return None
         rng = np.random.default_rng(self.seed + int(now))
-        n = int(rate * self.check_s * 1.2) + 20
-        arr = np.cumsum(rng.exponential(1.0 / rate, n))
-        arr = arr[arr < self.check_s]
+        arr = self._arrivals(rng, rate)
         kinds = rng.choice(self.types.k, size=len(arr), p=weights / weights.sum())
         idx = np.zeros(len(arr), np.int64)
         for j in range(self.types.k):
