@@ -1,7 +1,6 @@
 """The ingress trace recorder: non-blocking, bounded, rotating, hashing, never raising."""
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -74,12 +73,13 @@ def test_hash_ids_and_prompts_opt_in(tmp_path: Path) -> None:
 
 
 def test_full_queue_drops_and_counts_without_blocking(tmp_path: Path) -> None:
+    # No writer runs here: a recorder that waited for room, or wrote in the caller's
+    # task, would hang or leave a file behind. Behaviour, not wall-clock time, which
+    # a loaded CI host stretches past any per-call bound.
     rec = TraceRecorder(tmp_path / "t.jsonl", queue_size=100)
-    t0 = time.perf_counter()
     results = [_record(rec, i) for i in range(10_000)]
-    per_call = (time.perf_counter() - t0) / 10_000
     assert results.count(True) == 100 and rec.stats.dropped == 9_900
-    assert per_call < 50e-6  # a deque append, not I/O
+    assert not (tmp_path / "t.jsonl").exists()  # the request path did no file I/O
 
 
 def test_bad_values_never_raise_into_the_caller(tmp_path: Path) -> None:
