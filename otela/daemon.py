@@ -326,6 +326,7 @@ class Node:
             "suspected_peers": sorted(self.detector.suspected()),
             "reachability": self.nat.state,
             "liveness": {**self.detector.stats, "local_health": self.detector.local_health,
+                         "health_multiplier": self.detector.health.multiplier,
                          "host_cpu_pressure": cpu_pressure()},
             "event_loop": {"lag_worst_ms": round(self.lag.worst * 1e3, 2),
                            "lag_p99_bucket_ms": _ms(self.lag.lag.quantile_bound(

@@ -210,6 +210,7 @@ class FailureDetector:
             "suspected": {p: self.events.suspected_since(p) for p in sorted(suspected)},
             "incarnation": self.table.incarnation,
             "local_health": self.health.score,
+            "health_multiplier": self.health.multiplier,
             "eviction_brake": self.prober.braking,
             "gossip_lag_s": round(self.replica.replicator.current_gossip_lag(), 3),
             "members": len(self.table.members),

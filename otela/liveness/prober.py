@@ -124,13 +124,16 @@ class Prober:
         self.node = node
         self.clock = clock
         self.stats = stats
-        self.host_pressure = host_pressure  # reported with each suspicion we raise
+        # Our host's CPU pressure: read each period into our local health (a saturated
+        # host makes every peer look slow), and reported with each suspicion we raise.
+        self.host_pressure = host_pressure
         self.appeared: set[str] = set()  # peers that connected since the last round
         self.refusing: set[str] = set()  # peers whose last ping found nothing listening
         self.braking = False  # mirrors ``table.braking()`` to log its changes
 
     async def run(self) -> None:
         while True:
+            self.health.observe_host(self.host_pressure())
             end = self.clock() + self.config.probe_interval * self.health.multiplier
             try:
                 await self.period()

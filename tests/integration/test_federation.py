@@ -56,6 +56,8 @@ def test_three_daemons_mesh_through_one_bootstrap_and_a_late_joiner_learns_state
     assert health["peer_id"] == a.status["peer_id"]
     pressure = health["liveness"]["host_cpu_pressure"]  # None where the kernel has no PSI
     assert pressure is None or 0.0 <= pressure <= 100.0
+    liveness = health["liveness"]
+    assert 1 + liveness["local_health"] <= liveness["health_multiplier"] <= 9
     assert health["session_id"] == a.session_id
     assert any(addr.endswith(f"/p2p/{a.status['peer_id']}") for addr in health["addrs"])
 

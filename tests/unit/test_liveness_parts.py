@@ -13,7 +13,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
 from otela.liveness.events import EventLog
-from otela.liveness.health import LocalHealth
+from otela.liveness.health import LocalHealth, pressure_floor
 from otela.liveness.members import MemberList
 from otela.liveness.news import News, alive_payload, verify_alive
 from otela.liveness.prober import DetectorConfig, Prober
@@ -105,7 +105,8 @@ class Detector:
         self.node = FakeNode(peers)
         self.prober = Prober(self_id, CONFIG, self.table, self.watch, self.health, self.news,
                              self.events, self.members, self.rtt, self.transport, self.node,
-                             trio.current_time, self.stats)
+                             trio.current_time, self.stats,
+                             host_pressure=lambda: None)  # not this machine's real load
 
     def event_kinds(self, peer: str) -> list[str]:
         return [e["event"] for e in self.events.events if e["peer_id"] == peer]
@@ -182,7 +183,7 @@ def test_a_suspicion_says_how_saturated_our_host_was():
     d.transport.alive = {"b", "c"}
     d.transport.helpers_blind = {"b", "c"}
     d.prober.host_pressure = lambda: 87.4
-    run_for(10, d)
+    run_for(40, d)  # at 87 % the node probes and waits x4 (next test)
     raised = [e["detail"] for e in d.events.events if e["event"] == "suspected"]
     assert raised and raised[0].endswith("; host CPU pressure 87 %")
     d = Detector(["a", "b", "c"])  # a kernel without pressure information: nothing added
@@ -399,6 +400,44 @@ def test_local_health_is_bounded_and_scales_the_table():
     assert not health.lagging(10.0)  # late by less than half a period: fine
     health.slept(asked=1.0, took=1.6, now=10.0)
     assert health.lagging(12.9) and not health.lagging(13.1)
+
+
+def test_a_saturated_host_raises_the_multiplier_until_the_pressure_falls():
+    assert [pressure_floor(p, 8) for p in (None, 0.0, 80.0, 85.0, 90.0, 99.0, 100.0, 130.0)] \
+        == [0, 0, 0, 2, 4, 8, 8, 8]
+    scaled: list[int] = []
+    health = LocalHealth(maximum=8, stale_window=3.0, probe_interval=1.0,
+                         on_change=scaled.append)
+    health.worse()
+    health.observe_host(50.0)  # busy, not saturated: our own evidence decides
+    assert health.multiplier == 2 and scaled == [2]
+    health.observe_host(90.0)
+    assert health.multiplier == 5 and scaled[-1] == 5 and health.score == 1
+    health.worse()  # our own score rises underneath the floor, and is kept
+    health.observe_host(40.0)
+    assert health.multiplier == 3 and scaled[-1] == 3
+
+
+def test_on_a_saturated_host_a_node_probes_less_and_waits_longer_but_still_evicts():
+    """Every peer looks slow from a saturated host, and probing is part of its load: the
+    node probes at a ninth of the rate and gives a suspect nine times the grace. A peer
+    that is really dead is still evicted, only later."""
+    def dead_a(pressure: float | None) -> Detector:
+        d = Detector(["a", "b", "c"])
+        d.transport.alive = {"b", "c"}
+        d.transport.helpers_blind = {"b", "c"}
+        d.prober.host_pressure = lambda: pressure
+        return d
+
+    quiet, saturated = dead_a(20.0), dead_a(99.5)
+    run_for(60, quiet)
+    run_for(60, saturated)
+    assert quiet.stats["probes"] >= 5 * saturated.stats["probes"] > 0
+    assert saturated.table.suspicion_timeout == 9 * quiet.table.suspicion_timeout
+    assert [p for p, _ in quiet.node.evicted][:1] == ["a"]
+    assert saturated.node.evicted == [] and "a" in saturated.table.suspected()
+    run_for(600, saturated := dead_a(99.5))
+    assert [p for p, _ in saturated.node.evicted][:1] == ["a"]
 
 
 # -- news -------------------------------------------------------------------------------
