@@ -50,7 +50,7 @@ def kmeans(
     best, best_inertia = None, np.inf
     for i in range(restarts):
         c = _lloyd(x, k, np.random.default_rng(seed + i), iters)
-        inertia = float(((x[:, None, :] - c[None]) ** 2).sum(axis=2).min(axis=1).sum())
+        inertia = float(_sq_dist(x, c).min(axis=1).sum())
         if inertia < best_inertia:
             best, best_inertia = c, inertia
     assert best is not None
@@ -58,15 +58,29 @@ def kmeans(
     return best[order]
 
 
+def _sq_dist(x: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Squared distances of points to centroids, (n, k). Two features, summed in the order
+    ``((x - c) ** 2).sum(axis=2)`` sums them (the same floats), without its (n, k, 2)
+    temporaries: k-means' distance steps were a fifth of OSERVE's planning time."""
+    if x.shape[1] != 2:
+        return ((x[:, None, :] - c[None]) ** 2).sum(axis=2)
+    d0 = x[:, 0:1] - c[None, :, 0]
+    d1 = x[:, 1:2] - c[None, :, 1]
+    d0 *= d0
+    d1 *= d1
+    d0 += d1
+    return d0
+
+
 def _lloyd(x: np.ndarray, k: int, rng: np.random.Generator, iters: int) -> np.ndarray:
     cents = [x[rng.integers(len(x))]]
     for _ in range(1, k):
-        d = np.min(((x[:, None, :] - np.array(cents)[None]) ** 2).sum(axis=2), axis=1)
+        d = np.min(_sq_dist(x, np.array(cents)), axis=1)
         p = d / d.sum() if d.sum() > 0 else np.full(len(x), 1 / len(x))
         cents.append(x[rng.choice(len(x), p=p)])
     c = np.array(cents, dtype=float)
     for _ in range(iters):
-        lab = ((x[:, None, :] - c[None]) ** 2).sum(axis=2).argmin(axis=1)
+        lab = _sq_dist(x, c).argmin(axis=1)
         new = np.array([x[lab == j].mean(axis=0) if np.any(lab == j) else c[j] for j in range(k)])
         if np.allclose(new, c):
             break
