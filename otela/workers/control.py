@@ -73,6 +73,7 @@ class _Worker:
     channel: Channel | None = None
     process: subprocess.Popen[bytes] | None = None
     report: dict[str, Any] = field(default_factory=dict)
+    received: int = 0  # reports received from this slot, over its restarts
 
 
 class WorkerPool:
@@ -99,6 +100,21 @@ class WorkerPool:
 
     def in_flight(self) -> int:
         return sum(int(w.report.get("inflight", 0)) for w in self.workers)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no worker has a request in flight, judged only on reports sent after
+        this call (``False`` if ``timeout`` ran out first). A report from before can miss
+        a request accepted since: a stream answered just before SIGTERM was cut when the
+        drain trusted a report a fraction of a reporting interval old."""
+        marks = [w.received for w in self.workers]
+        with trio.move_on_after(timeout):
+            while True:
+                fresh = all(w.channel is None or w.received > mark
+                            for w, mark in zip(self.workers, marks, strict=True))
+                if fresh and self.in_flight() == 0:
+                    return True
+                await trio.sleep(0.05)
+        return False
 
     def busy(self) -> Counter[str]:
         total: Counter[str] = Counter()
@@ -200,6 +216,7 @@ class WorkerPool:
                 if traces:
                     self.on_traces(traces)
                 worker.report = report
+                worker.received += 1
         except ChannelClosed:
             return
 
