@@ -539,8 +539,7 @@ class Node:
         if self.workers is not None and not await self.workers.wait_idle(grace):
             return False
         # this process relays too (requests arriving over libp2p streams)
-        return self.inflight.count == 0 or await self.inflight.wait_idle(
-            max(0.0, deadline - trio.current_time()))
+        return await self.inflight.wait_idle(max(0.0, deadline - trio.current_time()))
 
     async def _serve_http(self, nursery: trio.Nursery) -> int:
         """Serve the HTTP port, in this process or through data-path workers; the port."""
