@@ -44,7 +44,7 @@ from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable
 from otela.liveness.watch import NeighbourWatch
 from otela.mesh.connections import OnConnected
-from otela.mesh.listening import nothing_listens_at
+from otela.mesh.listening import answer_at, nothing_listens_at
 from otela.mesh.quota import SWIM_STREAMS, set_capped_handler
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.replication import LocalReplica
@@ -86,6 +86,9 @@ class _SwimTransport:
 
     async def turned_away(self, peer: str) -> bool:
         return await nothing_listens_at(self.known_addresses(peer))
+
+    async def reachability(self, peer: str) -> str:
+        return await answer_at(self.known_addresses(peer))
 
     def known_addresses(self, peer: str) -> list[multiaddr.Multiaddr]:
         """The peer's addresses in the peerstore, put back from the registry if they
@@ -177,7 +180,8 @@ class FailureDetector:
         self.self_id = identity.peer_id.to_base58()
         self.stats: dict[str, int] = {
             "probes": 0, "suspected": 0, "withheld": 0, "evicted": 0, "refuted": 0,
-            "brake_engaged": 0, "malformed_news": 0}
+            "brake_engaged": 0, "malformed_news": 0, "unwatched_checks": 0,
+            "unwatched_unreachable": 0}
         self.table = LivenessTable(self.self_id, config.suspicion_timeout,
                                    eviction_stagger=config.probe_interval)
         self.watch = NeighbourWatch()

@@ -8,10 +8,13 @@ robin over its connected ones). The peer is suspected only if all three paths fa
    gossip it published *or forwarded* to us (a busy peer on an overloaded machine answers
    probes late but keeps forwarding gossip: it is slow, not dead). Skipped for a lost
    neighbour whose every address refuses a TCP connection: nothing listens, it crashed.
-After the round, and whenever a grace period runs out or an eviction falls due between
-rounds, the loop confirms expired suspicions and signs the evictions that are due
-(``table.py``), unless our own event loop lags (``health.py``); the eviction brake's
-turning on and off is logged as an event.
+Every ``UNWATCHED_CHECK_PERIODS`` periods it also checks one member it is not connected to
+with a plain TCP connect (``watch.next_unwatched``), and probes one that does not accept
+like a lost neighbour: the member's own neighbours watch it, unless a partition put them
+all on the other side. After the round, and whenever a grace period runs out or an
+eviction falls due between rounds, the loop confirms expired suspicions and signs the
+evictions that are due (``table.py``), unless our own event loop lags (``health.py``);
+the eviction brake's turning on and off is logged as an event.
 
 The loop talks to the network only through ``ProbeTransport`` (probe, indirect probe) and
 to the node through ``Membership`` (its registry, its connections, evicting), so a fake of
@@ -40,6 +43,14 @@ from otela.liveness.watch import NeighbourWatch
 from otela.registry.records import NodeRecord
 
 log = logging.getLogger("otela.liveness")
+
+# One member we are not connected to is checked every this many periods (10 s by default).
+# The check is a TCP connect that the member's kernel accepts and its listener drops
+# before any handshake (~5 ms of its CPU): a 128-node federation on one host makes ~13 a
+# second. After a partition, a member whose neighbours are all on the other side is found
+# by the first node on ours to check it: with N / 2 nodes checking, within about 2 x this
+# period on average (the 4-node partition test: within one period).
+UNWATCHED_CHECK_PERIODS = 10
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,11 @@ class ProbeTransport(Protocol):
     async def turned_away(self, peer: str) -> bool:
         """Whether every direct address of ``peer`` refuses a TCP connection: its host is
         up and nothing listens there (``otela.mesh.listening``)."""
+        ...
+
+    async def reachability(self, peer: str) -> str:
+        """How ``peer``'s direct addresses answer a TCP connect: ``accepted``, ``refused``,
+        ``unknown`` or ``none`` (``otela.mesh.listening.answer_at``)."""
         ...
 
 
@@ -130,6 +146,7 @@ class Prober:
         self.appeared: set[str] = set()  # peers that connected since the last round
         self.refusing: set[str] = set()  # peers whose last ping found nothing listening
         self.braking = False  # mirrors ``table.braking()`` to log its changes
+        self.periods_unchecked = 0  # periods since we last checked an unwatched member
 
     async def run(self) -> None:
         while True:
@@ -167,8 +184,35 @@ class Prober:
         target = self.watch.next_target(self.clock())
         if target is not None and await self.round(target) != "silent":
             self.watch.decided(target)
+        await self._check_unwatched()
         self._watch_brake()
         await self.settle()
+
+    async def _check_unwatched(self) -> None:
+        """Every ``UNWATCHED_CHECK_PERIODS`` periods, connect to the live member we are not
+        connected to that was checked longest ago (``watch.next_unwatched``). If it does
+        not accept, probe it from the next period on as a lost neighbour: the full round
+        (direct, indirect, recent contact) decides, so a member that is only slow to
+        accept is not suspected for it. Skipped while our own loop lags."""
+        self.periods_unchecked += 1
+        if (self.periods_unchecked < UNWATCHED_CHECK_PERIODS
+                or self.health.lagging(self.clock())):
+            return
+        alive = {p for p, m in self.table.members.items() if m.status is Status.ALIVE}
+        target = self.watch.next_unwatched(alive, self.clock())
+        if target is None:
+            return
+        self.periods_unchecked = 0
+        self.stats["unwatched_checks"] += 1
+        answer = await self.transport.reachability(target)
+        if answer in ("accepted", "none"):  # none: behind a NAT, its relays' members watch it
+            return
+        self.stats["unwatched_unreachable"] += 1
+        detail = ("every address refused a connection" if answer == "refused"
+                  else "no address accepted a connection in time")
+        self.events.record(target, "unreachable", f"not a neighbour, and {detail}: probing it")
+        log.info("probing %s, which we do not watch: %s", target, detail)
+        self.watch.verify(target, self.clock())
 
     async def settle(self) -> None:
         """Confirm the suspicions whose grace ran out and sign the evictions now due."""

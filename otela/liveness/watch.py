@@ -16,6 +16,13 @@ that joins and crashes within a second is still detected.
 
 A suspect we were picked to verify (``verify``) is probed next in the same way, connected
 to us or not.
+
+Members we are not connected to are left to their own neighbours, which is enough until a
+partition puts all of a member's neighbours on the other side: nobody on ours would ever
+probe it, and it would stay listed as serving here until the heal. So the prober also
+checks, now and then, one member it is not connected to (``next_unwatched``: the one
+checked longest ago), with a plain TCP connect; one that does not accept is then probed as
+a lost neighbour (``verify``).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ class NeighbourWatch:
     _watchable: set[str] = field(default_factory=set)
     _lost_at: dict[str, float] = field(default_factory=dict)
     _parted: set[str] = field(default_factory=set)  # closed by us since the last call
+    _checked: dict[str, float] = field(default_factory=dict)  # unwatched member -> last check
 
     def observe(self, connected: set[str], watchable: set[str], known: set[str], now: float,
                 appeared: frozenset[str] = frozenset()) -> list[str]:
@@ -81,6 +89,19 @@ class NeighbourWatch:
         self.lost[peer_id] = float("-inf")  # never probed: ahead of every lost peer
         self._lost_at[peer_id] = now
         return True
+
+    def next_unwatched(self, members: set[str], now: float) -> str | None:
+        """Among ``members``, those we neither hold a connection to nor probe as lost, the
+        one checked longest ago (never checked first, ties at random); it counts as checked
+        now. None if every member is watched."""
+        unwatched = members - self.neighbours - set(self.lost)
+        self._checked = {p: t for p, t in self._checked.items() if p in unwatched}
+        if not unwatched:
+            return None
+        target = min(sorted(unwatched),
+                     key=lambda p: (self._checked.get(p, float("-inf")), self.rng.random()))
+        self._checked[target] = now
+        return target
 
     def watched(self) -> set[str]:
         return (self.neighbours | set(self.lost)) & self._watchable

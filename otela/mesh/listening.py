@@ -5,7 +5,9 @@ up and no process listening: a crashed or killed daemon. A slow, frozen or parti
 peer never refuses; its connects are accepted by its kernel or time out. The failure
 detector asks this of a neighbour whose connection just dropped and whose probes failed
 (``otela.liveness.prober``), so that a crash is suspected without first waiting out the
-recent-contact window meant for slow peers.
+recent-contact window meant for slow peers. It also asks, now and then, of a member it
+holds no connection to (``answer_at``): one that does not accept a connect is probed in
+full, which is how a member nobody on our side of a partition watches gets noticed.
 
 A plain connect, not a libp2p dial: py-libp2p retries a refused dial with backoff
 (~0.7 s) and then blocks the peer in a negative cache, and a cancelled dial reports
@@ -39,6 +41,24 @@ def direct_tcp_addresses(addrs: Iterable[multiaddr.Multiaddr]) -> list[tuple[str
 async def nothing_listens_at(addrs: Iterable[multiaddr.Multiaddr]) -> bool:
     """``nothing_listens`` at a peer's multiaddrs (its plain TCP ones)."""
     return await nothing_listens(direct_tcp_addresses(addrs))
+
+
+async def answer_at(addrs: Iterable[multiaddr.Multiaddr],
+                    timeout: float = CONNECT_TIMEOUT_S) -> str:
+    """How a peer's plain TCP addresses answer a connect: ``accepted`` (one did: some
+    process listens, stop there), ``refused`` (every one refused: nothing listens),
+    ``unknown`` (no answer in time from at least one, none accepted: cut off, or a host too
+    busy to answer) or ``none`` (no plain TCP address to try: behind a NAT, say)."""
+    addresses = direct_tcp_addresses(addrs)
+    if not addresses:
+        return "none"
+    answers = set()
+    for host, port in addresses:
+        answer = await _connect(host, port, timeout)
+        if answer == "accepted":
+            return answer
+        answers.add(answer)
+    return "refused" if answers == {"refused"} else "unknown"
 
 
 async def nothing_listens(addresses: list[tuple[str, int]],

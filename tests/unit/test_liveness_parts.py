@@ -38,6 +38,7 @@ class FakeTransport:
         self.helpers_mute: set[str] = set()
         self.refusing: set[str] = set()  # their addresses refuse connections: crashed
         self.probes: list[str] = []
+        self.connects: list[str] = []  # plain TCP connects (reachability checks)
 
     async def probe(self, peer: str, timeout: float) -> bool:
         self.probes.append(peer)
@@ -54,6 +55,12 @@ class FakeTransport:
 
     async def turned_away(self, peer: str) -> bool:
         return peer in self.refusing
+
+    async def reachability(self, peer: str) -> str:
+        self.connects.append(peer)
+        if peer in self.alive:
+            return "accepted"
+        return "refused" if peer in self.refusing else "unknown"
 
 
 class FakeNode:
@@ -88,8 +95,9 @@ class Detector:
     """The parts wired as ``FailureDetector`` wires them, minus libp2p."""
 
     def __init__(self, peers: list[str], self_id: str = "me") -> None:
-        self.stats: dict[str, int] = {k: 0 for k in ("probes", "suspected", "withheld",
-                                                     "evicted", "refuted", "brake_engaged")}
+        self.stats: dict[str, int] = {k: 0 for k in (
+            "probes", "suspected", "withheld", "evicted", "refuted", "brake_engaged",
+            "unwatched_checks", "unwatched_unreachable")}
         self.table = LivenessTable(self_id, CONFIG.suspicion_timeout,
                                    eviction_stagger=CONFIG.probe_interval)
         self.watch = NeighbourWatch()
@@ -308,6 +316,38 @@ def test_a_lost_neighbour_that_refuses_connections_is_suspected_at_once():
     assert run_round(lost=False, refusing=True)[0] == "silent"  # connected: not asked
 
 
+def test_a_member_nobody_on_our_side_watches_is_found_and_evicted():
+    """A partition put a's neighbours on the other side: we hold no connection to it and
+    nobody publishes a suspicion of it. Our occasional TCP connect to an unwatched member
+    goes unanswered, the full probe round fails (our neighbour b cannot reach it either),
+    and it is evicted; c, also unwatched but reachable, only gets connects."""
+    d = Detector(["a", "b", "c"])
+    d.node.links = {"b"}
+    d.transport.alive = {"b", "c"}
+    d.transport.helpers_blind = {"b"}
+    run_for(60, d)
+    assert {peer for peer, _ in d.node.evicted} == {"a"}  # (the fake registry keeps it)
+    assert d.event_kinds("a")[:3] == ["unreachable", "suspected", "confirmed"]
+    assert d.event_kinds("c") == [] and "c" not in d.transport.probes
+    assert {"a", "c"} <= set(d.transport.connects)
+    assert d.stats["unwatched_unreachable"] >= 1
+
+
+def test_unwatched_members_are_checked_rarely_and_neighbours_never():
+    d = Detector(["a", "b", "c"])
+    d.node.links = {"a"}
+    d.transport.alive = {"a", "b", "c"}
+    run_for(60.5, d)
+    assert d.node.evicted == [] and d.table.suspected() == frozenset()
+    # one connect every UNWATCHED_CHECK_PERIODS (10) periods, taking b and c in turn
+    assert sorted(d.transport.connects) == ["b", "b", "b", "c", "c", "c"]
+    assert set(d.transport.probes) == {"a"}
+    full = Detector(["a", "b"])
+    full.transport.alive = {"a", "b"}
+    run_for(30, full)
+    assert full.transport.connects == []  # everyone is a neighbour: nothing to check
+
+
 def test_a_lagging_node_accuses_nobody_and_evicts_nobody():
     d = Detector(["a"])
 
@@ -332,6 +372,7 @@ def test_a_node_with_nobody_to_ask_leaves_a_slow_peer_to_the_others():
     def run(peers: list[str], refusing: bool) -> Detector:
         d = Detector(peers)
         d.node.links = {"a"}  # our only connection; b and c are known from the registry
+        d.transport.alive = set(peers) - {"a"}  # and answer when we connect to them
         if refusing:
             async def drop() -> None:  # its connection drops and its port refuses
                 await trio.sleep(2.5)

@@ -99,3 +99,19 @@ def test_a_suspect_to_verify_is_probed_next_connected_or_not():
     probed = w.next_target(now=4.0)  # one of a, b; the other is still due this pass
     w.verify(probed, now=4.0)  # connected: jumps to the front of the round
     assert w.next_target(now=5.0) == probed
+
+
+def test_unwatched_members_are_checked_in_turn_never_checked_first():
+    w = watch("a")
+    members = {"a", "b", "c", "d"}
+    first = [w.next_unwatched(members, now=t) for t in (1.0, 2.0, 3.0)]
+    assert sorted(first) == ["b", "c", "d"]  # neighbour a is watched anyway
+    assert w.next_unwatched(members, now=4.0) == first[0]  # checked longest ago
+    w.observe({"a", "c"}, MEMBERS, MEMBERS, now=5.0)  # c is a neighbour now
+    assert "c" not in [w.next_unwatched(members, now=t) for t in (6.0, 7.0, 8.0)]
+
+
+def test_lost_neighbours_are_not_unwatched():
+    w = watch("a", "b")
+    w.observe({"a"}, MEMBERS, MEMBERS, now=1.0)  # b lost: probed every round already
+    assert w.next_unwatched({"a", "b"}, now=2.0) is None
