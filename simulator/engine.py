@@ -280,7 +280,7 @@ class Replica:
 
     def _release(self, r: int) -> None:
         req = self.req
-        self.free_blocks += int(req.blocks[r])
+        self.free_blocks += req.blocks.item(r)
         req.blocks[r] = 0
         h = self.prefix_owner.pop(r, None)
         if h is not None and h in self.prefix_cache:
@@ -312,9 +312,9 @@ class Replica:
     def _try_admit(self, r: int) -> bool:
         """Reserve blocks for the whole prompt (minus a cached prefix) of waiting request r."""
         req = self.req
-        target = int(req.target[r])
+        target = req.target.item(r)  # Python ints: called once per admitted request
         cached_blocks = 0
-        h = int(req.prefix_hash[r])
+        h = req.prefix_hash.item(r)
         if self.cfg.prefix_caching and h >= 0 and h in self.prefix_cache:
             nb = self.prefix_cache[h][0]
             cached_blocks = min(nb, (target - 1) // self.bs)
@@ -335,10 +335,10 @@ class Replica:
         req.blocks[r] = need
         req.computed[r] = cached_blocks * self.bs
         req.kv_len[r] = cached_blocks * self.bs
-        if req.preemptions[r] == 0:
+        if req.preemptions.item(r) == 0:
             req.cached_tokens[r] = cached_blocks * self.bs
         req.status[r] = RUNNING
-        if math.isnan(req.first_sched[r]):
+        if math.isnan(req.first_sched.item(r)):
             req.first_sched[r] = self.clock
         self.running.append(r)
         return True
@@ -475,31 +475,37 @@ class Replica:
         budget = cfg.max_batched_tokens * self.pp  # one budget per micro-batch in flight
         per_chunk = cfg.max_batched_tokens  # a chunk rides in one micro-batch
         chunks: list[tuple[int, int, int]] = []  # (request, chunk, prior)
+        # per-request reads go through `.item` (a Python int): a profiling step admits a
+        # thousand prompts, and numpy scalars cost several times more per operation
+        target, computed = req.target, req.computed
         if cfg.chunked_prefill:
             decoding = self._grow_decodes(decoding)
             budget -= len(decoding)
+            status = req.status
             for r in prefilling:
                 if budget <= 0:
                     break
-                if req.status[r] != RUNNING:
+                if status.item(r) != RUNNING:
                     continue
-                c = min(int(req.target[r] - req.computed[r]), budget, per_chunk)
-                chunks.append((r, c, int(req.computed[r])))
+                prior = computed.item(r)
+                c = min(target.item(r) - prior, budget, per_chunk)
+                chunks.append((r, c, prior))
                 budget -= c
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 r = self.waiting[0]
                 if (
                     not cfg.chunk_prompts
                     and (chunks or len(decoding))
-                    and int(req.target[r] - req.computed[r]) > budget
+                    and target.item(r) - computed.item(r) > budget
                 ):
                     break  # runs whole in a later step
                 if not self._try_admit(r):
                     break
                 self.waiting.popleft()
-                whole = int(req.target[r] - req.computed[r])  # after a prefix-cache hit
+                prior = computed.item(r)
+                whole = target.item(r) - prior  # after a prefix-cache hit
                 c = whole if not cfg.chunk_prompts else min(whole, budget, per_chunk)
-                chunks.append((r, c, int(req.computed[r])))
+                chunks.append((r, c, prior))
                 budget -= c
         else:
             # vLLM V0 without chunking: a prefill-only iteration whenever a prompt can start
@@ -539,7 +545,7 @@ class Replica:
             len(decoding),
             ctx_sum,
             [(c, p) for _, c, p in chunks],
-            sampled=len(decoding) + sum(1 for r, c, p in chunks if p + c >= req.target[r]),
+            sampled=len(decoding) + sum(1 for r, c, p in chunks if p + c >= target.item(r)),
             sliding_ctx_sum=sw,
         )
         self.clock += dt
@@ -564,31 +570,48 @@ class Replica:
                     self.running.remove(r)
                     self._finish(r)
         joined: list[int] = []  # admitted prompts that finished prefilling and keep running
-        for r, c, _ in chunks:
-            req.computed[r] += c
-            req.kv_len[r] += c
-            if req.computed[r] >= req.target[r]:
-                if cfg.prefix_caching:
-                    self._register_prefix(r)
-                req.generated[r] += 1
-                if math.isnan(req.first_token[r]):
-                    req.first_token[r] = self.clock
-                else:  # re-prefill after preemption: the user saw a stall
-                    req.max_itl[r] = max(req.max_itl[r], self.clock - req.last_token[r])
-                req.last_token[r] = self.clock
-                if req.generated[r] >= req.output_len[r]:
-                    self.running.remove(r)
-                    self._finish(r)
-                else:
-                    joined.append(r)
-            else:
-                only_decodes = False  # a prompt still prefilling
+        if chunks:
+            all_prefilled = self._prefilled(chunks, joined)
+            only_decodes = only_decodes and all_prefilled
         if only_decodes and cfg.chunked_prefill:
             # the running list was `decoding`; admissions were appended in chunk order
             self._note_all_decoding(
                 np.concatenate((still, np.asarray(joined, dtype=np.int64))) if joined else still
             )
         self.timeline.append((self.clock, self.total_blocks - self.free_blocks - self.evictable))
+
+    def _prefilled(self, chunks: list[tuple[int, int, int]], joined: list[int]) -> bool:
+        """`step`'s update of its prefill `chunks` (request, chunk, prior), with Python ints and
+        floats (the same values as numpy scalars give): prompts that finish emit their first
+        token, and those that keep running are appended to `joined`. False if a prompt is
+        still prefilling after this step."""
+        req, cfg, clock = self.req, self.cfg, self.clock
+        computed, target, kv_len, generated = req.computed, req.target, req.kv_len, req.generated
+        first_token, last_token, max_itl = req.first_token, req.last_token, req.max_itl
+        output_len = req.output_len
+        all_done = True
+        for r, c, _ in chunks:
+            now_computed = computed.item(r) + c
+            computed[r] = now_computed
+            kv_len[r] = kv_len.item(r) + c
+            if now_computed < target.item(r):
+                all_done = False  # a prompt still prefilling
+                continue
+            if cfg.prefix_caching:
+                self._register_prefix(r)
+            g = generated.item(r) + 1
+            generated[r] = g
+            if math.isnan(first_token.item(r)):
+                first_token[r] = clock
+            else:  # re-prefill after preemption: the user saw a stall
+                max_itl[r] = max(max_itl.item(r), clock - last_token.item(r))
+            last_token[r] = clock
+            if g >= output_len.item(r):
+                self.running.remove(r)
+                self._finish(r)
+            else:
+                joined.append(r)
+        return all_done
 
     def _decoded_small(self, ids: list[int], kvs: list[int], decoding: np.ndarray) -> np.ndarray:
         """`step`'s update of its decoding requests `ids` (KV lengths `kvs` before the step),
