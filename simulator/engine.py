@@ -183,13 +183,15 @@ def _binding_line(
     of cycles that starts there; past its end the next run picks the new line.
     """
 
-    def value(line: tuple[float, float], j: int) -> float:
-        return line[0] + line[1] * (s0 + (j - 1) * b)
-
-    first = max(lines, key=lambda ln: (value(ln, 1), ln[1]))
+    first = max(lines, key=lambda ln: (ln[0] + ln[1] * s0, ln[1]))  # cycle 1: ctx = s0
+    a1, s1 = first
 
     def binds(j: int) -> bool:
-        return value(first, j) >= max(value(ln, j) for ln in lines)
+        # `first` is at least every line at cycle j: a + slope * ctx, the context computed
+        # once (called ~10 times a decode run, once per pipelined arrival)
+        ctx = s0 + (j - 1) * b
+        top = a1 + s1 * ctx
+        return all(top >= a + slope * ctx for a, slope in lines)
 
     if binds(k_cap):
         return first, k_cap

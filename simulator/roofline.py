@@ -306,6 +306,7 @@ class StepCost:
         self._decode_mb_memo: dict[int, tuple[float, float, float, float]] = {}
         self._tokens_memo: dict[int, float] = {}
         self._prompt_attn_memo: dict[int, float] = {}
+        self._prompt_mb_memo: dict[tuple[int, int], tuple[float, float, float, float]] = {}
 
     # ---- the one roofline --------------------------------------------------------------
     def _t(self, flops: Array | float, nbytes: Array | float) -> Array | float:
@@ -675,10 +676,7 @@ class StepCost:
             decode_seqs, decode_ctx_sum, chunks, sampled, sliding_ctx_sum
         ):
             if parts:
-                t = self.step_time(b, ctx, parts, smp, sw)
-                o = self.host_time(b + len(parts))
-                head = self.head_time(smp)
-                handoff = self.handoff_time(b + sum(c for c, _ in parts))
+                t, o, head, handoff = self._chunk_micro_batch(b, ctx, parts, smp, sw)
             else:  # decodes only: `step_time` with its context-free part memoised
                 fixed, o, head, handoff = self._decode_micro_batch(b)
                 t = fixed + self.decode_attn_time(b, ctx, sw)
@@ -687,6 +685,29 @@ class StepCost:
             stage += self._stage_share(t, o, head, handoff)
             host += o
         return max(latency, stage, host)
+
+    def _chunk_micro_batch(
+        self, b: int, ctx: float, parts: list[tuple[int, int]], smp: int, sw: float
+    ) -> tuple[float, float, float, float]:
+        """For a micro-batch with prefill chunks `parts`: its `step_time`, host time, lm_head
+        time and hand-offs. A lone whole prompt without decodes (how `micro_batches` places a
+        request's prompt beside the decodes, the usual chunk micro-batch) depends on its
+        length and sampled rows alone, so it is memoised per (length, sampled): pricing it
+        was a third of an arrival step's `cycle_time`."""
+        key = (parts[0][0], smp) if not b and len(parts) == 1 and parts[0][1] == 0 else None
+        if key is not None:
+            memo = self._prompt_mb_memo.get(key)
+            if memo is not None:
+                return memo
+        memo = (
+            self.step_time(b, ctx, parts, smp, sw),
+            self.host_time(b + len(parts)),
+            self.head_time(smp),
+            self.handoff_time(b + sum(c for c, _ in parts)),
+        )
+        if key is not None:
+            self._prompt_mb_memo[key] = memo
+        return memo
 
     def _decode_micro_batch(self, b: int) -> tuple[float, float, float, float]:
         """For a micro-batch of `b` decodes: the part of `step_time(b, ...)` before its
