@@ -17,7 +17,7 @@ from simulator.engine import EngineConfig, simulate
 from simulator.hardware import GPU, get_gpu
 from simulator.memory import MemoryPlan, plan_memory
 from simulator.models import ModelSpec, get_model
-from simulator.report import SLO, requests_json, summarize
+from simulator.report import SLO, requests_json, summarize, throughput
 from simulator.roofline import Op, Parallelism, Precision, StepCost, operator_breakdown
 from simulator.workload import Workload, synthetic
 
@@ -283,9 +283,11 @@ def max_throughput(
     c = concurrency or max(1, plan.max_batch(input_len + output_len))
     n = max(requests, 3 * c)
     wl = Workload.from_arrays(np.zeros(n), np.full(n, input_len), np.full(n, output_len))
-    res = run(dep, wl, max_concurrency=c, timeline_points=0)
+    # what `run(dep, wl, max_concurrency=c)` simulates, reading only its two rates
+    out = simulate(wl, dep.cost(), plan, dep.engine_config, 1, "least_outstanding", c, 0)
+    rps, tokens_per_s = throughput(out)
     return {
-        "requests_per_s": res["throughput_rps"],
-        "output_tokens_per_s": res["output_tokens_per_s"],
+        "requests_per_s": rps,
+        "output_tokens_per_s": tokens_per_s,
         "concurrency": float(c),
     }

@@ -68,6 +68,24 @@ def kv_timeline(out: SimOutput, points: int = 200) -> list[dict[str, float]]:
     return [{"t": float(a), "kv_occupancy": float(b)} for a, b in zip(grid, occ, strict=True)]
 
 
+def span_s(out: SimOutput) -> float:
+    """Seconds from the first request sent to the end of the last iteration: what every rate
+    of `summarize` is per (at least 1 ns)."""
+    q = out.req
+    span = out.makespan - (float(q.sent.min()) if q.n else 0.0)
+    return max(span, 1e-9)
+
+
+def throughput(out: SimOutput) -> tuple[float, float]:
+    """`summarize`'s throughput_rps and output_tokens_per_s (the same floats) without the
+    rest of it: latency percentiles, goodput and KV occupancy that a capacity probe
+    (`api.max_throughput`, run 32 times to profile OSERVE's shapes) would discard."""
+    q = out.req
+    done = q.status == DONE
+    span = span_s(out)
+    return float(done.sum()) / span, float(q.output_len[done].sum()) / span
+
+
 def summarize(out: SimOutput, slo: SLO | None = None, timeline_points: int = 200) -> dict[str, Any]:
     """Aggregate metrics: throughput, goodput under `slo`, latency percentiles, utilisation,
     KV occupancy, preemptions and prefix-cache hits."""
@@ -75,8 +93,7 @@ def summarize(out: SimOutput, slo: SLO | None = None, timeline_points: int = 200
     q = out.req
     cols = per_request(out)
     done = q.status == DONE
-    span = out.makespan - (float(q.sent.min()) if q.n else 0.0)
-    span = max(span, 1e-9)
+    span = span_s(out)
     ok = done & (cols["ttft"] <= slo.ttft_s) & (cols["tpot"] <= slo.tpot_s)
     reps = []
     for rep in out.replicas:
