@@ -44,7 +44,7 @@ from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable
 from otela.liveness.watch import NeighbourWatch
 from otela.mesh.connections import OnConnected
-from otela.mesh.listening import answer_at, nothing_listens_at
+from otela.mesh.listening import ConnectAnswer, answer_at, nothing_listens_at
 from otela.mesh.quota import SWIM_STREAMS, set_capped_handler
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.replication import LocalReplica
@@ -87,7 +87,7 @@ class _SwimTransport:
     async def turned_away(self, peer: str) -> bool:
         return await nothing_listens_at(self.known_addresses(peer))
 
-    async def reachability(self, peer: str) -> str:
+    async def reachability(self, peer: str) -> ConnectAnswer:
         return await answer_at(self.known_addresses(peer))
 
     def known_addresses(self, peer: str) -> list[multiaddr.Multiaddr]:

@@ -40,6 +40,7 @@ from otela.liveness.news import News
 from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable, Status
 from otela.liveness.watch import NeighbourWatch
+from otela.mesh.listening import ConnectAnswer
 from otela.registry.records import NodeRecord
 
 log = logging.getLogger("otela.liveness")
@@ -89,7 +90,7 @@ class ProbeTransport(Protocol):
         up and nothing listens there (``otela.mesh.listening``)."""
         ...
 
-    async def reachability(self, peer: str) -> str:
+    async def reachability(self, peer: str) -> ConnectAnswer:
         """How ``peer``'s direct addresses answer a TCP connect: ``accepted``, ``refused``,
         ``unknown`` or ``none`` (``otela.mesh.listening.answer_at``)."""
         ...

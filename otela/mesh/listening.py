@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterable
+from typing import Literal
 
 import multiaddr
 import trio
 
 CONNECT_TIMEOUT_S = 0.5
+
+# How addresses answer a connect; see ``answer_at`` (``none``: there was no address to try).
+ConnectAnswer = Literal["accepted", "refused", "unknown", "none"]
 
 
 def direct_tcp_addresses(addrs: Iterable[multiaddr.Multiaddr]) -> list[tuple[str, int]]:
@@ -44,7 +48,7 @@ async def nothing_listens_at(addrs: Iterable[multiaddr.Multiaddr]) -> bool:
 
 
 async def answer_at(addrs: Iterable[multiaddr.Multiaddr],
-                    timeout: float = CONNECT_TIMEOUT_S) -> str:
+                    timeout: float = CONNECT_TIMEOUT_S) -> ConnectAnswer:
     """How a peer's plain TCP addresses answer a connect: ``accepted`` (one did: some
     process listens, stop there), ``refused`` (every one refused: nothing listens),
     ``unknown`` (no answer in time from at least one, none accepted: cut off, or a host too
@@ -52,7 +56,7 @@ async def answer_at(addrs: Iterable[multiaddr.Multiaddr],
     addresses = direct_tcp_addresses(addrs)
     if not addresses:
         return "none"
-    answers = set()
+    answers: set[ConnectAnswer] = set()
     for host, port in addresses:
         answer = await _connect(host, port, timeout)
         if answer == "accepted":
@@ -81,7 +85,7 @@ async def _refused(host: str, port: int, timeout: float) -> bool:
     return await _connect(host, port, timeout) == "refused"
 
 
-async def _connect(host: str, port: int, timeout: float) -> str:
+async def _connect(host: str, port: int, timeout: float) -> ConnectAnswer:
     """``accepted``, ``refused`` (the host is up, nothing listens) or ``unknown`` (no
     answer in time, no route: maybe there, maybe cut off)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

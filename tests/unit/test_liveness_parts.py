@@ -20,6 +20,7 @@ from otela.liveness.prober import DetectorConfig, Prober
 from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable, Status, Update
 from otela.liveness.watch import NeighbourWatch
+from otela.mesh.listening import ConnectAnswer
 from otela.registry.records import Lifecycle, NodeRecord
 
 from .registry_helpers import record
@@ -56,7 +57,7 @@ class FakeTransport:
     async def turned_away(self, peer: str) -> bool:
         return peer in self.refusing
 
-    async def reachability(self, peer: str) -> str:
+    async def reachability(self, peer: str) -> ConnectAnswer:
         self.connects.append(peer)
         if peer in self.alive:
             return "accepted"
