@@ -80,7 +80,6 @@ from otela.metrics import Registry as MetricsRegistry
 from otela.netreport import network_report
 from otela.registry.crdt import GCPolicy
 from otela.registry.records import Lifecycle, ModelInfo, NodeRecord, display_state
-from otela.registry.session import new_session_id
 from otela.replication import (
     LocalReplica,
     MembershipConfigError,
@@ -105,7 +104,6 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.identity: Identity = load_or_create(config.home)
-        self._first_session_id = new_session_id(self.identity.peer_id.to_base58())
         authority = load_authority(config.authority)
         certificate, cert = load_own_certificate(
             self.identity, config.home, config.certificate, authority, time.time()
@@ -145,6 +143,7 @@ class Node:
         )
         self.registry = self.replica.registry
         self.replicator = self.replica.replicator
+        self._first_session_id = self.replica.new_session_id()
         self.detector = FailureDetector(
             self.identity,
             self.mesh.host,
@@ -200,8 +199,7 @@ class Node:
             config.capacity if config.capacity is not None else capacity_of(self.hardware),
             others=lambda: self.workers.total("engine_in_flight") if self.workers else 0)
         self.router = Router(self.registry, self.upstreams, routing_settings(config),
-                             suspected=self.detector.suspected,
-                             own_load=self._own_load)
+                             suspected=self.avoided, own_load=self._own_load)
         self.load_reports = LoadReports(
             lambda: self.registry, self.load, self._take_load_report,
             session=lambda: self.session_id,
@@ -299,6 +297,13 @@ class Node:
         record = self.replica.record
         return record.session_id if record is not None else self._first_session_id
 
+    def avoided(self) -> frozenset[str]:
+        """Peers routing leaves out: suspected by the failure detector, or caught
+        misbehaving (``otela.replication.misconduct``)."""
+        suspected = self.detector.suspected()
+        excluded = self.replicator.excluded()
+        return suspected | excluded if excluded else suspected
+
     def health(self) -> dict[str, Any]:
         record = self.record
         return {
@@ -324,6 +329,7 @@ class Node:
             "replication": dict(self.replicator.stats),
             "membership": "open" if self.replica.admission.open else "authority",
             "suspected_peers": sorted(self.detector.suspected()),
+            "misbehaving_peers": self.replicator.misconduct.snapshot(time.time()),
             "reachability": self.nat.state,
             "liveness": {**self.detector.stats, "local_health": self.detector.local_health,
                          "health_multiplier": self.detector.health.multiplier,
@@ -554,11 +560,11 @@ class Node:
     # -- data-path workers (``--workers``) -------------------------------------------
 
     def _worker_state_key(self) -> tuple[Any, ...]:
-        return (self.registry.generation, self.detector.suspected(), self.session_id,
+        return (self.registry.generation, self.avoided(), self.session_id,
                 self.serving_engine_url(), self.served_models())
 
     def _worker_snapshot(self) -> dict[str, Any]:
-        return snapshot_of(self.registry.snapshot(), self.detector.suspected(),
+        return snapshot_of(self.registry.snapshot(), self.avoided(),
                            self.session_id, self.serving_engine_url(), self.served_models())
 
     def _record_worker_traces(self, records: list[dict[str, Any]]) -> None:

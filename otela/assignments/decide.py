@@ -26,8 +26,8 @@ from otela.assignments.message import (
 from otela.assignments.policy import Policy
 from otela.assignments.replay import ReplayGuard
 from otela.membership.certificate import MembershipError, peer_public_key
+from otela.registry.names import model_id_problem
 
-MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,199}")
 PARAM_VALUE = re.compile(r"[A-Za-z0-9._/:@+=-]{1,128}")
 
 LAUNCH = "launch"
@@ -106,8 +106,9 @@ def decide(data: bytes, policy: Policy, *, now: float, replay: ReplayGuard, port
     if template is None:
         return _refuse("engine_not_allowed", f"engine {a.engine!r} is not in this node's "
                        f"allowlist ({', '.join(sorted(policy.engines))})", a)
-    if not MODEL_ID.fullmatch(a.model):
-        return _refuse("bad_model", f"model id {a.model!r} has characters a model id never has",
+    problem = model_id_problem(a.model)
+    if problem is not None:
+        return _refuse("bad_model", f"model id {a.model[:300]!r} is not a model id: {problem}",
                        a)
     if template.models and not any(fnmatch.fnmatchcase(a.model, g) for g in template.models):
         return _refuse("model_not_allowed", f"model {a.model!r} is not allowed for engine "

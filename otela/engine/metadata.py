@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from otela.engine.command import EngineCommand, option_value
-from otela.registry.records import ModelInfo
+from otela.registry.records import MAX_META, MAX_TEXT, ModelInfo
 
 # Flag spellings per field, across vLLM, SGLang and llama.cpp's server.
 _DTYPE = ("--dtype",)
@@ -74,7 +74,12 @@ def split_overrides(meta: dict[str, str]) -> tuple[dict[str, Any], tuple[tuple[s
     """Provider overrides -> (typed ModelInfo fields, free-form pairs); ValueError if bad."""
     fields: dict[str, Any] = {}
     extra: list[tuple[str, str]] = []
+    if len(meta) > MAX_META:  # every replica refuses a record with more
+        raise ValueError(f"at most {MAX_META} model-meta pairs, got {len(meta)}")
     for key, value in meta.items():
+        if len(key) > MAX_TEXT or len(value) > MAX_TEXT:
+            raise ValueError(f"model-meta {key[:40]!r}: keys and values are at most "
+                             f"{MAX_TEXT} characters")
         if key in ("max_context", "tensor_parallel"):
             try:
                 number = int(value)

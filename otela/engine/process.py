@@ -13,6 +13,7 @@ pidfd, so no thread sits blocked in ``waitpid``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -24,7 +25,10 @@ import trio
 
 from otela.children import die_with_parent, wait_exited
 from otela.engine.command import EngineCommand
-from otela.registry.records import ModelInfo
+from otela.registry.names import model_id_problem
+from otela.registry.records import MAX_MODELS, ModelInfo
+
+log = logging.getLogger("otela.engine")
 
 
 class EngineFailed(RuntimeError):
@@ -32,12 +36,25 @@ class EngineFailed(RuntimeError):
 
 
 def parse_models(payload: Any) -> list[ModelInfo]:
-    """Model ids (and context length where the engine says it) from ``/v1/models``."""
+    """Model ids (and context length where the engine says it) from ``/v1/models``.
+
+    Only ids that are model ids (``otela.registry.names``: every replica refuses a record
+    with anything else) and at most ``MAX_MODELS`` of them are announced; the rest are
+    named in a warning, so an operator sees why a model is not offered."""
     models = []
     for item in (payload or {}).get("data", []):
         if isinstance(item, dict) and isinstance(item.get("id"), str):
+            problem = model_id_problem(item["id"])
+            if problem is not None:
+                log.warning("not announcing the engine's model %r: %s (choose another name, "
+                            "e.g. with vLLM's --served-model-name)", item["id"][:300], problem)
+                continue
+            if len(models) == MAX_MODELS:
+                log.warning("the engine lists more than %d models; announcing the first %d",
+                            MAX_MODELS, MAX_MODELS)
+                break
             ctx = item.get("max_model_len") or item.get("context_length")
-            max_context = ctx if isinstance(ctx, int) else None
+            max_context = ctx if isinstance(ctx, int) and 0 < ctx < 2**63 else None
             models.append(ModelInfo(id=item["id"], max_context=max_context))
     return models
 

@@ -46,7 +46,9 @@ from otela.liveness.watch import NeighbourWatch
 from otela.mesh.connections import OnConnected
 from otela.mesh.listening import ConnectAnswer, answer_at, nothing_listens_at
 from otela.mesh.quota import SWIM_STREAMS, set_capped_handler
+from otela.registry import evidence
 from otela.registry.records import Lifecycle, NodeRecord
+from otela.registry.store import Registry
 from otela.replication import LocalReplica
 
 log = logging.getLogger("otela.liveness")
@@ -56,6 +58,13 @@ LIVENESS_TOPIC = "otela/liveness/1"
 ADDR_TTL_S = 3600  # peerstore TTL of members' addresses
 
 __all__ = ["LIVENESS_TOPIC", "SWIM_PROTOCOL", "DetectorConfig", "FailureDetector"]
+
+
+def live_session(registry: Registry, peer_id: str) -> str | None:
+    """``peer_id``'s session, if it is live here (the registry keeps one per peer)."""
+    session = registry.map.session_of(peer_id)
+    record = None if session is None else registry.get(session)
+    return None if record is None or record.state is Lifecycle.LEFT else session
 
 
 class _SwimTransport:
@@ -108,9 +117,11 @@ class _NodeMembership:
     """The node around the detector (``prober.Membership``): its registry replica, its
     libp2p host's connections and peerstore."""
 
-    def __init__(self, host: Any, replica: LocalReplica) -> None:
+    def __init__(self, host: Any, replica: LocalReplica,
+                 evidence_of: Callable[[str], list[tuple[str, int, bytes]]]) -> None:
         self.host = host
         self.replica = replica
+        self.evidence_of = evidence_of  # the signed suspicions we hold of a member
         # Per member: the registry's addresses as stored in the peerstore, parsed, and when.
         self._stored_addrs: dict[str, tuple[tuple[str, ...], list[multiaddr.Multiaddr],
                                             float]] = {}
@@ -157,9 +168,16 @@ class _NodeMembership:
             await self.host.disconnect(ID.from_base58(peer_id))
         except Exception:
             log.debug("disconnecting %s failed", peer_id, exc_info=True)
-        sessions = [r.session_id for r in self.replica.registry
-                    if r.peer_id == peer_id and r.state is not Lifecycle.LEFT]
-        return [s for s in sessions if await self.replica.evict(s, reason)]
+        session = live_session(self.replica.registry, peer_id)
+        if session is None:
+            return []
+        statements = []
+        for by, incarnation, proof in self.evidence_of(peer_id):
+            try:
+                statements.append(evidence.from_proof(by, peer_id, incarnation, proof))
+            except evidence.EvidenceError:
+                continue
+        return [session] if await self.replica.evict(session, reason, statements) else []
 
 
 class FailureDetector:
@@ -189,11 +207,22 @@ class FailureDetector:
         self.health = LocalHealth(config.max_local_health, config.stale_window,
                                   config.probe_interval, on_change=self.table.scale_timeouts)
         self.round_trips = RoundTrips(floor=config.probe_timeout, ceiling=config.stale_window)
+        sign = identity.key_pair.private_key.sign
+        registry = replica.registry
+
+        def sign_suspicion(peer_id: str, incarnation: int) -> bytes | None:
+            session = live_session(registry, peer_id)
+            if session is None:
+                return None
+            return evidence.sign(sign, self.self_id, peer_id, session, incarnation,
+                                 replica.clock()).pack_proof()
+
+        self.table.sign_suspicion = sign_suspicion
         self.news = News(self.self_id, self.table, self.watch, self.health, self.events,
-                         identity.key_pair.private_key.sign, self.stats)
+                         sign, self.stats, lambda peer_id: live_session(registry, peer_id))
         self.members = MemberList(self.self_id, self.table, self.round_trips, self.events)
         self.channels = Channels(host, SWIM_PROTOCOL, self._pack, self._unpack)
-        membership = _NodeMembership(host, replica)
+        membership = _NodeMembership(host, replica, self.table.evidence_of)
         self.prober = Prober(
             self.self_id, config, self.table, self.watch, self.health, self.news, self.events,
             self.members, self.round_trips,

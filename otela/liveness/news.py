@@ -10,7 +10,10 @@ through ``broadcasts`` to the detector's publishing task, woken by ``pending``.
 
 A suspect that hears of its suspicion raises its incarnation and spreads a *signed*
 ``alive`` (no one else can refute on its behalf); if the suspicion was published, so is
-the refutation. Published suspicions of others are verified first-hand by the few members
+the refutation. A suspicion of another member counts only when it carries its
+suspecter's signed statement about the suspect's current session
+(``otela.registry.evidence``): those statements are what an eviction must embed, and an
+unsigned "suspect P by Q" could come from anyone, naming anyone as Q. Published suspicions of others are verified first-hand by the few members
 every node picks alike (``LivenessTable.should_verify``): their probes go first
 (``NeighbourWatch.verify``). An ``alive`` signature is checked only when the news would
 change our view: most news is old.
@@ -29,6 +32,7 @@ from otela.liveness.events import EventLog
 from otela.liveness.health import LocalHealth
 from otela.liveness.table import LivenessTable, Status, Update
 from otela.liveness.watch import NeighbourWatch
+from otela.registry import evidence
 
 log = logging.getLogger("otela.liveness")
 
@@ -72,7 +76,8 @@ def well_formed(items: Any) -> bool:
 class News:
     def __init__(self, self_id: str, table: LivenessTable, watch: NeighbourWatch,
                  health: LocalHealth, events: EventLog, sign: Sign,
-                 stats: dict[str, int]) -> None:
+                 stats: dict[str, int],
+                 session_of: Callable[[str], str | None] = lambda peer_id: None) -> None:
         self.self_id = self_id
         self.table = table
         self.watch = watch
@@ -80,6 +85,7 @@ class News:
         self.events = events
         self.sign = sign
         self.stats = stats
+        self.session_of = session_of  # a member's live session, as our registry has it
         self.pending = trio.Event()  # set when a suspicion or refutation must go out
         self.broadcasts: list[list[Any]] = []  # first-hand news waiting to be published
         # Whether a suspicion of us came on the liveness topic (then so must our refutation).
@@ -136,6 +142,24 @@ class News:
         if self.table.refute_needed:
             self.pending.set()
 
+    def _signed(self, update: Update) -> bool:
+        """Whether a suspicion of another member carries its suspecter's valid statement
+        about the member's current session. Checked only where the news would change our
+        view (a new suspecter, or a newer incarnation): most news is old."""
+        member = self.table.members.get(update.peer_id)
+        if member is None or update.incarnation < member.incarnation or (
+                update.incarnation == member.incarnation and update.by in member.suspecters):
+            return True  # the table ignores it anyway
+        if update.by is None:
+            return False
+        try:
+            statement = evidence.from_proof(update.by, update.peer_id, update.incarnation,
+                                            update.proof)
+        except evidence.EvidenceError:
+            return False
+        session = self.session_of(update.peer_id)
+        return (session is None or statement.session == session) and statement.verify()
+
     def apply(self, item: Any, now: float, source: str, published: bool = False) -> None:
         """Merge one piece of news; ``published``: it came on the liveness topic."""
         try:
@@ -146,6 +170,10 @@ class News:
             if not isinstance(incarnation, int) or not 0 <= incarnation <= limit:
                 return  # inf, nan, strings and out-of-range numbers alike
         except (TypeError, ValueError):
+            return
+        if (update.status is Status.SUSPECT and update.peer_id != self.self_id
+                and not self._signed(update)):
+            self.stats["unsigned_suspicions"] = self.stats.get("unsigned_suspicions", 0) + 1
             return
         if published and update.status is Status.SUSPECT:
             self.table.published_elsewhere(update.peer_id, update.incarnation)

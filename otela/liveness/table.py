@@ -56,6 +56,7 @@ import hashlib
 import heapq
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 RETIRED_KEPT = 4096  # retired peers whose incarnation floor is remembered
@@ -80,12 +81,17 @@ class Member:
     suspected_at: float | None = None
     last_heard: float = 0.0
     suspecters: set[str] = field(default_factory=set)  # who suspected this incarnation
+    # Their signed statements (``otela.registry.evidence``, packed): what an eviction of
+    # this member must carry.
+    evidence: dict[str, bytes] = field(default_factory=dict)
     evict_at: float | None = None  # CONFIRMED: when this node signs the eviction itself
 
 
 @dataclass(frozen=True)
 class Update:
-    """One piece of liveness news; ``proof`` (signed by the peer) is required for ``alive``."""
+    """One piece of liveness news. ``proof``: for ``alive``, the peer's signature of its
+    incarnation (required); for ``suspect``, the suspecter's signed statement
+    (``otela.registry.evidence``, packed; required of news about others)."""
 
     peer_id: str
     status: Status
@@ -105,6 +111,9 @@ class LivenessTable:
     dissemination_delay: float = 0.0  # how late gossip arrives here (set by the caller)
     brake_fraction: float = 0.1
     brake_floor: int = 3
+    # Signs our statement that we suspect a peer at an incarnation (packed evidence), or
+    # None when it cannot (the peer has no live session here).
+    sign_suspicion: Callable[[str, int], bytes | None] = lambda peer_id, incarnation: None
     incarnation: int = 0
     members: dict[str, Member] = field(default_factory=dict)
     _outbox: dict[str, tuple[Update, int]] = field(default_factory=dict)
@@ -195,10 +204,22 @@ class LivenessTable:
             return False
         if member.status is Status.ALIVE:
             member.status, member.suspected_at = Status.SUSPECT, now
-            member.suspecters = set()
+            member.suspecters, member.evidence = set(), {}
         member.suspecters.add(self.self_id)
-        self._enqueue(Update(peer_id, Status.SUSPECT, member.incarnation, by=self.self_id))
+        proof = self.sign_suspicion(peer_id, member.incarnation)
+        if proof is not None:
+            member.evidence[self.self_id] = proof
+        self._enqueue(Update(peer_id, Status.SUSPECT, member.incarnation, proof,
+                             by=self.self_id))
         return True
+
+    def evidence_of(self, peer_id: str) -> list[tuple[str, int, bytes]]:
+        """The signed suspicions we hold of ``peer_id``'s current incarnation: (by,
+        incarnation, proof)."""
+        member = self.members.get(peer_id)
+        if member is None:
+            return []
+        return [(by, member.incarnation, proof) for by, proof in member.evidence.items()]
 
     def suspicion_to_publish(self, peer_id: str, connection_lost: bool) -> Update | None:
         """Our suspicion of ``peer_id``, if it should now be published to every node (once
@@ -218,7 +239,8 @@ class LivenessTable:
                 or self.braking()):
             return None
         self.published.add(key)
-        return Update(peer_id, Status.SUSPECT, member.incarnation, by=self.self_id)
+        return Update(peer_id, Status.SUSPECT, member.incarnation,
+                      member.evidence.get(self.self_id), by=self.self_id)
 
     def should_verify(self, peer_id: str) -> bool:
         """Whether this node should probe a suspect it heard of first-hand (see the module
@@ -292,17 +314,23 @@ class LivenessTable:
                 self.refute_needed = True
             return False
         member = self.members.get(update.peer_id)
-        if member is None or member.status is Status.CONFIRMED:
+        if member is None:
             return False
         if update.status is Status.ALIVE:
+            # A refutation lifts a confirmation too: an eviction needs independent
+            # suspicions (``otela.registry.evidence``), so a confirmed member that proves it
+            # is alive may never be evicted, and must not stay out of routing for good.
             if not proof_valid or update.incarnation <= member.incarnation:
                 return False
             member.incarnation, member.status, member.suspected_at = (
                 update.incarnation, Status.ALIVE, None
             )
+            member.evict_at, member.evidence = None, {}
             member.last_heard = max(member.last_heard, now)
             self._enqueue(update)
             return True
+        if member.status is Status.CONFIRMED:
+            return False
         if update.status is Status.SUSPECT:
             if update.incarnation < member.incarnation:
                 return False
@@ -310,15 +338,21 @@ class LivenessTable:
                 if update.by is None or update.by in member.suspecters:
                     return False  # nothing new
                 member.suspecters.add(update.by)  # an independent confirmation
+                self._keep_evidence(member, update)
                 self._enqueue(update)
                 return True
             member.incarnation, member.status, member.suspected_at = (
                 update.incarnation, Status.SUSPECT, now
             )
             member.suspecters = {update.by} if update.by else set()
+            member.evidence = {}
+            self._keep_evidence(member, update)
             self._enqueue(update)
             return True
-        if update.incarnation >= member.incarnation:  # CONFIRMED by another member
+        # CONFIRMED by another member: taken only for a suspicion we hold ourselves (its
+        # evidence reached us too). Unsigned, it could otherwise come from anyone, and an
+        # ALIVE member marked confirmed would leave routing with no eviction to follow.
+        if member.status is Status.SUSPECT and update.incarnation >= member.incarnation:
             member.status, member.suspected_at = Status.CONFIRMED, now
             # Theirs should land first, unless we are a first-hand suspecter ranked to sign
             # early: a member that only heard of the suspicion may confirm a moment before
@@ -328,6 +362,11 @@ class LivenessTable:
             self._enqueue(update)
             return True
         return False
+
+    @staticmethod
+    def _keep_evidence(member: Member, update: Update) -> None:
+        if update.by is not None and isinstance(update.proof, bytes):
+            member.evidence[update.by] = update.proof
 
     def expired_suspicions(self, now: float) -> list[str]:
         """Suspects whose grace period ran out: mark them confirmed and return them. While

@@ -31,6 +31,7 @@ from otela.membership.certificate import (
 )
 from otela.mesh.framing import read_frame, write_frame
 from otela.mesh.quota import SMALL_STREAMS, set_capped_handler
+from otela.registry import evidence
 from otela.registry.store import Registry
 from otela.registry.wire import Trust
 
@@ -82,9 +83,14 @@ class Admission:
             # In an open federation a member is a node the federation knows, in any state.
             # Requiring a *live* evictor would deadlock after a partition: each side has
             # evicted the other side's evictors and would reject their evictions forever.
-            return any(entry.record.peer_id == peer_id for entry in registry.map)
+            return registry.knows(peer_id)
 
-        return Trust(self.authority, registry.revoked_serials(), is_member)
+        def witnesses_required(evictee: str, at: float) -> int:
+            others = registry.established_peers(at - evidence.ESTABLISHED_S, evictee)
+            return evidence.witnesses_required(others)
+
+        return Trust(self.authority, registry.revoked_serials(), is_member,
+                     witnesses_required)
 
     def is_admitted(self, peer: ID) -> bool:
         if self.open:

@@ -12,6 +12,17 @@ safe because a session has one writer: ``admit`` refuses any record whose signer
 create the session (``otela.registry.session``), so a higher (state, version) can only
 ever come from the owner, or from an eviction that embeds the owner's own record.
 
+One session per peer: of all the entries about one peer's sessions, the map keeps only
+the greatest in the order ``(epoch, session id, rank)`` (the epoch is read from the
+session id, ``otela.registry.session.epoch_of``). A newer session supersedes the peer's
+older one, which is dropped; an entry for an older session than the one held is refused
+(``Superseded``). That order is total over every entry a peer can sign, so keeping its
+maximum per peer is again a lattice join: replicas converge whatever order sessions
+arrive in, and the newer session is the older one's tombstone (late gossip about the
+older one is refused wherever the newer one is held). So a member costs every replica
+one entry, however many sessions it announces, and routing, which counts the registry's
+sessions, counts each peer once.
+
 Garbage collection (two tiers, see docs/registry.md):
 - LEFT entries leave the application views ``retention`` seconds after they were signed;
 - every entry is compacted (dropped from the map) ``horizon`` seconds after its signer's
@@ -29,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otela.registry.records import Lifecycle, NodeRecord
-from otela.registry.session import owns
+from otela.registry.session import epoch_of, owns
 
 BUCKETS = 256
 _HASH_BYTES = 16
@@ -84,6 +95,10 @@ class Rejected(Exception):
     """An entry the map refuses (stale, from the future); the caller counts it."""
 
 
+class Superseded(Rejected):
+    """An entry for a session older than the one its peer holds here (one per peer)."""
+
+
 class NotOwner(Rejected):
     """A record for a session its signer did not create (``otela.registry.session``)."""
 
@@ -114,6 +129,7 @@ class GMap:
     def __init__(self, policy: GCPolicy | None = None) -> None:
         self.policy = policy or GCPolicy()
         self._entries: dict[str, Entry] = {}
+        self._session_of: dict[str, str] = {}  # peer id -> the one session key it holds
         self._buckets: list[bytes] = [bytes(_HASH_BYTES)] * BUCKETS
         self._bucket_keys: list[set[str]] = [set() for _ in range(BUCKETS)]
 
@@ -147,14 +163,38 @@ class GMap:
         if entry.updated_at > now + self.policy.max_clock_skew:
             raise Rejected(f"entry for {entry.key} is signed in the future")
 
+    def session_of(self, peer_id: str) -> str | None:
+        """The one session ``peer_id`` holds here, if any."""
+        return self._session_of.get(peer_id)
+
+    def outranked(self, peer_id: str, key: str) -> bool:
+        """Whether ``peer_id`` holds a newer session than ``key`` here: an entry for ``key``
+        would be refused (``Superseded``). Cheap: gossip validators ask it."""
+        held = self._session_of.get(peer_id)
+        return held is not None and held != key and \
+            (epoch_of(held), held) > (epoch_of(key), key)
+
     def merge(self, entry: Entry, now: float) -> tuple[bool, Entry | None]:
-        """Join ``entry``; return (whether the map changed, the value it replaced)."""
+        """Join ``entry``; return (whether the map changed, the value it replaced: the
+        same session's older value, or the older session of the same peer that it
+        superseded). Raises ``Superseded`` for an older session than the peer's."""
         self.admit(entry, now)
         current = self._entries.get(entry.key)
-        if current is not None and join(current, entry) is current:
-            return False, None
-        self._store(entry, current)
-        return True, current
+        if current is not None:
+            if join(current, entry) is current:
+                return False, None
+            self._store(entry, current)
+            return True, current
+        peer_id = entry.record.peer_id
+        if self.outranked(peer_id, entry.key):
+            raise Superseded(f"session {entry.key} of {peer_id} is older than its session "
+                             f"{self._session_of[peer_id]} held here")
+        older_key = self._session_of.get(peer_id)
+        older = None if older_key is None else self._entries[older_key]
+        if older is not None:
+            self._remove(older)
+        self._store(entry, None)
+        return True, older
 
     def digest_root(self) -> bytes:
         return hashlib.blake2b(b"".join(self._buckets), digest_size=_HASH_BYTES).digest()
@@ -198,9 +238,12 @@ class GMap:
         self._buckets[bucket] = _xor(self._buckets[bucket], h)
         self._bucket_keys[bucket].add(entry.key)
         self._entries[entry.key] = entry
+        self._session_of[entry.record.peer_id] = entry.key
 
     def _remove(self, entry: Entry) -> None:
         bucket = bucket_of(entry.key)
         self._buckets[bucket] = _xor(self._buckets[bucket], entry.fingerprint())
         self._bucket_keys[bucket].discard(entry.key)
         del self._entries[entry.key]
+        if self._session_of.get(entry.record.peer_id) == entry.key:
+            del self._session_of[entry.record.peer_id]

@@ -13,10 +13,24 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from otela.registry.names import model_id_problem
+
 # Integers in records (versions, counts, sizes) stay below 2**63: every replica re-encodes
 # them (msgpack, SQLite, JSON for other languages), and a member announcing 2**64 or
 # ``inf`` must be refused at parsing, not crash a replica or poison its anti-entropy.
 MAX_INT = 2**63 - 1
+
+# What one node may announce about itself (docs/security.md#a-member-that-lies-about-
+# itself). Every replica holds every member's record, so these bound what one member costs
+# all of them; they sit far above what an honest node announces (a node with 8 GPUs, 10
+# models with metadata and 10 addresses: ~4 KB; a typical one ~0.8 KB). The record's
+# encoded size is capped as well (``otela.registry.wire.MAX_RECORD_BYTES``).
+MAX_MODELS = 64
+MAX_META = 16  # key=value pairs per model
+MAX_GPUS = 64
+MAX_ADDRS = 16  # listen addresses, and as many relay circuit addresses
+MAX_TEXT = 256  # provider, engine, GPU names, metadata keys and values, Slurm fields
+MAX_ADDR_TEXT = 512  # one multiaddr or URL
 
 
 def count(value: Any, name: str) -> int:
@@ -44,6 +58,26 @@ def finite(value: Any, name: str) -> float:
 
 def optional_count(value: Any, name: str) -> int | None:
     return None if value is None else count(value, name)
+
+
+def text(value: Any, name: str, limit: int = MAX_TEXT) -> str:
+    """A string field of at most ``limit`` characters; ``ValueError`` otherwise."""
+    string = str(value)
+    if len(string) > limit:
+        raise ValueError(f"{name} is longer than {limit} characters")
+    return string
+
+
+def optional_text(value: Any, name: str, limit: int = MAX_TEXT) -> str | None:
+    return None if value is None else text(value, name, limit)
+
+
+def bounded(items: Any, name: str, limit: int) -> list[Any]:
+    """A list field of at most ``limit`` items; ``ValueError`` otherwise."""
+    values = list(items)
+    if len(values) > limit:
+        raise ValueError(f"more than {limit} {name}")
+    return values
 
 
 class Lifecycle(enum.IntEnum):
@@ -79,7 +113,8 @@ class Hardware:
         return cls(
             cpus=count(data.get("cpus", 0), "cpus"),
             memory_bytes=count(data.get("memory_bytes", 0), "memory_bytes"),
-            gpus=tuple(GPU.from_dict(g) for g in data.get("gpus", ())),
+            gpus=tuple(GPU.from_dict(g) for g in bounded(data.get("gpus", ()), "gpus",
+                                                          MAX_GPUS)),
         )
 
 
@@ -93,7 +128,7 @@ class GPU:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GPU:
-        return cls(name=str(data["name"]),
+        return cls(name=text(data["name"], "GPU name"),
                    memory_bytes=count(data.get("memory_bytes", 0), "memory_bytes"))
 
 
@@ -127,14 +162,20 @@ class ModelInfo:
     def from_dict(cls, data: dict[str, Any]) -> ModelInfo:
         ctx = data.get("max_context")
         tp = data.get("tensor_parallel")
-        meta = data.get("meta") or {}
+        meta = dict(data.get("meta") or {})
+        model_id = str(data["id"])
+        problem = model_id_problem(model_id)
+        if problem is not None:
+            raise ValueError(f"model {model_id[:100]!r}: {problem}")
+        bounded(meta, "metadata pairs", MAX_META)
         return cls(
-            id=str(data["id"]),
+            id=model_id,
             max_context=optional_count(ctx, "max_context"),
-            dtype=None if data.get("dtype") is None else str(data["dtype"]),
-            quantization=None if data.get("quantization") is None else str(data["quantization"]),
+            dtype=optional_text(data.get("dtype"), "dtype"),
+            quantization=optional_text(data.get("quantization"), "quantization"),
             tensor_parallel=optional_count(tp, "tensor_parallel"),
-            meta=tuple(sorted((str(k), str(v)) for k, v in dict(meta).items())),
+            meta=tuple(sorted((text(k, "metadata key"), text(v, "metadata value"))
+                              for k, v in meta.items())),
         )
 
 
@@ -165,11 +206,11 @@ class SlurmJob:
             return optional_count(data.get(key), key)
 
         def opt_str(key: str) -> str | None:
-            return None if data.get(key) is None else str(data[key])
+            return optional_text(data.get(key), key)
 
         end = data.get("end_time")
         return cls(
-            job_id=str(data["job_id"]),
+            job_id=text(data["job_id"], "job_id"),
             partition=opt_str("partition"),
             node_list=opt_str("node_list"),
             cpus=opt_int("cpus"),
@@ -236,24 +277,25 @@ class NodeRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NodeRecord:
         """Parse a record; raises ``KeyError``/``ValueError``/``TypeError`` on bad input."""
+        models = bounded(data.get("models", ()), "models", MAX_MODELS)
         return cls(
-            session_id=str(data["session_id"]),
-            peer_id=str(data["peer_id"]),
-            provider_id=str(data["provider_id"]),
+            session_id=text(data["session_id"], "session_id"),
+            peer_id=text(data["peer_id"], "peer_id"),
+            provider_id=text(data["provider_id"], "provider_id"),
             state=Lifecycle.parse(str(data["state"])),
             version=count(data["version"], "version"),
-            http_url=str(data["http_url"]),
-            addrs=tuple(str(a) for a in data.get("addrs", ())),
+            http_url=text(data["http_url"], "http_url", MAX_ADDR_TEXT),
+            addrs=_addresses(data.get("addrs", ()), "addrs"),
             hardware=Hardware.from_dict(dict(data.get("hardware") or {})),
-            models=tuple(ModelInfo.from_dict(dict(m)) for m in data.get("models", ())),
+            models=tuple(ModelInfo.from_dict(dict(m)) for m in models),
             ingress=bool(data.get("ingress", False)),
-            engine=None if data.get("engine") is None else str(data["engine"]),
+            engine=optional_text(data.get("engine"), "engine"),
             updated_at=finite(data.get("updated_at", 0.0), "updated_at"),
             idle=bool(data.get("idle", False)),
             slurm=None if not data.get("slurm") else SlurmJob.from_dict(dict(data["slurm"])),
             reachability=_reachability(data.get("reachability", "unknown")),
             relay=bool(data.get("relay", False)),
-            circuit_addrs=tuple(str(a) for a in data.get("circuit_addrs", ())),
+            circuit_addrs=_addresses(data.get("circuit_addrs", ()), "circuit_addrs"),
         )
 
     def needs_relayed_path(self) -> bool:
@@ -280,6 +322,10 @@ PRIVATE_RELAYED = "private-relayed"
 UNREACHABLE = "unreachable"
 UNKNOWN = "unknown"
 REACHABILITY = (PUBLIC, PRIVATE_RELAYED, UNREACHABLE, UNKNOWN)
+
+
+def _addresses(items: Any, name: str) -> tuple[str, ...]:
+    return tuple(text(a, name, MAX_ADDR_TEXT) for a in bounded(items, name, MAX_ADDRS))
 
 
 def _reachability(value: Any) -> str:

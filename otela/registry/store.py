@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from otela.membership.certificate import Revocation
-from otela.registry.crdt import Entry, GCPolicy, GMap, Rejected
+from otela.registry.crdt import Entry, GCPolicy, GMap, Rejected, Superseded
 from otela.registry.records import Lifecycle, NodeRecord
+from otela.registry.session import epoch_of
 
-__all__ = ["ModelEntry", "Registry", "Rejected"]
+__all__ = ["ModelEntry", "Registry", "Rejected", "Superseded"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +56,11 @@ class Registry:
 
     def apply(self, entry: Entry, now: float) -> bool:
         """Merge a verified entry; return whether the map changed. Raises ``Rejected``."""
-        changed, _ = self.map.merge(entry, now)
+        changed, replaced = self.map.merge(entry, now)
         if changed:
+            if replaced is not None and replaced.key != entry.key:  # a superseded session
+                self._hide(replaced.key)
+                self.received_at.pop(replaced.key, None)
             self.received_at[entry.key] = now
             self._refresh_view(entry.key, now)
         return changed
@@ -115,10 +119,23 @@ class Registry:
         authority mode, with a valid certificate). Who may use a node's engine hop."""
         return peer_id in self._live_by_peer
 
+    def established_peers(self, before: float, excluding: str) -> int:
+        """How many peers other than ``excluding`` have a live session here that began
+        before ``before`` (unix seconds, from the session's epoch): the members that could
+        have witnessed a failure at that time (``otela.registry.evidence``)."""
+        cutoff = before * 1000
+        return sum(1 for peer_id, keys in self._live_by_peer.items()
+                   if peer_id != excluding and any(epoch_of(k) <= cutoff for k in keys))
+
     def has_left(self, peer_id: str) -> bool:
-        """Whether ``peer_id`` has a LEFT session here (it left, or was evicted)."""
-        return any(entry.record.peer_id == peer_id and entry.state is Lifecycle.LEFT
-                   for entry in self.map)
+        """Whether ``peer_id``'s session here is LEFT (it left, or was evicted)."""
+        key = self.map.session_of(peer_id)
+        entry = None if key is None else self.map.get(key)
+        return entry is not None and entry.state is Lifecycle.LEFT
+
+    def knows(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` has a session here, in any state."""
+        return self.map.session_of(peer_id) is not None
 
     def serving_candidates(self, model_id: str) -> tuple[NodeRecord, ...]:
         """SERVING sessions for ``model_id``: the routing hot path, one dict lookup."""

@@ -11,7 +11,10 @@ Three kinds of envelope travel between replicas:
   unrevoked.
 - ``evict``: a member's signed statement that another session is LEFT (the failure
   detector's verdict). It embeds the evictee's last signed record, so the tombstone is
-  self-describing, and it is accepted only from an admitted member.
+  self-describing, and the signed suspicions of the members that suspected it
+  (``otela.registry.evidence``); it is accepted only from an admitted member, and only
+  with suspicions of as many distinct members as the replica requires
+  (``Trust.witnesses_required``: two where two members besides the evictee exist).
 - ``revoke``: the authority's signed revocation of a certificate.
 Each signature covers a domain-separation prefix plus the exact body bytes, so no
 signature can be replayed as another kind. Anything malformed, oversized, unsigned,
@@ -21,7 +24,7 @@ forged or unauthorised raises ``WireError``: callers drop it and count it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,11 +40,24 @@ from otela.membership.certificate import (
     verify_revocation,
 )
 from otela.registry.crdt import Entry, tiebreak_of
+from otela.registry.evidence import (
+    MAX_WITNESSES,
+    EvidenceError,
+    Suspicion,
+    from_wire,
+    justified,
+)
 from otela.registry.records import Lifecycle, NodeRecord, finite
-from otela.registry.session import owns
+from otela.registry.session import epoch_of, owns
 
 WIRE_VERSION = 1
-MAX_RECORD_BYTES = 64 * 1024
+# One record, encoded (``records.py`` bounds its fields; this bounds the whole): every
+# replica holds every member's record, so this times the member count is what a replica's
+# registry may cost (docs/security.md#a-member-that-lies-about-itself).
+MAX_RECORD_BYTES = 16 * 1024
+# An eviction embeds the evictee's last signed envelope (record, signature, certificate)
+# and the evidence of the suspicion.
+MAX_EVICTION_BYTES = MAX_RECORD_BYTES + 8 * 1024
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 RECORD_DOMAIN = b"otela/registry/record/v1\0"
 EVICTION_DOMAIN = b"otela/registry/eviction/v1\0"
@@ -49,6 +65,15 @@ EVICTION_DOMAIN = b"otela/registry/eviction/v1\0"
 
 class WireError(ValueError):
     """A message that must be dropped: malformed, oversized, or failing verification."""
+
+
+class UnjustifiedEviction(WireError):
+    """A validly signed eviction without the evidence every eviction needs: one member's
+    word against another's session. The evictor is reported (``Misconduct``)."""
+
+    def __init__(self, message: str, evictor: str) -> None:
+        super().__init__(message)
+        self.evictor = evictor
 
 
 class ForgedRecord(WireError):
@@ -67,6 +92,9 @@ class Trust:
     authority: PublicKey | None = None  # None: an open federation (demos, tests)
     revoked_serials: Collection[str] = field(default_factory=set)
     is_member: Callable[[str], bool] = lambda peer_id: True  # evictors in open mode
+    # Distinct suspecters an eviction of this peer's session, signed at this time, must
+    # carry (``evidence``).
+    witnesses_required: Callable[[str, float], int] = lambda evictee, at: 1
 
 
 def _public_key(peer_id: str) -> PublicKey:
@@ -112,15 +140,17 @@ def sign_record(record: NodeRecord, key: PrivateKey, cert: bytes | None = None) 
 
 def sign_eviction(
     target: Entry, *, evictor_key: PrivateKey, evictor_peer_id: str, reason: str, now: float,
-    cert: bytes | None = None,
+    evidence: Sequence[Suspicion] = (), cert: bytes | None = None,
 ) -> dict[str, Any]:
-    """A signed statement that ``target``'s session is LEFT, by member ``evictor_peer_id``."""
+    """A signed statement that ``target``'s session is LEFT, by member ``evictor_peer_id``,
+    with the signed suspicions that justify it."""
     last = target.proof if target.proof is not None and target.evicted_by is None else None
     if last is None:
         raise WireError("can only evict a session whose own signed record we hold")
     body = msgpack.packb(
         {"session_id": target.key, "evictor": evictor_peer_id, "reason": reason[:200],
-         "at": now, "last": last},
+         "at": now, "last": last,
+         "evidence": [s.to_wire() for s in evidence[:MAX_WITNESSES]]},
         use_bin_type=True,
     )
     return {"v": WIRE_VERSION, "t": "evict", "body": body,
@@ -175,14 +205,37 @@ def gossip_refusal(envelope: Any, source: str) -> str | None:
 FORGED = "record for a session its signer did not create"
 
 
-def _unpack_body(envelope: dict[str, Any]) -> tuple[bytes, bytes, dict[str, Any]]:
+def gossip_facts(envelope: Any) -> tuple[str, str] | None:
+    """(kind, session id) of a record or eviction envelope, read without verifying it, or
+    ``None``: what a gossip validator meters (``otela.replication.replicator``)."""
+    try:
+        kind = envelope["t"]
+        if kind not in ("rec", "evict"):
+            return None
+        body = msgpack.unpackb(envelope["body"], raw=False)
+        return kind, str(body["session_id"])
+    except Exception:
+        return None
+
+
+def eviction_time(envelope: Any) -> float | None:
+    """When an eviction envelope says it was signed, read without verifying it."""
+    try:
+        body = msgpack.unpackb(envelope["body"], raw=False)
+        return finite(body["at"], "at")
+    except Exception:
+        return None
+
+
+def _unpack_body(envelope: dict[str, Any], limit: int = MAX_RECORD_BYTES
+                 ) -> tuple[bytes, bytes, dict[str, Any]]:
     if not isinstance(envelope, dict):
         raise WireError("envelope is not a map")
     body, sig = envelope.get("body"), envelope.get("sig")
     if not isinstance(body, bytes) or not isinstance(sig, bytes):
         raise WireError("envelope lacks body or signature bytes")
-    if len(body) > MAX_RECORD_BYTES:
-        raise WireError(f"body of {len(body)} bytes exceeds {MAX_RECORD_BYTES}")
+    if len(body) > limit:
+        raise WireError(f"body of {len(body)} bytes exceeds {limit}")
     try:
         data = msgpack.unpackb(body, raw=False)
     except Exception as exc:
@@ -221,10 +274,11 @@ def verify_record(
 
 
 def _verify_eviction(envelope: dict[str, Any], trust: Trust, now: float) -> Entry:
-    body, sig, data = _unpack_body(envelope)
+    body, sig, data = _unpack_body(envelope, MAX_EVICTION_BYTES)
     try:
         session_id, evictor = str(data["session_id"]), str(data["evictor"])
         at, last = finite(data["at"], "at"), data["last"]
+        evidence = list(data.get("evidence") or [])[:MAX_WITNESSES]
     except (KeyError, ValueError, TypeError) as exc:
         raise WireError(f"malformed eviction: {exc}") from exc
     if not isinstance(last, dict):  # a member's eviction whose record is a list or a string
@@ -238,8 +292,18 @@ def _verify_eviction(envelope: dict[str, Any], trust: Trust, now: float) -> Entr
     previous = verify_record(last, trust, now, check_membership=False)
     if previous.key != session_id:
         raise WireError("eviction embeds a record of another session")
-    if evictor == previous.record.peer_id:
+    evictee = previous.record.peer_id
+    if evictor == evictee:
         raise WireError("a node leaves by announcing LEFT itself, not by evicting itself")
+    try:
+        if at * 1000 < epoch_of(session_id):
+            raise EvidenceError("it is dated before the session began")
+        statements = [from_wire(evictee, item) for item in evidence]
+        justified(statements, evictee, session_id, at,
+                  trust.witnesses_required(evictee, at), trust.is_member)
+    except EvidenceError as exc:
+        raise UnjustifiedEviction(f"eviction of {session_id} by {evictor} without the "
+                                  f"evidence it needs: {exc}", evictor) from None
     return Entry(
         key=session_id, state=Lifecycle.LEFT, version=previous.version, updated_at=at,
         tiebreak=tiebreak_of(sig),

@@ -9,7 +9,14 @@ applies it locally and gossips it. Around that it runs the upkeep tasks:
   ``<home>/revocations`` (they then gossip to every replica);
 - eviction watch: if the federation evicted our session (a false suspicion), rejoin
   under a new session id, as the paper's lifecycle requires, without restarting the engine.
-  Any LEFT for our live session that we did not sign ourselves is treated the same way.
+  Any LEFT for our live session that we did not sign ourselves is treated the same way,
+  and so is a newer session of our own peer id (``_rejoin_if_superseded``: our clock went
+  back past an earlier run's, or another process runs with this node's key).
+
+Session ids carry an epoch (``otela.registry.session``) that orders a peer's sessions:
+each new one is above the last this node used (kept in ``<home>/session-epoch``) and the
+wall clock in milliseconds, so a restart supersedes the previous run's session on every
+replica at once.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,8 +42,9 @@ from otela.membership.certificate import (
 )
 from otela.mesh.host import MeshHost
 from otela.registry.crdt import Entry, GCPolicy
+from otela.registry.evidence import EvidenceError, Suspicion, justified
 from otela.registry.records import Lifecycle, NodeRecord
-from otela.registry.session import new_session_id
+from otela.registry.session import MAX_EPOCH, epoch_of, new_session_id
 from otela.registry.store import Registry
 from otela.registry.wire import (
     WireError,
@@ -52,6 +60,11 @@ log = logging.getLogger("otela.registry")
 CERTIFICATE_FILE = "certificate.cert"
 REVOCATIONS_DIR = "revocations"
 MAINTENANCE_INTERVAL_S = 2.0  # GC pass + revocation scan; O(registry) and cheap
+EPOCH_FILE = "session-epoch"
+# A newer session of our own peer id that is not ours: we answer with a newer one, at most
+# this often (two processes sharing a key would otherwise outbid each other at gossip
+# speed).
+OUTBID_INTERVAL_S = 10.0
 
 
 class MembershipConfigError(ValueError):
@@ -120,6 +133,9 @@ class LocalReplica:
         self.certificate = certificate
         self.revocations_dir = home / REVOCATIONS_DIR
         self.record: NodeRecord | None = None
+        self._epoch_file = home / EPOCH_FILE
+        self._last_epoch = _read_epoch(self._epoch_file)
+        self._outbid_at: float | None = None
         self._loaded_revocations: set[Path] = set()
         # Rejoin the moment our session is evicted, not at the next maintenance pass: until
         # then this node routes around itself (after a partition heals, an ingress whose
@@ -143,7 +159,16 @@ class LocalReplica:
     async def announce(self, **changes: Any) -> NodeRecord:
         """Sign our next version with ``changes``, apply it locally, and gossip it."""
         assert self.record is not None, "start() first"
-        self.record = self.record.evolve(now=self.clock(), **changes)
+        record = self.record.evolve(now=self.clock(), **changes)
+        other = self.registry.map.session_of(record.peer_id)
+        if other is not None and self.registry.map.outranked(record.peer_id,
+                                                            record.session_id):
+            # A newer session of our own peer id is here: ours would be refused.
+            log.warning("session %s of this node's peer id supersedes ours (%s); "
+                        "announcing a newer session", other, record.session_id)
+            record = replace(record, session_id=self.new_session_id(epoch_of(other)),
+                             version=1)
+        self.record = record
         envelope = sign_record(self.record, self.identity.key_pair.private_key, self.certificate)
         entry = verify_record(envelope, self.admission.trust(self.registry), self.clock())
         self.registry.apply(entry, self.clock())
@@ -155,15 +180,40 @@ class LocalReplica:
         self.record = replace(record, version=0)
         await self.announce()
 
-    async def evict(self, session_id: str, reason: str) -> bool:
-        """Publish our signed verdict that ``session_id`` is LEFT (the failure detector's)."""
+    def new_session_id(self, above: int = 0) -> str:
+        """A session id for this node's next session: its epoch is above every epoch this
+        node used before (and ``above``), so it supersedes them on every replica."""
+        epoch = max(int(self.clock() * 1000), self._last_epoch + 1, above + 1)
+        epoch = min(epoch, MAX_EPOCH)
+        self._last_epoch = epoch
+        try:
+            self._epoch_file.write_text(f"{epoch}\n")
+        except OSError as exc:  # the clock still orders sessions; only a jump back hurts
+            log.warning("could not keep the session epoch in %s: %s", self._epoch_file, exc)
+        return new_session_id(self.identity.peer_id.to_base58(), epoch)
+
+    async def evict(self, session_id: str, reason: str,
+                    statements: Sequence[Suspicion] = ()) -> bool:
+        """Publish our signed verdict that ``session_id`` is LEFT (the failure detector's),
+        with the signed suspicions that justify it. Without as many independent ones as
+        every replica will require (``otela.registry.evidence``) nothing is signed: it
+        would be refused everywhere, and count against us."""
         target = self.registry.entry(session_id)
         if target is None or target.state is Lifecycle.LEFT:
+            return False
+        trust = self.admission.trust(self.registry)
+        evictee = target.record.peer_id
+        now = self.clock()
+        try:
+            chosen = justified(statements, evictee, session_id, now,
+                               trust.witnesses_required(evictee, now), trust.is_member)
+        except EvidenceError as exc:
+            log.info("not evicting session %s of %s yet: %s", session_id, evictee, exc)
             return False
         envelope = sign_eviction(
             target, evictor_key=self.identity.key_pair.private_key,
             evictor_peer_id=self.identity.peer_id.to_base58(), reason=reason,
-            now=self.clock(), cert=self.certificate,
+            now=now, evidence=chosen, cert=self.certificate,
         )
         applied = self.replicator.ingest([envelope], "local") > 0
         await self.replicator.publish(envelope)
@@ -195,28 +245,15 @@ class LocalReplica:
             if dropped:
                 log.info("compacted %d registry entries past the GC horizon", len(dropped))
             await self._rejoin_if_evicted()
-            await self._retire_old_sessions()
             await trio.sleep(MAINTENANCE_INTERVAL_S)
 
-    async def _retire_old_sessions(self) -> None:
-        """Announce LEFT for earlier sessions of this node (same key) that never said so,
-        e.g. after a crash: we are their owner, so nobody has to detect and evict them."""
-        if self.record is None:
-            return
-        me, current = self.record.peer_id, self.record.session_id
-        for entry in list(self.registry.map):
-            old = entry.record
-            if old.peer_id == me and entry.key != current and entry.state is not Lifecycle.LEFT:
-                retired = old.evolve(now=self.clock(), state=Lifecycle.LEFT)
-                envelope = sign_record(retired, self.identity.key_pair.private_key,
-                                       self.certificate)
-                if self.replicator.ingest([envelope], "local"):
-                    log.info("retired earlier session %s of this node", entry.key)
-                    await self.replicator.publish(envelope)
-
     def _check_evicted(self, entry: Entry) -> None:
-        if (self.record is not None and entry.key == self.record.session_id
-                and entry.state is Lifecycle.LEFT):
+        record = self.record
+        if record is None:
+            return
+        ours = entry.key == record.session_id and entry.state is Lifecycle.LEFT
+        outbid = entry.record.peer_id == record.peer_id and entry.key != record.session_id
+        if ours or outbid:
             with contextlib.suppress(trio.WouldBlock):  # a wake-up is pending already
                 self._evicted_send.send_nowait(None)
 
@@ -229,17 +266,46 @@ class LocalReplica:
         if record is None or record.state is Lifecycle.LEFT:
             return
         entry: Entry | None = self.registry.entry(record.session_id)
-        if entry is None or entry.state is not Lifecycle.LEFT:
+        if entry is None:
+            await self._rejoin_if_superseded(record)
+            return
+        if entry.state is not Lifecycle.LEFT:
             return
         # Normally an eviction; a LEFT we did not sign cannot enter the map (records are
         # owner-signed), but if one ever did we would be out of routing for good: rejoin.
         by = entry.evicted_by or "a record this node did not sign"
         log.warning("the federation marked session %s LEFT (by %s); rejoining as a new "
                     "session", record.session_id, by)
-        self.record = replace(
-            record, session_id=new_session_id(record.peer_id), version=0
-        )
+        await self._rejoin(record)
+
+    async def _rejoin_if_superseded(self, record: NodeRecord) -> None:
+        """Our session is gone from the registry because a newer session of our own peer
+        id is there: an earlier run's, from before our clock went back (and its epoch
+        file was lost), or another process started with this node's key. Outbid it,
+        within ``OUTBID_INTERVAL_S``, and say why."""
+        other = self.registry.map.session_of(record.peer_id)
+        if other is None or other == record.session_id:
+            return
+        now = self.clock()
+        if self._outbid_at is not None and now - self._outbid_at < OUTBID_INTERVAL_S:
+            return
+        self._outbid_at = now
+        log.warning("session %s of this node's peer id supersedes ours (%s): another "
+                    "process may be running with this node's key, or the clock went back; "
+                    "rejoining with a newer session", other, record.session_id)
+        await self._rejoin(record, above=epoch_of(other))
+
+    async def _rejoin(self, record: NodeRecord, above: int = 0) -> None:
+        self.record = replace(record, session_id=self.new_session_id(above), version=0)
         await self.announce()
+
+
+def _read_epoch(path: Path) -> int:
+    """The last session epoch a node with this home used (0 if none, or unreadable)."""
+    try:
+        return min(max(0, int(path.read_text().strip())), MAX_EPOCH)
+    except (OSError, ValueError):
+        return 0
 
 
 __all__ = ["LocalReplica", "MembershipConfigError", "WireError", "load_authority",

@@ -17,6 +17,15 @@
   waiting for the periodic exchange to pick that peer took 5 s and more).
 Every envelope is verified (signature, certificate, revocation, GC horizon) before it
 touches the registry; bad input is dropped and counted in ``stats``, never raised.
+
+What one member may write about itself and others is metered too (docs/security.md#a-
+member-that-lies-about-itself): a record for an older session of a peer than the one held
+is refused (one session per peer, ``otela.registry.crdt``) and not forwarded; a signer's
+records beyond ``GOSSIP_BURST`` at once and ``GOSSIP_PER_S`` after are not forwarded (the
+latest still arrives by anti-entropy); a fresh eviction needs its evidence
+(``otela.registry.evidence``) and is refused beyond ``EVICTION_BURST`` at once and one per
+``1 / EVICTION_PER_S`` seconds per evictor. Members that break these rules are reported
+(``misconduct.py``: ``/v1/health``, a warning, out of routing for a while).
 """
 
 from __future__ import annotations
@@ -32,25 +41,36 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
+from otela.logbudget import LogBudget
 from otela.membership.admission import Admission
 from otela.mesh.connections import OnConnected
 from otela.mesh.framing import read_frame, write_frame
 from otela.mesh.host import MeshHost
 from otela.mesh.quota import AE_STREAMS, set_capped_handler
 from otela.registry import antientropy
-from otela.registry.crdt import Entry, NotOwner, Rejected
+from otela.registry.crdt import Entry, NotOwner, Rejected, Superseded
 from otela.registry.store import Registry
 from otela.registry.wire import (
     FORGED,
     ForgedRecord,
     Trust,
+    UnjustifiedEviction,
     WireError,
     decode,
     encode,
+    eviction_time,
+    gossip_facts,
     gossip_refusal,
     verify,
 )
 from otela.replication.drift import SUMMARY_BYTES, DriftWatch, summary
+from otela.replication.misconduct import (
+    EVICTION_RATE,
+    GOSSIP_RATE,
+    UNJUSTIFIED_EVICTION,
+    Misconduct,
+    PeerRates,
+)
 
 log = logging.getLogger("otela.mesh")
 
@@ -58,6 +78,23 @@ REGISTRY_TOPIC = "otela/registry/1"
 AE_PROTOCOL = TProtocol("/otela/registry/ae/1.0.0")
 AE_TIMEOUT_S = 10.0
 FORGERY_LOG_INTERVAL_S = 60.0  # one warning per forging peer per minute; every one counted
+# Records one signer may have forwarded by gossip: honest nodes announce a few changes a
+# minute (state, reachability, relays), a restarting or rejoining one a few in a second.
+GOSSIP_BURST, GOSSIP_PER_S = 30.0, 2.0
+# Evictions one member may sign: after a mass failure the rank order spreads them over the
+# survivors (a handful each); a member evicting faster than any failure explains is not
+# detecting failures.
+EVICTION_BURST, EVICTION_PER_S = 10.0, 1 / 6
+# An eviction signed this recently is news (it arrived by gossip, or history is being
+# made): it is metered, and one without evidence is reported. Older ones are history an
+# anti-entropy exchange carries, refused without blame when a replica's view differs.
+FRESH_EVICTION_S = 120.0
+
+
+def _fresh(envelope: Any, now: float) -> bool:
+    """Whether an eviction envelope was signed within ``FRESH_EVICTION_S`` of ``now``."""
+    facts = eviction_time(envelope)
+    return facts is not None and abs(now - facts) <= FRESH_EVICTION_S
 
 
 class GossipLag:
@@ -106,6 +143,10 @@ class Replicator:
         self._applied_listeners: list[Callable[[Entry], None]] = []
         self.gossip_lag = GossipLag()
         self._forgery_logged: dict[str, float] = {}
+        self.misconduct = Misconduct()
+        self._misconduct_log = LogBudget(burst=10, window=60.0)
+        self._gossip_rates = PeerRates(GOSSIP_BURST, GOSSIP_PER_S)
+        self._eviction_rates = PeerRates(EVICTION_BURST, EVICTION_PER_S)
         # Peers to sync with at once, and why: "returning" (connected while their sessions
         # here were all LEFT) or "drift" (their replica stays different from ours).
         self._due_send, self._due = trio.open_memory_channel[tuple[str, str]](64)
@@ -162,6 +203,9 @@ class Replicator:
             try:
                 item = verify(envelope, trust, now)
                 if isinstance(item, Entry):
+                    if item.evicted_by is not None and source != "local" and \
+                            not self._eviction_allowed(item, now):
+                        continue
                     applied = self.registry.apply(item, now)
                     if applied:
                         if source == "gossip":
@@ -175,6 +219,14 @@ class Replicator:
             except (ForgedRecord, NotOwner) as exc:
                 self.stats[f"{source}_rejected"] += 1
                 self._forgery(exc.signer, str(exc), source)
+            except Superseded as exc:  # an older session of a peer: one session per peer
+                self.stats[f"{source}_superseded"] += 1
+                log.debug("refused %s envelope: %s", source, exc)
+            except UnjustifiedEviction as exc:
+                self.stats["evictions_unjustified"] += 1
+                self.stats[f"{source}_rejected"] += 1
+                if _fresh(envelope, now):
+                    self.report(exc.evictor, UNJUSTIFIED_EVICTION, str(exc))
             except (WireError, Rejected) as exc:
                 self.stats[f"{source}_rejected"] += 1
                 log.debug("rejected %s envelope: %s", source, exc)
@@ -185,6 +237,36 @@ class Replicator:
                           type(exc).__name__, exc)
         self.stats[f"{source}_applied"] += changed
         return changed
+
+    def _eviction_allowed(self, entry: Entry, now: float) -> bool:
+        """A fresh eviction that would change the registry takes one of its evictor's
+        tokens; none left: refused, counted, and the evictor reported."""
+        current = self.registry.entry(entry.key)
+        if now - entry.updated_at > FRESH_EVICTION_S or (
+                current is not None and current.state is entry.state):
+            return True  # history, or a duplicate of what we hold: nothing happens
+        evictor = entry.evicted_by
+        assert evictor is not None
+        if self._eviction_rates.take(evictor, now):
+            return True
+        self.stats["evictions_rate_limited"] += 1
+        self.report(evictor, EVICTION_RATE, f"eviction of {entry.key}")
+        return False
+
+    def report(self, peer_id: str, kind: str, detail: str) -> None:
+        """``peer_id`` misbehaved (``misconduct.py``); a warning within a budget."""
+        if peer_id == self._self_id.to_base58():
+            return
+        if self.misconduct.report(peer_id, kind, self.clock()):
+            skipped = self._misconduct_log.take()
+            if skipped is not None:
+                log.warning("member %s misbehaves (%s): %s; keeping it out of routing%s",
+                            peer_id, kind, detail[:300],
+                            f" ({skipped} reports not logged)" if skipped else "")
+
+    def excluded(self) -> frozenset[str]:
+        """Members this node's routing avoids for misconduct (``misconduct.py``)."""
+        return self.misconduct.excluded(self.clock())
 
     def _forgery(self, signer: str, what: str, via: str) -> None:
         """Count an attempt to write another node's entry; warn at most once a minute per
@@ -226,12 +308,38 @@ class Replicator:
         except Exception:
             refusals = ["malformed"]
         if not any(refusals):
-            return True
+            return self._within_bounds(envelopes, source)
         if FORGED in refusals:
             self._forgery(source, f"{source} published a {FORGED}", "gossip")
         else:
             self.stats["gossip_invalid"] += 1
         return False
+
+    def _within_bounds(self, envelopes: list[Any], source: str) -> bool:
+        """Whether well-formed gossip from ``source`` may be taken and forwarded: not a
+        record of an older session than its peer's (refused everywhere anyway), not beyond
+        its signer's rate. Our own publishes pass (pubsub validates them too)."""
+        if source == self._self_id.to_base58():
+            return True
+        now = self.clock()
+        for envelope in envelopes:
+            facts = gossip_facts(envelope)
+            if facts is None:
+                continue
+            kind, session_id = facts
+            if kind == "rec" and self.registry.map.outranked(source, session_id):
+                self.stats["gossip_superseded"] += 1
+                return False
+            if kind == "evict" and not self._eviction_rates.allows(source, now):
+                self.stats["evictions_rate_limited"] += 1
+                self.report(source, EVICTION_RATE, "evictions by gossip")
+                return False
+        if not self._gossip_rates.take(source, now):
+            self.stats["gossip_rate_limited"] += 1
+            self.report(source, GOSSIP_RATE, f"more than {GOSSIP_BURST:.0f} registry updates "
+                        f"at once, then {GOSSIP_PER_S:g} a second")
+            return False
+        return True
 
     async def _receive_gossip(self, subscription: Any) -> None:
         while True:

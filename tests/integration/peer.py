@@ -3,6 +3,7 @@ protocols, but a registry the test may fill with anything, forged envelopes incl
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -62,8 +63,9 @@ async def connect(replica: LocalReplica, addr: str) -> ID:
 def plant(replica: LocalReplica, envelope: dict[str, Any], now: float) -> None:
     """Put an unverified envelope into the peer's map (under a placeholder session of its
     own) so anti-entropy offers it to others, who must verify and refuse it."""
-    session = new_session_id("planted")
-    record = NodeRecord(session, "planted", "x", Lifecycle.SERVING, 99, "http://x",
+    placeholder = f"planted-{secrets.token_hex(6)}"  # a peer of its own: one session each
+    session = new_session_id(placeholder, int(now * 1000))
+    record = NodeRecord(session, placeholder, "x", Lifecycle.SERVING, 99, "http://x",
                         updated_at=now)
     replica.registry.map.merge(
         Entry(session, Lifecycle.SERVING, 99, now, tiebreak_of(envelope["sig"]), record,

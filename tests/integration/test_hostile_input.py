@@ -411,7 +411,7 @@ def test_the_libp2p_engine_hop_refuses_a_peer_that_is_not_a_member(fed, tmp_path
                 return None
 
             client = EngineStreamClient(host, dial)
-            target = NodeRecord(new_session_id(server.status["peer_id"]),
+            target = NodeRecord(new_session_id(server.status["peer_id"], int(time.time() * 1000)),
                                 server.status["peer_id"], "p", Lifecycle.SERVING, 1, "")
             async with trio.open_nursery() as nursery:
                 await nursery.start(client.run)

@@ -140,7 +140,8 @@ def test_forged_and_unauthorised_envelopes_are_rejected_by_a_real_daemon(federat
             plant(peer, sign_record(victim_record, insider.key_pair.private_key, cert),
                   now)
             # 2. a record of a non-member (no certificate)
-            stranger = NodeRecord(new_session_id(outsider.peer_id.to_base58()),
+            stranger = NodeRecord(new_session_id(outsider.peer_id.to_base58(),
+                                                 int(time.time() * 1000)),
                                   outsider.peer_id.to_base58(), "lab",
                                   Lifecycle.SERVING, 1, "http://x", updated_at=now)
             plant(peer, sign_record(stranger, outsider.key_pair.private_key), now)
@@ -169,15 +170,18 @@ def test_a_late_joiner_converges_after_200_changes_through_anti_entropy(federati
         async with running_peer(tmp_path / "churner") as peer:
             boot_id = await connect(peer, boot.multiaddr)
             assert await peer.replicator.sync_with(boot_id)
-            me = peer.identity.peer_id.to_base58()
-            for _ in range(50):  # 50 sessions x 4 lifecycle steps = 200 registry changes
-                record = NodeRecord(new_session_id(me), me, "lab", Lifecycle.JOIN, 0,
-                                    "http://127.0.0.1:9", updated_at=time.time())
+            # 50 nodes (a registry keeps one session per peer) x 4 lifecycle steps = 200
+            # registry changes, which reach the bootstrap node by anti-entropy.
+            for _ in range(50):
+                node = new_identity()
+                who = node.peer_id.to_base58()
+                record = NodeRecord(new_session_id(who, int(time.time() * 1000)), who, "lab",
+                                    Lifecycle.JOIN, 0, "http://127.0.0.1:9",
+                                    updated_at=time.time())
                 for state in Lifecycle:
                     record = record.evolve(now=time.time(), state=state)
-                    envelope = sign_record(record, peer.identity.key_pair.private_key)
+                    envelope = sign_record(record, node.key_pair.private_key)
                     peer.replicator.ingest([envelope], "local")
-                    await peer.replicator.publish(envelope)
             assert await peer.replicator.sync_with(boot_id)
 
     trio.run(churn)
@@ -205,12 +209,14 @@ def test_a_replica_that_drifted_is_repaired_in_seconds_not_at_the_periodic_excha
         # can learn them only by an exchange with a.
         async with running_peer(tmp_path / "teacher") as peer:
             a_id = await connect(peer, a.multiaddr)
-            me = peer.identity.peer_id.to_base58()
-            for _ in range(3):
-                record = NodeRecord(new_session_id(me), me, "lab", Lifecycle.LEFT, 0,
-                                    "http://127.0.0.1:9", updated_at=time.time())
-                peer.replicator.ingest(
-                    [sign_record(record, peer.identity.key_pair.private_key)], "local")
+            for _ in range(3):  # three nodes' records (one session per peer)
+                node = new_identity()
+                who = node.peer_id.to_base58()
+                record = NodeRecord(new_session_id(who, int(time.time() * 1000)), who, "lab",
+                                    Lifecycle.LEFT, 0, "http://127.0.0.1:9",
+                                    updated_at=time.time())
+                peer.replicator.ingest([sign_record(record, node.key_pair.private_key)],
+                                       "local")
             assert await peer.replicator.sync_with(a_id)
 
     trio.run(teach_a_alone)

@@ -17,8 +17,10 @@ from otela.registry.session import session_id_for
 def sid(name: str, peer_id: str | None = None) -> str:
     """The session id a test calls ``name``: owned by ``peer_id`` (default ``peer-<name>``),
     as every session id in a registry must be (``otela.registry.session``)."""
-    nonce = hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
-    return session_id_for(peer_id or f"peer-{name}", nonce)
+    digest = hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
+    # An epoch (the nonce's first 11 hex digits) in 1970, distinct per name: sessions of one
+    # peer are ordered by it, and no test time precedes it.
+    return session_id_for(peer_id or f"peer-{name}", "000000" + digest[:10])
 
 
 def record(session: str, version: int = 1, state: Lifecycle = Lifecycle.JOIN,

@@ -126,6 +126,11 @@ def test_another_otela_signature_cannot_be_replayed_as_an_assignment() -> None:
     ({"engine": "sglang"}, "engine_not_allowed"),
     ({"model": "Qwen/Qwen3-8B"}, "model_not_allowed"),
     ({"model": "-rf"}, "bad_model"),
+    # a glob such as `m*` or `meta-llama/*` matched these before they were checked as names
+    ({"model": "meta-llama/../../../../etc"}, "bad_model"),
+    ({"model": "meta-llama/./x"}, "bad_model"),
+    ({"model": "meta-llama/x\n--trust-remote-code"}, "bad_model"),
+    ({"model": "meta-llama/%2e%2e/x"}, "bad_model"),
     ({"tp": 8}, "too_many_gpus"),
     ({"params": {"ctx": "512"}}, "bad_params"),
     ({"engine": "echo", "model": "x", "tp": 1}, "bad_params"),

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otela.registry import antientropy
-from otela.registry.crdt import GCPolicy, GMap, Rejected, join
+from otela.registry.crdt import GCPolicy, GMap, Rejected, Superseded, join
 from otela.registry.records import Lifecycle
+from otela.registry.session import epoch_of
 from otela.registry.store import Registry
 
 from .registry_helpers import entry
@@ -86,7 +87,8 @@ def _exchange(initiator: Registry, responder: Registry) -> None:
 
 def _apply_all(registry: Registry, proofs) -> None:
     for proof in proofs:
-        registry.apply(proof, NOW)
+        with contextlib.suppress(Superseded):  # an older session of a peer: refused
+            registry.apply(proof, NOW)
 
 
 @settings(max_examples=1000, deadline=None)
@@ -164,3 +166,61 @@ def test_a_joiner_larger_than_one_batch_converges_over_several_exchanges(monkeyp
         assert len(joiner.map) - before <= 40  # never more than one batch per message
         assert rounds < 10
     assert rounds == 4
+
+
+# Several sessions of one peer: the map keeps one per peer, whatever arrives in what order.
+PEER_OF = {"a": "p1", "b": "p1", "c": "p1", "d": "p2", "e": "p2"}
+shared_peers = st.builds(
+    lambda session, **kw: entry(session, peer_id=PEER_OF[session], **kw),
+    session=st.sampled_from(sorted(PEER_OF)),
+    version=st.integers(min_value=0, max_value=4),
+    state=st.sampled_from(list(Lifecycle)),
+    salt=st.sampled_from(["", "x"]),
+    updated_at=st.just(NOW),
+)
+
+
+def _merge_all(gmap: GMap, updates) -> None:
+    for u in updates:
+        with contextlib.suppress(Superseded):
+            gmap.merge(u, NOW)
+
+
+@settings(max_examples=1500)
+@given(st.lists(shared_peers, max_size=40), st.randoms(use_true_random=False))
+def test_one_session_per_peer_whatever_the_order(updates, rnd):
+    reference = GMap()
+    _merge_all(reference, updates)
+    shuffled = updates + [rnd.choice(updates) for _ in range(len(updates) // 2)] if updates else []
+    rnd.shuffle(shuffled)
+    other = GMap()
+    _merge_all(other, shuffled)
+    assert state_of(other) == state_of(reference)
+    assert other.digest_root() == reference.digest_root()
+    peers = [e.record.peer_id for e in other]
+    assert len(peers) == len(set(peers))  # one entry per peer
+    for peer in set(PEER_OF.values()):  # and it is the greatest of that peer's entries
+        mine = [u for u in updates if u.record.peer_id == peer]
+        if mine:
+            best = max(mine, key=lambda u: (epoch_of(u.key), u.key, u.rank()))
+            assert other.get(best.key).rank() == best.rank()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(shared_peers, min_size=1, max_size=40), st.randoms(use_true_random=False))
+def test_replicas_with_superseded_sessions_converge_after_anti_entropy(updates, rnd):
+    replicas = [Registry() for _ in range(4)]
+    for u in updates:
+        for i, replica in enumerate(replicas):  # the first stands for the owner: it has all
+            for _ in range(1 if i == 0 else rnd.choice([0, 1, 1, 2])):
+                with contextlib.suppress(Superseded):
+                    replica.apply(u, NOW)
+    reference = GMap()
+    _merge_all(reference, updates)
+    for a in replicas:
+        for b in replicas:
+            if a is not b:
+                _exchange(a, b)
+    for replica in replicas:
+        assert state_of(replica.map) == state_of(reference)
+        assert len(replica) == len(reference)  # views follow: superseded sessions hidden

@@ -21,6 +21,7 @@ from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable, Status, Update
 from otela.liveness.watch import NeighbourWatch
 from otela.mesh.listening import ConnectAnswer
+from otela.registry import evidence
 from otela.registry.records import Lifecycle, NodeRecord
 
 from .registry_helpers import record
@@ -492,20 +493,47 @@ class Keyed:
         self.peer_id = ID.from_pubkey(keys.public_key).to_base58()
 
 
-def news_for(me: Keyed, peers: list[str]) -> tuple[News, LivenessTable, EventLog, dict]:
+def news_for(me: Keyed, peers: list[str], sessions: dict[str, str] | None = None
+             ) -> tuple[News, LivenessTable, EventLog, dict]:
     stats = {"refuted": 0}
     table = LivenessTable(me.peer_id, 6.0)
     table.sync_members(set(peers), 0.0)
     events = EventLog(clock=lambda: 0.0)
     health = LocalHealth(8, 3.0, 1.0, on_change=table.scale_timeouts)
-    return News(me.peer_id, table, NeighbourWatch(), health, events, me.sign, stats), table, \
-        events, stats
+    news = News(me.peer_id, table, NeighbourWatch(), health, events, me.sign, stats,
+                (sessions or {}).get)
+    return news, table, events, stats
+
+
+SESSION = "0" * 40
+
+
+def suspicion(by: Keyed, suspect: str, incarnation: int = 0, session: str = SESSION
+              ) -> list:
+    """A news item: ``by``'s signed suspicion of ``suspect``."""
+    statement = evidence.sign(by.sign, by.peer_id, suspect, session, incarnation, 1000.0)
+    return [suspect, "suspect", incarnation, statement.pack_proof(), by.peer_id]
+
+
+def test_a_suspicion_of_another_member_counts_only_with_its_suspecters_signature():
+    me, peer, liar, honest = Keyed(), Keyed(), Keyed(), Keyed()
+    news, table, _, stats = news_for(me, [peer.peer_id, liar.peer_id, honest.peer_id],
+                                     {peer.peer_id: SESSION})
+    news.apply([peer.peer_id, "suspect", 0, None, liar.peer_id], 1.0, "x")  # unsigned
+    forged = suspicion(liar, peer.peer_id)
+    forged[4] = honest.peer_id  # liar's signature, claimed to be honest's statement
+    news.apply(forged, 1.0, "x")
+    news.apply(suspicion(liar, peer.peer_id, session="1" * 40), 1.0, "x")  # another session
+    assert table.suspected() == frozenset() and stats["unsigned_suspicions"] == 3
+    news.apply(suspicion(honest, peer.peer_id), 1.0, "x")
+    assert table.suspected() == {peer.peer_id}
+    assert [by for by, _, _ in table.evidence_of(peer.peer_id)] == [honest.peer_id]
 
 
 def test_only_the_peers_own_signature_refutes_a_suspicion():
     me, peer, forger = Keyed(), Keyed(), Keyed()
     news, table, events, stats = news_for(me, [peer.peer_id])
-    news.apply([peer.peer_id, "suspect", 0, None, "x"], 1.0, "x")
+    news.apply(suspicion(forger, peer.peer_id), 1.0, "x")
     assert peer.peer_id in table.suspected()
     forged = forger.sign(alive_payload(peer.peer_id, 1))
     news.apply([peer.peer_id, "alive", 1, forged, None], 2.0, "x")
@@ -552,8 +580,7 @@ def test_a_published_suspicion_is_verified_first_hand():
     news, _table, events, _ = news_for(me, [suspect.peer_id, other.peer_id])
     news.watch.observe({other.peer_id}, {suspect.peer_id, other.peer_id},
                        {suspect.peer_id, other.peer_id}, 0.0)
-    news.apply([suspect.peer_id, "suspect", 0, None, other.peer_id], 1.0, other.peer_id,
-               published=True)
+    news.apply(suspicion(other, suspect.peer_id), 1.0, other.peer_id, published=True)
     # With three members every one is among the verifiers: probe it next, connected or not.
     assert news.watch.next_target(2.0) == suspect.peer_id
     assert "verifying" in [e["event"] for e in events.events]
@@ -597,7 +624,7 @@ def test_incarnations_that_cannot_be_encoded_are_ignored():
     msgpack.packb({"u": news.piggyback()})  # still encodable
     # ... and our refutation at the top is accepted by others.
     other_news, other_table, _, _ = news_for(peer, [me.peer_id])
-    other_news.apply([me.peer_id, "suspect", 2**63 - 2, None, "x"], 1.0, "x")
+    other_news.apply(suspicion(Keyed(), me.peer_id, 2**63 - 2), 1.0, "x")
     assert me.peer_id in other_table.suspected()
     alive = [me.peer_id, "alive", 2**63 - 1, me.sign(alive_payload(me.peer_id, 2**63 - 1)),
              None]

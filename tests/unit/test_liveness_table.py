@@ -58,6 +58,7 @@ def test_one_eviction_per_confirmed_suspect_not_one_per_member():
 
 def test_confirmation_heard_from_others_makes_us_only_a_backup_evicter():
     t = table("a", "b", timeout=5.0)
+    assert t.apply(Update("a", Status.SUSPECT, 0, by="b"), now=0.5)
     assert t.apply(Update("a", Status.CONFIRMED, 0), now=1.0)
     assert t.due_evictions(now=10.9) == []
     assert t.due_evictions(now=11.0) == ["a"]
@@ -228,13 +229,39 @@ def test_news_is_piggybacked_a_bounded_number_of_times():
     assert sends == 12
 
 
-def test_confirmation_from_others_is_final_until_the_member_leaves():
+def test_a_confirmation_is_taken_only_for_a_suspicion_we_hold():
+    """Confirmations are unsigned: one heard of a member we hold alive (anyone may say it)
+    would put it out of routing with no eviction ever to follow (evictions need signed
+    suspicions, otela.registry.evidence)."""
+    t = table("a", "b")
+    assert not t.apply(Update("a", Status.CONFIRMED, 0), now=1.0)
+    assert t.members["a"].status is Status.ALIVE and t.suspected() == frozenset()
+
+
+def test_a_confirmed_member_that_proves_it_is_alive_is_back():
+    """Its eviction may never come (it needs independent signed suspicions): a signed
+    refutation at a higher incarnation lifts the confirmation, and no eviction is due."""
     t = table("a")
-    assert t.apply(Update("a", Status.CONFIRMED, 0), now=1.0)
-    assert not t.apply(Update("a", Status.ALIVE, 5, b"sig"), now=2.0, proof_valid=True)
-    t.sync_members({"me"}, now=3.0)  # evicted: gone from the registry
-    t.sync_members({"me", "a"}, now=4.0)  # rejoined under a new session
+    t.probe_failed("a", now=0.0)
+    assert t.expired_suspicions(now=100.0) == ["a"]
+    assert not t.apply(Update("a", Status.ALIVE, 0, b"sig"), now=101.0, proof_valid=True)
+    assert t.apply(Update("a", Status.ALIVE, 5, b"sig"), now=101.0, proof_valid=True)
+    assert t.members["a"].status is Status.ALIVE and t.suspected() == frozenset()
+    assert t.due_evictions(now=1000.0) == []
+    t.sync_members({"me"}, now=1001.0)  # gone from the registry
+    t.sync_members({"me", "a"}, now=1002.0)  # rejoined under a new session
     assert t.members["a"].status is Status.ALIVE
+
+
+def test_our_suspicions_are_signed_and_kept_as_the_evidence_of_an_eviction():
+    t = table("a", "b")
+    t.sign_suspicion = lambda peer, incarnation: f"{peer}@{incarnation}".encode()
+    t.probe_failed("a", now=0.0)
+    assert t.piggyback()[0] == Update("a", Status.SUSPECT, 0, b"a@0", by="me")
+    t.apply(Update("a", Status.SUSPECT, 0, b"b's", by="b"), now=0.5)
+    assert sorted(t.evidence_of("a")) == [("b", 0, b"b's"), ("me", 0, b"a@0")]
+    t.apply(Update("a", Status.SUSPECT, 1, b"b's again", by="b"), now=0.6)  # newer news
+    assert t.evidence_of("a") == [("b", 1, b"b's again")]
 
 
 def test_only_strongly_evidenced_suspicions_are_published_and_only_once():

@@ -15,7 +15,7 @@ from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from otela.membership.certificate import issue_certificate
 from otela.registry.crdt import GMap, NotOwner, tiebreak_of
 from otela.registry.records import Lifecycle
-from otela.registry.session import new_session_id, owns, session_id_for
+from otela.registry.session import epoch_of, new_session_id, owns, session_id_for
 from otela.registry.wire import (
     FORGED,
     ForgedRecord,
@@ -35,10 +35,11 @@ OPEN = Trust()
 
 def test_a_session_id_names_its_creator_and_nobody_else():
     alice, bob = new_node(), new_node()
-    session = new_session_id(alice.peer_id)
+    session = new_session_id(alice.peer_id, 1)
     assert owns(alice.peer_id, session)
     assert not owns(bob.peer_id, session)
-    assert new_session_id(alice.peer_id) != session  # a new one per start and rejoin
+    assert new_session_id(alice.peer_id, 1) != session  # a new one per start and rejoin
+    assert epoch_of(new_session_id(alice.peer_id, 12345)) == 12345
     for junk in ("", "s1", session[:-1], session.upper(), "zz" + session[2:]):
         assert not owns(alice.peer_id, junk)
     with pytest.raises(ValueError):
@@ -110,7 +111,7 @@ def test_the_map_refuses_an_entry_whose_record_is_not_the_sessions_owner():
     with pytest.raises(NotOwner):
         gmap.merge(forged, NOW)
     assert gmap.get(own.key) is own
-    other_session = dataclasses.replace(own, key=new_session_id(victim.peer_id))
+    other_session = dataclasses.replace(own, key=new_session_id(victim.peer_id, 7))
     with pytest.raises(NotOwner):  # the record must be of the session it is stored under
         gmap.merge(other_session, NOW)
 

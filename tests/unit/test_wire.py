@@ -1,15 +1,19 @@
 """Signed registry envelopes: what a replica accepts, and everything it must refuse."""
 
+import dataclasses
+
 import msgpack
 import pytest
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 
 from otela.membership.certificate import issue_certificate, issue_revocation
+from otela.registry import evidence
 from otela.registry.crdt import Entry
 from otela.registry.records import Lifecycle
 from otela.registry.wire import (
     MAX_RECORD_BYTES,
     Trust,
+    UnjustifiedEviction,
     WireError,
     decode,
     encode,
@@ -134,11 +138,18 @@ def test_revocations_verify_only_against_the_authority(authority):
         verify(revocation_envelope(data), OPEN, NOW)
 
 
+def suspects(node, target_entry, at=NOW, incarnation=0, session=None):
+    """``node``'s signed statement that it suspects ``target_entry``'s session."""
+    return evidence.sign(node.keys.private_key.sign, node.peer_id, target_entry.record.peer_id,
+                         session or target_entry.key, incarnation, at)
+
+
 def test_a_member_eviction_is_a_left_tombstone_describing_the_session():
     member, target = new_node(), new_node()
     target_entry = verify(signed(target, models=("m",)), OPEN, NOW)
     env = sign_eviction(target_entry, evictor_key=member.keys.private_key,
-                        evictor_peer_id=member.peer_id, reason="unreachable", now=NOW + 5)
+                        evictor_peer_id=member.peer_id, reason="unreachable", now=NOW + 5,
+                        evidence=[suspects(member, target_entry)])
     entry = verify(env, Trust(is_member=lambda p: p == member.peer_id), NOW + 5)
     assert entry.state is Lifecycle.LEFT and entry.evicted_by == member.peer_id
     assert entry.record.provider_id == "lab" and entry.version == target_entry.version
@@ -190,17 +201,62 @@ def test_open_mode_accepts_evictions_from_known_nodes_even_if_they_were_evicted(
     member_entry = verify(signed(member, session="m"), OPEN, NOW)
     registry.apply(member_entry, NOW)
     evicted_member = sign_eviction(member_entry, evictor_key=target.keys.private_key,
-                                   evictor_peer_id=target.peer_id, reason="partition", now=NOW)
+                                   evictor_peer_id=target.peer_id, reason="partition", now=NOW,
+                                   evidence=[suspects(target, member_entry)])
     registry.apply(verify(evicted_member, OPEN, NOW), NOW)  # the member is LEFT here
     trust = Admission(None, None).trust(registry)
     target_entry = verify(signed(target, session="t"), OPEN, NOW)
     by_member = sign_eviction(target_entry, evictor_key=member.keys.private_key,
-                              evictor_peer_id=member.peer_id, reason="partition", now=NOW)
+                              evictor_peer_id=member.peer_id, reason="partition", now=NOW,
+                              evidence=[suspects(member, target_entry)])
     assert verify(by_member, trust, NOW).state is Lifecycle.LEFT
     by_stranger = sign_eviction(target_entry, evictor_key=stranger.keys.private_key,
                                 evictor_peer_id=stranger.peer_id, reason="x", now=NOW)
     with pytest.raises(WireError, match="not a member"):
         verify(by_stranger, trust, NOW)
+
+
+def test_an_eviction_needs_signed_suspicions_of_distinct_members():
+    """One member's word is not enough where two others could testify: a member that
+    evicts a rival's every session alone is refused everywhere, and named."""
+    evictor, witness, target, outsider = new_node(), new_node(), new_node(), new_node()
+    target_entry = verify(signed(target), OPEN, NOW)
+    members = {evictor.peer_id, witness.peer_id, target.peer_id}
+    trust = Trust(is_member=members.__contains__, witnesses_required=lambda evictee, at: 2)
+
+    def eviction(*statements):
+        return sign_eviction(target_entry, evictor_key=evictor.keys.private_key,
+                             evictor_peer_id=evictor.peer_id, reason="x", now=NOW,
+                             evidence=list(statements))
+
+    refused = [
+        eviction(),
+        eviction(suspects(evictor, target_entry)),  # its own word only
+        eviction(suspects(evictor, target_entry), suspects(evictor, target_entry, NOW - 1)),
+        eviction(suspects(evictor, target_entry), suspects(target, target_entry)),  # evictee
+        eviction(suspects(evictor, target_entry), suspects(outsider, target_entry)),
+        eviction(suspects(evictor, target_entry),
+                 suspects(witness, target_entry, session=sid("older", target.peer_id))),
+        eviction(suspects(evictor, target_entry),
+                 suspects(witness, target_entry, at=NOW - evidence.MAX_AGE_S - 1)),
+    ]
+    forged = suspects(evictor, target_entry)
+    refused.append(eviction(suspects(evictor, target_entry),
+                            dataclasses.replace(forged, by=witness.peer_id)))
+    for envelope in refused:
+        with pytest.raises(UnjustifiedEviction) as caught:
+            verify(envelope, trust, NOW)
+        assert caught.value.evictor == evictor.peer_id
+    both = eviction(suspects(evictor, target_entry), suspects(witness, target_entry, NOW - 30))
+    assert verify(both, trust, NOW).state is Lifecycle.LEFT
+    # A federation of two: the one other member's word is all there can be.
+    alone = Trust(is_member=members.__contains__, witnesses_required=lambda evictee, at: 1)
+    assert verify(eviction(suspects(evictor, target_entry)), alone, NOW).evicted_by == \
+        evictor.peer_id
+
+
+def test_witnesses_required_follow_the_live_members_besides_the_evictee():
+    assert [evidence.witnesses_required(n) for n in (0, 1, 2, 5, 100)] == [1, 1, 2, 2, 2]
 
 
 def signed_body(node, changes, kind="rec", domain=None):
