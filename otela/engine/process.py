@@ -41,7 +41,7 @@ def parse_models(payload: Any) -> list[ModelInfo]:
     Only ids that are model ids (``otela.registry.names``: every replica refuses a record
     with anything else) and at most ``MAX_MODELS`` of them are announced; the rest are
     named in a warning, so an operator sees why a model is not offered."""
-    models = []
+    models: list[ModelInfo] = []
     for item in (payload or {}).get("data", []):
         if isinstance(item, dict) and isinstance(item.get("id"), str):
             problem = model_id_problem(item["id"])
