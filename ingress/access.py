@@ -88,6 +88,17 @@ class Access:
         self._key_of[authorization] = key
         return key
 
+    def screen(self, authorization: bytes | None) -> None:
+        """What can be refused before a request's body is read: the key (401), its budget
+        (403) and its limits (429); raises the error, takes nothing."""
+        key = self.authenticate(authorization)
+        if key.budget_tokens is not None:
+            check(key, None, time.time(),
+                  self.used_tokens.get(key.id, 0) + self.used_here.get(key.id, 0))
+        limits = self.limits.get(key.id)
+        if limits is not None:
+            limits.check(time.monotonic())
+
     def admit(self, key: ApiKey, model: str) -> Grant:
         """``key`` may ask for ``model`` now (raises 403/429 otherwise); takes a slot."""
         key_id = key.id

@@ -75,6 +75,14 @@ class KeyLimits:
 
     def admit(self, now: float) -> None:
         """Take a request slot, or raise the 429 the caller gets (with ``Retry-After``)."""
+        self.check(now)
+        if self.requests is not None:
+            self.requests.take(1.0, now)
+        self.in_flight += 1
+
+    def check(self, now: float) -> None:
+        """Raise the 429 ``admit`` would raise now, taking nothing (a request screened
+        from its headers, before its body is read)."""
         if self.max_concurrent is not None and self.in_flight >= self.max_concurrent:
             raise _too_many(f"This API key has {self.max_concurrent} requests in flight, "
                             "its limit; retry when one has finished.", 1.0,
@@ -87,9 +95,6 @@ class KeyLimits:
             raise _too_many(f"This API key's limit of {self.tokens.rate:g} tokens per minute "
                             "is reached.", self.tokens.wait_for(1e-9, now),
                             "token_rate_limit_exceeded")
-        if self.requests is not None:
-            self.requests.take(1.0, now)
-        self.in_flight += 1
 
     def finished(self, tokens: int, now: float) -> None:
         """A request admitted here is over; it used ``tokens``."""

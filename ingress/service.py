@@ -43,8 +43,10 @@ class IngressService:
         if not open_access:
             self.authenticate: Callable[[bytes | None], ApiKey | None] = \
                 self.access.authenticate
+            self.screen: Callable[[bytes | None], None] = self.access.screen
         else:
             self.authenticate = self._authenticate_open
+            self.screen = self._screen_open
 
     @classmethod
     def open(cls, url: str, home: Path, ingress_id: str, **options: Any) -> IngressService:
@@ -65,6 +67,10 @@ class IngressService:
         if authorization is None:
             return None  # anonymous, allowed by --open
         return self.access.authenticate(authorization)
+
+    def _screen_open(self, authorization: bytes | None) -> None:
+        if authorization is not None:  # a key, when given, is checked (--open or not)
+            self.access.screen(authorization)
 
     def observers(self, metrics: Registry) -> list[Observer]:
         """What watches the request path for the service: usage rows and per-key metrics."""

@@ -43,7 +43,7 @@ from otela.assignments.acceptor import REPLAY_FILE, Acceptor, load_policy
 from otela.assignments.message import Assignment
 from otela.config import NodeConfig
 from otela.dataplane.asgi import AsgiHandler
-from otela.dataplane.gate import EngineGate
+from otela.dataplane.gate import EngineGate, Routes
 from otela.dataplane.hop_auth import HopSigner, HopVerifier
 from otela.dataplane.http import HttpServer, ServerLimits
 from otela.dataplane.inflight import Inflight
@@ -206,7 +206,9 @@ class Node:
             serving=lambda: self.serving_engine_url() is not None, client=self.client,
             signer=self.hop_signer, verifier=self.hop_verifier, receive=config.ingress,
             min_interval=config.load_interval)
-        gate = EngineGate(self.serving_engine_url, self.served_models, config.max_body_bytes)
+        routes = Routes(config.inference_routes)
+        gate = EngineGate(self.serving_engine_url, self.served_models, config.max_body_bytes,
+                          routes)
         self.hop = EngineHop(self.hop_verifier, gate, self.pool, config.first_byte_timeout,
                              self.load)
         self.engine_streams = EngineStreamServer(
@@ -241,13 +243,13 @@ class Node:
         self.dispatch = Dispatch(
             InferenceRoutes(self.router, observers, config.record_prompts,
                             config.affinity_prefix, keys=self.ingress_service), self.hop,
-            AsgiHandler(self.api), self.inflight, self.metrics)
+            AsgiHandler(self.api), self.inflight, self.metrics, routes)
         self.http = HttpServer(self.dispatch, ServerLimits(
             max_body_bytes=config.max_body_bytes,
             header_timeout=config.header_timeout,
             body_timeout=config.body_timeout,
             max_connections_per_client=config.max_connections_per_client,
-        ))
+        ), screen=self.dispatch.screen)
         # With --workers N the port is served by N data-path processes instead.
         self.workers = None if config.workers <= 1 else WorkerPool(
             config, config.workers, self._worker_state_key, self._worker_snapshot,

@@ -48,15 +48,15 @@ class EngineHop:
         except HopRefused as refused:
             raise RequestError(refused.status, refused.message, code=refused.code,
                                headers=_NOT_DELIVERED) from None
-        path = target[len(ENGINE_PREFIX):]
-        verdict = self.gate.check(path, request.body)
+        verdict = self.gate.check(target[len(ENGINE_PREFIX):], request.body)
         if isinstance(verdict, Refusal):
             raise RequestError(verdict.status, verdict.message, code=verdict.code,
                                headers=_NOT_DELIVERED)
-        host, port, prefix = engine_address(verdict)
+        host, port, prefix = engine_address(verdict.engine)
         self.load.start()
         try:
-            await self._relay(request, response, request_id, host, port, prefix + path)
+            await self._relay(request, response, request_id, host, port,
+                              prefix + verdict.target)
         finally:
             self.load.end()
 

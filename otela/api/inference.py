@@ -61,6 +61,11 @@ class KeyGate(Protocol):
         """A grant for ``model`` (403 not allowed or over budget, 429 over a limit)."""
         ...
 
+    def screen(self, authorization: bytes | None) -> None:
+        """Raise what ``authenticate`` and ``admit`` would, from the headers alone (before
+        the body is read); takes nothing."""
+        ...
+
     def finished(self, grant: Any, tokens: int) -> None: ...
 
 
@@ -76,11 +81,14 @@ class InferenceRoutes:
         # for usage, so the tokens of every answer are counted.
         self.keys = keys
 
-    async def handle(self, request: Request, response: Response) -> None:
+    async def handle(self, request: Request, response: Response, target: str) -> None:
+        """Route ``request`` to ``target``: its canonical path and query
+        (``otela.dataplane.gate.canonical_path``), which is what the engine gets."""
         request_id = request_id_of(request)
-        exchange = Exchange(route=request.path, request_id=request_id.decode("latin-1"))
+        exchange = Exchange(route=target.partition("?")[0],
+                            request_id=request_id.decode("latin-1"))
         try:
-            await self._handle(request, response, exchange, request_id)
+            await self._handle(request, response, exchange, request_id, target)
         finally:
             exchange.finished_at = time.perf_counter()
             exchange.status = exchange.status or response.status or 499  # 499: client left
@@ -88,7 +96,7 @@ class InferenceRoutes:
                 observer.finished(exchange)
 
     async def _handle(self, request: Request, response: Response, exchange: Exchange,
-                      request_id: bytes) -> None:
+                      request_id: bytes, path: str) -> None:
         extra: Headers = [(policy.REQUEST_ID, request_id)]
         grant: Any = None
         try:
@@ -117,8 +125,6 @@ class InferenceRoutes:
             exchange.stream = body.get("stream") is True
             max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
             exchange.max_tokens = max_tokens if isinstance(max_tokens, int) else None
-            path = request.path if not request.query else \
-                f"{request.path}?{request.query.decode('latin-1')}"
             try:
                 ask = read_ask(request.headers, body, raw, self.router.base_trust(
                     None if grant is None else grant.providers))

@@ -314,6 +314,11 @@ class NodeConfig:
         help="An engine that takes a request but sends nothing for this long gets it "
         "cancelled and the client a 504. Non-streaming requests send nothing until done, "
         "so keep it above your longest generation.")
+    inference_routes: list[str] = setting(
+        "http", factory=list, parse=v.as_routes, example="/v1/images/edits", metavar="PATHS",
+        help="Inference routes relayed to engines besides the built-in ones (chat and text "
+        "completions, embeddings, responses, messages, rerank, score, pooling, tokenize...; "
+        "docs/security.md). Engine administration is never relayed unless named here.")
     workers: int = setting(
         "http", 1, parse=v.as_workers, example="2", metavar="N|auto",
         help="Processes serving the HTTP port (SO_REUSEPORT); with more than one, the node "

@@ -131,6 +131,18 @@ def as_providers(value: Any) -> list[str]:
         raise ValueError(str(exc)) from None
 
 
+def as_routes(value: Any) -> list[str]:
+    """Inference routes, comma separated or repeated: canonical ``/v1/...`` paths."""
+    from otela.dataplane.gate import Routes
+
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str) for v in items):
+        raise ValueError("expected /v1/... paths")
+    routes = sorted({r.strip() for item in items for r in item.split(",") if r.strip()})
+    Routes(routes)  # raises ValueError naming a route that is not canonical
+    return routes
+
+
 def as_issuers(value: Any) -> list[str]:
     """Who may assign engines (``--accept-assignments``): peer ids, authority strings
     (``otela-authority:<key>``) or ``authority`` (the node's own ``--authority``); comma or

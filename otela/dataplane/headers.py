@@ -7,8 +7,10 @@ otela's ``x-otela-request-id`` and the engines' ``x-request-id``, so engine logs
 same id). Credentials (``authorization``: the user's key is the ingress's business),
 cookies and everything else stay behind.
 
-Responses: everything but hop-by-hop headers (RFC 9110 §7.6.1) and those the relaying
-server sets itself (length, framing, date, server).
+Responses: everything but hop-by-hop headers (RFC 9110 §7.6.1), those the relaying
+server sets itself (length, framing, date, server), and ``Location``: an engine that
+redirects (Starlette answers ``/v1/x/`` with a 307 to its own ``http://127.0.0.1:8000/v1/x``)
+would hand the client an internal address.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ FORWARDED_REQUEST = frozenset({b"content-type", b"accept", b"user-agent"})
 DROPPED_RESPONSE = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
     b"trailer", b"transfer-encoding", b"upgrade", b"content-length", b"host", b"date",
-    b"server",
+    b"server", b"location",
     # otela's own between nodes: the serving node's load report is for the ingress, and
     # "not delivered" only means something to the hop that says it.
     LOAD, NOT_DELIVERED,

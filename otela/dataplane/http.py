@@ -11,7 +11,11 @@ input is bounded, whatever handler the request reaches afterwards:
   server ``max_connections`` (503), so no single client can take every file descriptor;
 - an idle keep-alive connection is closed after ``keep_alive_timeout``, a response that
   the client does not read after ``send_timeout``;
-- malformed requests get a 400 and the connection is closed (never a traceback).
+- malformed requests get a 400 and the connection is closed (never a traceback);
+- a request the node's ``screen`` refuses from its method, target and headers alone (an
+  API key that is missing, wrong or over its limits) is answered the moment its headers
+  are complete, and its body is never read: the connection closes, so a refused upload
+  costs no body bytes and a body that never comes holds nothing.
 
 Requests never outlive their client: while a handler runs, the connection keeps reading,
 so a client that hangs up cancels the handler (and with it every upstream request it made).
@@ -36,11 +40,25 @@ import httptools
 import trio
 
 from otela.dataplane import sockio
-from otela.dataplane.errors import error_json
+from otela.dataplane.errors import RequestError, error_json
 
 log = logging.getLogger("otela.http")
 
 Headers = list[tuple[bytes, bytes]]
+# Decides from a request's method, target and headers alone, before its body is read,
+# whether it is refused (the error to answer) or may go on (``None``). It runs inside the
+# parser's callback: it must be quick and must not raise.
+Screen = Callable[[str, bytes, Headers], RequestError | None]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a connection's next request is refused: the answer, then the connection closes."""
+
+    status: int
+    message: str
+    code: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
 REASONS = {
     100: "Continue", 200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
@@ -180,10 +198,11 @@ Handler = Callable[[Request, Response], Awaitable[None]]
 class _Parsing:
     """httptools callbacks: collect messages, count sizes, never raise into the parser."""
 
-    def __init__(self, limits: ServerLimits) -> None:
+    def __init__(self, limits: ServerLimits, screen: Screen | None = None) -> None:
         self.limits = limits
+        self.screen = screen
         self.done: deque[tuple[Any, ...]] = deque()  # (target, headers, body, keep_alive, ...)
-        self.problem: tuple[int, str, str] | None = None  # status, message, code
+        self.problem: Problem | None = None
         self.closing = False  # no requests after the queued ones (an upgrade was asked)
         self.in_message = False
         self.headers_complete = False
@@ -213,8 +232,9 @@ class _Parsing:
     def _count_header(self, size: int) -> None:
         self._header_bytes += size
         if self._header_bytes > self.limits.max_header_bytes and self.problem is None:
-            self.problem = (431, "request headers are too large "
-                            f"(limit {self.limits.max_header_bytes} bytes)", "headers_too_large")
+            self.problem = Problem(431, "request headers are too large "
+                                   f"(limit {self.limits.max_header_bytes} bytes)",
+                                   "headers_too_large")
 
     def on_headers_complete(self) -> None:
         self.headers_complete = True
@@ -224,8 +244,25 @@ class _Parsing:
             self.problem = self._too_large()
         expect = next((v for k, v in self._headers if k == b"expect"), b"")
         self.expect_continue = expect.lower() == b"100-continue"
+        if self.screen is not None and self.problem is None:
+            refusal = self._screened()
+            if refusal is not None:
+                self.problem = Problem(refusal.status, refusal.message, refusal.code or "",
+                                       tuple((k.encode(), v.encode())
+                                             for k, v in refusal.headers.items()))
+
+    def _screened(self) -> RequestError | None:
+        assert self.screen is not None
+        try:
+            return self.screen(self.parser.get_method().decode(), bytes(self._target),
+                               self._headers)
+        except Exception:  # a screen's bug must not become a parser error
+            log.exception("screening a request failed; letting it through to its handler")
+            return None
 
     def on_body(self, body: bytes) -> None:
+        if self.problem is not None:
+            return  # refused: nothing more is kept
         self._body += body
         if len(self._body) > self.limits.max_body_bytes and self.problem is None:
             self.problem = self._too_large()
@@ -240,9 +277,9 @@ class _Parsing:
                           self.parser.should_keep_alive(), self.parser.get_method().decode(),
                           self.parser.get_http_version()))
 
-    def _too_large(self) -> tuple[int, str, str]:
-        return (413, f"request body exceeds the {self.limits.max_body_bytes} byte limit",
-                "request_too_large")
+    def _too_large(self) -> Problem:
+        return Problem(413, f"request body exceeds the {self.limits.max_body_bytes} byte limit",
+                       "request_too_large")
 
 
 class _Connection:
@@ -259,7 +296,7 @@ class _Connection:
         self.client = client
         self.local = local
         self.limits = server.limits
-        self.parsing = _Parsing(self.limits)
+        self.parsing = _Parsing(self.limits, server.screen)
         self.parser = httptools.HttpRequestParser(self.parsing)
         self.parsing.parser = self.parser
         self.closed = False  # the client hung up (EOF or a reset)
@@ -327,9 +364,9 @@ class _Connection:
                 # llhttp buffers a header until it is complete: bound what it may hold.
                 self.header_bytes += len(data)
                 if self.header_bytes > self.limits.max_header_bytes and parsing.problem is None:
-                    parsing.problem = (431, "request headers are too large (limit "
-                                       f"{self.limits.max_header_bytes} bytes)",
-                                       "headers_too_large")
+                    parsing.problem = Problem(431, "request headers are too large (limit "
+                                              f"{self.limits.max_header_bytes} bytes)",
+                                              "headers_too_large")
             else:
                 self.header_bytes = 0
         except httptools.HttpParserUpgrade:
@@ -338,7 +375,7 @@ class _Connection:
             self.parsing.closing = True
         except httptools.HttpParserError as exc:
             detail = str(exc)[:120]
-            self.parsing.problem = self.parsing.problem or (
+            self.parsing.problem = self.parsing.problem or Problem(
                 400, f"malformed HTTP request: {detail}", "malformed_request")
 
     async def _next_request(self) -> Request | None:
@@ -354,7 +391,9 @@ class _Connection:
         body_due: float | None = None
         while not parsing.done:
             if parsing.problem is not None:
-                await self._refuse(*parsing.problem)
+                problem = parsing.problem
+                await self._refuse(problem.status, problem.message, problem.code,
+                                   headers=problem.headers)
                 return None
             if self.closed or parsing.closing:
                 return None
@@ -378,14 +417,15 @@ class _Connection:
         return Request(method, target, headers, body, self.client, self.local, version,
                        keep_alive)
 
-    async def _refuse(self, status: int, message: str, code: str,
-                      unread: bool = False) -> None:
+    async def _refuse(self, status: int, message: str, code: str, unread: bool = False,
+                      headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         """Answer with an error and close. ``unread``: the connection is refused before
         anything was read from it, so it is marked not delivered: an ingress whose hop
         connection this is sends the request to another node (a busy serving node must not
         turn its connection limit into a client's error)."""
         body = error_json(status, message, code)
         mark = b"x-otela-not-delivered: 1\r\n" if unread else b""
+        mark += b"".join(b"%s: %s\r\n" % (k, v) for k, v in headers)
         head = (b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                 b"%bconnection: close\r\n\r\n"
                 % (status, REASONS.get(status, "").encode(), len(body), mark))
@@ -431,8 +471,9 @@ class HttpServer:
     between them: ``--workers``)."""
 
     def __init__(self, handler: Handler, limits: ServerLimits | None = None,
-                 reuse_port: bool = False) -> None:
+                 reuse_port: bool = False, screen: Screen | None = None) -> None:
         self.handler = handler
+        self.screen = screen
         self.limits = limits or ServerLimits()
         self.reuse_port = reuse_port
         self.connections = 0

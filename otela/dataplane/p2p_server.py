@@ -148,13 +148,13 @@ class EngineStreamServer:
         if isinstance(verdict, Refusal):
             await conn.send(_error(rid, verdict.message, False, verdict.status))
             return
-        host, port, prefix = engine_address(verdict)
+        host, port, prefix = engine_address(verdict.engine)
         request_id = policy.value(incoming, policy.REQUEST_ID) or uuid.uuid4().hex.encode()
         self.load.start()
         try:
             with self.inflight.track():
-                await self._relay(conn, rid, host, port, prefix + path, incoming, request_id,
-                                  body)
+                await self._relay(conn, rid, host, port, prefix + verdict.target, incoming,
+                                  request_id, body)
         finally:
             self.load.end()
 

@@ -13,10 +13,11 @@ A suspect that hears of its suspicion raises its incarnation and spreads a *sign
 the refutation. A suspicion of another member counts only when it carries its
 suspecter's signed statement about the suspect's current session
 (``otela.registry.evidence``): those statements are what an eviction must embed, and an
-unsigned "suspect P by Q" could come from anyone, naming anyone as Q. Published suspicions of others are verified first-hand by the few members
-every node picks alike (``LivenessTable.should_verify``): their probes go first
-(``NeighbourWatch.verify``). An ``alive`` signature is checked only when the news would
-change our view: most news is old.
+unsigned "suspect P by Q" could come from anyone, naming anyone as Q. Published
+suspicions of others are verified first-hand by the few members every node picks alike
+(``LivenessTable.should_verify``): their probes go first (``NeighbourWatch.verify``). An
+``alive`` signature is checked only when the news would change our view: most news is
+old.
 """
 
 from __future__ import annotations

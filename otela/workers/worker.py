@@ -41,7 +41,7 @@ from otela.config import NodeConfig
 from otela.dataplane import headers as policy
 from otela.dataplane.errors import NotDelivered
 from otela.dataplane.exchange import Exchange
-from otela.dataplane.gate import EngineGate
+from otela.dataplane.gate import EngineGate, Routes
 from otela.dataplane.hop_auth import HopSigner, HopVerifier
 from otela.dataplane.http import HttpServer, Request, Response, ServerLimits
 from otela.dataplane.inflight import Inflight
@@ -139,8 +139,9 @@ class Worker:
                              suspected=lambda: self.view.suspected,
                              own_load=lambda: self.load.current() if self.view.engine_url
                              else None)
+        routes = Routes(config.inference_routes)
         gate = EngineGate(lambda: self.view.engine_url, lambda: self.view.models,
-                          config.max_body_bytes)
+                          config.max_body_bytes, routes)
         verifier = HopVerifier(key.to_bytes(), peer_id,
                                lambda peer: self.view.registry.is_member(peer))
         self.inflight = Inflight()
@@ -162,17 +163,18 @@ class Worker:
             open_access=config.open_access)
         if self.ingress_service is not None:
             observers += self.ingress_service.observers(self.metrics)
+        dispatch = Dispatch(
+            InferenceRoutes(self.router, observers, config.record_prompts,
+                            config.affinity_prefix, keys=self.ingress_service),
+            EngineHop(verifier, gate, self.pool, config.first_byte_timeout, self.load),
+            self.control.api, self.inflight, metrics=None, routes=routes)
         self.server = HttpServer(
-            Dispatch(InferenceRoutes(self.router, observers, config.record_prompts,
-                                     config.affinity_prefix, keys=self.ingress_service),
-                     EngineHop(verifier, gate, self.pool, config.first_byte_timeout,
-                               self.load),
-                     self.control.api, self.inflight, metrics=None),
+            dispatch,
             ServerLimits(max_body_bytes=config.max_body_bytes,
                          header_timeout=config.header_timeout,
                          body_timeout=config.body_timeout,
                          max_connections_per_client=config.max_connections_per_client),
-            reuse_port=True)
+            reuse_port=True, screen=dispatch.screen)
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:

@@ -275,3 +275,62 @@ def test_data_path_workers_check_keys_and_count_usage(tmp_path):
                                   json={"model": MODEL, "messages": []}).status_code == 401
                        for _ in range(8))
         wait_for(refused_everywhere, 5, "every worker to refuse the revoked key")
+
+
+def _headers_only(node: LocalNode, authorization: str | None, length: int) -> tuple[bytes, float]:
+    """Send a POST's headers announcing ``length`` body bytes and no body: the answer and
+    how long it took (the server must answer without waiting for the body)."""
+    import socket
+    import time
+
+    host, port = node.http_url.removeprefix("http://").split(":")
+    auth = f"authorization: {authorization}\r\n" if authorization else ""
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            f"\r\n{auth}content-length: {length}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        started = time.monotonic()
+        sock.sendall(head)
+        answer = b""
+        while chunk := sock.recv(65536):  # the server closes after refusing
+            answer += chunk
+        return answer, time.monotonic() - started
+
+
+def _rss_kib(node: LocalNode) -> int:
+    status = open(f"/proc/{node.process.pid}/status").read()  # noqa: SIM115
+    return int(next(line.split()[1] for line in status.splitlines()
+                    if line.startswith("VmRSS:")))
+
+
+def test_the_key_is_checked_before_the_body_is_read(fed):
+    """A keyless 30 MB upload is refused from its headers: the answer comes at once, no body
+    byte is read (16 of them used to take the ingress from 514 to 1,066 MiB), and a body that
+    never comes holds nothing; a key over its rate is refused the same way."""
+    ingress, _ = fed
+    before = _rss_kib(ingress)
+    for authorization in (None, "Bearer otela-wrong", "Basic eA=="):
+        answer, took = _headers_only(ingress, authorization, 30 * 1024 * 1024)
+        assert answer.startswith(b"HTTP/1.1 401 ") and b"invalid_api_key" in answer
+        assert b"connection: close" in answer and took < 5
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: _headers_only(ingress, None, 30 * 1024 * 1024)[0],
+                                range(16)))
+    assert all(a.startswith(b"HTTP/1.1 401 ") for a in answers)
+    assert _rss_kib(ingress) - before < 64 * 1024  # no 30 MB body was buffered
+    key = new_key(ingress, rpm=6)["key"]  # holds 10 s of it: 1
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+    first = httpx.post(f"{ingress.http_url}/v1/chat/completions", json=body, timeout=10,
+                       headers={"authorization": f"Bearer {key}"}, trust_env=False)
+    assert first.status_code == 200
+    answer, took = _headers_only(ingress, f"Bearer {key}", 1024 * 1024)
+    assert answer.startswith(b"HTTP/1.1 429 ") and b"retry-after: " in answer.lower()
+    # A key in good standing still sends its body after its headers, at its own pace.
+    good = new_key(ingress)["key"]
+    chunks = (part for part in (b'{"model": "' + MODEL.encode() + b'", ',
+                                b'"messages": [{"role": "user", "content": "slow"}]}'))
+    slow = httpx.post(f"{ingress.http_url}/v1/chat/completions", content=chunks, timeout=10,
+                      headers={"authorization": f"Bearer {good}",
+                               "content-type": "application/json"}, trust_env=False)
+    assert slow.status_code == 200

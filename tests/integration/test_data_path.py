@@ -109,8 +109,8 @@ def test_large_bodies_both_ways(fed, via):
 
 
 @pytest.mark.parametrize("route", ["/v1/embeddings", "/v1/responses", "/v1/rerank",
-                                   "/v1/score", "/v1/tokenize", "/v1/audio/anything"])
-def test_every_post_route_naming_a_model_goes_to_a_node_serving_it(fed, route):
+                                   "/v1/score", "/v1/tokenize", "/v1/messages"])
+def test_every_inference_route_goes_to_a_node_serving_its_model(fed, route):
     body = json.dumps({"model": "raw", "case": "echo", "input": "x"}).encode()
     response = post(fed["two-hop"], route, body)
     assert response.status_code == 200
@@ -119,10 +119,23 @@ def test_every_post_route_naming_a_model_goes_to_a_node_serving_it(fed, route):
 
 
 def test_engine_administration_is_not_a_route(fed):
-    response = post(fed["two-hop"], "/v1/load_lora_adapter",
-                    json.dumps({"lora_name": "x", "lora_path": "/x"}).encode())
-    assert response.status_code == 404  # not a route: never sent anywhere
-    assert "x-seen-path" not in response.headers
+    body = json.dumps({"model": "raw", "lora_name": "x", "lora_path": "/x"}).encode()
+    for path in ("/v1/load_lora_adapter", "/v1/audio/anything", "/v1/load_lora_adapter/"):
+        response = post(fed["two-hop"], path, body)
+        assert response.status_code == 404  # not a route: never sent anywhere
+        assert "x-seen-path" not in response.headers
+
+
+def test_the_canonical_path_is_what_is_checked_and_what_the_engine_gets(fed):
+    body = json.dumps({"model": "raw", "case": "echo"}).encode()
+    response = post(fed["two-hop"], "/v1//chat/%63ompletions/", body)
+    assert response.status_code == 200 and response.headers["x-seen-path"] == \
+        "/v1/chat/completions"
+    for path, status in (("/v1/load%5Flora%5Fadapter", 404), ("/v1/%6Coad_lora_adapter", 404),
+                         ("/v1/chat/%2e%2e/load_lora_adapter", 400), ("/v1/x%255F", 400)):
+        response = post(fed["two-hop"], path, body)
+        assert response.status_code == status, path
+        assert "x-seen-path" not in response.headers
 
 
 def test_models_are_listed_and_looked_up(fed):
