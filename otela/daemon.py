@@ -199,7 +199,8 @@ class Node:
             config.capacity if config.capacity is not None else capacity_of(self.hardware),
             others=lambda: self.workers.total("engine_in_flight") if self.workers else 0)
         self.router = Router(self.registry, self.upstreams, routing_settings(config),
-                             suspected=self.avoided, own_load=self._own_load)
+                             suspected=self.avoided, own_load=self._own_load,
+                             plausible=lambda record: capacity_of(record.hardware))
         self.load_reports = LoadReports(
             lambda: self.registry, self.load, self._take_load_report,
             session=lambda: self.session_id,
@@ -637,6 +638,10 @@ class Node:
                 else sorted(router.trust.providers),
                 "ejected": self.ejected_nodes(),
                 "loads": router.loads.snapshot(now),
+                # Capacity claims as checked (``otela.routing.speed``): the share of its
+                # claimed weight each node keeps for how fast it answers here.
+                "speed_factors": {r.session_id: f for r in self.registry
+                                  if (f := router.speeds.report(r.session_id))},
                 "own_load": self.load.current().to_dict(),
                 "engine_metrics": self.load.engine_source,
                 "load_reports": dict(self.load_reports.stats)}

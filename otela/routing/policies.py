@@ -63,6 +63,7 @@ class Pick:
 
     model: str
     affinity_key: str | None = None  # for prefix_affinity; None: none given
+    stream: bool = False
 
 
 @runtime_checkable
@@ -144,9 +145,9 @@ class PowerOfTwo(_Base):
             return candidates[0]
         first, second = rng.sample(range(len(candidates)), 2)
         a, b = candidates[first], candidates[second]
-        if a.relative_load == b.relative_load:
-            return a if a.capacity >= b.capacity else b
-        return a if a.relative_load < b.relative_load else b
+        # A tie goes to the first drawn, at random: a tie to the larger capacity gave a node
+        # that claims a large capacity every request of an idle federation (both loads 0).
+        return b if b.relative_load < a.relative_load else a
 
 
 class PrefixAffinity(_Base):

@@ -52,6 +52,7 @@ from otela.routing.candidates import eligible
 from otela.routing.ejection import Ejections
 from otela.routing.load import LOAD_HEADER, LoadBoard, NodeLoad, parse_load
 from otela.routing.policies import Candidate, Pick, Policy, UnknownPolicy, load_policy
+from otela.routing.speed import Speeds
 from otela.routing.trust import ANY, TrustSet
 
 if TYPE_CHECKING:
@@ -172,6 +173,7 @@ class Router:
         suspected: Callable[[], frozenset[str]] = frozenset,
         clock: Callable[[], float] = trio.current_time,
         own_load: Callable[[], NodeLoad | None] = lambda: None,
+        plausible: Callable[[NodeRecord], float] | None = None,
     ) -> None:
         self.registry = registry
         self.upstreams = upstreams
@@ -197,6 +199,12 @@ class Router:
         self.own_load = own_load  # our own engine's, when we serve (no hop: no header)
         # With --retry-broken: requests waiting on a node, given up there if it fails.
         self.watch = NodeWatch()
+        # What a node's capacity claim is checked against (``speed``): the capacity its
+        # record's hardware can serve (per session, with the record version it came from),
+        # and how fast it answers here.
+        self.plausible = plausible
+        self._plausible: dict[str, tuple[int, float]] = {}
+        self.speeds = Speeds()
 
     async def watch_failures(self) -> None:
         """Give up waiting on nodes that fail (``--retry-broken``); run as one task. It
@@ -228,7 +236,7 @@ class Router:
         now = self.clock()
         nodes = self._eligible(model_id, ask, now)
         pick = Pick(model_id, affinity_key() if policy.uses_affinity_key and affinity_key
-                    else None)
+                    else None, ask.stream)
         tried: set[str] = set()
         declined: set[str] = set()  # did not know us yet: worth asking again
         attempts = 0  # nodes asked
@@ -253,8 +261,8 @@ class Router:
                 remaining = [r for r in nodes if r.session_id not in tried]
             if not remaining:
                 break
-            candidate = policy.pick([self._candidate(r, now) for r in remaining], pick,
-                                    self.rng)
+            candidate = policy.pick([self._candidate(r, now, pick) for r in remaining],
+                                    pick, self.rng)
             node = candidate.record
             if attempts:
                 self.retries += 1
@@ -313,7 +321,7 @@ class Router:
         suspected = self.suspected()
         return any(r.session_id not in tried and r.peer_id not in suspected for r in nodes)
 
-    def _candidate(self, record: NodeRecord, now: float) -> Candidate:
+    def _candidate(self, record: NodeRecord, now: float, pick: Pick) -> Candidate:
         session = record.session_id
         ours = self.busy.get(session, 0)
         if self.shared_busy:
@@ -323,7 +331,20 @@ class Router:
             if own is not None:
                 return Candidate(record, float(max(ours, own.outstanding)), own.capacity)
         return Candidate(record, self.loads.estimate(session, ours, now),
-                         self.loads.capacity(session, now))
+                         self.capacity(record, now, pick))
+
+    def capacity(self, record: NodeRecord, now: float, pick: Pick) -> float:
+        """A node's capacity weight as routing uses it: what it claims, at most what its
+        hardware can serve, scaled down when it answers more slowly than its peers here
+        (``speed``)."""
+        session = record.session_id
+        claimed = self.loads.capacity(session, now)
+        if self.plausible is not None:
+            cached = self._plausible.get(session)
+            if cached is None or cached[0] != record.version:
+                cached = self._plausible[session] = (record.version, self.plausible(record))
+            claimed = min(claimed, cached[1])
+        return claimed * self.speeds.factor(session, pick.model, pick.stream)
 
     async def _attempt(self, node: NodeRecord, candidate: Candidate, policy: Policy,
                        pick: Pick, path: str, headers: Headers, body: bytes, attempt: int,
@@ -337,6 +358,7 @@ class Router:
         policy.on_start(candidate, pick)
         self.busy[session] += 1
         self.loads.sent(session)
+        sent_at = self.clock()
         try:
             if resend:  # a node that fails while we wait is given up, and another asked
                 with self.watch.waiting_on(session) as failed:
@@ -384,6 +406,7 @@ class Router:
             policy.on_end(candidate, pick, FAILED)
             raise
         now = self.clock()
+        self.speeds.observe(session, pick.model, pick.stream, now - sent_at)
         report = policy_headers.value(reply.headers, LOAD_HEADER)
         if report is not None:
             load = parse_load(report)
@@ -420,3 +443,5 @@ class Router:
         live = {r.session_id for r in self.registry.snapshot()}
         self.ejections.forget_except(live)
         self.loads.forget_except(live)
+        self.speeds.forget_except(live)
+        self._plausible = {s: v for s, v in self._plausible.items() if s in live}

@@ -49,6 +49,7 @@ from otela.dataplane.pool import HttpPool
 from otela.dataplane.relay import relay
 from otela.dataplane.upstream import Reply, Upstreams
 from otela.identity import load_or_create
+from otela.load.capacity import capacity_of
 from otela.load.engine_metrics import EngineLoad
 from otela.load.source import LoadSource
 from otela.looplag import LagSampler, freeze_startup_objects
@@ -138,7 +139,8 @@ class Worker:
         self.router = Router(self.view.registry, self.upstreams, routing_settings(config),
                              suspected=lambda: self.view.suspected,
                              own_load=lambda: self.load.current() if self.view.engine_url
-                             else None)
+                             else None,
+                             plausible=lambda record: capacity_of(record.hardware))
         routes = Routes(config.inference_routes)
         gate = EngineGate(lambda: self.view.engine_url, lambda: self.view.models,
                           config.max_body_bytes, routes)
