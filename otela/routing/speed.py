@@ -11,9 +11,9 @@ its last): each node's moving average against the reference, the median of those
 over the nodes serving that model here (a median: one slow node, however slow, cannot drag
 the reference to itself). A node answering at or faster than the reference keeps its
 weight (a faster node gains nothing it did not claim); one answering twice as slowly gets
-half, down to ``FLOOR``. So a node that claims much and answers slowly loses weight, and no node draws
-more than its measured share. Until a node has ``MIN_SAMPLES`` answers here its factor is
-1.
+half, down to ``FLOOR``. So a node that claims much and answers slowly loses weight,
+and no node draws more than its measured share. Until a node has ``MIN_SAMPLES`` answers
+here its factor is 1.
 """
 
 from __future__ import annotations
