@@ -142,7 +142,7 @@ def event(name: str, fed: LocalFederation, lan: Lan | None, boot: LocalNode, ing
         names = {n.status["peer_id"] for n in frozen}
 
         def serving_again() -> bool:
-            nodes = ingress.get("/v1/registry/nodes")["nodes"]
+            nodes = ingress.nodes()
             back = {n["peer_id"] for n in nodes if n["state"] == "SERVING"}
             return names <= back
 
@@ -159,7 +159,7 @@ def event(name: str, fed: LocalFederation, lan: Lan | None, boot: LocalNode, ing
                                    p2p_port=args.boot_port)
         peers = {n.status["peer_id"] for n in [ingress, *serving]}
         wait_for(lambda: peers <= {n["peer_id"] for n in
-                                   restarted.get("/v1/registry/nodes")["nodes"]
+                                   restarted.nodes()
                                    if n["state"] != "LEFT"}, 120,
                  "the restarted bootstrap node to list everyone again", interval=0.25)
         extra["boot_converged_s"] = round(time.monotonic() - started, 1)
@@ -175,7 +175,7 @@ def event(name: str, fed: LocalFederation, lan: Lan | None, boot: LocalNode, ing
         names = {n.status["peer_id"] for n in serving}
 
         def converged() -> bool:
-            views = [n.get("/v1/registry/nodes")["nodes"] for n in nodes]
+            views = [n.nodes() for n in nodes]
             keyed = [{(v["session_id"], v["state"]) for v in view} for view in views]
             back = {v["peer_id"] for v in views[1] if v["state"] == "SERVING"}
             return names <= back and all(k == keyed[0] for k in keyed)

@@ -31,7 +31,7 @@ from otela.localfed import FederationError, LocalFederation, LocalNode, wait_for
 
 def detection_times(node: LocalNode, victim: LocalNode, killed_at: float) -> tuple[float, float]:
     """(seconds to exclusion from routing, seconds to LEFT) as ``node`` recorded them."""
-    entry = next(e for e in node.get("/v1/registry/nodes", timeout=30)["nodes"]
+    entry = next(e for e in node.nodes(timeout=30)
                  if e["session_id"] == victim.session_id)
     left = entry["received_at"] - killed_at
     peer_id = victim.status["peer_id"]

@@ -65,7 +65,7 @@ def cpu_seconds(pid: int) -> float:
 
 def live_peers(node: LocalNode) -> set[str]:
     """Peer ids with a session that is not LEFT, as ``node``'s replica says."""
-    return {e["peer_id"] for e in node.get("/v1/registry/nodes", timeout=30)["nodes"]
+    return {e["peer_id"] for e in node.nodes(timeout=30)
             if e["state"] != "LEFT"}
 
 

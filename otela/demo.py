@@ -165,7 +165,7 @@ def _print_registry(console: Console, ingress: LocalNode) -> None:
     table = Table(title=f"registry replica on the ingress ({ingress.http_url}/v1/registry/nodes)")
     for column in ("session", "provider", "state", "version", "models", "http"):
         table.add_column(column)
-    for node in ingress.get("/v1/registry/nodes")["nodes"]:
+    for node in ingress.nodes():
         table.add_row(
             node["session_id"][:8],
             escape(node["provider_id"]),  # what members say about themselves: as written

@@ -173,9 +173,14 @@ class LocalNode:
         response.raise_for_status()
         return response.json()
 
+    def nodes(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Every entry of this node's registry replica (``/v1/registry/nodes``, page by
+        page)."""
+        return registry_nodes(self.http_url, timeout)
+
     def states(self) -> dict[str, str]:
         """session id -> lifecycle state, as this node's registry replica says."""
-        return {n["session_id"]: n["state"] for n in self.get("/v1/registry/nodes")["nodes"]}
+        return {n["session_id"]: n["state"] for n in self.nodes()}
 
     def entry(self, session_id: str, timeout: float = 5.0) -> dict[str, Any] | None:
         """One session's registry entry as this node's replica holds it, or None if it
@@ -201,6 +206,25 @@ class LocalNode:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def registry_nodes(base_url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+    """Every entry of the registry replica at ``base_url``, following
+    ``/v1/registry/nodes``' pages."""
+    nodes: list[dict[str, Any]] = []
+    after: str | None = None
+    while True:
+        params: dict[str, str | int] = {"limit": 1000}
+        if after:
+            params["after"] = after
+        response = http_client().get(f"{base_url.rstrip('/')}/v1/registry/nodes",
+                                     timeout=timeout, params=params)
+        response.raise_for_status()
+        page = response.json()
+        nodes += page["nodes"]
+        after = page.get("next_after")
+        if not after:
+            return nodes
 
 
 def wait_for(

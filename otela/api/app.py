@@ -6,14 +6,21 @@ natively, ``inference.py`` and ``hop.py``).
 - Read-only inspection: ``GET /v1/health``, ``/v1/network``, ``/v1/registry/nodes``,
   ``/v1/registry/models``. No endpoint writes registry state: records change only through
   signed gossip.
+
+Listings are paged (``limit``, ``after``: the last id of the previous page) and
+``/v1/models`` is computed once per registry change and caller scope: no request, keyed or
+not, costs more than a page of bounded entries (records are at most 16 KiB, model objects
+list at most 32 values per field), however many members announce however much.
 """
 
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 
 from otela import __version__
 from otela.api.errors import install_error_handlers
@@ -26,6 +33,42 @@ from otela.routing.constraints import Clause, ConstraintError, parse
 from otela.routing.trust import TrustError, TrustSet, parse_providers
 
 _PEER_ID = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{20,128}$")  # base58
+MAX_PAGE = 1000
+NODES_PAGE = 200  # /v1/registry/nodes entries per page by default
+MODELS_PAGE = 100  # /v1/registry/models entries per page by default
+CATALOG_PAGE = 1000  # /v1/models entries per page by default (clients expect one page)
+SESSIONS_LISTED = 100  # sessions per model in /v1/registry/models
+_CATALOGS_KEPT = 64  # /v1/models results kept per registry generation (caller scopes)
+
+
+def _page(items: Sequence[Any], key: Callable[[Any], str], after: str | None, limit: int
+          ) -> tuple[list[Any], bool]:
+    """The ``limit`` items after ``after`` (by ``key``, ascending), and whether more follow."""
+    start = 0
+    if after is not None:
+        start = next((i for i, item in enumerate(items) if key(item) > after), len(items))
+    page = list(items[start:start + limit])
+    return page, start + limit < len(items)
+
+
+class _CatalogCache:
+    """``/v1/models`` results for the current registry generation, per caller scope (trust
+    set, requirements, allowed models): anonymous callers all share one."""
+
+    def __init__(self) -> None:
+        self.generation = -1
+        self._results: OrderedDict[Any, list[dict[str, Any]]] = OrderedDict()
+
+    def get(self, generation: int, scope: Any, compute: Callable[[], list[dict[str, Any]]]
+            ) -> list[dict[str, Any]]:
+        if generation != self.generation:
+            self.generation, self._results = generation, OrderedDict()
+        result = self._results.get(scope)
+        if result is None:
+            result = self._results[scope] = compute()
+            if len(self._results) > _CATALOGS_KEPT:
+                self._results.popitem(last=False)
+        return result
 
 
 class NodeView(Protocol):
@@ -111,9 +154,14 @@ def create_app(node: NodeView) -> FastAPI:
         }
 
     @app.get("/v1/registry/nodes")
-    async def registry_nodes() -> dict[str, Any]:
-        nodes = [listed(record) for record in node.registry.snapshot()]
-        return {"nodes": nodes, "count": len(nodes)}
+    async def registry_nodes(limit: int = Query(NODES_PAGE, ge=1, le=MAX_PAGE),
+                             after: str | None = None) -> dict[str, Any]:
+        """A page of the registry's sessions, by session id; ``next_after`` names the next
+        page's ``after`` while more follow."""
+        records, more = _page(node.registry.snapshot(), lambda r: r.session_id, after, limit)
+        nodes = [listed(record) for record in records]
+        return {"nodes": nodes, "count": len(nodes), "total": len(node.registry),
+                "next_after": nodes[-1]["session_id"] if more else None}
 
     @app.get("/v1/registry/nodes/{session_id}")
     async def registry_node(session_id: str) -> dict[str, Any]:
@@ -127,28 +175,46 @@ def create_app(node: NodeView) -> FastAPI:
         return listed(record)
 
     @app.get("/v1/registry/models")
-    async def registry_models() -> dict[str, Any]:
+    async def registry_models(limit: int = Query(MODELS_PAGE, ge=1, le=MAX_PAGE),
+                              after: str | None = None) -> dict[str, Any]:
+        """A page of model ids with the sessions listing them (at most ``SESSIONS_LISTED``
+        each; ``sessions_total`` says how many)."""
+        entries, more = _page(node.registry.models(), lambda m: m.model_id, after, limit)
         return {
             "models": [
                 {
                     "id": entry.model_id,
                     "serving_count": len(entry.serving()),
-                    "sessions": [_session_summary(r, entry.model_id) for r in entry.sessions],
+                    "sessions_total": len(entry.sessions),
+                    "sessions": [_session_summary(r, entry.model_id)
+                                 for r in entry.sessions[:SESSIONS_LISTED]],
                 }
-                for entry in node.registry.models()
-            ]
+                for entry in entries
+            ],
+            "next_after": entries[-1].model_id if more else None,
         }
 
+    catalogs = _CatalogCache()
+
     @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
+    async def models(request: Request, limit: int = Query(CATALOG_PAGE, ge=1, le=MAX_PAGE),
+                     after: str | None = None) -> dict[str, Any]:
         """Models the caller could use now; ``?providers=a,b`` and ``?require=...`` (or
-        the routing headers) narrow it as they would a request."""
+        the routing headers) narrow it as they would a request. OpenAI's list shape, with
+        its paging fields (``has_more``, ``first_id``, ``last_id``)."""
         base, allowed = node.catalog_scope(request.headers.get("authorization"))
         trust, clauses = _catalog_filter(request, base)
-        models = catalog(node.registry, trust, clauses)
-        if allowed is not None:
-            models = [m for m in models if m["id"] in allowed]
-        return {"object": "list", "data": models}
+
+        def compute() -> list[dict[str, Any]]:
+            listed = catalog(node.registry, trust, clauses)
+            return listed if allowed is None else [m for m in listed if m["id"] in allowed]
+
+        scope = (trust.providers, tuple(c.text for c in clauses), allowed)
+        everything = catalogs.get(node.registry.generation, scope, compute)
+        page, more = _page(everything, lambda m: m["id"], after, limit)
+        return {"object": "list", "data": page, "has_more": more,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str, request: Request) -> dict[str, Any]:

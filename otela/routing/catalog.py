@@ -1,6 +1,10 @@
 """The model catalog as a caller may use it: ``/v1/models`` filtered by trust and
 requirements like a request would be, with the values each model is served with (so a
-client can see which requirements it could state). Pure."""
+client can see which requirements it could state). Pure.
+
+Every list in a model object holds at most ``MAX_LISTED`` values (``*_total`` says how many
+there were): members choose what they announce, and no anonymous ``/v1/models`` may cost
+more than a bound however many distinct names they choose."""
 
 from __future__ import annotations
 
@@ -11,6 +15,12 @@ from otela.registry.records import NodeRecord
 from otela.registry.store import ModelEntry, Registry
 from otela.routing.constraints import Clause, model_of, select
 from otela.routing.trust import TrustSet
+
+MAX_LISTED = 32
+
+
+def _listed(values: set[Any]) -> list[Any]:
+    return sorted(values)[:MAX_LISTED]
 
 
 def usable_nodes(entry: ModelEntry, trust: TrustSet, clauses: Sequence[Clause]
@@ -25,22 +35,24 @@ def model_object(entry: ModelEntry, nodes: Sequence[NodeRecord]) -> dict[str, An
     """A model in the OpenAI ``/v1/models`` shape, plus what the federation knows of it:
     providers, how many nodes, and the values requirements can select on."""
     infos = [m for r in nodes if (m := model_of(r, entry.model_id)) is not None]
-    contexts = sorted({m.max_context for m in infos if m.max_context})
+    contexts = {m.max_context for m in infos if m.max_context}
+    providers = {r.provider_id for r in nodes}
     return {
         "id": entry.model_id,
         "object": "model",
         "created": 0,
-        "owned_by": ",".join(sorted({r.provider_id for r in nodes})),
-        "max_model_len": contexts[-1] if contexts else None,
+        "owned_by": ",".join(_listed(providers)),
+        "max_model_len": max(contexts) if contexts else None,
         "serving_nodes": len(nodes),
         "otela": {
-            "providers": sorted({r.provider_id for r in nodes}),
-            "gpu": sorted({g.name for r in nodes for g in r.hardware.gpus}),
-            "engine": sorted({r.engine for r in nodes if r.engine}),
-            "max_context": contexts,
-            "quantization": sorted({m.quantization or "none" for m in infos}),
-            "dtype": sorted({m.dtype for m in infos if m.dtype}),
-            "tensor_parallel": sorted({m.tensor_parallel or 1 for m in infos}),
+            "providers": _listed(providers),
+            "providers_total": len(providers),
+            "gpu": _listed({g.name for r in nodes for g in r.hardware.gpus}),
+            "engine": _listed({r.engine for r in nodes if r.engine}),
+            "max_context": _listed(contexts),
+            "quantization": _listed({m.quantization or "none" for m in infos}),
+            "dtype": _listed({m.dtype for m in infos if m.dtype}),
+            "tensor_parallel": _listed({m.tensor_parallel or 1 for m in infos}),
         },
     }
 

@@ -26,21 +26,38 @@ class FederationError(RuntimeError):
 
 
 def fetch_nodes(url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """The registry snapshot of the node at `url` (any node holds a full replica)."""
+    """The registry snapshot of the node at `url` (any node holds a full replica), page
+    by page."""
     target = url.rstrip("/") + "/v1/registry/nodes"
+    nodes: list[dict[str, Any]] = []
+    after: str | None = None
+    while True:
+        page, after = _fetch_page(target, after, timeout_s)
+        nodes += page
+        if not after:
+            return nodes
+
+
+def _fetch_page(target: str, after: str | None, timeout_s: float
+                ) -> tuple[list[dict[str, Any]], str | None]:
+    params: dict[str, str | int] = {"limit": 1000}
+    if after:
+        params["after"] = after
     try:
-        resp = httpx.get(target, timeout=timeout_s, trust_env=False)
+        resp = httpx.get(target, params=params, timeout=timeout_s, trust_env=False)
     except httpx.HTTPError as exc:
         raise FederationError(f"cannot reach {target}: {exc}") from None
     if resp.status_code != 200:
         raise FederationError(f"{target} answered HTTP {resp.status_code}")
     try:
-        nodes = resp.json()["nodes"]
-    except (ValueError, KeyError, TypeError):
+        answer = resp.json()
+        nodes, following = answer["nodes"], answer.get("next_after")
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise FederationError(f"{target} did not answer with a registry snapshot") from None
     if not isinstance(nodes, list):
         raise FederationError(f"{target}: 'nodes' is not a list")
-    return [n for n in nodes if isinstance(n, dict)]
+    return [n for n in nodes if isinstance(n, dict)], \
+        following if isinstance(following, str) and following else None
 
 
 def _is_idle(node: Mapping[str, Any]) -> bool:

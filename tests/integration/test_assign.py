@@ -46,7 +46,7 @@ output = "normal:50,10"
 
 
 def registry(node: LocalNode) -> dict[str, dict[str, Any]]:
-    return {n["session_id"]: n for n in node.get("/v1/registry/nodes")["nodes"]}
+    return {n["session_id"]: n for n in node.nodes()}
 
 
 def post(node: LocalNode, envelope: bytes) -> httpx.Response:

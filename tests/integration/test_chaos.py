@@ -43,7 +43,7 @@ SETTLE_S = 120.0  # generous: a loaded CI machine stretches failure detection
 
 
 def serving_peers(ingress: LocalNode) -> set[str]:
-    return {n["peer_id"] for n in ingress.get("/v1/registry/nodes")["nodes"]
+    return {n["peer_id"] for n in ingress.nodes()
             if n["state"] == "SERVING"}
 
 
@@ -67,9 +67,9 @@ def test_clients_see_no_errors_through_restart_freeze_and_kill(
         federation.stop_node(boot)
         restarted = federation.start_node("boot", extra_args=QUIET, timeout=60,
                                           p2p_port=boot_port)
-        wait_for(lambda: everyone <= {n["peer_id"] for n in restarted.get(
-            "/v1/registry/nodes")["nodes"] if n["state"] != "LEFT"}, SETTLE_S,
-            "the restarted bootstrap node to list everyone again", interval=0.25)
+        wait_for(lambda: everyone <= {n["peer_id"] for n in restarted.nodes()
+                                      if n["state"] != "LEFT"}, SETTLE_S,
+                 "the restarted bootstrap node to list everyone again", interval=0.25)
 
     def freeze_a_third() -> None:
         frozen = nodes[:2]

@@ -71,7 +71,7 @@ def test_a_killed_node_is_suspected_everywhere_then_evicted(federation):
     assert left_after < 12.0 * stretch
     evicted = [
         n
-        for n in observers[0].get("/v1/registry/nodes")["nodes"]
+        for n in observers[0].nodes()
         if n["session_id"] == victim.session_id
     ]
     assert evicted[0]["evicted_by"] in {o.status["peer_id"] for o in observers}
@@ -106,7 +106,7 @@ def test_a_killed_node_of_three_is_left_within_seconds_with_the_default_timeouts
     for s in survivors:
         # Each survivor's own records (no polling delay): when the eviction reached it,
         # and how long it held the suspicion before confirming it.
-        entry = next(e for e in s.get("/v1/registry/nodes")["nodes"]
+        entry = next(e for e in s.nodes()
                      if e["session_id"] == victim.session_id)
         left_after = entry["received_at"] - killed_at
         events = s.get(f"/v1/network?peer={victim.status['peer_id']}")["peer"][

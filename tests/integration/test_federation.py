@@ -36,7 +36,7 @@ def test_three_daemons_mesh_through_one_bootstrap_and_a_late_joiner_learns_state
         wait_for(lambda node=node: set(node.states()) == everyone, CONVERGE_S,
                  f"{node.name} to learn about the late node")
 
-    listed = {n["session_id"]: n for n in boot.get("/v1/registry/nodes")["nodes"]}
+    listed = {n["session_id"]: n for n in boot.nodes()}
     for node in [*nodes, late]:
         entry = listed[node.session_id]
         assert entry["peer_id"] == node.status["peer_id"]
@@ -63,7 +63,7 @@ def test_three_daemons_mesh_through_one_bootstrap_and_a_late_joiner_learns_state
 
 
 def live_peers(node) -> set[str]:
-    return {n["peer_id"] for n in node.get("/v1/registry/nodes")["nodes"]
+    return {n["peer_id"] for n in node.nodes()
             if n["state"] != "LEFT"}
 
 

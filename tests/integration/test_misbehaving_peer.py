@@ -56,7 +56,7 @@ def honest_view(node: LocalNode) -> dict[str, tuple[Any, ...]]:
     owners may re-sign their records meanwhile)."""
     return {n["session_id"]: (n["peer_id"], n["provider_id"], n["state"], n["http_url"],
                               [m["id"] for m in n["models"]], n["evicted_by"])
-            for n in node.get("/v1/registry/nodes")["nodes"]}
+            for n in node.nodes()}
 
 
 def test_a_misbehaving_member_crashes_blocks_and_corrupts_nothing(federation: LocalFederation):
@@ -88,7 +88,7 @@ def test_a_misbehaving_member_crashes_blocks_and_corrupts_nothing(federation: Lo
         assert set(view) == {*before[node.name], peer.session_id}, view
         for session, entry in before[node.name].items():
             assert view[session] == entry, (node.name, session)
-        records = {n["session_id"]: n for n in node.get("/v1/registry/nodes")["nodes"]}
+        records = {n["session_id"]: n for n in node.nodes()}
         assert 0 <= records[peer.session_id]["version"] <= MAX_INT
         assert records[peer.session_id]["state"] == "SERVING"
         # The junk arrived and was refused, not ignored for lack of delivery.

@@ -129,7 +129,7 @@ def test_idle_node_and_provider_metadata_are_in_every_registry(federation):
         wait_for(lambda observer=observer: observer.states().get(idle.session_id) == "JOIN"
                  and observer.states().get(server.session_id) == "SERVING",
                  CONVERGE_S, f"{observer.name} to see both")
-        nodes = {n["session_id"]: n for n in observer.get("/v1/registry/nodes")["nodes"]}
+        nodes = {n["session_id"]: n for n in observer.nodes()}
         assert nodes[idle.session_id]["idle"] is True
         assert nodes[idle.session_id]["hardware"]["cpus"] == 64
         assert [g["name"] for g in nodes[idle.session_id]["hardware"]["gpus"]] == ["A100-SXM4"] * 2

@@ -60,7 +60,7 @@ def test_members_join_and_a_peer_without_a_certificate_is_refused(federation, tm
     member = authority.start(federation, "member", bootstrap=[boot], provider="lab-b")
     wait_for(lambda: sessions(boot) == {boot.session_id, member.session_id}, CONVERGE_S,
              "members to see each other")
-    nodes = {n["session_id"]: n for n in boot.get("/v1/registry/nodes")["nodes"]}
+    nodes = {n["session_id"]: n for n in boot.nodes()}
     assert nodes[member.session_id]["provider_id"] == "lab-b"  # bound by the certificate
 
     outsider = federation.start_node("outsider", bootstrap=[boot])  # open mode, no certificate

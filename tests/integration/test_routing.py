@@ -137,7 +137,7 @@ def test_a_certified_node_cannot_claim_a_trusted_providers_name(federation, tmp_
     wait_state(ingress, liar, "SERVING")
     wait_for(lambda: liar.log_tail(400).count("forger: sent claim") >= 2, CONVERGE_S,
              "the liar to publish its claim")
-    listed = {n["session_id"]: n for n in ingress.get("/v1/registry/nodes")["nodes"]}
+    listed = {n["session_id"]: n for n in ingress.nodes()}
     assert listed[liar.session_id]["provider_id"] == "lab-evil"  # the claim was refused
     assert ingress.get("/v1/health")["replication"].get("gossip_rejected", 0) >= 1
     for i in range(50):

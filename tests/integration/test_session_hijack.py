@@ -47,7 +47,7 @@ def check_the_attack_failed(replicas: list[LocalNode], victim: LocalNode,
              or forger.log_tail(400).count("forger: sent") >= 4, 30.0,
              "the forger to finish its rounds")
     for replica in replicas:
-        nodes = {n["session_id"]: n for n in replica.get("/v1/registry/nodes")["nodes"]}
+        nodes = {n["session_id"]: n for n in replica.nodes()}
         entry = nodes[victim.session_id]
         assert entry["state"] == "SERVING", replica.name
         assert entry["peer_id"] == victim.status["peer_id"]

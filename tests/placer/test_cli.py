@@ -46,7 +46,7 @@ class Federation:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 prefix, _, rest = self.path.lstrip("/").partition("/")
-                if self.path == "/v1/registry/nodes":
+                if self.path.partition("?")[0] == "/v1/registry/nodes":
                     self._reply(200, {"nodes": fed.nodes, "count": len(fed.nodes)})
                 elif rest == "v1/assignments" and prefix in fed.acceptors:
                     self._reply(200, fed.acceptors[prefix].describe())

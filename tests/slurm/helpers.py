@@ -79,7 +79,7 @@ def job_output(tmp: Path, job_id: str) -> str:
 
 
 def node_of_job(observer: LocalNode, job_id: str) -> dict[str, Any] | None:
-    for node in observer.get("/v1/registry/nodes")["nodes"]:
+    for node in observer.nodes():
         if (node.get("slurm") or {}).get("job_id") == job_id:
             return node
     return None

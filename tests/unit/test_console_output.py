@@ -19,12 +19,11 @@ FULL = re.compile(r"/ip4/[0-9.]+/tcp/\d+/p2p/12D3KooW[1-9A-HJ-NP-Za-km-z]{44}")
 class FakeIngress:
     http_url = "http://203.0.113.77:8092"
 
-    def get(self, path: str) -> dict[str, Any]:
-        assert path == "/v1/registry/nodes"
+    def nodes(self) -> list[dict[str, Any]]:
         record = NodeRecord("s" * 32, PEER, "a-provider-with-a-long-name", Lifecycle.JOIN, 3,
                             "http://203.0.113.77:8092", addrs=(MULTIADDR,), ingress=True,
                             idle=True)
-        return {"nodes": [{**record.to_dict(), "display_state": display_state(record)}]}
+        return [{**record.to_dict(), "display_state": display_state(record)}]
 
 
 def test_piped_output_keeps_each_multiaddr_on_one_line() -> None:
@@ -87,9 +86,9 @@ def test_names_from_the_federation_are_printed_as_written_not_as_markup() -> Non
     assert "[/m]" in out.getvalue() and "[red]H100" in out.getvalue()
 
     class MarkupIngress(FakeIngress):
-        def get(self, path: str) -> dict[str, Any]:
-            nodes = super().get(path)
-            nodes["nodes"][0]["provider_id"] = "[/evil]"
+        def nodes(self) -> list[dict[str, Any]]:
+            nodes = super().nodes()
+            nodes[0]["provider_id"] = "[/evil]"
             return nodes
 
     out = io.StringIO()
