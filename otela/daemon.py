@@ -87,7 +87,7 @@ from otela.replication import (
     load_own_certificate,
 )
 from otela.routing.load import NodeLoad
-from otela.routing.router import Router, routing_settings
+from otela.routing.router import Router, first_byte_timeouts, routing_settings
 from otela.routing.trust import TrustSet
 from otela.slurm import job_from_env, watch_wall_time, with_end_time
 from otela.workers.control import InternalRoutes, WorkerPool
@@ -209,12 +209,10 @@ class Node:
             min_interval=config.load_interval)
         routes = Routes(config.inference_routes)
         gate = EngineGate(self.serving_engine_url, self.served_models, config.max_body_bytes,
-                          routes)
-        self.hop = EngineHop(self.hop_verifier, gate, self.pool, config.first_byte_timeout,
-                             self.load)
+                          routes, first_byte_timeouts(config))
+        self.hop = EngineHop(self.hop_verifier, gate, self.pool, self.load)
         self.engine_streams = EngineStreamServer(
-            gate, self.pool, self.inflight, self.registry.is_member, config.first_byte_timeout,
-            self.load)
+            gate, self.pool, self.inflight, self.registry.is_member, self.load)
         self.api = create_app(self)
         assignment_routes.install(self.api, self.assignments)
         load_report_routes.install(self.api, self.load_reports)
@@ -557,7 +555,7 @@ class Node:
                                         self.config.http_port)
             return int(binds[0][1])
         internal = InternalRoutes(self.workers, self.registry, self.p2p, self.dispatch,
-                                  self.config.first_byte_timeout)
+                                  self.config.response_timeout)
         return int(await nursery.start(self.workers.run, internal))
 
     # -- data-path workers (``--workers``) -------------------------------------------

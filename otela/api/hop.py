@@ -24,11 +24,10 @@ _NOT_DELIVERED = {policy.NOT_DELIVERED.decode(): "1"}
 
 class EngineHop:
     def __init__(self, verifier: HopVerifier, gate: EngineGate, pool: HttpPool,
-                 first_byte_timeout: float, load: LoadSource) -> None:
+                 load: LoadSource) -> None:
         self.verifier = verifier
-        self.gate = gate
+        self.gate = gate  # also says how long the engine may take (``deadline``)
         self.pool = pool
-        self.first_byte_timeout = first_byte_timeout
         self.load = load  # counts what we relay; its report rides on every answer
         self.served = 0
 
@@ -56,23 +55,22 @@ class EngineHop:
         self.load.start()
         try:
             await self._relay(request, response, request_id, host, port,
-                              prefix + verdict.target)
+                              prefix + verdict.target, verdict.first_byte_s)
         finally:
             self.load.end()
 
     async def _relay(self, request: Request, response: Response, request_id: bytes,
-                     host: str, port: int, target: str) -> None:
+                     host: str, port: int, target: str, timeout: float) -> None:
         try:
             reply = await self.pool.request(
                 host, port, b"POST", target.encode("latin-1"),
-                policy.forwarded(request.headers, request_id), request.body,
-                self.first_byte_timeout)
+                policy.forwarded(request.headers, request_id), request.body, timeout)
         except NotDelivered as exc:
             raise RequestError(502, f"engine unreachable: {exc}", code="engine_unreachable",
                                headers=_NOT_DELIVERED) from None
         except UpstreamTimeout:
-            raise RequestError(504, f"the engine sent nothing for {self.first_byte_timeout:.0f}"
-                               " s", code="upstream_timeout") from None
+            raise RequestError(504, f"the engine sent nothing for {timeout:.0f} s",
+                               code="upstream_timeout") from None
         except UpstreamFailed as exc:
             raise RequestError(502, f"the engine failed: {exc}",
                                code="upstream_failed") from None

@@ -142,7 +142,7 @@ class InferenceRoutes:
             before = time.perf_counter()
             routed = await self.router.route(
                 model, path, policy.forwarded(request.headers, request_id), ask,
-                affinity_key)
+                affinity_key, self.router.settings.timeouts.for_body(body))
         except RequestError as error:
             exchange.status, exchange.error = error.status, error.code
             if grant is not None and self.keys is not None:

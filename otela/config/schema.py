@@ -310,10 +310,15 @@ class NodeConfig:
         "http", 60.0, parse=v.as_duration, example="30s", metavar="DURATION",
         help="A request's body must arrive within this time; else 408.")
     first_byte_timeout: float = setting(
-        "http", 300.0, parse=v.as_duration, example="2m", metavar="DURATION",
-        help="An engine that takes a request but sends nothing for this long gets it "
-        "cancelled and the client a 504. Non-streaming requests send nothing until done, "
-        "so keep it above your longest generation.")
+        "http", 60.0, parse=v.as_duration, example="2m", metavar="DURATION",
+        help="An engine that takes a streamed request but sends nothing for this long gets "
+        "it cancelled and the client a 504. A non-streamed answer (its first byte is its "
+        "last) gets this plus 0.1 s per requested token (max_tokens), at most "
+        "--response-timeout.")
+    response_timeout: float = setting(
+        "http", 300.0, parse=v.as_duration, example="10m", metavar="DURATION",
+        help="The longest an engine may take to answer a non-streamed request, and the wait "
+        "for one that sets no max_tokens; keep it above your longest generation.")
     inference_routes: list[str] = setting(
         "http", factory=list, parse=v.as_routes, example="/v1/images/edits", metavar="PATHS",
         help="Inference routes relayed to engines besides the built-in ones (chat and text "

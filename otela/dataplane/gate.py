@@ -32,6 +32,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
+from otela.dataplane.deadline import FirstByteTimeouts
 from otela.dataplane.errors import clip
 from otela.dataplane.jsonbody import BodyError, parse_json_object
 
@@ -120,20 +121,24 @@ class Refusal:
 
 @dataclass(frozen=True)
 class Pass:
-    """The engine to send the request to, and the canonical target to send."""
+    """The engine to send the request to, the canonical target to send, and how long it
+    may take to answer (``otela.dataplane.deadline``)."""
 
     engine: str
     target: str
+    first_byte_s: float
 
 
 class EngineGate:
     def __init__(self, engine_url: Callable[[], str | None],
                  served_models: Callable[[], Collection[str]], max_body_bytes: int,
-                 routes: Routes = DEFAULT_ROUTES) -> None:
+                 routes: Routes = DEFAULT_ROUTES,
+                 timeouts: FirstByteTimeouts = FirstByteTimeouts()) -> None:
         self.engine_url = engine_url  # None unless the node is SERVING
         self.served_models = served_models
         self.max_body_bytes = max_body_bytes
         self.routes = routes
+        self.timeouts = timeouts
 
     def check(self, target: str, body: bytes) -> Pass | Refusal:
         """Where to send ``target`` (path and query, as the caller asked), or why not."""
@@ -148,13 +153,14 @@ class EngineGate:
             return Refusal(413, "request_too_large",
                            f"request body exceeds the {self.max_body_bytes} byte limit")
         try:
-            model = parse_json_object(body).get("model")
+            fields = parse_json_object(body)
         except BodyError as exc:
             return Refusal(400, exc.code, str(exc))
+        model = fields.get("model")
         engine = self.engine_url()
         if engine is None:
             return Refusal(503, "node_not_serving", "this node is not serving")
         if not isinstance(model, str) or model not in self.served_models():
             return Refusal(404, "model_not_found",
                            f"this node does not serve `{clip(str(model))}`")
-        return Pass(engine, canonical)
+        return Pass(engine, canonical, self.timeouts.for_body(fields))

@@ -76,15 +76,13 @@ class EngineStreamServer:
         pool: HttpPool,
         inflight: Inflight,
         is_member: Callable[[str], bool],
-        first_byte_timeout: float,
         load: LoadCounter,
     ) -> None:
-        self.gate = gate
+        self.gate = gate  # also says how long the engine may take (``deadline``)
         self.pool = pool
         self.inflight = inflight
         self.load = load
         self.is_member = is_member
-        self.first_byte_timeout = first_byte_timeout
         self.served = 0
         self.refused = 0
 
@@ -154,17 +152,17 @@ class EngineStreamServer:
         try:
             with self.inflight.track():
                 await self._relay(conn, rid, host, port, prefix + verdict.target, incoming,
-                                  request_id, body)
+                                  request_id, body, verdict.first_byte_s)
         finally:
             self.load.end()
 
     async def _relay(self, conn: _Connection, rid: int, host: str, port: int, target: str,
-                     incoming: list[tuple[bytes, bytes]], request_id: bytes, body: bytes
-                     ) -> None:
+                     incoming: list[tuple[bytes, bytes]], request_id: bytes, body: bytes,
+                     timeout: float) -> None:
         try:
             reply = await self.pool.request(
                 host, port, b"POST", target.encode(),
-                policy.forwarded(incoming, request_id), body, self.first_byte_timeout)
+                policy.forwarded(incoming, request_id), body, timeout)
         except NotDelivered as exc:
             await conn.send(_error(rid, f"engine unreachable: {exc}", False, 502))
             return

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from otela.dataplane import headers as policy_headers
+from otela.dataplane.deadline import FirstByteTimeouts
 from otela.dataplane.errors import (
     NotDelivered,
     RequestError,
@@ -73,7 +74,7 @@ class RoutingSettings:
     policy: str = "power_of_two"
     trusted_providers: frozenset[str] | None = None
     max_attempts: int = 3
-    first_byte_timeout: float = 300.0
+    timeouts: FirstByteTimeouts = field(default_factory=FirstByteTimeouts)
     eject_after: int = 5
     eject_time: float = 10.0
     eject_max_time: float = 300.0
@@ -92,13 +93,18 @@ def routing_settings(config: NodeConfig) -> RoutingSettings:
         policy=config.routing_policy,
         trusted_providers=frozenset(config.trusted_providers) or None,
         max_attempts=config.route_attempts,
-        first_byte_timeout=config.first_byte_timeout,
+        timeouts=first_byte_timeouts(config),
         eject_after=config.eject_after, eject_time=config.eject_time,
         eject_max_time=config.eject_max_time, eject_max_share=config.eject_max_share,
         load_ttl=max(15.0, 3 * config.load_interval),
         affinity_balance=config.affinity_balance, retry_broken=config.retry_broken,
         failover_connect_timeout=config.failover_connect_timeout,
         unanswered_budget=config.connect_timeout)
+
+
+def first_byte_timeouts(config: NodeConfig) -> FirstByteTimeouts:
+    return FirstByteTimeouts(stream_s=config.first_byte_timeout,
+                             ceiling_s=config.response_timeout)
 
 
 @dataclass
@@ -178,7 +184,6 @@ class Router:
         self.registry = registry
         self.upstreams = upstreams
         self.settings = settings
-        self.first_byte_timeout = settings.first_byte_timeout
         self.rng = rng or random.Random()
         self.suspected = suspected  # peers the failure detector currently suspects
         self.clock = clock
@@ -228,10 +233,13 @@ class Router:
             routed.policy.on_end(routed.candidate, routed.pick, routed.outcome)
 
     async def route(self, model_id: str, path: str, headers: Headers, ask: Ask,
-                    affinity_key: Callable[[], str | None] | None = None) -> Routed:
+                    affinity_key: Callable[[], str | None] | None = None,
+                    first_byte_timeout: float | None = None) -> Routed:
         """Send ``ask.body`` to ``path`` on a node serving ``model_id`` that ``ask``
-        allows; raises ``RequestError`` (400 bad policy, 404/503 no node, 502 unreachable
-        or failed, 504 timed out)."""
+        allows, waiting ``first_byte_timeout`` for its first byte (default: the longest,
+        ``otela.dataplane.deadline``); raises ``RequestError`` (400 bad policy, 404/503 no
+        node, 502 unreachable or failed, 504 timed out)."""
+        timeout = first_byte_timeout or self.settings.timeouts.ceiling_s
         policy = self.policies.get(ask.policy)
         now = self.clock()
         nodes = self._eligible(model_id, ask, now)
@@ -277,8 +285,8 @@ class Router:
             another_serves = partial(self._another_serves, model_id, ask, tried) \
                 if resend and counted < self.settings.max_attempts else _never
             result = await self._attempt(node, candidate, policy, pick, path, headers,
-                                         ask.body, attempts, resend, connect_timeout,
-                                         another_serves)
+                                         ask.body, attempts, timeout, resend,
+                                         connect_timeout, another_serves)
             if isinstance(result, Routed):
                 return result
             if result is not Miss.NEXT and (
@@ -348,7 +356,8 @@ class Router:
 
     async def _attempt(self, node: NodeRecord, candidate: Candidate, policy: Policy,
                        pick: Pick, path: str, headers: Headers, body: bytes, attempt: int,
-                       resend: bool = False, connect_timeout: float | None = None,
+                       timeout: float, resend: bool = False,
+                       connect_timeout: float | None = None,
                        another_serves: Callable[[], bool] = _never,
                        ) -> Routed | Miss:
         """One try: the node's reply, or why to go on without it (it did not take the
@@ -363,11 +372,11 @@ class Router:
             if resend:  # a node that fails while we wait is given up, and another asked
                 with self.watch.waiting_on(session) as failed:
                     reply = await unless_failed(failed, lambda: self.upstreams.send(
-                        node, path, body, headers, self.first_byte_timeout, connect_timeout),
+                        node, path, body, headers, timeout, connect_timeout),
                         give_up=another_serves)
             else:
-                reply = await self.upstreams.send(node, path, body, headers,
-                                                  self.first_byte_timeout, connect_timeout)
+                reply = await self.upstreams.send(node, path, body, headers, timeout,
+                                                  connect_timeout)
         except FailedWhileWaiting:
             self._failed(node, candidate, policy, pick, FAILED)
             self.resent += 1
@@ -390,7 +399,7 @@ class Router:
             self._failed(node, candidate, policy, pick, FAILED)
             raise RequestError(
                 504, f"The serving engine accepted the request but sent nothing for "
-                f"{self.first_byte_timeout:.0f} s.", code="upstream_timeout") from None
+                f"{timeout:.0f} s.", code="upstream_timeout") from None
         except UpstreamFailed as exc:
             self._failed(node, candidate, policy, pick, FAILED)
             if resend:

@@ -55,7 +55,7 @@ from otela.load.source import LoadSource
 from otela.looplag import LagSampler, freeze_startup_objects
 from otela.metrics import LAG_BUCKETS, Registry
 from otela.registry.records import NodeRecord
-from otela.routing.router import Router, routing_settings
+from otela.routing.router import Router, first_byte_timeouts, routing_settings
 from otela.workers.channel import Channel, ChannelClosed
 from otela.workers.view import WorkerView
 
@@ -130,7 +130,7 @@ class Worker:
         identity = load_or_create(config.home)
         peer_id, key = identity.peer_id.to_base58(), identity.key_pair.private_key
         self.pool = HttpPool(connect_timeout=config.connect_timeout)
-        self.control = ControlRelay(self.pool, internal_port, token, config.first_byte_timeout)
+        self.control = ControlRelay(self.pool, internal_port, token, config.response_timeout)
         self.upstreams = Upstreams(self.pool, self_session=lambda: self.view.session_id,
                                    local_engine=lambda: self.view.engine_url,
                                    hop_signer=HopSigner(key.to_bytes(), peer_id),
@@ -143,7 +143,7 @@ class Worker:
                              plausible=lambda record: capacity_of(record.hardware))
         routes = Routes(config.inference_routes)
         gate = EngineGate(lambda: self.view.engine_url, lambda: self.view.models,
-                          config.max_body_bytes, routes)
+                          config.max_body_bytes, routes, first_byte_timeouts(config))
         verifier = HopVerifier(key.to_bytes(), peer_id,
                                lambda peer: self.view.registry.is_member(peer))
         self.inflight = Inflight()
@@ -168,7 +168,7 @@ class Worker:
         dispatch = Dispatch(
             InferenceRoutes(self.router, observers, config.record_prompts,
                             config.affinity_prefix, keys=self.ingress_service),
-            EngineHop(verifier, gate, self.pool, config.first_byte_timeout, self.load),
+            EngineHop(verifier, gate, self.pool, self.load),
             self.control.api, self.inflight, metrics=None, routes=routes)
         self.server = HttpServer(
             dispatch,

@@ -71,7 +71,7 @@ async def pair(token_delay: float = 0.0) -> AsyncIterator[Pair]:
         binds = await nursery.start(serve, app, config)  # type: ignore[arg-type]
         engine: dict[str, str | None] = {"url": binds[0]}
         gate = EngineGate(lambda: engine["url"], lambda: {"m"}, 32 * 1024 * 1024)
-        server = EngineStreamServer(gate, HttpPool(), Inflight(), lambda peer: True, 60.0,
+        server = EngineStreamServer(gate, HttpPool(), Inflight(), lambda peer: True,
                                     LoadSource(1.0))
         server.install(meshes[0].host)
         nat = NatTraversal(meshes[1].host, offer_relay=False, relays=list, publish=_noop)

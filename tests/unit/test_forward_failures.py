@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import trio
 
+from otela.dataplane.deadline import FirstByteTimeouts
 from otela.dataplane.errors import RequestError
 from otela.dataplane.pool import HttpPool
 from otela.dataplane.upstream import Upstreams
@@ -158,7 +159,8 @@ async def route_through(behaviours: list[Behaviour | int | None], timeout: float
             return frozenset({first.peer_id})
 
         router = Router(registry, upstreams,
-                        RoutingSettings(policy="random", first_byte_timeout=timeout,
+                        RoutingSettings(policy="random",
+                                        timeouts=FirstByteTimeouts(timeout, ceiling_s=timeout),
                                         retry_broken=retry_broken,
                                         unanswered_budget=connect_timeout, **settings),
                         rng=FirstChoice(), suspected=suspected)

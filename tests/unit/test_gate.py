@@ -69,9 +69,10 @@ def test_only_allowlisted_inference_routes_are_relayed():
 
 
 def test_the_gate_lets_a_served_model_through_while_serving_on_the_canonical_path():
-    assert gate().check("/v1/chat/completions", BODY) == Pass(ENGINE, "/v1/chat/completions")
+    assert gate().check("/v1/chat/completions", BODY) == Pass(ENGINE, "/v1/chat/completions",
+                                                                 300.0)
     assert gate().check("/v1/chat//completions/?a=b", BODY) == Pass(
-        ENGINE, "/v1/chat/completions?a=b")
+        ENGINE, "/v1/chat/completions?a=b", 300.0)
 
 
 def test_the_gate_refuses_with_a_reason_and_never_runs_anything():
@@ -97,3 +98,17 @@ def test_an_engines_redirect_never_reaches_the_client_with_its_address():
     upstream = [(b"location", b"http://127.0.0.1:8000/v1/load_lora_adapter"),
                 (b"content-type", b"application/json")]
     assert relayed(upstream) == [(b"content-type", b"application/json")]
+
+
+def test_first_byte_timeouts_follow_what_the_request_asks_for():
+    from otela.dataplane.deadline import FirstByteTimeouts
+
+    timeouts = FirstByteTimeouts()
+    assert timeouts.for_body({"stream": True, "max_tokens": 10_000}) == 60.0
+    assert timeouts.for_body({"max_tokens": 256}) == 60.0 + 25.6
+    assert timeouts.for_body({"max_completion_tokens": 100_000}) == 300.0
+    assert timeouts.for_body({}) == 300.0
+    assert timeouts.for_body({"max_tokens": True}) == 300.0  # not a number of tokens
+    verdict = gate().check("/v1/chat/completions", json.dumps(
+        {"model": "m", "max_tokens": 10}).encode())
+    assert isinstance(verdict, Pass) and verdict.first_byte_s == 61.0

@@ -305,7 +305,7 @@ def test_one_engine_stream_holds_at_most_1024_requests_and_no_duplicate_ids():
     pool = StuckPool()
     server = EngineStreamServer(
         EngineGate(lambda: "http://127.0.0.1:9", lambda: {"m"}, 1 << 20), pool,  # type: ignore[arg-type]
-        Inflight(), lambda _peer: True, 60.0, Load())
+        Inflight(), lambda _peer: True, Load())
     body = b'{"model": "m"}'
     sent = MAX_IN_FLIGHT_PER_STREAM + 100
 
