@@ -31,7 +31,6 @@ from otela.membership.certificate import (
 )
 from otela.mesh.framing import read_frame, write_frame
 from otela.mesh.quota import SMALL_STREAMS, set_capped_handler
-from otela.registry import evidence
 from otela.registry.store import Registry
 from otela.registry.wire import Trust
 
@@ -85,12 +84,7 @@ class Admission:
             # evicted the other side's evictors and would reject their evictions forever.
             return registry.knows(peer_id)
 
-        def witnesses_required(evictee: str, at: float) -> int:
-            others = registry.established_peers(at - evidence.ESTABLISHED_S, evictee)
-            return evidence.witnesses_required(others)
-
-        return Trust(self.authority, registry.revoked_serials(), is_member,
-                     witnesses_required)
+        return Trust(self.authority, registry.revoked_serials(), is_member)
 
     def is_admitted(self, peer: ID) -> bool:
         if self.open:

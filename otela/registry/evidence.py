@@ -8,15 +8,15 @@ rides on liveness news like any suspicion, so the member that signs the eviction
 other suspecters' statements too, and embeds them. Every replica then accepts an eviction
 of S only with statements of ``witnesses_required`` distinct members, none of them the
 evictee, each about S itself and signed within ``MAX_AGE_S`` before the eviction
-(``otela.registry.wire``). ``witnesses_required`` is 2 where two members besides the
-evictee could have witnessed the failure (a lone member, or a lone liar, cannot evict
-anyone), 1 in a federation of two. "Could have witnessed" counts the live members whose
-session began ``ESTABLISHED_S`` before the eviction (epochs are in session ids): every
-replica counts alike however late it learns of the eviction, so a node that joins after
-an eviction in a federation of two accepts it as the survivor did. The session id binds
-a statement to one session: after a node rejoins, statements about its old session are
-worthless against the new one, and an eviction dated before its session began is
-refused.
+(``otela.registry.wire``), ``WITNESSES`` (2) of them: a lone member, or a lone liar,
+cannot evict anyone. The number is the same at every replica, whatever it knows, so every
+replica accepts or refuses an eviction alike, however late it learns of it (a count that
+followed each replica's view of the federation had a node that joined after an eviction
+refuse what the others had accepted). The price: a federation of two never evicts; a
+dead member of it stays listed, suspected, out of routing where another node serves its
+model, until a third member joins and confirms it. The session id binds a statement to
+one session: after a node rejoins, statements about its old session are worthless
+against the new one, and an eviction dated before its session began is refused.
 
 Wire form of one statement: ``[by, session, incarnation, at_ms, signature]``; on liveness
 news the suspecter and incarnation travel in the news item itself and the rest in its
@@ -36,7 +36,7 @@ from otela.registry.session import SESSION_ID_LENGTH
 
 DOMAIN = b"otela/liveness/suspect/v1\0"
 MAX_AGE_S = 600.0  # a statement older than this (at the eviction's time) proves nothing
-ESTABLISHED_S = 60.0  # a member joined this long before an eviction counts as a witness
+WITNESSES = 2  # distinct members whose statements every eviction needs
 MAX_WITNESSES = 3  # an eviction carries at most this many statements
 _SIG_BYTES = 64
 _PROOF_BYTES = SESSION_ID_LENGTH + 8 + _SIG_BYTES
@@ -109,14 +109,9 @@ def from_wire(suspect: str, item: Any) -> Suspicion:
     return Suspicion(by, suspect, session, incarnation, at_ms, signature)
 
 
-def witnesses_required(others_alive: int) -> int:
-    """Distinct suspecters an eviction needs, given how many live members besides the
-    evictee the replica knows: two where two exist, else one."""
-    return max(1, min(2, others_alive))
-
-
 def justified(statements: Iterable[Suspicion], suspect: str, session: str, at: float,
-              required: int, is_member: Callable[[str], bool]) -> list[Suspicion]:
+              is_member: Callable[[str], bool], required: int = WITNESSES
+              ) -> list[Suspicion]:
     """The distinct valid statements about ``session`` of ``suspect`` among
     ``statements``: signed by members other than the suspect, within ``MAX_AGE_S`` before
     ``at`` (or up to a minute after it: clocks differ). Raises ``EvidenceError`` when fewer

@@ -18,7 +18,6 @@ from typing import Any
 from otela.membership.certificate import Revocation
 from otela.registry.crdt import Entry, GCPolicy, GMap, Rejected, Superseded
 from otela.registry.records import Lifecycle, NodeRecord
-from otela.registry.session import epoch_of
 
 __all__ = ["ModelEntry", "Registry", "Rejected", "Superseded"]
 
@@ -118,14 +117,6 @@ class Registry:
         """Whether ``peer_id`` has a live session here (JOIN, SERVING or DOWN, visible: in
         authority mode, with a valid certificate). Who may use a node's engine hop."""
         return peer_id in self._live_by_peer
-
-    def established_peers(self, before: float, excluding: str) -> int:
-        """How many peers other than ``excluding`` have a live session here that began
-        before ``before`` (unix seconds, from the session's epoch): the members that could
-        have witnessed a failure at that time (``otela.registry.evidence``)."""
-        cutoff = before * 1000
-        return sum(1 for peer_id, keys in self._live_by_peer.items()
-                   if peer_id != excluding and any(epoch_of(k) <= cutoff for k in keys))
 
     def has_left(self, peer_id: str) -> bool:
         """Whether ``peer_id``'s session here is LEFT (it left, or was evicted)."""

@@ -13,8 +13,7 @@ Three kinds of envelope travel between replicas:
   detector's verdict). It embeds the evictee's last signed record, so the tombstone is
   self-describing, and the signed suspicions of the members that suspected it
   (``otela.registry.evidence``); it is accepted only from an admitted member, and only
-  with suspicions of as many distinct members as the replica requires
-  (``Trust.witnesses_required``: two where two members besides the evictee exist).
+  with the signed suspicions of two distinct members.
 - ``revoke``: the authority's signed revocation of a certificate.
 Each signature covers a domain-separation prefix plus the exact body bytes, so no
 signature can be replayed as another kind. Anything malformed, oversized, unsigned,
@@ -42,6 +41,7 @@ from otela.membership.certificate import (
 from otela.registry.crdt import Entry, tiebreak_of
 from otela.registry.evidence import (
     MAX_WITNESSES,
+    WITNESSES,
     EvidenceError,
     Suspicion,
     from_wire,
@@ -92,9 +92,7 @@ class Trust:
     authority: PublicKey | None = None  # None: an open federation (demos, tests)
     revoked_serials: Collection[str] = field(default_factory=set)
     is_member: Callable[[str], bool] = lambda peer_id: True  # evictors in open mode
-    # Distinct suspecters an eviction of this peer's session, signed at this time, must
-    # carry (``evidence``).
-    witnesses_required: Callable[[str, float], int] = lambda evictee, at: 1
+    witnesses: int = WITNESSES  # distinct suspecters an eviction must carry (``evidence``)
 
 
 def _public_key(peer_id: str) -> PublicKey:
@@ -299,8 +297,7 @@ def _verify_eviction(envelope: dict[str, Any], trust: Trust, now: float) -> Entr
         if at * 1000 < epoch_of(session_id):
             raise EvidenceError("it is dated before the session began")
         statements = [from_wire(evictee, item) for item in evidence]
-        justified(statements, evictee, session_id, at,
-                  trust.witnesses_required(evictee, at), trust.is_member)
+        justified(statements, evictee, session_id, at, trust.is_member, trust.witnesses)
     except EvidenceError as exc:
         raise UnjustifiedEviction(f"eviction of {session_id} by {evictor} without the "
                                   f"evidence it needs: {exc}", evictor) from None

@@ -196,8 +196,8 @@ class LocalReplica:
                     statements: Sequence[Suspicion] = ()) -> bool:
         """Publish our signed verdict that ``session_id`` is LEFT (the failure detector's),
         with the signed suspicions that justify it. Without as many independent ones as
-        every replica will require (``otela.registry.evidence``) nothing is signed: it
-        would be refused everywhere, and count against us."""
+        every replica requires (``otela.registry.evidence``) nothing is signed: it would
+        be refused everywhere, and count against us."""
         target = self.registry.entry(session_id)
         if target is None or target.state is Lifecycle.LEFT:
             return False
@@ -205,8 +205,8 @@ class LocalReplica:
         evictee = target.record.peer_id
         now = self.clock()
         try:
-            chosen = justified(statements, evictee, session_id, now,
-                               trust.witnesses_required(evictee, now), trust.is_member)
+            chosen = justified(statements, evictee, session_id, now, trust.is_member,
+                               trust.witnesses)
         except EvidenceError as exc:
             log.info("not evicting session %s of %s yet: %s", session_id, evictee, exc)
             return False

@@ -10,6 +10,7 @@ from otela.membership.certificate import issue_certificate, issue_revocation
 from otela.registry import evidence
 from otela.registry.crdt import Entry
 from otela.registry.records import Lifecycle
+from otela.registry.session import epoch_of
 from otela.registry.wire import (
     MAX_RECORD_BYTES,
     Trust,
@@ -147,10 +148,13 @@ def suspects(node, target_entry, at=NOW, incarnation=0, session=None):
 def test_a_member_eviction_is_a_left_tombstone_describing_the_session():
     member, target = new_node(), new_node()
     target_entry = verify(signed(target, models=("m",)), OPEN, NOW)
+    witness = new_node()
     env = sign_eviction(target_entry, evictor_key=member.keys.private_key,
                         evictor_peer_id=member.peer_id, reason="unreachable", now=NOW + 5,
-                        evidence=[suspects(member, target_entry)])
-    entry = verify(env, Trust(is_member=lambda p: p == member.peer_id), NOW + 5)
+                        evidence=[suspects(member, target_entry),
+                                  suspects(witness, target_entry)])
+    entry = verify(env, Trust(is_member=lambda p: p in (member.peer_id, witness.peer_id)),
+                   NOW + 5)
     assert entry.state is Lifecycle.LEFT and entry.evicted_by == member.peer_id
     assert entry.record.provider_id == "lab" and entry.version == target_entry.version
     assert signer_of(env) == member.peer_id
@@ -196,19 +200,22 @@ def test_open_mode_accepts_evictions_from_known_nodes_even_if_they_were_evicted(
     from otela.membership.admission import Admission
     from otela.registry.store import Registry
 
-    member, target, stranger = new_node(), new_node(), new_node()
+    member, target, stranger, witness = new_node(), new_node(), new_node(), new_node()
     registry = Registry()
     member_entry = verify(signed(member, session="m"), OPEN, NOW)
     registry.apply(member_entry, NOW)
+    registry.apply(verify(signed(witness, session="w"), OPEN, NOW), NOW)
     evicted_member = sign_eviction(member_entry, evictor_key=target.keys.private_key,
                                    evictor_peer_id=target.peer_id, reason="partition", now=NOW,
-                                   evidence=[suspects(target, member_entry)])
+                                   evidence=[suspects(target, member_entry),
+                                             suspects(witness, member_entry)])
     registry.apply(verify(evicted_member, OPEN, NOW), NOW)  # the member is LEFT here
     trust = Admission(None, None).trust(registry)
     target_entry = verify(signed(target, session="t"), OPEN, NOW)
     by_member = sign_eviction(target_entry, evictor_key=member.keys.private_key,
                               evictor_peer_id=member.peer_id, reason="partition", now=NOW,
-                              evidence=[suspects(member, target_entry)])
+                              evidence=[suspects(member, target_entry),
+                                        suspects(witness, target_entry)])
     assert verify(by_member, trust, NOW).state is Lifecycle.LEFT
     by_stranger = sign_eviction(target_entry, evictor_key=stranger.keys.private_key,
                                 evictor_peer_id=stranger.peer_id, reason="x", now=NOW)
@@ -222,7 +229,7 @@ def test_an_eviction_needs_signed_suspicions_of_distinct_members():
     evictor, witness, target, outsider = new_node(), new_node(), new_node(), new_node()
     target_entry = verify(signed(target), OPEN, NOW)
     members = {evictor.peer_id, witness.peer_id, target.peer_id}
-    trust = Trust(is_member=members.__contains__, witnesses_required=lambda evictee, at: 2)
+    trust = Trust(is_member=members.__contains__)
 
     def eviction(*statements):
         return sign_eviction(target_entry, evictor_key=evictor.keys.private_key,
@@ -249,14 +256,19 @@ def test_an_eviction_needs_signed_suspicions_of_distinct_members():
         assert caught.value.evictor == evictor.peer_id
     both = eviction(suspects(evictor, target_entry), suspects(witness, target_entry, NOW - 30))
     assert verify(both, trust, NOW).state is Lifecycle.LEFT
-    # A federation of two: the one other member's word is all there can be.
-    alone = Trust(is_member=members.__contains__, witnesses_required=lambda evictee, at: 1)
-    assert verify(eviction(suspects(evictor, target_entry)), alone, NOW).evicted_by == \
-        evictor.peer_id
-
-
-def test_witnesses_required_follow_the_live_members_besides_the_evictee():
-    assert [evidence.witnesses_required(n) for n in (0, 1, 2, 5, 100)] == [1, 1, 2, 2, 2]
+    # The witness's statement is what counts, whoever signs the eviction (a backup).
+    backup = sign_eviction(target_entry, evictor_key=outsider.keys.private_key,
+                           evictor_peer_id=outsider.peer_id, reason="x", now=NOW,
+                           evidence=[suspects(evictor, target_entry),
+                                     suspects(witness, target_entry)])
+    assert verify(backup, OPEN, NOW).evicted_by == outsider.peer_id
+    early = sign_eviction(target_entry, evictor_key=evictor.keys.private_key,
+                          evictor_peer_id=evictor.peer_id, reason="x",
+                          now=epoch_of(target_entry.key) / 1000 - 1,
+                          evidence=[suspects(evictor, target_entry),
+                                    suspects(witness, target_entry)])
+    with pytest.raises(UnjustifiedEviction, match="before the session began"):
+        verify(early, trust, NOW)
 
 
 def signed_body(node, changes, kind="rec", domain=None):
