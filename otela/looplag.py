@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 import heapq
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 import trio
@@ -62,6 +62,9 @@ class SlowSteps(trio.abc.Instrument):
         self.threshold = threshold
         self.keep = keep
         self.slowest: list[tuple[float, str, float]] = []  # (duration, task, wall time)
+        # The latest slow steps, whatever their length: what held the loop in a given
+        # window (the slowest of all time may be from a start-up long ago).
+        self.recent: deque[tuple[float, str, float]] = deque(maxlen=keep)
         self.by_task: Counter[str] = Counter()  # slow steps per task name
         self._started: float = 0.0
 
@@ -75,6 +78,7 @@ class SlowSteps(trio.abc.Instrument):
         name = task.name.rsplit(".", 1)[-1]
         self.by_task[name] += 1
         item = (took, name, time.time())
+        self.recent.append(item)
         if len(self.slowest) < self.keep:
             heapq.heappush(self.slowest, item)
         elif took > self.slowest[0][0]:
@@ -84,5 +88,7 @@ class SlowSteps(trio.abc.Instrument):
         return {
             "slow_steps": [{"task": name, "ms": round(took * 1e3, 2), "at": at}
                            for took, name, at in sorted(self.slowest, reverse=True)],
+            "recent_slow_steps": [{"task": name, "ms": round(took * 1e3, 2), "at": at}
+                                  for took, name, at in self.recent],
             "slow_steps_by_task": dict(self.by_task.most_common(10)),
         }

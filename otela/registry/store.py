@@ -46,6 +46,7 @@ class Registry:
         self.received_at: dict[str, float] = {}
         # Bumped on every change to the views: lets periodic readers skip unchanged state.
         self.generation = 0
+        self.superseded = 0  # sessions dropped for a newer session of the same peer
 
     @property
     def policy(self) -> GCPolicy:
@@ -58,6 +59,7 @@ class Registry:
         changed, replaced = self.map.merge(entry, now)
         if changed:
             if replaced is not None and replaced.key != entry.key:  # a superseded session
+                self.superseded += 1
                 self._hide(replaced.key)
                 self.received_at.pop(replaced.key, None)
             self.received_at[entry.key] = now
