@@ -110,7 +110,8 @@ def build_tiny_model(python: Path, target: Path) -> Path:
     return target
 
 
-def vllm_engine_command(python: Path, model_dir: Path, name: str, port: int) -> str:
+def vllm_engine_command(python: Path, model_dir: Path, name: str, port: int,
+                        *extra: str) -> str:
     """The real vLLM OpenAI server, sized for a CPU (see docs/engines.md).
 
     ``--enforce-eager``: on CPU vLLM otherwise compiles the model with TorchInductor at
@@ -135,6 +136,7 @@ def vllm_engine_command(python: Path, model_dir: Path, name: str, port: int) -> 
             "--gpu-memory-utilization",
             "0.3",
             "--enforce-eager",
+            *extra,
         ]
     )
 

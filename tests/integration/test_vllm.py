@@ -1,18 +1,24 @@
 """A real vLLM (CPU build) wrapped in ``otela start --process``, reached through an ingress.
 
 One vLLM start (~50-60 s, ~3 GB) serves every assertion: registry on every node, chat and
-text completions (plain and streaming) relayed from vLLM, then a SIGTERM drain.
+text completions (plain and streaming) relayed from vLLM, its LoRA administration out of
+reach through the ingress and the engine hop however the path is written, then a SIGTERM
+drain. vLLM runs with runtime LoRA updating on, so the administration is really there.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import time
 
 import httpx
 import pytest
 
-from otela.localfed import VLLM_ENV, free_port, vllm_engine_command, wait_for
+from otela.dataplane.hop_auth import HOP_HEADER, HopSigner
+from otela.identity import load_or_create
+from otela.localfed import VLLM_ENV, LocalNode, free_port, vllm_engine_command, wait_for
 
 from .helpers import CONVERGE_S, wait_state
 
@@ -32,13 +38,80 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_real_vllm_behind_otela(federation, vllm_python, tiny_model):
+# Every way of writing vLLM's adapter administration that vLLM itself decodes (checked at
+# the end: straight to the engine, the encoded path loads an adapter).
+ADMIN_PATHS = [
+    "/v1/load_lora_adapter", "/v1/load%5Flora%5Fadapter", "/v1/%6Coad_lora_adapter",
+    "/v1/%6coad%5flora%5fadapter", "/v1/load_lora_adapter/", "/v1//load_lora_adapter",
+    "/v1/load_lora_adapter#frag", "/v1/chat/%2e%2e/load_lora_adapter",
+    "/v1/load_lora_adapter?x=1", "/v1/unload_lora_adapter", "/v1/unload%5Flora%5Fadapter",
+]
+
+
+def raw_post(url: str, target: str, body: bytes, headers: dict[str, str] | None = None
+             ) -> tuple[int, bytes]:
+    """POST ``target`` exactly as written (HTTP clients normalise paths and drop
+    fragments): the status and the body."""
+    host, port = url.removeprefix("http://").split(":")
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    head = (f"POST {target} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"{extra}content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(head + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+def check_admin_is_out_of_reach(ingress: LocalNode, member: LocalNode, server: LocalNode,
+                                engine_url: str, adapter: str) -> None:
+    """Through the ingress, and through the serving node's engine hop with a member's valid
+    token, no encoding of the administration reaches vLLM; straight to vLLM, it does."""
+    signer = HopSigner(load_or_create(member.home).key_pair.private_key.to_bytes(),
+                       member.status["peer_id"])
+    body = json.dumps({"model": MODEL, "lora_name": "evil", "lora_path": adapter}).encode()
+    # otela's refusals (vLLM's own errors are typed NotFoundError, BadRequestError...)
+    ours = {"not_found_error", "invalid_request_error"}
+    for path in ADMIN_PATHS:
+        status, answer = raw_post(ingress.http_url, path, body)
+        assert status in (400, 404) and json.loads(answer)["error"]["type"] in ours, \
+            (path, status, answer)
+        hop = "/v1/engine" + path
+        token = signer.token(server.status["peer_id"], "POST", hop, body)
+        status, answer = raw_post(server.http_url, hop, body, {HOP_HEADER: token})
+        assert status in (400, 404) and json.loads(answer)["error"]["type"] in ours, \
+            (path, status, answer)
+    # The token works: the same member's chat request through the hop is answered by vLLM.
+    chat = json.dumps({"model": MODEL, "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    hop = "/v1/engine/v1/chat/completions"
+    status, answer = raw_post(server.http_url, hop, chat,
+                              {HOP_HEADER: signer.token(server.status["peer_id"], "POST",
+                                                        hop, chat)})
+    assert status == 200 and b"chat.completion" in answer, answer
+    listed = httpx.get(f"{engine_url}/v1/models", trust_env=False, timeout=30).json()
+    assert [m["id"] for m in listed["data"]] == [MODEL]  # nothing was loaded
+    # Straight to the engine, the encoded path is vLLM's adapter loading: what otela keeps
+    # out of reach is really there.
+    status, answer = raw_post(engine_url, "/v1/load%5Flora%5Fadapter", body)
+    assert status == 200 and b"added successfully" in answer, answer
+
+
+def test_real_vllm_behind_otela(federation, vllm_python, tiny_model, tmp_path):
     ingress = federation.start_node("ingress", ingress=True)
     other = federation.start_node("other", bootstrap=[ingress])
-    command = vllm_engine_command(vllm_python, tiny_model, MODEL, free_port())
+    adapter = tmp_path / "adapter"
+    subprocess.run([str(vllm_python), "-m", "otela.engine.demo.tiny_model", str(tiny_model),
+                    "--lora", str(adapter)], check=True, capture_output=True, timeout=300)
+    port = free_port()
+    command = vllm_engine_command(vllm_python, tiny_model, MODEL, port, "--enable-lora",
+                                  "--max-lora-rank", "8")
     started = time.monotonic()
     server = federation.start_node("vllm", bootstrap=[ingress], process=command,
-                                   extra_env=VLLM_ENV,
+                                   extra_env={**VLLM_ENV,
+                                              "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
                                    extra_args=["--model-meta", "family=llama"])
     wait_for(lambda: ingress.states().get(server.session_id) == "SERVING", VLLM_READY_S,
              "vLLM to become ready", interval=0.5)
@@ -86,6 +159,11 @@ def test_real_vllm_behind_otela(federation, vllm_python, tiny_model):
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) >= 2
+
+    wait_for(lambda: other.session_id in server.states(), CONVERGE_S,
+             "the serving node to know the other member")
+    check_admin_is_out_of_reach(ingress, other, server, f"http://127.0.0.1:{port}",
+                                str(adapter))
 
     assert federation.stop_node(server, timeout=60) == 0
     wait_state(ingress, server, "LEFT")

@@ -7,6 +7,10 @@ CPU attention kernels accept (head_dim 64). Needs ``torch``, ``transformers`` an
 ``tokenizers`` (present wherever vLLM is), so run it with vLLM's interpreter:
 
     .venv-vllm/bin/python -m otela.engine.demo.tiny_model /tmp/tiny-llama
+
+``--lora DIR`` also writes a LoRA adapter for it (PEFT's layout, random weights): what a
+test loads into vLLM with runtime LoRA updating on, to show which paths reach vLLM's
+adapter administration and which do not.
 """
 
 from __future__ import annotations
@@ -84,12 +88,41 @@ def build(target: Path, seed: int = 0) -> Path:
     return target
 
 
+LORA_RANK = 8
+
+
+def build_lora(target: Path, seed: int = 0) -> Path:
+    """Write a rank-8 LoRA adapter of the tiny model's attention query and value
+    projections into ``target`` (PEFT's file names and tensor names)."""
+    import torch
+    from safetensors.torch import save_file
+
+    target.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    hidden, kv_out = 128, 64  # 2 heads x 64 for queries, 1 key-value head x 64 for values
+    tensors = {}
+    for layer in range(2):
+        for module, out in (("q_proj", hidden), ("v_proj", kv_out)):
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(LORA_RANK, hidden) * 0.01
+            tensors[f"{prefix}.lora_B.weight"] = torch.zeros(out, LORA_RANK)
+    save_file(tensors, str(target / "adapter_model.safetensors"))
+    (target / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": LORA_RANK, "lora_alpha": 16,
+        "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+        "target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": "tiny-llama"}))
+    return target
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("target", type=Path, help="directory to write the model into")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lora", type=Path, help="also write a LoRA adapter here")
     args = parser.parse_args()
     print(build(args.target, args.seed))
+    if args.lora is not None:
+        print(build_lora(args.lora, args.seed))
 
 
 if __name__ == "__main__":
