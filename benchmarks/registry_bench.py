@@ -26,10 +26,11 @@ TRUST = Trust()
 
 
 def signed_records(n: int, models: int = 20) -> list[dict]:
-    keys = create_new_key_pair()
-    peer = ID.from_pubkey(keys.public_key).to_base58()
+    """``n`` nodes' records, each of its own peer (a registry keeps one session per peer)."""
     out = []
     for i in range(n):
+        keys = create_new_key_pair()
+        peer = ID.from_pubkey(keys.public_key).to_base58()
         record = NodeRecord(
             session_id=session_id_for(peer, f"{i:016x}"), peer_id=peer, provider_id=f"lab-{i % 7}",
             state=Lifecycle.SERVING, version=2, http_url=f"http://10.0.{i // 250}.{i % 250}:8092",

@@ -34,7 +34,7 @@ from otela.routing.trust import TrustError, TrustSet, parse_providers
 
 _PEER_ID = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{20,128}$")  # base58
 MAX_PAGE = 1000
-NODES_PAGE = 200  # /v1/registry/nodes entries per page by default
+NODES_PAGE = 100  # /v1/registry/nodes entries per page by default
 MODELS_PAGE = 100  # /v1/registry/models entries per page by default
 CATALOG_PAGE = 1000  # /v1/models entries per page by default (clients expect one page)
 SESSIONS_LISTED = 100  # sessions per model in /v1/registry/models
