@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from otela.registry.names import model_id_problem
+
 TEMPLATES = Path(__file__).resolve().parents[2] / "slurm"
 
 ENGINES = {
@@ -64,6 +66,9 @@ def engine_command(engine: str, custom: str | None = None) -> str:
 
 def render(template: str, job: Job, command: str, index: int, total: int) -> str:
     """The template's text with this job's defaults."""
+    problem = model_id_problem(job.model)
+    if problem is not None:  # it goes into a shell script: a name, nothing else
+        raise TemplateError(f"model {job.model[:200]!r} is not a model id: {problem}")
     lines = template.splitlines()
     out: list[str] = []
     seen = {"gres": False, "model": False, "engine": False, "job": False}

@@ -176,3 +176,6 @@ def test_sbatch_custom_engine_command_and_errors(tmp_path: Path) -> None:
     (tmp_path / "t" / "vllm.sbatch").write_text("#!/bin/bash\necho hi\n")
     with pytest.raises(TemplateError, match="lacks"):
         write_scripts(tmp_path / "o", [Job("m", 1, "g")], templates=tmp_path / "t")
+    for model in ("m}; rm -rf ~; echo {", "$(id)", "m/../../etc", "-x"):  # into a shell script
+        with pytest.raises(TemplateError, match="not a model id"):
+            write_scripts(tmp_path / "o", [Job(model, 1, "g")])
