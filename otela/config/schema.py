@@ -365,6 +365,12 @@ class NodeConfig:
         "later), do not use up an attempt, nor do connections nobody answers until the "
         "request has spent --connect-timeout routing. A request an engine may have started "
         "is never sent again.")
+    balance_providers: bool = setting(
+        "routing", False, parse=v.as_bool, example="true",
+        help="Share requests between providers before nodes: two random providers serving "
+        "the model, the less loaded one wins, then the routing policy picks among its "
+        "nodes. A provider with many nodes then gets no more than an equal share "
+        "(default: every node, whoever runs it, gets an equal share).")
     retry_broken: bool = setting(
         "routing", False, parse=v.as_bool, example="true",
         help="Also send a non-streaming request to another node when its node broke the "

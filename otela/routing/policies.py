@@ -207,6 +207,26 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def provider_share(candidates: Sequence[Candidate], rng: random.Random
+                   ) -> Sequence[Candidate]:
+    """The candidates of one provider, chosen so that providers, not nodes, share the
+    requests (``--balance-providers``): two random providers, the one with the lower load
+    per unit of capacity wins (a tie: the first drawn). A provider running ten nodes then
+    gets what one running one does, unless the one is busier."""
+    by_provider: dict[str, list[Candidate]] = {}
+    for candidate in candidates:
+        by_provider.setdefault(candidate.record.provider_id, []).append(candidate)
+    if len(by_provider) < 2:
+        return candidates
+    first, second = rng.sample(sorted(by_provider), 2)
+
+    def load(provider: str) -> float:
+        group = by_provider[provider]
+        return sum(c.load for c in group) / sum(c.capacity for c in group)
+
+    return by_provider[second if load(second) < load(first) else first]
+
+
 BUILT_IN: dict[str, Callable[[], Policy]] = {
     p.name: p for p in (RandomPolicy, RoundRobin, Weighted, LeastInFlight, PowerOfTwo,
                         PrefixAffinity)

@@ -27,7 +27,7 @@ import enum
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
@@ -52,7 +52,14 @@ from otela.routing.ask import Ask
 from otela.routing.candidates import eligible
 from otela.routing.ejection import Ejections
 from otela.routing.load import LOAD_HEADER, LoadBoard, NodeLoad, parse_load
-from otela.routing.policies import Candidate, Pick, Policy, UnknownPolicy, load_policy
+from otela.routing.policies import (
+    Candidate,
+    Pick,
+    Policy,
+    UnknownPolicy,
+    load_policy,
+    provider_share,
+)
 from otela.routing.speed import Speeds
 from otela.routing.trust import ANY, TrustSet
 
@@ -81,6 +88,7 @@ class RoutingSettings:
     eject_max_share: float = 0.5
     load_ttl: float = 15.0
     affinity_balance: float = 2.0
+    balance_providers: bool = False  # an equal share per provider, then per node
     retry_broken: bool = False  # re-send a non-streaming request whose node broke off
     failover_connect_timeout: float = 1.0  # a connection attempt while others remain
     # Time a request may spend on connections nobody answers before they use up attempts
@@ -98,6 +106,7 @@ def routing_settings(config: NodeConfig) -> RoutingSettings:
         eject_max_time=config.eject_max_time, eject_max_share=config.eject_max_share,
         load_ttl=max(15.0, 3 * config.load_interval),
         affinity_balance=config.affinity_balance, retry_broken=config.retry_broken,
+        balance_providers=config.balance_providers,
         failover_connect_timeout=config.failover_connect_timeout,
         unanswered_budget=config.connect_timeout)
 
@@ -269,8 +278,11 @@ class Router:
                 remaining = [r for r in nodes if r.session_id not in tried]
             if not remaining:
                 break
-            candidate = policy.pick([self._candidate(r, now, pick) for r in remaining],
-                                    pick, self.rng)
+            candidates: Sequence[Candidate] = [self._candidate(r, now, pick)
+                                               for r in remaining]
+            if self.settings.balance_providers:
+                candidates = provider_share(candidates, self.rng)
+            candidate = policy.pick(candidates, pick, self.rng)
             node = candidate.record
             if attempts:
                 self.retries += 1

@@ -71,3 +71,19 @@ def test_routing_caps_a_claim_at_what_the_hardware_serves_and_scales_it_by_speed
         for _ in range(50):
             router.speeds.observe(node.session_id, "m", False, seconds)
     assert router.capacity(gpu, 0.0, pick) == 0.5  # claims 2 units, answers 4x slower
+
+
+def test_balancing_providers_gives_each_an_equal_share_whatever_its_node_count():
+    from otela.routing.policies import provider_share
+
+    many = [Candidate(record(f"big{i}", 1, Lifecycle.SERVING, provider="big"), 0.0, 1.0)
+            for i in range(10)]
+    one = [Candidate(record("small", 1, Lifecycle.SERVING, provider="small"), 0.0, 1.0)]
+    rng = random.Random(5)
+    counts = Counter(PowerOfTwo().pick(provider_share(many + one, rng), Pick("m"), rng)
+                     .record.provider_id for _ in range(4000))
+    assert 1800 < counts["small"] < 2200  # half, not one in eleven
+    busy = [Candidate(c.record, 5.0, 1.0) for c in one]
+    counts = Counter(PowerOfTwo().pick(provider_share(many + busy, rng), Pick("m"), rng)
+                     .record.provider_id for _ in range(1000))
+    assert counts["small"] == 0  # the less loaded provider wins the pair
