@@ -16,6 +16,7 @@ list at most 32 values per field), however many members announce however much.
 from __future__ import annotations
 
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -39,6 +40,7 @@ MODELS_PAGE = 100  # /v1/registry/models entries per page by default
 CATALOG_PAGE = 1000  # /v1/models entries per page by default (clients expect one page)
 SESSIONS_LISTED = 100  # sessions per model in /v1/registry/models
 _CATALOGS_KEPT = 64  # /v1/models results kept per registry generation (caller scopes)
+CATALOG_FRESH_S = 1.0  # /v1/models may be this stale
 
 
 def _page(items: Sequence[Any], key: Callable[[Any], str], after: str | None, limit: int
@@ -52,17 +54,23 @@ def _page(items: Sequence[Any], key: Callable[[Any], str], after: str | None, li
 
 
 class _CatalogCache:
-    """``/v1/models`` results for the current registry generation, per caller scope (trust
-    set, requirements, allowed models): anonymous callers all share one."""
+    """``/v1/models`` results per caller scope (trust set, requirements, allowed models):
+    anonymous callers all share one. Recomputed when the registry changed, at most every
+    ``CATALOG_FRESH_S`` (a catalog of 10,000 members announcing all they may takes ~190 ms
+    to build, and a large federation changes every few seconds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.generation = -1
+        self.clock = clock
+        self.computed_at = -CATALOG_FRESH_S
         self._results: OrderedDict[Any, list[dict[str, Any]]] = OrderedDict()
 
     def get(self, generation: int, scope: Any, compute: Callable[[], list[dict[str, Any]]]
             ) -> list[dict[str, Any]]:
-        if generation != self.generation:
+        now = self.clock()
+        if generation != self.generation and now - self.computed_at >= CATALOG_FRESH_S:
             self.generation, self._results = generation, OrderedDict()
+            self.computed_at = now
         result = self._results.get(scope)
         if result is None:
             result = self._results[scope] = compute()
