@@ -90,7 +90,7 @@ from otela.replication import (
 from otela.routing.load import NodeLoad
 from otela.routing.router import Router, routing_settings
 from otela.routing.trust import TrustSet
-from otela.slurm import job_from_env, watch_wall_time, with_end_time
+from otela.slurm import fleet_tag_from_env, job_from_env, watch_wall_time, with_end_time
 from otela.workers.control import InternalRoutes, WorkerPool
 from otela.workers.view import snapshot_of
 from traces.recorder import TraceRecorder
@@ -442,6 +442,7 @@ class Node:
                     idle=self.engine_command is None,
                     slurm=self.slurm_job,
                     relay=config.relay,
+                    fleet=fleet_tag_from_env(os.environ),
                 ))
                 self._report_started()
                 freeze_startup_objects()
