@@ -73,6 +73,7 @@ def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 @app.command()
@@ -132,8 +133,10 @@ def apply(file: Path | None = FILE_OPTION, state: Path | None = STATE_OPTION,
     if as_json:
         typer.echo(json.dumps({"actions": result.done,
                                "notes": [n.message for n in result.decision.notes]}, indent=2))
-        return
-    _print_actions(result, "did")
+    else:
+        _print_actions(result, "did")
+    if any("(sbatch refused" in done for done in result.done):
+        raise typer.Exit(1)
 
 
 @app.command()

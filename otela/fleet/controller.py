@@ -28,7 +28,7 @@ import trio
 from otela.fleet import autoscale
 from otela.fleet.errors import ClusterUnreachable
 from otela.fleet.events import EventLog, FleetMetrics
-from otela.fleet.federation import Federation, FederationUnreachable, ModelLoad
+from otela.fleet.federation import Federation, FederationUnreachable, ModelLoad, Snapshot
 from otela.fleet.identity import spec_hash
 from otela.fleet.memory import Memory, MemoryFile, ScaleState, state_dir
 from otela.fleet.placement import Placement
@@ -112,11 +112,21 @@ class Controller:
                 unreachable[name] = str(exc)
 
         models = [d.model for d in self.fleet.deployments]
-        snapshot = None
+        registry: list[Snapshot | FederationUnreachable] = []
+
+        async def read_registry() -> None:
+            try:
+                registry.append(await self.federation.snapshot(models, with_load))
+            except FederationUnreachable as exc:
+                registry.append(exc)
+
         async with trio.open_nursery() as nursery:
             for name, client in self.clients.items():
                 nursery.start_soon(one, name, client)
-            snapshot = await self.federation.snapshot(models, with_load)
+            nursery.start_soon(read_registry)
+        snapshot = registry[0]
+        if isinstance(snapshot, FederationUnreachable):
+            raise snapshot
         now = self.clock()
         jobs.extend(self._presumed(snapshot.nodes, set(unreachable), jobs))
         return Observation(now, jobs, snapshot.nodes, unreachable, snapshot.loads)

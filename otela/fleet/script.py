@@ -58,7 +58,7 @@ def render(fleet: Fleet, cluster: Cluster, deployment: Deployment, spec: str,
     """The whole script, for ``sbatch`` on its standard input."""
     sbatch = [
         f"--job-name={job_name(fleet.name, deployment.name)}",
-        f"--comment={comment(fleet.name, deployment.name, spec, cluster.name)}",
+        f'--comment="{comment(fleet.name, deployment.name, spec, cluster.name)}"',
         "--nodes=1",
         "--ntasks=1",
         f"--time={format_time_limit(cluster.time_limit)}",
