@@ -10,7 +10,8 @@ least one while a request is held for a first replica (scale to zero) or while t
 deployment saw a request within ``idle_timeout``. A load within ``tolerance`` of a whole
 replica is not rounded up, so a steady load on a boundary does not add one.
 
-Hysteresis: up at once (at most every ``up_cooldown``, and straight away from zero); down
+Hysteresis: up at once to what the load asks for (one replica at a time, at most every
+``up_cooldown``, when only the first-byte time asks for more); down
 only when every wish over the last ``down_window`` was lower, at most every
 ``down_cooldown``, and only to the highest of those wishes. A burst raises the count; it
 takes a whole quiet window to lower it again, so the count does not flap.
@@ -88,16 +89,25 @@ def forecast_rate(state: ScaleState, spec: Autoscale, lead: float) -> float | No
 
 def wish(spec: Autoscale, rate: float, signals: Signals) -> int:
     """Replicas the load asks for, before limits and hysteresis."""
+    return max(load_wish(spec, rate, signals), ttft_wish(spec, signals))
+
+
+def load_wish(spec: Autoscale, rate: float, signals: Signals) -> int:
+    """Replicas the request rate and the in-flight requests ask for."""
     loads = [0.0]
     if spec.target_rps:
         loads.append(rate / spec.target_rps)
     if spec.target_in_flight:
         loads.append(signals.in_flight / spec.target_in_flight)
-    want = max(0, math.ceil(max(loads) - spec.tolerance))
+    return max(0, math.ceil(max(loads) - spec.tolerance))
+
+
+def ttft_wish(spec: Autoscale, signals: Signals) -> int:
+    """One more than serve now while the first bytes come slower than the target."""
     if spec.ttft is not None and signals.ttft is not None and signals.ttft > spec.ttft \
             and signals.serving > 0:
-        want = max(want, signals.serving + 1)
-    return want
+        return signals.serving + 1
+    return 0
 
 
 def step(spec: Autoscale, low: int, high: int, state: ScaleState, signals: Signals,
@@ -108,7 +118,8 @@ def step(spec: Autoscale, low: int, high: int, state: ScaleState, signals: Signa
     if rate > 0 or signals.in_flight > 0 or signals.held > 0:
         state.last_request = now
     effective = max(rate, forecast or 0.0)
-    raw = wish(spec, effective, signals)
+    by_load = load_wish(spec, effective, signals)
+    raw = max(by_load, ttft_wish(spec, signals))
     if signals.held > 0 or (state.last_request and now - state.last_request < spec.idle_timeout):
         raw = max(raw, 1)
     raw = min(max(raw, low), high)
@@ -117,7 +128,10 @@ def step(spec: Autoscale, low: int, high: int, state: ScaleState, signals: Signa
     target = state.target if state.target is not None else min(max(current, low), high)
     reason = None
     if raw > target:
-        if target == 0 or now - state.last_up >= spec.up_cooldown:
+        # A load-based wish is absolute: straight to it. A TTFT-based one adds a replica
+        # at a time, and waits ``up_cooldown`` for the last one to start helping.
+        if target == 0 or min(by_load, high) > target or \
+                now - state.last_up >= spec.up_cooldown:
             why = "a request is waiting for a first replica" if target == 0 and \
                 signals.held > 0 else _load_text(spec, effective, signals, forecast, rate)
             reason = f"up {target} -> {raw}: {why}"

@@ -259,6 +259,6 @@ def choose_cluster(want: Want, usable: list[str], recent: list[Failure], avoid: 
         pended = cluster in avoid or any(f.cluster == cluster and f.kind == "pending"
                                          for f in recent)
         bad = strikes >= policy.max_failures or pended
-        return (bad, strikes, usable.index(cluster))
+        return (bad, strikes if bad else 0, usable.index(cluster))
 
     return min(usable, key=rank)

@@ -79,7 +79,7 @@ def test_apply_from_nothing_then_scale_up_and_down(federation, tmp_path):
         assert len(done) == 2 and all(a.startswith("drain echo job") for a in done)
         wait_for(lambda: len(active(fleet_jobs(name))) == 1, 60, "two jobs to drain and end")
         assert serving_count(ingress, name) == 1
-        drained = [j for j in fleet_jobs(name) if not j.state == "RUNNING"]
+        drained = [j for j in fleet_jobs(name) if j.state != "RUNNING"]
         assert {j.state for j in drained} == {"COMPLETED"}  # drained, not killed
         assert all("drain" in j.comment.split() for j in drained)
         assert json.loads(cli("apply", "--json").stdout)["actions"] == []
