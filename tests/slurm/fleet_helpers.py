@@ -4,6 +4,7 @@ echo engine, the CLI as a real process, and reading back what Slurm and the regi
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -52,7 +53,7 @@ def deployment_toml(name: str, model: str, *, replicas: int | None = 1,
                     command: str = ECHO, clusters: list[str] | None = None,
                     extra: str = "") -> str:
     lines = ["[[deployments]]", f'name = "{name}"', f'model = "{model}"',
-             f"command = {command!r}", "gpus = 0"]
+             f"command = {json.dumps(command)}", "gpus = 0"]
     if replicas is not None:
         lines.append(f"replicas = {replicas}")
     if clusters is not None:
