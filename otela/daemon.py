@@ -87,6 +87,7 @@ from otela.replication import (
     load_authority,
     load_own_certificate,
 )
+from otela.routing.hold import ModelFirstByte, hold_room
 from otela.routing.load import NodeLoad
 from otela.routing.router import Router, routing_settings
 from otela.routing.trust import TrustSet
@@ -223,7 +224,7 @@ class Node:
         self.metrics = MetricsRegistry()
         self.lag = LagSampler(node_metrics.install(self.metrics, self))
         self.slow_steps = SlowSteps()  # installed by whoever runs the loop (trio.run)
-        observers: list[Observer] = [RequestMetrics(self.metrics)]
+        observers: list[Observer] = [RequestMetrics(self.metrics), ModelFirstByte(self.metrics)]
         self.access_log = AccessLog(config.access_log) if config.access_log else None
         if self.access_log is not None:
             observers.append(self.access_log)
@@ -242,7 +243,8 @@ class Node:
             admin_api.install(self.api, self.ingress_service)
         self.dispatch = Dispatch(
             InferenceRoutes(self.router, observers, config.record_prompts,
-                            config.affinity_prefix, keys=self.ingress_service), self.hop,
+                            config.affinity_prefix, keys=self.ingress_service,
+                            hold=hold_room(config, self.registry, self.metrics)), self.hop,
             AsgiHandler(self.api), self.inflight, self.metrics)
         self.http = HttpServer(self.dispatch, ServerLimits(
             max_body_bytes=config.max_body_bytes,

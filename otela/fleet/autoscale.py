@@ -124,7 +124,10 @@ def step(spec: Autoscale, low: int, high: int, state: ScaleState, signals: Signa
         raw = max(raw, 1)
     raw = min(max(raw, low), high)
     state.recent.append((now, raw))
-    state.recent = [(t, w) for t, w in state.recent if now - t <= spec.down_window]
+    # The wishes of the last ``down_window``, and the one before it (whose wish held at
+    # the window's start): the window is full once that one is at least a window old.
+    inside = [i for i, (t, _) in enumerate(state.recent) if now - t < spec.down_window]
+    state.recent = state.recent[max(inside[0] - 1, 0):]
     target = state.target if state.target is not None else min(max(current, low), high)
     reason = None
     if raw > target:
@@ -137,8 +140,7 @@ def step(spec: Autoscale, low: int, high: int, state: ScaleState, signals: Signa
             reason = f"up {target} -> {raw}: {why}"
             target, state.last_up = raw, now
     elif raw < target:
-        window_full = bool(state.recent) and now - state.recent[0][0] >= \
-            spec.down_window * 0.9
+        window_full = now - state.recent[0][0] >= spec.down_window
         highest = max(w for _, w in state.recent)
         calm = now - max(state.last_up, state.last_down) >= spec.down_cooldown
         if window_full and highest < target and calm:

@@ -121,3 +121,12 @@ def test_the_forecast_provisions_a_daily_peak_before_it_arrives():
     assert predicted is not None and predicted > 25  # the peak three hours ahead
     result = step(spec, 1, 10, ScaleState(), Signals(requests=0), now, 1, predicted)
     assert result.target >= 5
+
+
+def test_a_down_window_of_two_passes_still_scales_down():
+    spec = Autoscale(target_rps=4.0, down_window=10, down_cooldown=10, idle_timeout=20)
+    state, load = ScaleState(), Load()
+    drive(spec, state, load, 8.0, 30, current=2, low=0)
+    assert state.target == 2
+    quiet = drive(spec, state, load, 0.0, 60, current=2, low=0)
+    assert quiet[-1] == 0, quiet

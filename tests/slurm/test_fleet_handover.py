@@ -7,6 +7,7 @@ drained), not TIMEOUT.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -64,10 +65,8 @@ def test_replicas_are_handed_over_before_their_wall_time_with_traffic_flowing(
 
     def sample() -> None:
         while not stop.is_set():
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 lowest.append(serving_count(ingress, name))
-            except httpx.HTTPError:
-                pass
             stop.wait(0.5)
 
     with cancel_fleet_jobs(name):
