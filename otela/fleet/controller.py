@@ -79,25 +79,54 @@ class PassResult:
 class Controller:
     def __init__(self, fleet: Fleet, state: Path | None = None,
                  clock: Callable[[], float] = time.time, echo: bool = True) -> None:
-        self.fleet = fleet
         self.clock = clock
-        self.clients = {name: SlurmClient(cluster) for name, cluster in fleet.clusters.items()}
-        self.federation = Federation(fleet.ingress, fleet.name)
         self.state_dir = state or state_dir(fleet.name)
         self.memory_file = MemoryFile(self.state_dir)
         self.memory: Memory = self.memory_file.load()
         self.metrics = FleetMetrics()
         self.events = EventLog(self.state_dir / "events.jsonl", self.metrics, echo=echo)
-        self.placement = Placement(fleet)
+        self.use(fleet)
+        self._starting: set[str] = set()  # jobs seen running but not serving yet
+        self._unreachable: set[str] = set()
+        self.last: PassResult | None = None
+
+    def use(self, fleet: Fleet) -> None:
+        """Work to ``fleet`` from now on (at start, and when its file changed)."""
+        self.fleet = fleet
+        self._mtime = _mtime(fleet.path)
+        self.clients = {name: SlurmClient(cluster) for name, cluster in fleet.clusters.items()}
+        self.federation = Federation(fleet.ingress, fleet.name)
+        self.placement = Placement(fleet)  # a new pool is planned anew ("auto" shapes)
         self.policy = Policy(
             clusters={name: ClusterPolicy(c.drain_margin, c.pending_limit, c.serve_deadline)
                       for name, c in fleet.clusters.items()},
             backoff=fleet.backoff, max_backoff=fleet.max_backoff,
             failure_window=fleet.failure_window, max_failures=fleet.max_failures,
             handover_slack=fleet.handover_slack, interval=fleet.interval)
-        self._starting: set[str] = set()  # jobs seen running but not serving yet
-        self._unreachable: set[str] = set()
-        self.last: PassResult | None = None
+
+    def reload_if_changed(self) -> None:
+        """``run`` follows edits of the fleet file: a valid new version is used from the
+        next pass on; one with an error is reported (an event naming file, line and field)
+        and the running version kept, so a typo never stops or starts anything."""
+        from otela.fleet.errors import FleetFileError
+        from otela.fleet.spec import load
+
+        mtime = _mtime(self.fleet.path)
+        if mtime == self._mtime:
+            return
+        self._mtime = mtime
+        try:
+            fleet = load(self.fleet.path)
+        except FleetFileError as exc:
+            self.events.emit("reload_failed", f"{exc}; keeping the previous version")
+            return
+        if fleet.name != self.fleet.name:
+            self.events.emit("reload_failed", f"{self.fleet.path}: the fleet's name changed "
+                             f"({self.fleet.name} -> {fleet.name}); restart the controller "
+                             "to switch fleets")
+            return
+        self.use(fleet)
+        self.events.emit("reloaded", f"{self.fleet.path} changed: using the new version")
 
     # -- observing ----------------------------------------------------------------------
 
@@ -387,10 +416,10 @@ class Controller:
         wake = trio.Event()
         done = 0
         async with trio.open_nursery() as nursery:
-            if any(d.autoscaled and (d.min or 0) == 0 for d in self.fleet.deployments):
-                nursery.start_soon(self._watch_held, lambda: wake.set())
+            nursery.start_soon(self._watch_held, lambda: wake.set())
             task_status.started()
             while passes is None or done < passes:
+                self.reload_if_changed()
                 try:
                     result = await self.reconcile_once()
                     busy = self._busy(result)
@@ -415,18 +444,25 @@ class Controller:
     async def _watch_held(self, wake: Callable[[], None]) -> None:
         """Wake the loop as soon as an ingress holds a request for a model that has no
         replica (scale to zero): the first request's wait is what this saves."""
-        cold = [d for d in self.fleet.deployments if d.autoscaled and (d.min or 0) == 0]
         while True:
             await trio.sleep(HELD_POLL_S)
+            cold = [d for d in self.fleet.deployments if d.autoscaled and (d.min or 0) == 0
+                    and not (self.memory.scale.get(d.name) or ScaleState()).target]
+            if not cold:
+                continue
             try:
-                snapshot = await self.federation.held([d.model for d in cold])
+                held = await self.federation.held([d.model for d in cold])
             except FederationUnreachable:
                 continue
-            for deployment in cold:
-                state = self.memory.scale.get(deployment.name)
-                if snapshot.get(deployment.model, 0) > 0 and (state is None or
-                                                               not state.target):
-                    wake()
+            if any(held.get(d.model, 0) > 0 for d in cold):
+                wake()
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime_ns / 1e9
+    except OSError:
+        return None
 
 
 def describe(action: Submit | Drain | Cancel) -> str:

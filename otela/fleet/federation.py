@@ -121,7 +121,7 @@ class Federation:
         try:
             response = await client.get(url + "/metrics")
         except httpx.HTTPError as exc:
-            log.warning("cannot read %s/metrics: %s", url, exc)
+            log.debug("cannot read %s/metrics: %s", url, exc)
             return
         if response.status_code == 200:
             add_ingress_metrics(response.text, loads)
