@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from otela.fleet.memory import ScaleState
 from otela.fleet.spec import Autoscale
 
-RATE_WINDOW_S = 10.0  # the request rate is measured over at least this long
+RATE_WINDOW_S = 5.0  # rates and the mean TTFT are measured over at least this long
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,8 @@ class Signals:
     requests: float | None  # requests answered so far at the ingresses (a counter)
     in_flight: float = 0.0  # concurrent requests on the deployment's serving nodes
     held: float = 0.0  # requests held at ingresses for a first replica
-    ttft: float | None = None  # mean first-byte seconds since the last reading
+    ttft_sum: float | None = None  # first-byte seconds so far at the ingresses (a counter)
+    ttft_count: float | None = None  # and how many requests they are
     serving: int = 0  # replicas serving now
 
 
@@ -45,19 +46,37 @@ class Step:
     rate: float
 
 
-def update_rate(state: ScaleState, requests: float | None, now: float) -> float:
-    """The request rate from the counter, over at least ``RATE_WINDOW_S`` (a counter that
-    went back, an ingress that restarted, counts as a fresh start)."""
-    if requests is None:
+def update_rate(state: ScaleState, arrived: float | None, now: float) -> float:
+    """The arrival rate, over at least ``RATE_WINDOW_S``, from a counter of requests that
+    arrived (answered + in flight: answers alone are capped at what the replicas manage,
+    and would hide an overload). A counter that went back (an ingress restarted) starts
+    afresh."""
+    if arrived is None:
         return state.rate
-    if state.requests is None or requests < state.requests:
-        state.requests, state.requests_at = requests, now
+    if state.requests is None or arrived < 0.9 * state.requests:
+        state.requests, state.requests_at = arrived, now
         return state.rate
     elapsed = now - state.requests_at
     if elapsed >= RATE_WINDOW_S:
-        state.rate = (requests - state.requests) / elapsed
-        state.requests, state.requests_at = requests, now
+        state.rate = max(0.0, arrived - state.requests) / elapsed
+        state.requests, state.requests_at = arrived, now
     return state.rate
+
+
+def update_ttft(state: ScaleState, total: float | None, count: float | None, now: float
+                ) -> float | None:
+    """The mean time to first byte of the requests answered over the last window (at least
+    ``RATE_WINDOW_S``); ``None`` when none were."""
+    if total is None or count is None:
+        return None
+    if state.ttft_count is None or count < state.ttft_count:
+        state.ttft_sum, state.ttft_count, state.ttft_at = total, count, now
+        return None
+    if now - state.ttft_at >= RATE_WINDOW_S:
+        answered = count - state.ttft_count
+        state.ttft = (total - state.ttft_sum) / answered if answered > 0 else None
+        state.ttft_sum, state.ttft_count, state.ttft_at = total, count, now
+    return state.ttft
 
 
 def record_history(state: ScaleState, rate: float, now: float, bin_s: float) -> None:
@@ -87,9 +106,9 @@ def forecast_rate(state: ScaleState, spec: Autoscale, lead: float) -> float | No
     return float(max(predicted)) if len(predicted) else None
 
 
-def wish(spec: Autoscale, rate: float, signals: Signals) -> int:
+def wish(spec: Autoscale, rate: float, signals: Signals, ttft: float | None = None) -> int:
     """Replicas the load asks for, before limits and hysteresis."""
-    return max(load_wish(spec, rate, signals), ttft_wish(spec, signals))
+    return max(load_wish(spec, rate, signals), ttft_wish(spec, ttft, signals.serving))
 
 
 def load_wish(spec: Autoscale, rate: float, signals: Signals) -> int:
@@ -102,11 +121,10 @@ def load_wish(spec: Autoscale, rate: float, signals: Signals) -> int:
     return max(0, math.ceil(max(loads) - spec.tolerance))
 
 
-def ttft_wish(spec: Autoscale, signals: Signals) -> int:
+def ttft_wish(spec: Autoscale, ttft: float | None, serving: int) -> int:
     """One more than serve now while the first bytes come slower than the target."""
-    if spec.ttft is not None and signals.ttft is not None and signals.ttft > spec.ttft \
-            and signals.serving > 0:
-        return signals.serving + 1
+    if spec.ttft is not None and ttft is not None and ttft > spec.ttft and serving > 0:
+        return serving + 1
     return 0
 
 
@@ -114,12 +132,14 @@ def step(spec: Autoscale, low: int, high: int, state: ScaleState, signals: Signa
          now: float, current: int, forecast: float | None = None) -> Step:
     """The deployment's target now. ``current``: replicas it has (the target a restarted
     controller starts from, so it never scales just because it restarted)."""
-    rate = update_rate(state, signals.requests, now)
+    arrived = None if signals.requests is None else signals.requests + signals.in_flight
+    rate = update_rate(state, arrived, now)
+    ttft = update_ttft(state, signals.ttft_sum, signals.ttft_count, now)
     if rate > 0 or signals.in_flight > 0 or signals.held > 0:
         state.last_request = now
     effective = max(rate, forecast or 0.0)
     by_load = load_wish(spec, effective, signals)
-    raw = max(by_load, ttft_wish(spec, signals))
+    raw = max(by_load, ttft_wish(spec, ttft, signals.serving))
     if signals.held > 0 or (state.last_request and now - state.last_request < spec.idle_timeout):
         raw = max(raw, 1)
     raw = min(max(raw, low), high)
@@ -136,7 +156,7 @@ def step(spec: Autoscale, low: int, high: int, state: ScaleState, signals: Signa
         if target == 0 or min(by_load, high) > target or \
                 now - state.last_up >= spec.up_cooldown:
             why = "a request is waiting for a first replica" if target == 0 and \
-                signals.held > 0 else _load_text(spec, effective, signals, forecast, rate)
+                signals.held > 0 else _load_text(spec, signals, forecast, rate, ttft)
             reason = f"up {target} -> {raw}: {why}"
             target, state.last_up = raw, now
     elif raw < target:
@@ -146,14 +166,14 @@ def step(spec: Autoscale, low: int, high: int, state: ScaleState, signals: Signa
         if window_full and highest < target and calm:
             reason = (f"down {target} -> {highest}: every wish over the last "
                       f"{spec.down_window:.0f}s was at most {highest} "
-                      f"({_load_text(spec, effective, signals, forecast, rate)})")
+                      f"({_load_text(spec, signals, forecast, rate, ttft)})")
             target, state.last_down = highest, now
     state.target = target
     return Step(target, reason, raw, rate)
 
 
-def _load_text(spec: Autoscale, rate: float, signals: Signals, forecast: float | None,
-               measured: float) -> str:
+def _load_text(spec: Autoscale, signals: Signals, forecast: float | None, measured: float,
+               ttft: float | None) -> str:
     parts = [f"{measured:.2f} req/s"]
     if forecast is not None and forecast > measured:
         parts.append(f"forecast {forecast:.2f} req/s")
@@ -162,6 +182,6 @@ def _load_text(spec: Autoscale, rate: float, signals: Signals, forecast: float |
     if spec.target_in_flight:
         parts.append(f"{signals.in_flight:.0f} in flight (target "
                      f"{spec.target_in_flight:g} per replica)")
-    if spec.ttft is not None and signals.ttft is not None:
-        parts.append(f"ttft {signals.ttft:.2f}s (target {spec.ttft:g}s)")
+    if spec.ttft is not None and ttft is not None:
+        parts.append(f"ttft {ttft:.2f}s (target {spec.ttft:g}s)")
     return ", ".join(parts)

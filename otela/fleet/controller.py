@@ -270,13 +270,12 @@ class Controller:
         load = obs.loads.get(deployment.model)
         serving = sum(1 for n in obs.nodes if n.deployment == deployment.name
                       and n.state == "SERVING")
-        ttft = None
-        if load is not None and load.ttft_count > 0:
-            ttft = load.ttft_sum / load.ttft_count  # mean since the ingress started
         signals = autoscale.Signals(
             requests=None if load is None else load.requests,
             in_flight=0.0 if load is None else load.in_flight,
-            held=0.0 if load is None else load.held, ttft=ttft, serving=serving)
+            held=0.0 if load is None else load.held,
+            ttft_sum=None if load is None else load.ttft_sum,
+            ttft_count=None if load is None else load.ttft_count, serving=serving)
         forecast = None
         if deployment.autoscale.forecast:
             autoscale.record_history(state, state.rate, obs.now,

@@ -46,6 +46,10 @@ class ScaleState:
     requests: float | None = None  # last counter reading, and when
     requests_at: float = 0.0
     rate: float = 0.0
+    ttft_sum: float = 0.0  # last first-byte counters read, and when
+    ttft_count: float | None = None
+    ttft_at: float = 0.0
+    ttft: float | None = None
     history: list[float] = field(default_factory=list)  # rate per forecast bin
     bin_start: float = 0.0
     bin_sum: float = 0.0

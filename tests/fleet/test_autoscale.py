@@ -89,14 +89,30 @@ def test_scale_to_zero_after_idle_and_back_at_once_for_a_held_request():
     assert result.target == 1 and "waiting for a first replica" in (result.reason or "")
 
 
-def test_in_flight_and_ttft_targets():
-    spec = Autoscale(target_in_flight=8, ttft=1.0, up_cooldown=0)
+def test_in_flight_and_windowed_ttft_targets():
+    spec = Autoscale(target_in_flight=8, ttft=1.0, up_cooldown=20)
     state = ScaleState()
     result = step(spec, 1, 10, state, Signals(requests=0, in_flight=30, serving=2), 0.0, 2)
     assert result.target == 4  # 30 / 8 = 3.75
-    slow = step(spec, 1, 10, state, Signals(requests=0, in_flight=30, ttft=2.5, serving=4),
-                1.0, 4)
-    assert slow.target == 5 and "ttft 2.50s" in (slow.reason or "")
+    # the first-byte counters: a mean over the last window, not since the ingress started
+    quiet = Signals(requests=0, ttft_sum=500.0, ttft_count=1000, serving=4)
+    assert step(spec, 1, 10, state, quiet, 1.0, 4).target == 4
+    slow = Signals(requests=0, ttft_sum=500.0 + 250, ttft_count=1100, serving=4)  # 2.5 s
+    result = step(spec, 1, 10, state, slow, 25.0, 4)
+    assert result.target == 5 and "ttft 2.50s" in (result.reason or "")
+    # still slow, but one replica at a time: not before up_cooldown
+    slower = Signals(requests=0, ttft_sum=750.0 + 300, ttft_count=1200, serving=4)
+    assert step(spec, 1, 10, state, slower, 31.0, 5).target == 5
+    fast = Signals(requests=0, ttft_sum=1050.0 + 20, ttft_count=1300, serving=5)
+    assert step(spec, 1, 10, state, fast, 50.0, 5).target == 5  # 0.2 s: no more
+
+
+def test_the_arrival_rate_counts_requests_still_in_flight():
+    state = ScaleState()
+    step(SPEC, 1, 10, state, Signals(requests=100), 0.0, 2)
+    # 2 replicas answer 12 req/s while 20 arrive: the backlog grows by 8 req/s
+    result = step(SPEC, 1, 10, state, Signals(requests=160, in_flight=40), 5.0, 2)
+    assert result.rate == 20.0 and result.target == 4
 
 
 def test_a_restarted_controller_starts_from_what_runs():
