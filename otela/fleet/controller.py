@@ -32,7 +32,14 @@ from otela.fleet.federation import Federation, FederationUnreachable, ModelLoad,
 from otela.fleet.identity import spec_hash
 from otela.fleet.memory import Memory, MemoryFile, ScaleState, state_dir
 from otela.fleet.placement import Placement
-from otela.fleet.reconcile import ENDING, Decision, node_index, reconcile, replica_of
+from otela.fleet.reconcile import (
+    ENDING,
+    Decision,
+    node_index,
+    nodes_by_job,
+    reconcile,
+    replica_of,
+)
 from otela.fleet.script import render
 from otela.fleet.slurmctl import SlurmClient, SubmitError
 from otela.fleet.spec import Deployment, Fleet
@@ -252,7 +259,9 @@ class Controller:
             if deployment.name in self.memory.stopped:
                 count = 0
             self.metrics.desired.set(deployment.name, value=count)
-            out.append(Want(deployment.name, spec, count, clusters))
+            pack = {name: self.placement.per_job(shape, self.fleet.clusters[name])
+                    for name in clusters}
+            out.append(Want(deployment.name, spec, count, clusters, pack))
         return out
 
     def _count(self, deployment: Deployment, spec: str, obs: Observation,
@@ -261,10 +270,10 @@ class Controller:
             return deployment.fixed_count
         assert deployment.autoscale is not None and deployment.max is not None
         state = self.memory.scale.setdefault(deployment.name, ScaleState())
-        nodes = node_index(obs.nodes)
-        replicas = [replica_of(j, nodes.get(j.key)) for j in obs.jobs
+        nodes = nodes_by_job(obs.nodes)
+        replicas = [replica_of(j, nodes.get(j.key, ())) for j in obs.jobs
                     if j.deployment == deployment.name and j.state.active and j.spec == spec]
-        current = sum(1 for r in replicas if r.status != ENDING)
+        current = sum(r.size for r in replicas if r.status != ENDING)
         if not scale:
             return state.target if state.target is not None else current
         load = obs.loads.get(deployment.model)
@@ -320,12 +329,12 @@ class Controller:
         return result
 
     def _count_replicas(self, obs: Observation, wants: Sequence[Want]) -> None:
-        nodes = node_index(obs.nodes)
+        nodes = nodes_by_job(obs.nodes)
         for want in wants:
             counts = dict.fromkeys(("pending", "starting", "serving", "ending"), 0)
             for job in obs.jobs:
                 if job.deployment == want.name and job.state.active:
-                    counts[replica_of(job, nodes.get(job.key)).status] += 1
+                    counts[replica_of(job, nodes.get(job.key, ())).status] += job.size
             for status, value in counts.items():
                 self.metrics.replicas.set(want.name, status, value=value)
 
@@ -336,9 +345,10 @@ class Controller:
                 return await self._submit(action, client, obs)
             job = next((j for j in obs.jobs if j.key == (action.cluster, action.job_id)), None)
             spec = job.spec if job is not None else ""
+            size = job.size if job is not None else 1
             if isinstance(action, Drain):
                 await client.mark(action.job_id, self.fleet.name, action.deployment, spec,
-                                  ["drain"])
+                                  ["drain"], size)
                 await client.drain(action.job_id)
                 self.metrics.drains.inc(action.deployment)
                 handover = action.reason.startswith("wall time")
@@ -350,7 +360,7 @@ class Controller:
                 return describe(action)
             if action.failure:
                 await client.mark(action.job_id, self.fleet.name, action.deployment, spec,
-                                  ["failed"])
+                                  ["failed"], size)
                 self.memory.add_failure(Failure(action.deployment, action.cluster, obs.now,
                                                 action.failure, "failed", action.job_id))
                 self.metrics.failures.inc(action.deployment, action.cluster)
@@ -372,7 +382,7 @@ class Controller:
         cluster = self.fleet.clusters[action.cluster]
         shape, _ = self.placement.shape(deployment)
         script = render(self.fleet, cluster, deployment, action.spec,
-                        self.placement.job_shape(shape, cluster, deployment))
+                        self.placement.job_shape(shape, cluster, deployment), action.size)
         try:
             job_id = await client.submit(script, f"{cluster.workdir.rstrip('/')}/"
                                          f"{self.fleet.name}")
@@ -434,9 +444,10 @@ class Controller:
             nursery.cancel_scope.cancel()
 
     def _busy(self, result: PassResult) -> bool:
-        nodes = node_index(result.observation.nodes)
+        nodes = nodes_by_job(result.observation.nodes)
         for job in result.observation.jobs:
-            if job.state.active and replica_of(job, nodes.get(job.key)).status != "serving":
+            if job.state.active and \
+                    replica_of(job, nodes.get(job.key, ())).status != "serving":
                 return True
         return bool(result.decision.actions)
 

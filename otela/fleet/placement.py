@@ -43,6 +43,15 @@ class Placement:
                          and _gpu_key(self.fleet.clusters[c].gpu_type or "") in wanted)
         return Shape(deployment.gpus, ",".join(sorted(wanted))), clusters
 
+    @staticmethod
+    def per_job(shape: Shape, cluster: Cluster) -> int:
+        """Replicas one job holds on ``cluster``: on a partition that hands out whole
+        nodes, as many as its GPUs fit (a node is paid for whole; replicas planned for one
+        host share its job); elsewhere one."""
+        if cluster.whole_nodes and shape.gpus > 0:
+            return max(1, cluster.gpus_per_node // shape.gpus)
+        return 1
+
     def job_shape(self, shape: Shape, cluster: Cluster, deployment: Deployment) -> Shape:
         """What to ask ``cluster`` for: a typed GPU request (``--gres=gpu:TYPE:N``) only
         when the deployment restricts GPU types (or the placer chose one) and the cluster

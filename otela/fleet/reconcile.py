@@ -45,15 +45,22 @@ PENDING, STARTING, SERVING, ENDING = "pending", "starting", "serving", "ending"
 
 @dataclass(frozen=True)
 class Replica:
-    """A job with what the registry says of its node."""
+    """A job with what the registry says of its node(s). A job packed with ``size``
+    replicas (a whole-node partition) runs that many nodes; it counts as ``size`` replicas
+    and serves with as many as ``serving`` says."""
 
     job: Job
-    node: Node | None
+    node: Node | None  # its best node (the only one, unless packed)
     status: str  # PENDING, STARTING, SERVING, ENDING
+    serving: int = 0  # its nodes that serve
 
     @property
     def actionable(self) -> bool:
         return not self.job.presumed
+
+    @property
+    def size(self) -> int:
+        return self.job.size
 
 
 @dataclass
@@ -73,28 +80,40 @@ def node_index(nodes: Sequence[Node]) -> dict[tuple[str, str], Node]:
     return best
 
 
-def replica_of(job: Job, node: Node | None) -> Replica:
-    if job.draining or (node is not None and node.state in ("DOWN", "LEFT")):
-        status = ENDING
-    elif job.state is JobState.PENDING:
-        status = PENDING
-    elif node is not None and node.state == "SERVING":
-        status = SERVING
-    else:
-        status = STARTING
-    return Replica(job, node, status)
+def nodes_by_job(nodes: Sequence[Node]) -> dict[tuple[str, str], list[Node]]:
+    out: dict[tuple[str, str], list[Node]] = {}
+    for node in nodes:
+        out.setdefault(node.job_key, []).append(node)
+    return out
+
+
+def replica_of(job: Job, nodes: Sequence[Node]) -> Replica:
+    """What a job is doing, from its nodes' registry entries. A node that went DOWN
+    without a drain request means its engine failed: a packed job's script then stops
+    the others and the job ends, so the job is ending either way."""
+    best = None
+    for node in nodes:
+        if best is None or (node.live, node.version) > (best.live, best.version):
+            best = node
+    serving = min(sum(1 for n in nodes if n.state == "SERVING"), job.size)
+    if job.draining or any(n.state == "DOWN" for n in nodes) or \
+            (best is not None and not best.live):
+        return Replica(job, best, ENDING, serving)
+    if job.state is JobState.PENDING:
+        return Replica(job, best, PENDING)
+    return Replica(job, best, SERVING if serving else STARTING, serving)
 
 
 def reconcile(wants: Sequence[Want], observed: Observed, policy: Policy) -> Decision:
     """What to do now so that each deployment converges to what ``wants`` says. Jobs of
     deployments not in ``wants`` are wound down (a deployment removed from the file)."""
     decision = Decision()
-    nodes = node_index(observed.nodes)
+    nodes = nodes_by_job(observed.nodes)
     by_deployment: dict[str, list[Replica]] = {}
     for job in observed.jobs:
         if job.state.active:
             by_deployment.setdefault(job.deployment, []).append(
-                replica_of(job, nodes.get(job.key)))
+                replica_of(job, nodes.get(job.key, ())))
     wanted = {w.name for w in wants}
     for want in wants:
         _deployment(want, by_deployment.get(want.name, []), observed, policy, decision)
@@ -150,8 +169,8 @@ def _deployment(want: Want, replicas: list[Replica], observed: Observed, policy:
             continue
         current.append(replica)
 
-    # -- the count ------------------------------------------------------------------------
-    missing = want.count - len(current)
+    # -- the count (in replicas: a packed job holds several) ---------------------------
+    missing = want.count - sum(r.size for r in current)
     if missing > 0:
         for replica, what in retiring:
             if what.startswith("roll"):
@@ -163,25 +182,23 @@ def _deployment(want: Want, replicas: list[Replica], observed: Observed, policy:
             actions.append(_remove(want.name, victim, f"scale to {want.count}"))
 
     # -- retiring replicas: never below the count while they serve -------------------
-    serving_current = sum(1 for r in current if r.status == SERVING)
+    serving_current = sum(r.serving for r in current if r.status == SERVING)
     serving_retiring = [(r, what) for r, what in retiring if r.status == SERVING]
-    may_drain = serving_current + len(serving_retiring) - want.count
+    spare = serving_current + sum(r.serving for r, _ in serving_retiring) - want.count
     serving_retiring.sort(key=lambda item: (not item[1].startswith("roll"),
                                             item[0].job.ends_at or float("inf")))
     for replica, what in retiring:
         if replica.status != SERVING and replica.actionable:
             actions.append(_remove(want.name, replica, what))
-    drained = 0
     for replica, what in serving_retiring:
-        if drained >= may_drain:
-            if what == "wall time" or what.startswith("roll"):
+        if replica.serving > spare or not replica.actionable:
+            if replica.actionable:
                 notes.append(Note(want.name, "waiting", f"{replica.job.label()} keeps serving "
                                   f"({what}) until a successor serves"))
             continue
-        if replica.actionable:
-            actions.append(Drain(want.name, replica.job.cluster, replica.job.job_id,
-                                 f"{what}: {serving_current} other replica(s) serve"))
-            drained += 1
+        actions.append(Drain(want.name, replica.job.cluster, replica.job.job_id,
+                             f"{what}: {serving_current} other replica(s) serve"))
+        spare -= replica.serving
 
 
 def _expiring(replica: Replica, observed: Observed, policy: Policy) -> bool:
@@ -198,10 +215,11 @@ def _expiring(replica: Replica, observed: Observed, policy: Policy) -> bool:
 
 
 def _surplus(current: list[Replica], count: int) -> list[Replica]:
-    """Which replicas to give up when there are ``count`` too many: pending ones (newest
-    first), then starting ones (newest first), then serving ones with the least wall
-    time left (they would need a successor soonest). Never one that cannot be acted on
-    (its cluster does not answer)."""
+    """Which jobs to give up when there are ``count`` replicas too many: pending ones
+    (newest first), then starting ones (newest first), then serving ones with the least
+    wall time left (they would need a successor soonest). Never one that cannot be acted
+    on (its cluster does not answer), nor a packed job larger than what is left of the
+    surplus (a whole node is kept rather than go below the count)."""
     def order(replica: Replica) -> tuple[int, float]:
         job = replica.job
         if replica.status == PENDING:
@@ -210,8 +228,12 @@ def _surplus(current: list[Replica], count: int) -> list[Replica]:
             return (1, -(job.started_at or job.submitted_at or 0.0))
         return (2, job.ends_at if job.ends_at is not None else float("inf"))
 
-    candidates = sorted((r for r in current if r.actionable), key=order)
-    return candidates[:count]
+    out = []
+    for replica in sorted((r for r in current if r.actionable), key=order):
+        if replica.size <= count:
+            out.append(replica)
+            count -= replica.size
+    return out
 
 
 def _remove(deployment: str, replica: Replica, reason: str) -> Action:
@@ -244,9 +266,13 @@ def _submit(want: Want, count: int, reasons: list[str], observed: Observed, poli
                 f"{policy.failure_window:.0f}s: next replica in {last + delay - now:.0f}s "
                 f"({count} missing)"))
             return
-    for i in range(count):
-        reason = reasons[i] if i < len(reasons) else f"scale to {want.count}"
-        decision.actions.append(Submit(want.name, cluster, want.spec, reason))
+    pack = max(1, want.pack.get(cluster, 1))
+    index = 0
+    while count > 0:
+        size = min(pack, count)
+        reason = "; ".join(reasons[index:index + size]) or f"scale to {want.count}"
+        decision.actions.append(Submit(want.name, cluster, want.spec, reason, size))
+        index, count = index + size, count - size
 
 
 def choose_cluster(want: Want, usable: list[str], recent: list[Failure], avoid: set[str],

@@ -106,10 +106,10 @@ class SlurmClient:
         return job_id
 
     async def mark(self, job_id: str, fleet: str, deployment: str, spec: str,
-                   marks: Sequence[str]) -> None:
+                   marks: Sequence[str], size: int = 1) -> None:
         """Write the controller's decision into the job's comment (where a restarted
         controller reads it back)."""
-        text = comment(fleet, deployment, spec, self.cluster.name, tuple(marks))
+        text = comment(fleet, deployment, spec, self.cluster.name, tuple(marks), size)
         await self.run(f"scontrol update JobId={int(job_id)} Comment={shlex.quote(text)}")
 
     async def drain(self, job_id: str) -> None:
@@ -129,6 +129,10 @@ class SlurmClient:
 
 class SubmitError(Exception):
     """sbatch refused the job (bad partition, account, limits): the operator must act."""
+
+
+def _size(text: str | None) -> int:
+    return int(text) if text is not None and text.isdigit() and 0 < int(text) < 1000 else 1
 
 
 def _last_line(text: str) -> str:
@@ -190,5 +194,5 @@ def parse_squeue(text: str, fleet: str, cluster: str, now: float) -> list[Job]:
             ends_at=None if remaining is None else now + remaining,
             ended_at=when(ended) if not job_state.active else None,
             reason=reason.strip() if reason.strip() != "None" else "", marks=marks,
-            partition=partition.strip() or None))
+            partition=partition.strip() or None, size=_size(tag.get("n"))))
     return jobs

@@ -68,6 +68,7 @@ class Job:
     marks: frozenset[str] = frozenset()  # "drain": the controller asked it to drain
     presumed: bool = False  # its cluster did not answer: known only from its node
     partition: str | None = None
+    size: int = 1  # replicas it runs (several on a whole-node partition)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -170,6 +171,7 @@ class Want:
     spec: str
     count: int
     clusters: tuple[str, ...]  # allowed, in order of preference
+    pack: Mapping[str, int] = field(default_factory=dict)  # replicas per job, by cluster
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,7 @@ class Submit:
     cluster: str
     spec: str
     reason: str
+    size: int = 1  # replicas in the job
 
     kind = "submit"
 

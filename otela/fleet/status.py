@@ -7,13 +7,13 @@ from typing import Any
 
 from otela.fleet.controller import Controller
 from otela.fleet.events import read_events
-from otela.fleet.reconcile import node_index, replica_of
+from otela.fleet.reconcile import nodes_by_job, replica_of
 
 
 async def build_status(controller: Controller, events: int = 10) -> dict[str, Any]:
     obs = await controller.observe(with_load=False)
     wants = {w.name: w for w in controller.wants(obs, scale=False)}
-    nodes = node_index(obs.nodes)
+    nodes = nodes_by_job(obs.nodes)
     deployments = []
     for deployment in controller.fleet.deployments:
         want = wants[deployment.name]
@@ -23,15 +23,16 @@ async def build_status(controller: Controller, events: int = 10) -> dict[str, An
                                                     if j.job_id.isdigit() else 0)):
             if job.deployment != deployment.name or not job.state.active:
                 continue
-            node = nodes.get(job.key)
-            replica = replica_of(job, node)
-            counts[replica.status] += 1
+            replica = replica_of(job, nodes.get(job.key, ()))
+            node = replica.node
+            counts[replica.status] += job.size
             jobs.append({
                 "cluster": job.cluster, "job_id": job.job_id, "state": job.state.value,
                 "status": replica.status, "spec": job.spec, "current": job.spec == want.spec,
                 "node": None if node is None else node.state,
                 "time_left": None if job.ends_at is None else round(job.ends_at - obs.now),
-                "reason": job.reason, "presumed": job.presumed,
+                "reason": job.reason, "presumed": job.presumed, "size": job.size,
+                "serving": replica.serving,
             })
         if deployment.autoscaled:
             desired = f"{want.count} ({deployment.min}..{deployment.max})"
@@ -90,8 +91,11 @@ def render_status(report: dict[str, Any]) -> None:
             note = job["reason"] if job["state"] == "PENDING" else ""
             if job["presumed"]:
                 note = "cluster unreachable: seen in the registry"
+            node = job["node"] or "-"
+            if job["size"] > 1:
+                node = f"{node} ({job['serving']}/{job['size']} serve)"
             jobs.add_row(d["name"], f"{job['cluster']}/{job['job_id']}", job["state"],
-                         job["node"] or "-", _left(job["time_left"]),
+                         node, _left(job["time_left"]),
                          job["spec"] + ("" if job["current"] else " (old)"), note)
     console.print(jobs)
     for cluster, why in report["unreachable"].items():

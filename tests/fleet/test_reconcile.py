@@ -187,3 +187,42 @@ def test_a_rejoined_session_wins_over_its_evicted_one():
     jobs = [job("1")]
     nodes = [node("1", "LEFT", version=5), node("1", "SERVING", version=2)]
     assert reconcile([want(1)], observed(jobs, nodes), POLICY).actions == []
+
+
+def packed(job_id: str, size: int, state: str = "RUNNING", **kw) -> Job:
+    from dataclasses import replace
+    return replace(job(job_id, state, **kw), size=size)
+
+
+def test_whole_node_partitions_pack_replicas_into_one_job():
+    want4 = Want("d", "s1", 6, ("a",), {"a": 4})
+    decision = reconcile([want4], observed(), POLICY)
+    assert [(type(a).__name__, a.size) for a in decision.actions] == [("Submit", 4),
+                                                                     ("Submit", 2)]
+    # a job of 4 and one of 2 count as 6; partly serving counts by its serving nodes
+    jobs = [packed("1", 4), packed("2", 2)]
+    nodes = [node("1", version=v) for v in (1, 2, 3)] + [node("2")]
+    assert reconcile([want4], observed(jobs, nodes), POLICY).actions == []
+    # down to 3: the job of 2 goes; the job of 4 stays (never below the count)
+    down = reconcile([Want("d", "s1", 3, ("a",), {"a": 4})], observed(jobs, nodes), POLICY)
+    assert [(type(a).__name__, a.job_id) for a in down.actions] == [("Drain", "2")]
+
+
+def test_a_packed_job_with_a_failed_node_is_ending_and_replaced_whole():
+    jobs = [packed("1", 2)]
+    nodes = [node("1", version=1), node("1", "DOWN", version=2)]
+    decision = reconcile([Want("d", "s1", 2, ("a",), {"a": 2})], observed(jobs, nodes),
+                         POLICY)
+    assert [(type(a).__name__, getattr(a, "size", 0)) for a in decision.actions] == [
+        ("Submit", 2)]
+
+
+def test_a_packed_job_is_drained_at_its_wall_time_only_once_its_successor_serves_fully():
+    want = Want("d", "s1", 2, ("a",), {"a": 2})
+    old = packed("1", 2, ends=NOW + 60 + 30)
+    new = packed("2", 2, started=NOW - 5)
+    nodes = [node("1", version=1), node("1", version=2), node("2", version=1)]
+    assert reconcile([want], observed([old, new], nodes), POLICY).actions == []
+    nodes.append(node("2", version=2))
+    assert [type(a) for a in reconcile([want], observed([old, new], nodes),
+                                       POLICY).actions] == [Drain]

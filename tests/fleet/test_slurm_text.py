@@ -143,3 +143,59 @@ def test_the_node_reads_its_fleet_tag_from_the_job_environment():
     assert fleet_tag_from_env({"SLURM_JOB_ID": "42"}) is None
     assert fleet_tag_from_env({**env, "OTELA_FLEET_TAG": "fleet=lab"}) is None
     assert fleet_tag_from_env({k: v for k, v in env.items() if k != "SLURM_JOB_ID"}) is None
+
+
+PACKED = FLEET.replace('memory = "64G"', 'memory = "64G"\nwhole_nodes = true').replace(
+    "gpus = 2", "gpus = 1")
+FAKE_OTELA = """#!/bin/bash
+# stands in for `otela start`: records what it got, exits as told, drains on TERM
+slot=${OTELA_HOME##*-}
+echo "$slot $CUDA_VISIBLE_DEVICES $3" >> "$LOG/started"
+trap 'echo "$slot TERM" >> "$LOG/signals"; exit 0' TERM
+if [ "$slot" = "$FAIL_SLOT" ]; then sleep 0.5; exit 3; fi
+while :; do sleep 0.05; done
+"""
+
+
+def run_packed(tmp_path: Path, fail_slot: str = "") -> tuple[subprocess.Popen[str], Path]:
+    import os
+    fake = tmp_path / "fake-otela"
+    fake.write_text(FAKE_OTELA)
+    fake.chmod(0o755)
+    fleet = parse(PACKED.replace('provider_id = "cscs"', f'otela = "{fake}"'))
+    cluster, deployment = fleet.clusters["alps"], fleet.deployments[0]
+    script = render(fleet, cluster, deployment, "abc", Shape(1, "gh200"), size=4)
+    assert "--gres=gpu:gh200:4" in script and "--exclusive" in script
+    assert 'comment="otela-fleet fleet=lab deployment=qwen spec=abc cluster=alps n=4"' in script
+    (tmp_path / "job.sh").write_text(script.replace("module load", ": module load"))
+    env = {**os.environ, "SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "4,5,6,7",
+           "LOG": str(tmp_path), "FAIL_SLOT": fail_slot}
+    process = subprocess.Popen(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, env=env,
+                               text=True)
+    return process, tmp_path
+
+
+def wait_lines(path: Path, count: int) -> list[str]:
+    from otela.localfed import wait_for
+    wait_for(lambda: path.exists() and len(path.read_text().splitlines()) >= count, 10,
+             f"{count} lines in {path.name}", interval=0.02)
+    return sorted(path.read_text().splitlines())
+
+
+def test_a_packed_job_runs_one_node_per_gpu_and_passes_a_drain_on_once(tmp_path: Path):
+    import signal as signals
+    process, log = run_packed(tmp_path)
+    started = wait_lines(log / "started", 4)
+    assert [line.split()[:2] for line in started] == [["0", "4"], ["1", "5"], ["2", "6"],
+                                                       ["3", "7"]]
+    ports = {line.split("--port ")[1].split()[0] for line in started}
+    assert len(ports) == 4  # each engine its own port
+    process.send_signal(signals.SIGTERM)
+    assert process.wait(10) == 0  # drained: the job ends COMPLETED
+    assert wait_lines(log / "signals", 4) == ["0 TERM", "1 TERM", "2 TERM", "3 TERM"]
+
+
+def test_a_packed_job_fails_as_a_whole_when_one_replica_fails(tmp_path: Path):
+    process, log = run_packed(tmp_path, fail_slot="2")
+    assert process.wait(10) == 3  # the job FAILED: the controller replaces all of it
+    assert wait_lines(log / "signals", 3) == ["0 TERM", "1 TERM", "3 TERM"]
