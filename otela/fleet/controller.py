@@ -274,8 +274,9 @@ class Controller:
         replicas = [replica_of(j, nodes.get(j.key, ())) for j in obs.jobs
                     if j.deployment == deployment.name and j.state.active and j.spec == spec]
         current = sum(r.size for r in replicas if r.status != ENDING)
-        if not scale:
-            return state.target if state.target is not None else current
+        if not scale:  # diff, status: what the last pass decided, or what runs
+            low, high = deployment.min or 0, deployment.max
+            return state.target if state.target is not None else min(max(current, low), high)
         load = obs.loads.get(deployment.model)
         serving = sum(1 for n in obs.nodes if n.deployment == deployment.name
                       and n.state == "SERVING")
@@ -434,6 +435,9 @@ class Controller:
                     busy = self._busy(result)
                 except FederationUnreachable as exc:
                     self.events.emit("federation_unreachable", f"{exc}; nothing changed")
+                    busy = True
+                except (OSError, ValueError) as exc:  # a garbled answer, a full disk
+                    self.events.emit("error", f"pass failed: {exc!r}; trying again")
                     busy = True
                 done += 1
                 if passes is not None and done >= passes:

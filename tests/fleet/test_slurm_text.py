@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from otela.fleet.identity import Shape
@@ -171,8 +173,22 @@ def run_packed(tmp_path: Path, fail_slot: str = "") -> tuple[subprocess.Popen[st
     env = {**os.environ, "SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "4,5,6,7",
            "LOG": str(tmp_path), "FAIL_SLOT": fail_slot}
     process = subprocess.Popen(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, env=env,
-                               text=True)
+                               text=True, start_new_session=True)
     return process, tmp_path
+
+
+@contextmanager
+def packed_job(tmp_path: Path, fail_slot: str = "") -> Iterator[subprocess.Popen[str]]:
+    """The packed script running; whatever the test does, its processes are gone after."""
+    import os
+    import signal as signals
+    process, _ = run_packed(tmp_path, fail_slot)
+    try:
+        yield process
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signals.SIGKILL)
+        process.wait(10)
 
 
 def wait_lines(path: Path, count: int) -> list[str]:
@@ -184,18 +200,19 @@ def wait_lines(path: Path, count: int) -> list[str]:
 
 def test_a_packed_job_runs_one_node_per_gpu_and_passes_a_drain_on_once(tmp_path: Path):
     import signal as signals
-    process, log = run_packed(tmp_path)
-    started = wait_lines(log / "started", 4)
-    assert [line.split()[:2] for line in started] == [["0", "4"], ["1", "5"], ["2", "6"],
-                                                       ["3", "7"]]
-    ports = {line.split("--port ")[1].split()[0] for line in started}
-    assert len(ports) == 4  # each engine its own port
-    process.send_signal(signals.SIGTERM)
-    assert process.wait(10) == 0  # drained: the job ends COMPLETED
-    assert wait_lines(log / "signals", 4) == ["0 TERM", "1 TERM", "2 TERM", "3 TERM"]
+    with packed_job(tmp_path) as process:
+        started = wait_lines(tmp_path / "started", 4)
+        assert [line.split()[:2] for line in started] == [["0", "4"], ["1", "5"],
+                                                           ["2", "6"], ["3", "7"]]
+        ports = {line.split("--port ")[1].split()[0] for line in started}
+        assert len(ports) == 4  # each engine its own port
+        process.send_signal(signals.SIGTERM)
+        assert process.wait(10) == 0  # drained: the job ends COMPLETED
+        assert wait_lines(tmp_path / "signals", 4) == ["0 TERM", "1 TERM", "2 TERM",
+                                                       "3 TERM"]
 
 
 def test_a_packed_job_fails_as_a_whole_when_one_replica_fails(tmp_path: Path):
-    process, log = run_packed(tmp_path, fail_slot="2")
-    assert process.wait(10) == 3  # the job FAILED: the controller replaces all of it
-    assert wait_lines(log / "signals", 3) == ["0 TERM", "1 TERM", "3 TERM"]
+    with packed_job(tmp_path, fail_slot="2") as process:
+        assert process.wait(10) == 3  # the job FAILED: the controller replaces all of it
+        assert wait_lines(tmp_path / "signals", 3) == ["0 TERM", "1 TERM", "3 TERM"]
