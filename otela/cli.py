@@ -232,6 +232,10 @@ def _mount_optional_apps() -> None:
         help="Membership authority: create it, sign and revoke node certificates.",
     )
     from ingress.cli import keys_app, usage_command
+    from otela.fleet.cli import HELP as fleet_help
+    from otela.fleet.cli import app as fleet_app
+
+    app.add_typer(fleet_app, name="fleet", help=fleet_help)
 
     app.add_typer(keys_app, name="keys")
     app.command("usage")(usage_command)

@@ -86,10 +86,11 @@ from otela.replication import (
     load_authority,
     load_own_certificate,
 )
+from otela.routing.hold import ModelFirstByte, hold_room
 from otela.routing.load import NodeLoad
 from otela.routing.router import Router, first_byte_timeouts, routing_settings
 from otela.routing.trust import TrustSet
-from otela.slurm import job_from_env, watch_wall_time, with_end_time
+from otela.slurm import fleet_tag_from_env, job_from_env, watch_wall_time, with_end_time
 from otela.workers.control import InternalRoutes, WorkerPool
 from otela.workers.view import snapshot_of
 from traces.recorder import TraceRecorder
@@ -222,7 +223,7 @@ class Node:
         self.metrics = MetricsRegistry()
         self.lag = LagSampler(node_metrics.install(self.metrics, self))
         self.slow_steps = SlowSteps()  # installed by whoever runs the loop (trio.run)
-        observers: list[Observer] = [RequestMetrics(self.metrics)]
+        observers: list[Observer] = [RequestMetrics(self.metrics), ModelFirstByte(self.metrics)]
         self.access_log = AccessLog(config.access_log) if config.access_log else None
         if self.access_log is not None:
             observers.append(self.access_log)
@@ -241,7 +242,8 @@ class Node:
             admin_api.install(self.api, self.ingress_service)
         self.dispatch = Dispatch(
             InferenceRoutes(self.router, observers, config.record_prompts,
-                            config.affinity_prefix, keys=self.ingress_service), self.hop,
+                            config.affinity_prefix, keys=self.ingress_service,
+                            hold=hold_room(config, self.registry, self.metrics)), self.hop,
             AsgiHandler(self.api), self.inflight, self.metrics, routes)
         self.http = HttpServer(self.dispatch, ServerLimits(
             max_body_bytes=config.max_body_bytes,
@@ -450,6 +452,7 @@ class Node:
                     idle=self.engine_command is None,
                     slurm=self.slurm_job,
                     relay=config.relay,
+                    fleet=fleet_tag_from_env(os.environ),
                 ))
                 self._report_started()
                 freeze_startup_objects()

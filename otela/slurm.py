@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import trio
 
-from otela.registry.records import SlurmJob
+from otela.registry.records import FleetTag, SlurmJob
 
 log = logging.getLogger("otela.slurm")
 
@@ -56,6 +56,26 @@ def job_from_env(env: Mapping[str, str]) -> SlurmJob | None:
         cpus=_env_int(env, "SLURM_CPUS_ON_NODE", "SLURM_JOB_CPUS_PER_NODE"),
         gpus=_gpu_count(env),
     )
+
+
+FLEET_TAG_ENV = "OTELA_FLEET_TAG"
+"""Set by ``otela fleet`` in the jobs it submits: ``fleet=F,deployment=D,spec=H,cluster=C``."""
+
+
+def fleet_tag_from_env(env: Mapping[str, str]) -> FleetTag | None:
+    """The fleet deployment this job's node belongs to (``None``: not started by a fleet
+    controller, or outside Slurm). Malformed tags are ignored with a warning: a node
+    serves just as well untagged, the controller then only sees it through Slurm."""
+    text, job_id = env.get(FLEET_TAG_ENV, "").strip(), env.get("SLURM_JOB_ID", "").strip()
+    if not text or not job_id:
+        return None
+    fields = dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+    try:
+        return FleetTag(fleet=fields["fleet"], deployment=fields["deployment"],
+                        spec=fields["spec"], cluster=fields["cluster"], job_id=job_id)
+    except KeyError as exc:
+        log.warning("ignoring %s=%r: no %s", FLEET_TAG_ENV, text, exc)
+        return None
 
 
 def parse_time_left(text: str) -> float | None:

@@ -30,6 +30,7 @@ from otela.dataplane.jsonbody import BodyError, parse_json_object
 from otela.dataplane.relay import relay, send_error
 from otela.dataplane.sse_usage import UsageChunkFilter, ask_for_usage
 from otela.routing.ask import AskError, read_ask
+from otela.routing.hold import HoldRoom, route_or_hold
 from otela.routing.router import Router
 
 _ID_PREFIX = os.urandom(6).hex()  # this process; ids are unique across a federation
@@ -72,8 +73,9 @@ class KeyGate(Protocol):
 class InferenceRoutes:
     def __init__(self, router: Router, observers: Sequence[Observer] = (),
                  keep_prompts: bool = False, affinity_chars: int = 512,
-                 keys: KeyGate | None = None) -> None:
+                 keys: KeyGate | None = None, hold: HoldRoom | None = None) -> None:
         self.router = router
+        self.hold = hold  # --hold-models: wait for a first serving node (scale to zero)
         self.observers = list(observers)
         self.keep_prompts = keep_prompts  # for trace recording with --record-prompts
         self.affinity_chars = affinity_chars  # prefix_affinity: the prompt's first N
@@ -140,9 +142,9 @@ class InferenceRoutes:
                 return prompt[:self.affinity_chars] if prompt else None
 
             before = time.perf_counter()
-            routed = await self.router.route(
+            routed = await route_or_hold(self.hold, model, lambda: self.router.route(
                 model, path, policy.forwarded(request.headers, request_id), ask,
-                affinity_key, self.router.settings.timeouts.for_body(body))
+                affinity_key, self.router.settings.timeouts.for_body(body)))
         except RequestError as error:
             exchange.status, exchange.error = error.status, error.code
             if grant is not None and self.keys is not None:

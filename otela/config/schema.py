@@ -386,6 +386,20 @@ class NodeConfig:
         "routing", 2.0, parse=v.as_balance, example="1.5", metavar="FACTOR",
         help="prefix_affinity: a key's node is passed over while its load would exceed "
         "this many times the mean (lower: evener load, fewer warm-cache hits; > 1).")
+    hold_models: list[str] = setting(
+        "routing", factory=list, parse=v.as_globs, example="Qwen/*,meta-llama/*",
+        metavar="GLOBS",
+        help="Models whose requests wait for a first serving node instead of failing when "
+        "none serves (scale to zero with `otela fleet`; docs/fleet.md). Shell-style "
+        "globs, comma separated.")
+    hold_timeout: float = setting(
+        "routing", 120.0, parse=v.as_duration, example="5m", metavar="DURATION",
+        help="--hold-models: how long a request waits for a first serving node before a "
+        "503 with Retry-After.")
+    hold_queue: int = setting(
+        "routing", 256, parse=v.as_positive_int, example="64", metavar="N",
+        help="--hold-models: requests that may wait at once (per data-path process); more "
+        "get a 503 with Retry-After at once.")
     eject_after: int = setting(
         "routing", 5, parse=v.as_positive_int, example="3", metavar="N",
         help="Consecutive failures (no connection, 5xx, no first byte) after which this "

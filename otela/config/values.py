@@ -184,6 +184,18 @@ def as_policy(value: Any) -> str:
     return name
 
 
+def as_globs(value: Any) -> list[str]:
+    """Shell-style globs (``Qwen/*``), comma separated or repeated."""
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str) for v in items):
+        raise ValueError("expected globs such as Qwen/*")
+    globs = [g.strip() for item in items for g in item.split(",") if g.strip()]
+    for glob in globs:
+        if any(c.isspace() for c in glob) or len(glob) > 256:
+            raise ValueError(f"not a model glob: {glob!r}")
+    return globs
+
+
 def as_patterns(value: Any) -> list[str]:
     # From env or a flag a value is one regex (alternation with | covers several).
     patterns = [value] if isinstance(value, str) else value

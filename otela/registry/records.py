@@ -220,6 +220,34 @@ class SlurmJob:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetTag:
+    """Which ``otela fleet`` deployment and Slurm job a node belongs to.
+
+    The fleet controller keeps no state of its own: after a restart it matches the
+    registry's nodes to the jobs it finds in Slurm by this tag (``spec`` is the hash of
+    what defines the replica, so it can tell old replicas of a rolled deployment from new
+    ones).
+    """
+
+    fleet: str
+    deployment: str
+    spec: str
+    cluster: str
+    job_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fleet": self.fleet, "deployment": self.deployment, "spec": self.spec,
+                "cluster": self.cluster, "job_id": self.job_id}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FleetTag:
+        return cls(fleet=text(data["fleet"], "fleet"),
+                   deployment=text(data["deployment"], "deployment"),
+                   spec=text(data["spec"], "spec"), cluster=text(data["cluster"], "cluster"),
+                   job_id=text(data["job_id"], "job_id"))
+
+
+@dataclass(frozen=True, slots=True)
 class NodeRecord:
     """Everything the federation knows about one node session.
 
@@ -248,6 +276,7 @@ class NodeRecord:
     reachability: str = "unknown"
     relay: bool = False
     circuit_addrs: tuple[str, ...] = ()
+    fleet: FleetTag | None = None  # started by ``otela fleet`` (docs/fleet.md)
 
     def evolve(self, *, now: float, **changes: Any) -> NodeRecord:
         """The owner's next version of this record, with ``changes`` applied."""
@@ -272,6 +301,7 @@ class NodeRecord:
             "reachability": self.reachability,
             "relay": self.relay,
             "circuit_addrs": list(self.circuit_addrs),
+            "fleet": None if self.fleet is None else self.fleet.to_dict(),
         }
 
     @classmethod
@@ -296,6 +326,7 @@ class NodeRecord:
             reachability=_reachability(data.get("reachability", "unknown")),
             relay=bool(data.get("relay", False)),
             circuit_addrs=_addresses(data.get("circuit_addrs", ()), "circuit_addrs"),
+            fleet=None if not data.get("fleet") else FleetTag.from_dict(dict(data["fleet"])),
         )
 
     def needs_relayed_path(self) -> bool:

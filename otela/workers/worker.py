@@ -55,6 +55,7 @@ from otela.load.source import LoadSource
 from otela.looplag import LagSampler, freeze_startup_objects
 from otela.metrics import LAG_BUCKETS, Registry
 from otela.registry.records import NodeRecord
+from otela.routing.hold import ModelFirstByte, hold_room
 from otela.routing.router import Router, first_byte_timeouts, routing_settings
 from otela.workers.channel import Channel, ChannelClosed
 from otela.workers.view import WorkerView
@@ -151,7 +152,7 @@ class Worker:
         lag = self.metrics.histogram("otela_event_loop_lag_seconds", "Event-loop lag.",
                                      LAG_BUCKETS, labels=("process",))
         self.lag = LagSampler(lag, label=f"worker-{index}")
-        observers: list[Observer] = [RequestMetrics(self.metrics)]
+        observers: list[Observer] = [RequestMetrics(self.metrics), ModelFirstByte(self.metrics)]
         self.access_log = AccessLog(config.access_log) if config.access_log else None
         if self.access_log is not None:
             observers.append(self.access_log)
@@ -167,7 +168,8 @@ class Worker:
             observers += self.ingress_service.observers(self.metrics)
         dispatch = Dispatch(
             InferenceRoutes(self.router, observers, config.record_prompts,
-                            config.affinity_prefix, keys=self.ingress_service),
+                            config.affinity_prefix, keys=self.ingress_service,
+                            hold=hold_room(config, self.view.registry, self.metrics)),
             EngineHop(verifier, gate, self.pool, self.load),
             self.control.api, self.inflight, metrics=None, routes=routes)
         self.server = HttpServer(

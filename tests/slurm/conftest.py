@@ -23,3 +23,44 @@ def slurm_cluster() -> Iterator[None]:
                     f"{result.stderr[-3000:]}")
     yield
     subprocess.run([str(SCRIPT), "stop"], capture_output=True, text=True, timeout=120)
+
+
+SSH_SCRIPT = SCRIPT.parent / "ssh-login-node"
+
+
+class LoginNode:
+    """A real sshd on a loopback port (scripts/ssh-login-node): a second cluster's login
+    node, in front of the same Slurm. ``stop()`` and ``start()`` make it unreachable and
+    reachable again."""
+
+    def __init__(self, directory: Path, port: int) -> None:
+        self.directory, self.port = directory, port
+        self.options: list[str] = []
+
+    def start(self) -> None:
+        result = subprocess.run([str(SSH_SCRIPT), "start", str(self.directory), str(self.port)],
+                                capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            pytest.fail(f"could not start sshd ({SSH_SCRIPT} start):\n{result.stderr[-3000:]}")
+        self.options = result.stdout.split()
+
+    def stop(self) -> None:
+        subprocess.run([str(SSH_SCRIPT), "stop", str(self.directory)], timeout=60, check=True)
+
+    @property
+    def target(self) -> str:
+        import getpass
+
+        return f"{getpass.getuser()}@127.0.0.1"
+
+
+@pytest.fixture()
+def login_node(tmp_path: Path) -> Iterator[LoginNode]:
+    from otela.localfed import free_port
+
+    node = LoginNode(tmp_path / "sshd", free_port())
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()

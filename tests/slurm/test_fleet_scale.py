@@ -1,0 +1,116 @@
+"""Autoscaling and scale to zero with ``otela fleet run`` on the real Slurm cluster.
+
+The ingress holds requests for ``cold-*`` models while nothing serves them
+(``--hold-models``); the controller sees them in the ingress's metrics, starts a replica,
+and the held request is answered when it serves. Load above one replica's target adds a
+second; once idle the deployment goes back to zero, and the next request starts it again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from otela.localfed import wait_for
+
+from .fleet_helpers import (
+    FleetCli,
+    active,
+    cancel_fleet_jobs,
+    cluster_toml,
+    deployment_toml,
+    fleet_jobs,
+    fleet_name,
+    fleet_toml,
+    serving_count,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster"),
+              pytest.mark.xdist_group("engines-and-slurm")]
+
+AUTOSCALE = """min = 0
+max = 2
+[deployments.autoscale]
+target_rps = 4
+up_cooldown = "5s"
+down_window = "10s"
+down_cooldown = "10s"
+idle_timeout = "20s"
+"""
+
+
+def ask(url: str, model: str, content: str = "wake up") -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    body = {"model": model, "messages": [{"role": "user", "content": content}]}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120,
+                          trust_env=False)
+    return response, time.monotonic() - started
+
+
+@pytest.mark.timeout(400)
+def test_scale_to_zero_holds_the_first_request_scales_with_load_and_back_to_zero(
+        federation, tmp_path):
+    ingress = federation.start_node("ingress", ingress=True, extra_args=[
+        "--hold-models", "cold-*", "--hold-timeout", "90"])
+    name = fleet_name()
+    file = tmp_path / "fleet.toml"
+    file.write_text(fleet_toml(name, ingress, interval="5s") + cluster_toml("local", tmp_path)
+                    + deployment_toml("cold", "cold-echo", replicas=None, extra=AUTOSCALE))
+    cli = FleetCli(file, tmp_path / "state", tmp_path)
+    with cancel_fleet_jobs(name):
+        try:
+            cli.start_run()
+            wait_for(lambda: (cli.state / "metrics.prom").exists(), 30, "a first pass")
+            assert fleet_jobs(name) == []  # min = 0 and no request: nothing runs
+
+            response, waited = ask(ingress.http_url, "cold-echo")
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["message"]["content"] == "echo: wake up"
+            print(f"first request for the cold model answered after {waited:.1f}s")
+            assert len(fleet_jobs(name)) == 1
+            metrics = httpx.get(f"{ingress.http_url}/metrics", trust_env=False).text
+            assert 'otela_held_requests_total{model="cold-echo",outcome="served"} 1' in metrics
+            assert 'otela_held_requests{model="cold-echo"} 0' in metrics
+
+            # ~8 req/s: two replicas' worth of a 4 req/s target
+            stop = threading.Event()
+            errors: list[str] = []
+
+            def load() -> None:
+                with httpx.Client(trust_env=False, timeout=30) as client:
+                    while not stop.is_set():
+                        body = {"model": "cold-echo",
+                                "messages": [{"role": "user", "content": "busy"}]}
+                        r = client.post(f"{ingress.http_url}/v1/chat/completions", json=body)
+                        if r.status_code != 200:
+                            errors.append(r.text[:200])
+                        stop.wait(0.12)
+
+            worker = threading.Thread(target=load)
+            worker.start()
+            try:
+                wait_for(lambda: serving_count(ingress, name) == 2, 90,
+                         "a second replica under load", interval=0.5)
+            finally:
+                stop.set()
+                worker.join(30)
+            assert errors == []
+
+            # idle: back to zero, each replica drained
+            wait_for(lambda: not active(fleet_jobs(name)), 120, "scale to zero", interval=1)
+            assert {j.state for j in fleet_jobs(name)} == {"COMPLETED"}
+
+            response, waited = ask(ingress.http_url, "cold-echo", "again")
+            assert response.status_code == 200, response.text
+            print(f"a request after scale to zero answered after {waited:.1f}s")
+        finally:
+            cli.stop_runs()
+        scales = [e["message"] for e in cli.events() if e["kind"] == "scale"]
+        print("\n".join(scales))
+        assert scales[0].startswith("up 0 -> 1: a request is waiting for a first replica")
+        assert any(m.startswith("up 1 -> 2") for m in scales)
+        assert any(m.startswith("down 1 -> 0") or m.startswith("down 2 -> 0")
+                   for m in scales)
