@@ -144,7 +144,7 @@ def fleet_run(root: Path, ingress: LocalNode, part: str, **kw: Any) -> Iterator[
 
 
 def serving(ingress: LocalNode, fleet: str) -> int:
-    nodes = ingress.get("/v1/registry/nodes")["nodes"]
+    nodes = ingress.nodes()
     return sum(1 for n in nodes if n["state"] == "SERVING"
                and (n.get("fleet") or {}).get("fleet") == fleet)
 

@@ -86,16 +86,27 @@ class Federation:
                 errors.append(f"{url}: {exc or type(exc).__name__}")
         raise FederationUnreachable("no ingress answered (" + "; ".join(errors) + ")")
 
+    async def _registry(self, client: httpx.AsyncClient) -> list[dict[str, Any]]:
+        """Every entry of an ingress's registry replica, page by page."""
+        entries: list[dict[str, Any]] = []
+        after = ""
+        while True:
+            query = "/v1/registry/nodes?limit=1000" + (f"&after={after}" if after else "")
+            _, response = await self._get(client, query)
+            page = response.json()
+            entries += page.get("nodes", [])
+            after = page.get("next_after") or ""
+            if not after:
+                return entries
+
     async def nodes(self) -> list[Node]:
         async with httpx.AsyncClient(timeout=TIMEOUT_S, trust_env=False) as client:
-            _, response = await self._get(client, "/v1/registry/nodes")
-            return nodes_of(response.json().get("nodes", []), self.fleet)
+            return nodes_of(await self._registry(client), self.fleet)
 
     async def snapshot(self, models: Sequence[str], with_load: bool) -> Snapshot:
         """The fleet's nodes and, with ``with_load``, the load of ``models``."""
         async with httpx.AsyncClient(timeout=TIMEOUT_S, trust_env=False) as client:
-            _, response = await self._get(client, "/v1/registry/nodes")
-            nodes = nodes_of(response.json().get("nodes", []), self.fleet)
+            nodes = nodes_of(await self._registry(client), self.fleet)
             if not with_load:
                 return Snapshot(nodes)
             loads = {model: ModelLoad() for model in models}

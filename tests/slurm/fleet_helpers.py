@@ -168,7 +168,7 @@ def active(jobs: list[SlurmJob]) -> list[SlurmJob]:
 
 def fleet_nodes(observer: LocalNode, fleet: str, state: str | None = None
                 ) -> list[dict[str, Any]]:
-    nodes = [n for n in observer.get("/v1/registry/nodes")["nodes"]
+    nodes = [n for n in observer.nodes()
              if (n.get("fleet") or {}).get("fleet") == fleet]
     return [n for n in nodes if state is None or n["state"] == state]
 
