@@ -127,16 +127,19 @@ def trtllm_bench_settings(
     isl: int,
     osl: int,
     kv_fraction: float = 0.95,
+    chunked_prefill: bool = False,
 ) -> tuple[int, int]:
     """(max batch size, max tokens per iteration) that `trtllm-bench throughput` sets when the
     user gives none (tensorrt_llm/bench/build/tuning.py: calc_engine_setting and
-    finetune_setting).
+    finetune_setting; tensorrt_llm/bench/benchmark/utils/general.py: get_settings).
 
     It estimates how many requests of isl+osl tokens the KV cache holds from the weights
     (parameter count times bytes per weight) and the devices' total memory, caps that at
     4096 and divides it among the pipeline stages, then allows as many tokens per iteration
     as those requests need at the isl/osl ratio (capped at 32768), and rounds both up to
-    coarse steps (batch at least 64, tokens at least 2048).
+    coarse steps (batch at least 64, tokens at least 2048). Without chunked prefill (its
+    default) the token budget is raised to hold the longest prompt plus a token for every
+    sequence of the batch, so that a prompt always fits one iteration.
     """
     kv_heads = max(tp, model.kv_heads)
     layers = model.layers - model.sliding_layers
@@ -161,6 +164,8 @@ def trtllm_bench_settings(
         max_tokens = _round_up(raw_tokens, 512)
     else:
         max_tokens = _round_up(raw_tokens, 1024)
+    if not chunked_prefill:
+        max_tokens = max(max_tokens, isl + max_bs)
     return max_bs, max_tokens
 
 

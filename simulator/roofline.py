@@ -432,7 +432,11 @@ class StepCost:
             lat = m.kv_lora_rank + m.qk_rope_head_dim
             return 2 * self.heads_gpu * (lat + m.kv_lora_rank), lat * self.kvb
         d = m.head_dim
-        return 4 * self.heads_gpu * d, 2 * self.kv_heads_gpu * d * self.kvb
+        # a kernel that is not GQA-aware reads the shared K/V head again for every further
+        # query head of its group (`decode_kv_per_query_head`: the share of those re-reads
+        # that costs as much as the first read)
+        extra = self.calib.decode_kv_per_query_head * (self.heads_gpu - self.kv_heads_gpu)
+        return 4 * self.heads_gpu * d, 2 * (self.kv_heads_gpu + extra) * d * self.kvb
 
     def _decode_qo_bytes(self) -> float:
         """Per decoded sequence and layer: read q, write o."""
