@@ -62,7 +62,8 @@ class ClientProtocol:
 
     def __post_init__(self) -> None:
         if self.name not in PROTOCOLS:
-            raise ValueError(f"unknown client protocol {self.name!r}; known: {', '.join(PROTOCOLS)}")
+            known = ", ".join(PROTOCOLS)
+            raise ValueError(f"unknown client protocol {self.name!r}; known: {known}")
         if self.num_prompts < 1:
             raise ValueError("num_prompts must be at least 1")
         if self.max_concurrency is not None and self.max_concurrency < 1:

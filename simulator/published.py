@@ -151,6 +151,11 @@ def seen_before_split(path: Path = DATA) -> tuple[str, ...]:
     return tuple(_raw(path).get("seen_before_split", ()))
 
 
+def seen_after_split(path: Path = DATA) -> tuple[str, ...]:
+    """Held-out ids whose predictions were printed while calibration misses were examined."""
+    return tuple(_raw(path).get("seen_after_split", ()))
+
+
 def _rank(fid: str) -> str:
     return hashlib.sha256((SPLIT_SALT + "\0" + fid).encode()).hexdigest()
 

@@ -262,8 +262,53 @@ def figures(before: bool = False) -> list[tuple[str, str, float, float]]:
     return rows
 
 
-def main() -> None:
-    """Print every comparison before and after calibration (fills docs/simulator.md)."""
+def print_published(half: str) -> list[float]:
+    """Print one half of the widened set (simulator/published.py), with a summary line;
+    return the absolute errors."""
+    from simulator import published
+
+    rows = published.evaluate(half)
+    print(f"\n{half} half of catalog/validation.toml ({len(rows)} figures)")
+    print(f"{'figure':<84}{'published':>11}{'predicted':>11}{'error':>9}")
+    for r in rows:
+        print(f"{r['id']:<84}{r['published']:>11.2f}{r['predicted']:>11.2f}"
+              f"{100 * r['error']:>+8.1f}%")
+    errs = [abs(r["error"]) for r in rows]
+    seen = set(published.seen_after_split())
+    blind = [abs(r["error"]) for r in rows if r["id"] not in seen]
+    print(
+        f"median |error| {100 * np.median(errs):.1f}%, max {100 * max(errs):.1f}%, "
+        f"{sum(e > 0.15 for e in errs)} beyond 15 %, {sum(e > 0.25 for e in errs)} beyond 25 %"
+    )
+    if half == published.HELD_OUT and len(blind) != len(errs):
+        print(
+            f"without the {len(errs) - len(blind)} seen after the split: median "
+            f"{100 * np.median(blind):.1f}%, max {100 * max(blind):.1f}%, "
+            f"{sum(e > 0.25 for e in blind)} beyond 25 %"
+        )
+    return errs
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print every comparison before and after calibration (fills docs/simulator.md), then
+    the calibration half of the widened set; `--held-out` adds the held-out half,
+    `--split` only lists which figure is in which half."""
+    import sys
+
+    from simulator import published
+
+    args = sys.argv[1:] if argv is None else argv
+    if "--split" in args:
+        figs = published.load_figures()
+        halves = published.split(figs, published.seen_before_split())
+        for f in figs:
+            print(f"{halves[f.id]:<12}{f.id}")
+        return
+    print_published(published.CALIBRATION)
+    if "--held-out" in args:
+        print_published(published.HELD_OUT)
+    if "--published-only" in args:
+        return
     after = figures()
     before = figures(before=True)
     print(
