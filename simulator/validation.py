@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 
 from simulator.api import Deployment, analyze, max_throughput, run
-from simulator.engine import EngineConfig
+from simulator.engine import EngineConfig, simulate
 from simulator.memory import GIB, weight_bytes_total
 from simulator.models import get_model
+from simulator.protocols import ClientProtocol, client_workload, measure
+from simulator.report import per_request
 from simulator.roofline import Precision
 from simulator.workload import Workload, synthetic
 
@@ -37,6 +39,7 @@ BEFORE = {
     "collective_latency_s": 8e-6,
     "moe_compute": 1.0,
     "moe_memory": 1.0,
+    "ridge_sharpness": 0.0,
 }
 
 
@@ -62,16 +65,15 @@ def _steady_state(
     """A closed loop measured like a benchmark that discards its warm-up: the first
     `concurrency` requests (sent together at the start) are left out of the means, and
     throughput counts the remaining requests' tokens over their span."""
-    n = requests
-    wl = Workload.from_arrays(np.zeros(n), np.full(n, input_len), np.full(n, output_len))
-    res = run(dep, wl, max_concurrency=concurrency, timeline_points=0, include_requests=True)
-    rows = res["per_request"][concurrency:] if n > concurrency else res["per_request"]
-    start = min(r["arrival"] for r in rows)
-    end = max(r["arrival"] + r["e2e"] for r in rows)
+    client = ClientProtocol("aiperf", requests, concurrency, exclude_first_burst=True)
+    wl = client_workload(client, input_len, output_len)
+    out = simulate(wl, dep.cost(), dep.memory(), dep.engine_config, 1, "least_outstanding",
+                   concurrency, 0)
+    m = measure(per_request(out), client)
     return {
-        "ttft_s": float(np.mean([r["ttft"] for r in rows])),
-        "tpot_s": float(np.mean([r["tpot"] for r in rows])),
-        "output_tokens_per_s": sum(r["output_len"] for r in rows) / (end - start),
+        "ttft_s": m["mean_ttft_s"],
+        "tpot_s": m["mean_tpot_s"],
+        "output_tokens_per_s": m["output_throughput"],
     }
 
 
