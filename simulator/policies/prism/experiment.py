@@ -95,4 +95,5 @@ def _brief(s: dict[str, Any], gpus: int) -> dict[str, Any]:
     return {"gpus": gpus, "slo_attainment": s["slo_attainment"],
             "ttft_attainment": s["ttft_attainment"], "tpot_attainment": s["tpot_attainment"],
             "ttft_p99": s["ttft_s"]["p99"], "cost_usd": s["cost_usd"], "wall_s": s["wall_s"],
+            "gpu_busy": s["gpu_utilization"],
             "notes": {k: v for k, v in s["notes"].items() if k != "slo_ttft_s"}}
