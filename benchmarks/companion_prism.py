@@ -4,8 +4,9 @@ deployment's SLO attainment (the cost saving; paper: 2 GPUs for 8 models, > 2x s
 
 Run: .venv/bin/python benchmarks/companion_prism.py [--rates 4,8,12,16,24,32]
      [--duration S] [--slo-scale K] [--need-rate R] [--seeds 0,1,2] [--json FILE]
-Every rate on every seed; "busy" is the share of the two shared GPUs' time spent in engine
-iterations (Prism's run), the operating point's utilisation.
+Every rate on every seed; "util." is the operating point's utilisation on the two shared GPUs:
+the GPU-time the offered requests need at each model's dedicated saturated speed, per GPU
+(`experiment.work_share`, mean over seeds).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ def main() -> None:
     by_seed = {s: headline(rates, a.duration, a.slo_scale, seed=s) for s in seeds}
     print(f"SLO = {a.slo_scale:g} x each model's P95 TTFT/TPOT on its dedicated GPU; "
           f"attainment per seed {seeds}")
-    print(f"{'req/s':>6s} {'busy':>5s}  {'dedicated (8)':>20s}{'prism (2)':>20s}"
+    print(f"{'req/s':>6s} {'util.':>5s}  {'dedicated (8)':>20s}{'prism (2)':>20s}"
           f"{'muxserve++ (2)':>20s}{'static (2)':>20s}")
     for i, rate in enumerate(rates):
         per = [by_seed[s][i] for s in seeds]
-        busy = sum(r["prism"]["gpu_busy"] for r in per) / len(per)
+        busy = sum(r["work_share"] for r in per) / len(per)
         cells = ""
         for m in ("dedicated", "prism", "muxserve", "static"):
             att = "/".join(f"{r[m]['slo_attainment']:.3f}" for r in per)

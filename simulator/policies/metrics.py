@@ -60,9 +60,9 @@ def columns(run: ClusterRun) -> dict[str, np.ndarray]:
 
 
 def gpu_busy_fraction(run: ClusterRun) -> float:
-    """GPU-time in engine iterations over GPU-time held, both up to the run's last event
-    (instances running on shared GPUs count their own GPUs; policies' directly held GPUs are
-    idle by definition)."""
+    """GPU-time in engine iterations over GPU-time held, both up to the run's last event.
+    Engines a policy adopts onto GPUs it holds itself (Prism's shared GPUs) own no GPUs and
+    do not count: for those, see `prism.experiment.work_share`."""
     c = run.cluster
     end = max(run.makespan, run.horizon)
     held = c.gpu_seconds(end)
