@@ -8,6 +8,10 @@ Run: .venv/bin/python benchmarks/companion_oserve.py [--models 70b,opt] [--level
      [--search-check S1,S3,S5 --seeds 3]  (search vs exhaustive instead of Table 1)
      [--served-layouts S1,S3,S5 [--served-keep 0.85]]  (near-best layouts on the serving
      check's sample)
+     [--operating-points 0.7,0.9 --seeds 3]  (the paper's metric, P99 end-to-end latency, at
+     loads the layouts carry: each level's mix offered at that share of the LP's best
+     homogeneous capacity; OSERVE with type-matched LP routing, with and without its serving
+     check, against the best homogeneous layout; one line per seed)
 Planned speedup = LP throughput of the layout OSERVE launches (after its serving check; the
 search's own result and the check's figures are printed below the table) / the LP's best
 homogeneous layout on the mix; simulated = requests completed when offered 1.05x that
@@ -25,6 +29,7 @@ from typing import Any
 
 from simulator.policies.oserve.experiment import (
     OPT,
+    operating_point,
     search_check,
     served_layouts,
     table1,
@@ -49,9 +54,37 @@ def main() -> None:
                     help="levels on which every layout within --served-keep of the LP's best "
                          "serves the serving check's sample (is there a heterogeneous gain?)")
     ap.add_argument("--served-keep", type=float, default=0.85)
+    ap.add_argument("--operating-points", default="",
+                    help="utilisations (share of the LP's best homogeneous capacity) at which "
+                         "to measure P99 latency, e.g. 0.7,0.9")
     a = ap.parse_args()
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
+    if a.operating_points:
+        print("P99 end-to-end latency speedup over the best homogeneous layout (vLLM static), "
+              "per seed; paper: 1.14x (S1) to 2.66x (S5)")
+        for key in a.models.split(","):
+            kw_o: dict[str, Any] = {"model": OPT["model"], "scale": OPT["scale"]} \
+                if key == "opt" else {}
+            for u in (float(x) for x in a.operating_points.split(",")):
+                for name in a.levels.split(","):
+                    r = operating_point(name, u, range(a.seeds), a.duration, **kw_o)
+                    out[f"op_{key}_{name}_{u:g}"] = r
+                    hom = r["runs"]["homogeneous"]
+                    for sys_ in ("oserve", "oserve-het"):
+                        sp = ", ".join(f"{x:.3f}" for x in r["p99_speedup"][sys_])
+                        lay = r["runs"][sys_][0]["layout"]
+                        print(f"{key} {name} (CV {r['cv']:.3f}, paper {r['paper_speedup']:.2f}x) "
+                              f"util {100 * u:.0f} % ({r['offered_rps']:.2f} req/s): {sys_:10s} "
+                              f"{sp} [{'stable' if r['stable'][sys_] else 'mixed'}] {lay}; "
+                              f"homogeneous {hom[0]['layout']} P99 "
+                              + ", ".join(f"{h['e2e_p99']:.1f}" for h in hom) + " s",
+                              flush=True)
+        print(f"total wall {time.perf_counter() - t0:.0f} s")
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(out, fh, indent=2, default=str)
+        return
     if a.served_layouts:
         for key in a.models.split(","):
             kw_v: dict[str, Any] = {"model": OPT["model"], "scale": OPT["scale"]} \
@@ -120,7 +153,8 @@ def main() -> None:
                       f"homogeneous {r['homogeneous_run_layout']}; "
                       f"static {r.get('static_run_layout', r['homogeneous_run_layout'])}")
     for name in filter(None, a.table2.split(",")):
-        r = table2(name, model=OPT["model"], scale=OPT["scale"], load=1.0, routing=a.routing)
+        r = table2(name, model=str(OPT["model"]), scale=float(str(OPT["scale"])), load=1.0,
+                   routing=a.routing)
         out[f"table2_{name}"] = r
         print(f"\nTable 2 {name} (OPT-30B, {'/'.join(r['levels'])}): OSERVE {r['oserve_rps']:.1f} "
               f"req/s, P99 {r['oserve_e2e_p99']:.1f} s; static {r['static_rps']:.1f} req/s, "

@@ -11,19 +11,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import typer
 from rich.table import Table
 
 from otela.console import make_console
 from simulator.api import Deployment, analyze, run
 from simulator.engine import EngineConfig
+from simulator.engines import engine_profile, trtllm_bench_settings, trtllm_kv_pool_gb
 from simulator.hardware import Calibration, list_gpus, parse_calibration
 from simulator.models import list_models
 from simulator.policies.cli import compare_cmd
+from simulator.protocols import ClientProtocol, client_workload, measure
 from simulator.report import SLO
 from simulator.roofline import Precision
 from simulator.router import ROUTERS
-from simulator.workload import load_trace, synthetic
+from simulator.workload import load_trace, sample_lengths, synthetic
 
 app = typer.Typer(help="Roofline serving simulator for heterogeneous GPUs.", no_args_is_help=True)
 console = make_console()
@@ -206,6 +209,34 @@ def analyze_cmd(
     console.print(s)
 
 
+def _columns(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Per-request JSON rows back to the columns `protocols.measure` reads (NaN: not done)."""
+    def col(key: str) -> np.ndarray:
+        return np.array([np.nan if r.get(key) is None else r[key] for r in rows], dtype=float)
+
+    return {k: col(k) for k in ("arrival", "ttft", "e2e", "output_len", "input_len")}
+
+
+def _print_client(m: dict[str, Any], client: ClientProtocol | None) -> None:
+    """The client's own figures, laid out as `vllm bench serve` prints them."""
+    assert client is not None
+    burst = "excluded" if client.exclude_first_burst else "included"
+    t = Table(title=f"benchmark client: {m['protocol']} ({client.num_prompts} prompts, "
+                    f"rate {client.request_rate:g}/s, max concurrency "
+                    f"{client.max_concurrency or 'unbounded'}, first burst {burst})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("measured requests (failed)", f"{m['measured_requests']} ({m['failed_requests']})")
+    t.add_row("benchmark duration", f"{m['duration_s']:.2f} s")
+    t.add_row("request throughput", f"{m['request_throughput']:.2f} req/s")
+    t.add_row("output token throughput", f"{m['output_throughput']:.1f} tok/s")
+    t.add_row("total token throughput", f"{m['total_token_throughput']:.1f} tok/s")
+    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT (excl. 1st token)"), ("e2el", "E2EL")):
+        t.add_row(f"mean / median / p99 {label}",
+                  " / ".join(_fmt_t(m[f"{p}_{key}_s"]) for p in ("mean", "median", "p99")))
+    console.print(t)
+
+
 @app.command("run")
 def run_cmd(
     model: str = typer.Option(..., "--model", "-m"),
@@ -236,6 +267,26 @@ def run_cmd(
     max_concurrency: int | None = typer.Option(
         None, "--max-concurrency", help="closed-loop client"
     ),
+    num_prompts: int | None = typer.Option(
+        None, "--num-prompts",
+        help="send exactly N prompts as a benchmark client does (lengths from --input-dist / "
+        "--output-dist); --rate is then the request rate (default inf: all at once, bounded by "
+        "--max-concurrency) and the client's figures are printed as --protocol measures them"),
+    protocol: str = typer.Option(
+        "vllm-bench-serve", "--protocol",
+        help="with --num-prompts: vllm-bench-serve (also SGLang's bench_serving) | trtllm-bench "
+        "(offline, all queued at once) | aiperf (closed loop, warm-up left out)"),
+    exclude_first_burst: bool | None = typer.Option(
+        None, "--exclude-first-burst/--include-first-burst",
+        help="leave the first burst (the first max-concurrency requests, or every request sent "
+        "at once) out of the client's figures; default: as the protocol does (aiperf excludes "
+        "its warm-up, the others include everything)"),
+    burstiness: float = typer.Option(
+        1.0, "--burstiness", help="with --num-prompts and a finite --rate: Gamma shape of the "
+        "gaps (1 = Poisson, as vllm bench serve's --burstiness)"),
+    engine_name: str = typer.Option(
+        "vllm", "--engine",
+        help="serving-engine profile (catalog/engines.toml): vllm | trtllm | trtllm-session"),
     router: str = typer.Option("least_outstanding", "--router", help=" | ".join(ROUTERS)),
     chunked_prefill: bool = typer.Option(True, "--chunked-prefill/--no-chunked-prefill"),
     prefix_caching: bool = typer.Option(False, "--prefix-caching/--no-prefix-caching"),
@@ -267,8 +318,13 @@ def run_cmd(
     opt: list[str] = typer.Option([], "--opt", help="policy option KEY=VALUE (repeatable)"),
 ) -> None:
     """Simulate serving a trace or generated workload; print a report and write JSON."""
-    if (trace is None) == (rate is None):
-        console.print("[red]give exactly one of --trace FILE or --rate X[/red]")
+    if num_prompts is not None:
+        if trace is not None:
+            console.print("[red]--num-prompts generates its prompts: drop --trace[/red]")
+            raise typer.Exit(2)
+        rate = math.inf if rate is None else rate
+    elif (trace is None) == (rate is None):
+        console.print("[red]give exactly one of --trace FILE, --rate X or --num-prompts N[/red]")
         raise typer.Exit(2)
     if policy is not None:
         from simulator.policies.cli import run_from_sim_run
@@ -277,12 +333,46 @@ def run_cmd(
                          duration, cv, input_dist, output_dist, seed, slo_ttft, slo_tpot, opt,
                          out, as_json)
         return
+    try:
+        prof = engine_profile(engine_name)
+        client = (
+            ClientProtocol(
+                protocol, num_prompts, max_concurrency, rate or math.inf, burstiness,
+                protocol == "aiperf" if exclude_first_burst is None else exclude_first_burst,
+                seed,
+            )
+            if num_prompts is not None
+            else None
+        )
+    except (KeyError, ValueError) as e:
+        console.print(f"[red]{e.args[0] if e.args else e}[/red]")
+        raise typer.Exit(2) from e
+    # the engine's own calibration first, then --calib; an offline client has no front end
+    calib = [f"{k}={v}" for k, v in prof.calibration.items()] + list(calib)
+    if client is not None and not client.frontend:
+        calib = ["request_overhead_s=0", *calib]
     probe = _deployment(model, gpu, tp, pp, weight_bits, act_bits, kv_bits, calib=calib, ep=ep)
     defaults = probe.engine_config
+    if client is not None and client.name == "trtllm-bench" and engine_name == "trtllm":
+        # trtllm-bench sizes the batch and token budget itself when not told (engines.py)
+        mean_in = float(sample_lengths(input_dist, 1000, np.random.default_rng(seed)).mean())
+        mean_out = float(sample_lengths(output_dist, 1000, np.random.default_rng(seed)).mean())
+        bs, toks = trtllm_bench_settings(
+            probe.model_spec, probe.gpu_spec.runtime_bytes, tp, pp, probe.precision,
+            round(mean_in), max(1, round(mean_out)))
+        defaults = EngineConfig(max_num_seqs=bs, max_batched_tokens=toks)
+        if kv_pool_gb is None:  # its KV cache: 0.95 of the memory left free (not of the total)
+            kv_pool_gb = trtllm_kv_pool_gb(
+                _deployment(model, gpu, tp, pp, weight_bits, act_bits, kv_bits,
+                            EngineConfig(max_num_seqs=bs, max_batched_tokens=toks),
+                            calib=calib, ep=ep), 0.95)
+            mem_util = 1.0
     engine = EngineConfig(
         max_num_seqs=max_num_seqs or defaults.max_num_seqs,
         max_batched_tokens=max_batched_tokens or defaults.max_batched_tokens,
         chunked_prefill=chunked_prefill,
+        chunk_prompts=prof.chunk_prompts,
+        reserve_output_ratio=prof.reserve_output_ratio,
         prefix_caching=prefix_caching,
     )
     dep = _deployment(
@@ -301,6 +391,13 @@ def run_cmd(
     )
     try:
         wl = _workload_from_trace(trace, trace_model) if trace is not None else None
+        if client is not None:
+            rng = np.random.default_rng(seed)
+            wl = client_workload(
+                client,
+                sample_lengths(input_dist, client.num_prompts, rng),
+                sample_lengths(output_dist, client.num_prompts, rng),
+            )
     except (ValueError, OSError) as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from e
@@ -323,9 +420,13 @@ def run_cmd(
         router=router,
         slo=SLO(slo_ttft, slo_tpot),
         max_concurrency=max_concurrency,
-        include_requests=per_request or out_trace is not None,
+        include_requests=per_request or out_trace is not None or client is not None,
         seed=seed,
     )
+    if client is not None and res.get("fits"):
+        res["client"] = measure(_columns(res["per_request"]), client)
+        if not per_request:
+            res.pop("per_request", None)
     if out_trace is not None and res.get("fits"):
         from simulator.report import result_trace
         from traces.io import write_trace
@@ -380,6 +481,8 @@ def run_cmd(
         v = res[key]
         lt.add_row(label, *(_fmt_t(v[p]) for p in ("mean", "p50", "p90", "p99")))
     console.print(lt)
+    if "client" in res:
+        _print_client(res["client"], client)
     console.print(f"JSON report written to {out}")
 
 
@@ -397,8 +500,27 @@ def list_cmd(
     calibration: bool = typer.Option(
         False, "--calibration", help="show every GPU's calibration profile instead"
     ),
+    engines: bool = typer.Option(
+        False, "--engines", help="show the serving-engine profiles (--engine) instead"
+    ),
 ) -> None:
-    """List catalog GPUs and models (or the GPUs' calibration profiles)."""
+    """List catalog GPUs and models (or the GPUs' calibration or the engines' profiles)."""
+    if engines:
+        from simulator.engines import describe, engine_profiles
+
+        rows = [describe(name) for name in engine_profiles()]
+        if as_json:
+            sys.stdout.write(_dump(rows) + "\n")
+            return
+        et = Table(title="serving-engine profiles (catalog/engines.toml; run --engine NAME)")
+        for c in ("engine", "chunk prompts", "reserve output", "calibration", "description"):
+            et.add_column(c)
+        for r in rows:
+            cal = ", ".join(f"{k}={v:g}" for k, v in r["calibration"].items()) or "-"
+            et.add_row(r["engine"], str(r["chunk_prompts"]), f"{r['reserve_output_ratio']:g}",
+                       cal, r["description"])
+        console.print(et)
+        return
     if calibration:
         from dataclasses import asdict
 

@@ -681,7 +681,7 @@ class Replica:
             return None
         cost = self.cost
         s0 = float(_sum(kv)) + b
-        if self.pp == 1:
+        if self.pp == 1 and not cost.host_overlap:
             a0 = cost.decode_base(b)
             if self.window:
                 a0 += cost.attn_slope_sliding * float(_sum(np.minimum(kv + 1, self.window)))
@@ -728,7 +728,7 @@ class Replica:
         cost = self.cost
         s0 = float(sum(kv)) + b
         w = self.window
-        if self.pp == 1:
+        if self.pp == 1 and not cost.host_overlap:
             a0 = cost.decode_base(b)
             if w:
                 a0 += cost.attn_slope_sliding * float(sum(min(x + 1, w) for x in kv))

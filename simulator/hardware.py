@@ -48,6 +48,15 @@ class Calibration:
     max_num_seqs: int = 256  # engine default concurrent sequences on this device
     moe_compute: float = 1.0  # routed-expert grouped GEMMs, relative to dense `compute`
     moe_memory: float = 1.0  # routed-expert weight streaming, relative to dense `memory`
+    # 1 = the engine prepares step n+1 on the host while the GPU runs step n (TensorRT-LLM's
+    # overlap scheduler, SGLang's, vLLM's async scheduling): an iteration lasts the longer of
+    # its GPU work and its host work instead of their sum. 0 = host and GPU in turn.
+    host_overlap: float = 0.0
+    # 1 = the decode attention kernel reads each cached K/V head once per *query* head that
+    # shares it (TensorRT-LLM's masked multi-head attention before its GQA-aware XQA kernel,
+    # v0.5-0.7): GQA saves KV memory but not KV reads. 0 = once per KV head (FlashAttention,
+    # FlashInfer, XQA: every current engine).
+    decode_kv_per_query_head: float = 0.0
 
     def compute_for(self, bits: int) -> float:
         """Compute efficiency for the math precision actually used."""

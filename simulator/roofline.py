@@ -289,6 +289,8 @@ class StepCost:
         self.seq_overhead = cal.seq_overhead_s
         self.layer_overhead = cal.launch_per_layer_s * m.layers
         self.request_overhead = cal.request_overhead_s
+        # host work of step n+1 prepared while the GPU runs step n (see `combine`)
+        self.host_overlap = cal.host_overlap > 0
         # Decode attention is one batched kernel whose FLOPs and bytes are both linear in the
         # summed context, so its time is linear too: a slope per context token.
         f_ctx, b_ctx = self._decode_attn_per_token()
@@ -430,7 +432,11 @@ class StepCost:
             lat = m.kv_lora_rank + m.qk_rope_head_dim
             return 2 * self.heads_gpu * (lat + m.kv_lora_rank), lat * self.kvb
         d = m.head_dim
-        return 4 * self.heads_gpu * d, 2 * self.kv_heads_gpu * d * self.kvb
+        # a kernel that is not GQA-aware reads the shared K/V head again for every further
+        # query head of its group (`decode_kv_per_query_head`: the share of those re-reads
+        # that costs as much as the first read)
+        extra = self.calib.decode_kv_per_query_head * (self.heads_gpu - self.kv_heads_gpu)
+        return 4 * self.heads_gpu * d, 2 * (self.kv_heads_gpu + extra) * d * self.kvb
 
     def _decode_qo_bytes(self) -> float:
         """Per decoded sequence and layer: read q, write o."""
@@ -512,14 +518,29 @@ class StepCost:
         not). `has_prefill` is kept for engines that price prefill steps differently."""
         return self.fixed_overhead + self.seq_overhead * seqs + self.layer_overhead
 
+    def combine(self, gpu: float, host: float) -> float:
+        """An iteration's duration from its GPU work and its host work (scheduling, input
+        preparation, sampling, output processing). An engine that runs them in turn pays the
+        sum; one that prepares the next step while the GPU runs this one (`host_overlap`:
+        TensorRT-LLM's and SGLang's overlap schedulers, vLLM's async scheduling) pays the
+        longer of the two, so host work only shows once it outgrows the GPU's."""
+        if self.host_overlap:
+            return gpu if gpu >= host else host
+        return gpu + host
+
     def decode_base(self, b: int) -> float:
-        """Constant part of a pure-decode step of `b` sequences (everything but the context)."""
+        """Constant part of a pure-decode step of `b` sequences (everything but the context),
+        host work included as the engine serialises it (an upper line when it overlaps)."""
         return (
             self.tokens_time(b)
             + self.head_time(b)
             + self.overhead_time(b, False)
             + self.attn_per_seq * b
         )
+
+    def decode_gpu_base(self, b: int) -> float:
+        """GPU part of `decode_base`: kernels and their launches, no host work."""
+        return self.tokens_time(b) + self.head_time(b) + self.layer_overhead + self.attn_per_seq * b
 
     # ---- pipeline parallelism: micro-batches in flight ---------------------------------
     def host_time(self, seqs: int) -> float:
@@ -561,6 +582,8 @@ class StepCost:
         sw = self.attn_slope_sliding * sliding_ctx_sum
         pp = self.par.pp
         if pp <= 1:
+            if self.host_overlap:  # the longer of the GPU's step and the host's
+                return [(self.decode_gpu_base(b) + sw, self.attn_slope), (self.host_time(b), 0.0)]
             return [(self.decode_base(b) + sw, self.attn_slope)]
         memo = self._decode_lines_memo.get(b)
         if memo is None:
@@ -578,13 +601,17 @@ class StepCost:
         sizes = _even_split(b, pp)
         big = sizes[0]
         stage = host = 0.0
+        overlap = self.host_overlap
         for n in sizes:
             h = self.head_time(n)
             o = self.host_time(n)
-            stage += self._stage_share(self.decode_base(n), o, h, self.handoff_time(n))
+            if overlap:  # the host prepares each micro-batch while the GPUs run another
+                stage += self._stage_share(self.decode_gpu_base(n), 0.0, h, self.handoff_time(n))
+            else:
+                stage += self._stage_share(self.decode_base(n), o, h, self.handoff_time(n))
             host += o
-        return big, self.decode_base(big), self.attn_slope * big / b, stage, \
-            self.attn_slope / pp, host
+        lat = self.decode_gpu_base(big) if overlap else self.decode_base(big)
+        return big, lat, self.attn_slope * big / b, stage, self.attn_slope / pp, host
 
     def micro_batches(
         self,
@@ -677,13 +704,15 @@ class StepCost:
         ):
             if parts:
                 t, o, head, handoff = self._chunk_micro_batch(b, ctx, parts, smp, sw)
+                hst = self.host_time(b + len(parts))
             else:  # decodes only: `step_time` with its context-free part memoised
                 fixed, o, head, handoff = self._decode_micro_batch(b)
                 t = fixed + self.decode_attn_time(b, ctx, sw)
+                hst = self.host_time(b)
             if b or not decode_seqs:
                 latency = max(latency, t)
             stage += self._stage_share(t, o, head, handoff)
-            host += o
+            host += hst
         return max(latency, stage, host)
 
     def _chunk_micro_batch(
@@ -699,12 +728,20 @@ class StepCost:
             memo = self._prompt_mb_memo.get(key)
             if memo is not None:
                 return memo
-        memo = (
-            self.step_time(b, ctx, parts, smp, sw),
-            self.host_time(b + len(parts)),
-            self.head_time(smp),
-            self.handoff_time(b + sum(c for c, _ in parts)),
-        )
+        if self.host_overlap:  # GPU latency alone: the host work overlaps other micro-batches
+            memo = (
+                self.gpu_time(b, ctx, parts, smp, sw),
+                0.0,
+                self.head_time(smp),
+                self.handoff_time(b + sum(c for c, _ in parts)),
+            )
+        else:
+            memo = (
+                self.step_time(b, ctx, parts, smp, sw),
+                self.host_time(b + len(parts)),
+                self.head_time(smp),
+                self.handoff_time(b + sum(c for c, _ in parts)),
+            )
         if key is not None:
             self._prompt_mb_memo[key] = memo
         return memo
@@ -716,8 +753,11 @@ class StepCost:
         memo = self._decode_mb_memo.get(b)
         if memo is None:
             fixed = self.tokens_time(b) + self.head_time(b)
-            fixed += self.overhead_time(b, False)
-            memo = (fixed, self.host_time(b), self.head_time(b), self.handoff_time(b))
+            if self.host_overlap:  # GPU latency alone (see `_chunk_micro_batch`)
+                memo = (fixed + self.layer_overhead, 0.0, self.head_time(b), self.handoff_time(b))
+            else:
+                fixed += self.overhead_time(b, False)
+                memo = (fixed, self.host_time(b), self.head_time(b), self.handoff_time(b))
             self._decode_mb_memo[b] = memo
         return memo
 
@@ -753,8 +793,33 @@ class StepCost:
         sampled, sliding_ctx_sum = self._defaults(
             decode_seqs, decode_ctx_sum, chunks, sampled, sliding_ctx_sum
         )
+        if self.host_overlap:
+            gpu = self.gpu_time(decode_seqs, decode_ctx_sum, chunks, sampled, sliding_ctx_sum)
+            return self.combine(gpu, self.host_time(decode_seqs + len(chunks)))
         t = self.tokens_time(tokens) + self.head_time(sampled)
         t += self.overhead_time(decode_seqs + len(chunks), bool(chunks))
+        t += self.decode_attn_time(decode_seqs, decode_ctx_sum, sliding_ctx_sum)
+        for c, p in chunks:
+            t += self.prefill_attn_time(c, p)
+        return t
+
+    def gpu_time(
+        self,
+        decode_seqs: int,
+        decode_ctx_sum: float,
+        prefill_chunks: list[tuple[int, int]] | None = None,
+        sampled: int | None = None,
+        sliding_ctx_sum: float | None = None,
+    ) -> float:
+        """The GPU's part of `step_time`: kernels and their per-layer launches, no host work."""
+        chunks = prefill_chunks or []
+        tokens = decode_seqs + sum(c for c, _ in chunks)
+        if tokens == 0:
+            return 0.0
+        sampled, sliding_ctx_sum = self._defaults(
+            decode_seqs, decode_ctx_sum, chunks, sampled, sliding_ctx_sum
+        )
+        t = self.tokens_time(tokens) + self.head_time(sampled) + self.layer_overhead
         t += self.decode_attn_time(decode_seqs, decode_ctx_sum, sliding_ctx_sum)
         for c, p in chunks:
             t += self.prefill_attn_time(c, p)
@@ -819,15 +884,21 @@ class StepCost:
             ops.append(Op("attention_decode", f, b, tt, self._bound(f, b)))
         for name, nbytes, time in self.comm_terms(t):
             ops.append(Op(name, 0.0, float(nbytes), float(time), "comm"))
-        ops.append(
-            Op(
-                "engine_overhead",
-                0.0,
-                0.0,
-                self.overhead_time(decode_seqs + len(chunks), bool(chunks)),
-                "overhead",
+        if self.host_overlap:  # launches on the GPU; host work only where it outlasts the GPU
+            ops.append(Op("kernel_launches", 0.0, 0.0, self.layer_overhead, "overhead"))
+            gpu = sum(o.time_s for o in ops)
+            host = self.host_time(decode_seqs + len(chunks))
+            ops.append(Op("host_not_overlapped", 0.0, 0.0, max(0.0, host - gpu), "overhead"))
+        else:
+            ops.append(
+                Op(
+                    "engine_overhead",
+                    0.0,
+                    0.0,
+                    self.overhead_time(decode_seqs + len(chunks), bool(chunks)),
+                    "overhead",
+                )
             )
-        )
         if self.par.pp > 1:  # per-GPU work: a stage holds 1/pp of the layers
             pp = self.par.pp
             ops = [Op(o.name, o.flops / pp, o.bytes / pp, o.time_s, o.bound) for o in ops]

@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 
 from simulator.api import Deployment, analyze, max_throughput, run
-from simulator.engine import EngineConfig
+from simulator.engine import EngineConfig, simulate
 from simulator.memory import GIB, weight_bytes_total
 from simulator.models import get_model
+from simulator.protocols import ClientProtocol, client_workload, measure
+from simulator.report import per_request
 from simulator.roofline import Precision
 from simulator.workload import Workload, synthetic
 
@@ -37,6 +39,7 @@ BEFORE = {
     "collective_latency_s": 8e-6,
     "moe_compute": 1.0,
     "moe_memory": 1.0,
+    "ridge_sharpness": 0.0,
 }
 
 
@@ -62,16 +65,15 @@ def _steady_state(
     """A closed loop measured like a benchmark that discards its warm-up: the first
     `concurrency` requests (sent together at the start) are left out of the means, and
     throughput counts the remaining requests' tokens over their span."""
-    n = requests
-    wl = Workload.from_arrays(np.zeros(n), np.full(n, input_len), np.full(n, output_len))
-    res = run(dep, wl, max_concurrency=concurrency, timeline_points=0, include_requests=True)
-    rows = res["per_request"][concurrency:] if n > concurrency else res["per_request"]
-    start = min(r["arrival"] for r in rows)
-    end = max(r["arrival"] + r["e2e"] for r in rows)
+    client = ClientProtocol("aiperf", requests, concurrency, exclude_first_burst=True)
+    wl = client_workload(client, input_len, output_len)
+    out = simulate(wl, dep.cost(), dep.memory(), dep.engine_config, 1, "least_outstanding",
+                   concurrency, 0)
+    m = measure(per_request(out), client)
     return {
-        "ttft_s": float(np.mean([r["ttft"] for r in rows])),
-        "tpot_s": float(np.mean([r["tpot"] for r in rows])),
-        "output_tokens_per_s": sum(r["output_len"] for r in rows) / (end - start),
+        "ttft_s": m["mean_ttft_s"],
+        "tpot_s": m["mean_tpot_s"],
+        "output_tokens_per_s": m["output_throughput"],
     }
 
 
@@ -262,8 +264,53 @@ def figures(before: bool = False) -> list[tuple[str, str, float, float]]:
     return rows
 
 
-def main() -> None:
-    """Print every comparison before and after calibration (fills docs/simulator.md)."""
+def print_published(half: str) -> list[float]:
+    """Print one half of the widened set (simulator/published.py), with a summary line;
+    return the absolute errors."""
+    from simulator import published
+
+    rows = published.evaluate(half)
+    print(f"\n{half} half of catalog/validation.toml ({len(rows)} figures)")
+    print(f"{'figure':<84}{'published':>11}{'predicted':>11}{'error':>9}")
+    for r in rows:
+        print(f"{r['id']:<84}{r['published']:>11.2f}{r['predicted']:>11.2f}"
+              f"{100 * r['error']:>+8.1f}%")
+    errs = [abs(r["error"]) for r in rows]
+    seen = set(published.seen_after_split())
+    blind = [abs(r["error"]) for r in rows if r["id"] not in seen]
+    print(
+        f"median |error| {100 * np.median(errs):.1f}%, max {100 * max(errs):.1f}%, "
+        f"{sum(e > 0.15 for e in errs)} beyond 15 %, {sum(e > 0.25 for e in errs)} beyond 25 %"
+    )
+    if half == published.HELD_OUT and len(blind) != len(errs):
+        print(
+            f"without the {len(errs) - len(blind)} seen after the split: median "
+            f"{100 * np.median(blind):.1f}%, max {100 * max(blind):.1f}%, "
+            f"{sum(e > 0.25 for e in blind)} beyond 25 %"
+        )
+    return errs
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print every comparison before and after calibration (fills docs/simulator.md), then
+    the calibration half of the widened set; `--held-out` adds the held-out half,
+    `--split` only lists which figure is in which half."""
+    import sys
+
+    from simulator import published
+
+    args = sys.argv[1:] if argv is None else argv
+    if "--split" in args:
+        figs = published.load_figures()
+        halves = published.split(figs, published.seen_before_split())
+        for f in figs:
+            print(f"{halves[f.id]:<12}{f.id}")
+        return
+    print_published(published.CALIBRATION)
+    if "--held-out" in args:
+        print_published(published.HELD_OUT)
+    if "--published-only" in args:
+        return
     after = figures()
     before = figures(before=True)
     print(

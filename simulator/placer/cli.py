@@ -393,13 +393,31 @@ def _evaluate(plan: Plan, seconds: float, with_memp: bool) -> dict[str, Any]:
 
 
 def _show_evaluation(ev: dict[str, Any]) -> None:
-    t = Table(title="event simulation (same Poisson workload)")
-    for col in ("plan", "mean e2e", "p99 e2e", "goodput", "throughput"):
-        t.add_column(col, justify="left" if col == "plan" else "right")
+    t = Table(title="event simulation (same Poisson workload; latency over served requests)")
+    for col in ("plan", "mean e2e", "p99 e2e", "goodput", "throughput", "max util.",
+                "unserved"):
+        t.add_column(col, justify="left" if col in ("plan", "unserved") else "right")
     for name, e in ev.items():
+        unserved = ", ".join(e["unserved"])
         t.add_row(name, f"{e['mean_e2e_s']:.2f} s", f"{e['p99_e2e_s']:.2f} s",
-                  f"{e['goodput_rps']:.1f}/s", f"{e['throughput_rps']:.1f}/s")
+                  f"{e['goodput_rps']:.1f}/s", f"{e['throughput_rps']:.1f}/s",
+                  "-" if e["max_utilization"] is None else f"{100 * e['max_utilization']:.0f} %",
+                  f"[red]{unserved} ({e['unserved_rps']:.1f} req/s, 0 GPUs)[/red]"
+                  if unserved else "-")
     console.print(t)
+    m = Table(title="per model")
+    for col in ("plan", "model", "offered", "capacity", "utilisation", "mean e2e", "p99 e2e"):
+        m.add_column(col, justify="left" if col in ("plan", "model") else "right")
+    for name, e in ev.items():
+        for s in e["models"]:
+            if not s["served"]:
+                m.add_row(name, s["service"], f"{s['offered_rps']:.1f}/s", "0",
+                          "[red]unserved[/red]", "-", "-")
+                continue
+            m.add_row(name, s["service"], f"{s['offered_rps']:.1f}/s",
+                      f"{s['capacity_rps']:.1f}/s", f"{100 * s['utilization']:.0f} %",
+                      f"{s['mean_e2e']:.2f} s", f"{s['p99_e2e']:.2f} s")
+    console.print(m)
 
 
 def _emit(plan: Plan, out_dir: Path, engine: str, custom: str | None,

@@ -7,6 +7,13 @@ again Poisson), each group is simulated with its replicas behind a least-outstan
 and every request runs to completion (overloaded queues drain), so the mean includes all
 the waiting an overload causes. Goodput counts requests that meet every SLO target of
 their model.
+
+A model the plan gives no GPU is *unserved*: its requests are counted as such (and never in
+goodput), and the mean and p99 over served requests say so beside them instead of averaging
+the model away. Each model's *utilisation* is its offered rate over the saturated capacity of
+its replicas (`api.max_throughput` at the model's mean lengths, times replicas): above 1 the
+plan is overloaded and its latency is queue backlog, which is why every comparison is
+also made at rates within capacity (benchmarks/placer_table1.py).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.api import Deployment, run
+from simulator.api import Deployment, max_throughput, run
 from simulator.placer.demand import SLO, Demand
 from simulator.placer.pool import Variant
 from simulator.workload import Workload
@@ -42,6 +49,14 @@ class ServiceResult:
     mean_ttft: float
     goodput_rps: float
     throughput_rps: float
+    served: bool = True  # False: the plan gives this model no GPU
+    offered_rps: float = 0.0
+    capacity_rps: float = 0.0  # saturated request rate of its replicas together
+
+    @property
+    def utilization(self) -> float:
+        """Offered rate over capacity (inf when unserved)."""
+        return self.offered_rps / self.capacity_rps if self.capacity_rps > 0 else float("inf")
 
 
 @dataclass(frozen=True)
@@ -53,11 +68,32 @@ class Evaluation:
     throughput_rps: float
     duration_s: float
 
+    @property
+    def unserved(self) -> tuple[str, ...]:
+        """Models the plan gives no GPU (their requests are in no latency figure)."""
+        return tuple(s.service for s in self.services if not s.served)
+
+    @property
+    def unserved_rps(self) -> float:
+        return sum(s.requests for s in self.services if not s.served) / self.duration_s
+
+    @property
+    def max_utilization(self) -> float:
+        """The busiest served model's offered rate over its capacity."""
+        return max((s.utilization for s in self.services if s.served), default=float("nan"))
+
     def to_dict(self) -> dict[str, Any]:
         return {"mean_e2e_s": self.mean_e2e, "p99_e2e_s": self.p99_e2e,
                 "goodput_rps": self.goodput_rps, "throughput_rps": self.throughput_rps,
-                "duration_s": self.duration_s,
-                "models": [vars(s) for s in self.services]}
+                "duration_s": self.duration_s, "unserved": list(self.unserved),
+                "unserved_rps": self.unserved_rps,
+                "max_utilization": _finite(self.max_utilization),
+                "models": [vars(s) | {"utilization": _finite(s.utilization)}
+                           for s in self.services]}
+
+
+def _finite(x: float) -> float | None:
+    return x if np.isfinite(x) else None
 
 
 def workload_for(demand: Demand, duration_s: float, seed: int) -> dict[str, Workload]:
@@ -77,9 +113,17 @@ def _take(wl: Workload, mask: np.ndarray) -> Workload:
     return Workload.from_arrays(wl.arrival[mask], wl.input_len[mask], wl.output_len[mask])
 
 
+def group_capacity_rps(model: str, g: Group, input_mean: float, output_mean: float) -> float:
+    """Saturated request rate of a group's replicas at the model's mean lengths."""
+    dep = Deployment(model, g.variant.spec(), tp=g.tp)
+    one = max_throughput(dep, max(1, round(input_mean)), max(1, round(output_mean)))
+    return one["requests_per_s"] * g.replicas
+
+
 def evaluate(demand: Demand, groups: Sequence[Group], duration_s: float = 300.0,
              seed: int = 0, slo: Mapping[str, SLO] | None = None) -> Evaluation:
-    """Simulate `groups` serving the demand's workload; latency and goodput per model."""
+    """Simulate `groups` serving the demand's workload; latency, goodput and utilisation per
+    model (unserved models flagged, see the module string)."""
     workloads = workload_for(demand, duration_s, seed)
     results = []
     all_e2e: list[np.ndarray] = []
@@ -114,12 +158,16 @@ def evaluate(demand: Demand, groups: Sequence[Group], duration_s: float = 300.0,
         all_e2e.append(arr)
         good_total += good
         done_total += len(arr)
+        mean_in = float(np.mean(wl.input_len)) if len(wl) else 1.0
+        mean_out = float(np.mean(wl.output_len)) if len(wl) else 1.0
+        capacity = sum(group_capacity_rps(svc.model, g, mean_in, mean_out) for g in mine)
         results.append(ServiceResult(
             svc.name, len(wl), len(arr),
             float(arr.mean()) if len(arr) else float("nan"),
             float(np.percentile(arr, 99)) if len(arr) else float("nan"),
             float(np.mean(ttft)) if ttft else float("nan"),
-            good / duration_s, len(arr) / duration_s))
+            good / duration_s, len(arr) / duration_s,
+            served=bool(mine), offered_rps=len(wl) / duration_s, capacity_rps=capacity))
     every = np.concatenate(all_e2e) if all_e2e else np.zeros(0)
     return Evaluation(tuple(results),
                       float(every.mean()) if len(every) else float("nan"),

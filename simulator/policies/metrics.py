@@ -59,6 +59,17 @@ def columns(run: ClusterRun) -> dict[str, np.ndarray]:
     return per_request(out)
 
 
+def gpu_busy_fraction(run: ClusterRun) -> float:
+    """GPU-time in engine iterations over GPU-time held, both up to the run's last event.
+    Engines a policy adopts onto GPUs it holds itself (Prism's shared GPUs) own no GPUs and
+    do not count: for those, see `prism.experiment.work_share`."""
+    c = run.cluster
+    end = max(run.makespan, run.horizon)
+    held = c.gpu_seconds(end)
+    busy = sum(inst.replica.busy * inst.gpus for inst in c.instances)
+    return min(1.0, busy / held) if held > 0 else 0.0
+
+
 def summarize(run: ClusterRun, slo: Slo | None = None, groups: str | None = None) -> dict[str, Any]:
     """Aggregates of a run; `groups` = "model" or "tier" adds a breakdown per group."""
     slo = slo or Slo()
@@ -103,6 +114,9 @@ def summarize(run: ClusterRun, slo: Slo | None = None, groups: str | None = None
         "gpu_hours": gpu_s / 3600,
         "instance_hours": c.instance_seconds(run.horizon) / 3600,
         "mean_gpus": gpu_s / horizon,
+        # share of the GPU-time held (to the last completion) that replicas spent in engine
+        # iterations: the operating point's utilisation
+        "gpu_utilization": gpu_busy_fraction(run),
         "cost_usd": cost,
         "instances_launched": len(c.instances),
         "events": _count_events(run),

@@ -112,3 +112,41 @@ def test_run_trace_json_stdout(tmp_path) -> None:  # type: ignore[no-untyped-def
 def test_run_needs_exactly_one_source() -> None:
     res = runner.invoke(app, ["run", "-m", "llama-2-7b", "-g", "a100"])
     assert res.exit_code == 2
+
+
+def _client(tmp_path, *extra: str) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    out = tmp_path / "r.json"
+    res = runner.invoke(
+        app,
+        ["run", "-m", "llama-3.1-8b", "-g", "h100", "--num-prompts", "40",
+         "--input-dist", "fixed:2000", "--output-dist", "fixed:64", "--out", str(out),
+         "--no-per-request", *extra],
+    )
+    assert res.exit_code == 0, res.output
+    assert "benchmark client" in res.output
+    return json.loads(out.read_text())
+
+
+def test_run_as_a_benchmark_client(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # `vllm bench serve --num-prompts 40 --max-concurrency 8`: the first burst counts
+    whole = _client(tmp_path, "--max-concurrency", "8")["client"]
+    steady = _client(tmp_path, "--max-concurrency", "8", "--exclude-first-burst")["client"]
+    assert whole["protocol"] == "vllm-bench-serve" and whole["measured_requests"] == 40
+    assert steady["measured_requests"] == 32
+    assert whole["mean_ttft_s"] > 0 and whole["output_throughput"] > 0
+    # all 40 at once (--request-rate inf, no limit): TTFT includes the queue of prefills
+    burst = _client(tmp_path)["client"]
+    assert burst["p99_ttft_s"] > 3 * whole["p99_ttft_s"]
+    # trtllm-bench: offline (no front-end cost), its own batch settings, TensorRT-LLM engine
+    trt = _client(tmp_path, "--protocol", "trtllm-bench", "--engine", "trtllm")
+    assert trt["client"]["protocol"] == "trtllm-bench"
+    assert trt["client"]["measured_requests"] == 40
+
+
+def test_run_client_rejects_bad_combinations() -> None:
+    res = runner.invoke(app, ["run", "-m", "llama-3.1-8b", "-g", "h100", "--num-prompts", "5",
+                              "--protocol", "locust"])
+    assert res.exit_code == 2 and "unknown client protocol" in res.output
+    res = runner.invoke(app, ["run", "-m", "llama-3.1-8b", "-g", "h100", "--num-prompts", "5",
+                              "--engine", "tgi"])
+    assert res.exit_code == 2 and "unknown engine" in res.output

@@ -45,7 +45,7 @@ def test_prefill_long_prompt_is_compute_bound_and_small_decode_memory_bound() ->
     gemm = [o for o in pre if o.name.startswith(("qkv", "o_proj", "mlp"))]
     assert all(o.bound == "compute" for o in gemm)
     compute_share = sum(o.time_s for o in pre if o.bound == "compute") / sum(o.time_s for o in pre)
-    assert compute_share > 0.8
+    assert compute_share > 0.75  # near-ridge blending (ridge_sharpness) lengthens memory ops too
     assert all(o.bound == "memory" for o in dec if o.bound != "overhead")
 
 

@@ -46,6 +46,8 @@ def run_one(
         "requests_per_s": s["throughput_rps"], "slo_attainment": s["slo_attainment"],
         "ttft_p99": s["ttft_s"]["p99"], "merges": s["notes"]["merges"],
         "splits": s["notes"]["splits"], "wall_s": run.wall_s,
+        "gpu_utilization": s["gpu_utilization"], "seed": seed, "duration_s": duration_s,
+        "tpot_p99": s["tpot_s"]["p99"],
         "long_done": s["by_tier"].get("long", {}).get("completed", 0),
     }
 
@@ -68,3 +70,46 @@ def figure12(
     base = best["gyges"]["tokens_per_s"]
     gains = {m: base / best[m]["tokens_per_s"] - 1 for m in modes if m != "gyges"}
     return {"rows": rows, "sustainable": best, "gain_over": gains}
+
+
+def equal_load(
+    loads: Sequence[float], duration_s: float = 1200.0, seeds: Sequence[int] = (0, 1, 2),
+    calibration: Mapping[str, float] | None = None, modes: Sequence[str] = MODES,
+) -> dict[str, Any]:
+    """Every mode at the *same* offered loads (the comparison the paper's Figure 12 also
+    allows): throughput, SLO attainment and GPU utilisation per mode, load and seed, and
+    Gyges's throughput and attainment relative to each baseline, seed by seed."""
+    rows = [run_one(m, x, duration_s, seed, calibration)
+            for x in loads for seed in seeds for m in modes]
+    rel: dict[str, dict[float, dict[str, list[float]]]] = {}
+    for m in modes:
+        if m == "gyges":
+            continue
+        for x in loads:
+            tput, att = [], []
+            for seed in seeds:
+                g = next(r for r in rows if r["mode"] == "gyges" and r["load"] == x
+                         and r["seed"] == seed)
+                b = next(r for r in rows if r["mode"] == m and r["load"] == x
+                         and r["seed"] == seed)
+                tput.append(g["tokens_per_s"] / b["tokens_per_s"] - 1)
+                att.append(g["slo_attainment"] - b["slo_attainment"])
+            rel.setdefault(m, {})[x] = {"throughput": tput, "attainment": att}
+    return {"rows": rows, "relative": rel, "seeds": list(seeds), "duration_s": duration_s}
+
+
+def stability(
+    durations: Sequence[float], seeds: Sequence[int], loads: Sequence[float],
+    calibration: Mapping[str, float] | None = None,
+) -> list[dict[str, Any]]:
+    """Gyges's sustainable-throughput gain over each baseline for every run length and
+    seed: how long a run must be before the headline stops moving."""
+    out = []
+    for d in durations:
+        for seed in seeds:
+            res = figure12(loads, d, seed, calibration)
+            out.append({"duration_s": d, "seed": seed, "gain_over": res["gain_over"],
+                        "sustainable": {m: {"load": r["load"], "tokens_per_s": r["tokens_per_s"],
+                                            "gpu_utilization": r["gpu_utilization"]}
+                                        for m, r in res["sustainable"].items()}})
+    return out

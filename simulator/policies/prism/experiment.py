@@ -46,6 +46,28 @@ def shared(wl: ClusterWorkload, mode: str, gpus: int, slo: Slo, horizon: float) 
     return summarize(run, slo)
 
 
+def work_share(wl: ClusterWorkload, gpus: int, horizon: float) -> float:
+    """The operating point's utilisation on `gpus` shared GPUs: the GPU-time the offered
+    requests need if each model ran alone at its saturated speed (offered rate over one
+    dedicated GPU's capacity at the model's mean lengths, `api.max_throughput`), summed over
+    the models, per GPU. A lower bound on the busy share a shared deployment reaches (sharing
+    adds interference, never removes work); 1.0 = the GPUs' whole time."""
+    from simulator.api import Deployment, max_throughput
+
+    need = 0.0
+    b = wl.base
+    for m in wl.models:
+        mask = wl.model_mask(m)
+        if not mask.any():
+            continue
+        spec = scenario.EXTRA_MODELS.get(m, m)
+        dep = Deployment(spec, scenario.GPU)
+        cap = max_throughput(dep, max(1, round(float(b.input_len[mask].mean()))),
+                             max(1, round(float(b.output_len[mask].mean()))))["requests_per_s"]
+        need += mask.sum() / horizon / cap if cap > 0 else float("inf")
+    return need / gpus
+
+
 def headline(
     rates: Sequence[float] = (4.0, 8.0, 12.0), duration_s: float = 1800.0,
     slo_scale: float = 5.0, gpus: int = 2, seed: int = 0, modes: Sequence[str] = MODES,
@@ -57,6 +79,7 @@ def headline(
         wl = scenario.workload(rate, duration_s, seed)
         slo, ded = dedicated_slo(wl, slo_scale, duration_s)
         row: dict[str, Any] = {"rate": rate, "requests": len(wl),
+                               "work_share": work_share(wl, gpus, duration_s),
                                "dedicated": _brief(ded, len(wl.models))}
         for mode in modes:
             row[mode] = _brief(shared(wl, mode, gpus, slo, duration_s), gpus)
@@ -95,4 +118,5 @@ def _brief(s: dict[str, Any], gpus: int) -> dict[str, Any]:
     return {"gpus": gpus, "slo_attainment": s["slo_attainment"],
             "ttft_attainment": s["ttft_attainment"], "tpot_attainment": s["tpot_attainment"],
             "ttft_p99": s["ttft_s"]["p99"], "cost_usd": s["cost_usd"], "wall_s": s["wall_s"],
+            "gpu_busy": s["gpu_utilization"],
             "notes": {k: v for k, v in s["notes"].items() if k != "slo_ttft_s"}}

@@ -47,6 +47,10 @@ class ScaledCost:
     def par(self) -> Parallelism:
         return self.base.par
 
+    @property
+    def host_overlap(self) -> bool:
+        return self.base.host_overlap
+
     def cycle_time(self, *args: Any, **kwargs: Any) -> float:
         return self.factor * self.base.cycle_time(*args, **kwargs)
 

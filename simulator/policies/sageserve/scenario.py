@@ -11,7 +11,7 @@ fitted on past weeks.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -43,8 +43,14 @@ def parse_label(label: str) -> tuple[str, str]:
 
 
 def day(rate: float, seed: int = 0, duration_s: float = DAY_S, model: str = MODEL,
-        start_s: float = 0.0) -> ClusterWorkload:
-    """`duration_s` of traffic from `start_s` into the day, at a daily mean of `rate` req/s."""
+        start_s: float = 0.0,
+        bursts: Sequence[tuple[float, float, float]] = ()) -> ClusterWorkload:
+    """`duration_s` of traffic from `start_s` into the day, at a daily mean of `rate` req/s.
+
+    `bursts` adds unforecast spikes, the paper's Figure 16a test ("randomly increasing the
+    incoming load to 8x"): (start, length, factor) windows, in seconds from `start_s`, during
+    which every interactive stream runs at `factor` times its rate (extra Poisson arrivals
+    at factor - 1 times the stream's diurnal rate at the window's middle)."""
     rng = np.random.default_rng(seed)
     parts: list[Part] = []
     curve = Diurnal(AMPLITUDE, DAY_S, PEAK_S - start_s)
@@ -56,6 +62,11 @@ def day(rate: float, seed: int = 0, duration_s: float = DAY_S, model: str = MODE
                 arr = arrivals(r, rng, duration=duration_s)
             else:
                 arr = arrivals(r, rng, duration=duration_s, cv=IW_CV, diurnal=curve)
+                extra = [
+                    b0 + arrivals(r * (f - 1) * float(curve.factor(np.asarray(b0 + bl / 2))),
+                                  rng, duration=bl)
+                    for b0, bl, f in bursts if f > 1 and b0 < duration_s]
+                arr = np.sort(np.concatenate([arr, *extra])) if extra else arr
             parts.append(Part(arr, INPUT.sample(len(arr), rng), OUTPUT.sample(len(arr), rng),
                               model, tier_label(tier, region)))
     return ClusterWorkload.from_parts(parts)
