@@ -163,9 +163,12 @@ class LocalReplica:
         other = self.registry.map.session_of(record.peer_id)
         if other is not None and self.registry.map.outranked(record.peer_id,
                                                             record.session_id):
-            # A newer session of our own peer id is here: ours would be refused.
-            log.warning("session %s of this node's peer id supersedes ours (%s); "
-                        "announcing a newer session", other, record.session_id)
+            # A newer session of our own peer id is here (an earlier run's, from before
+            # our clock went back, or another process with our key): ours would be
+            # refused, so we take a newer one.
+            log.warning("session %s of this node's peer id supersedes ours (%s): another "
+                        "process may be running with this node's key, or the clock went "
+                        "back; announcing a newer session", other, record.session_id)
             record = replace(record, session_id=self.new_session_id(epoch_of(other)),
                              version=1)
         self.record = record
@@ -280,9 +283,9 @@ class LocalReplica:
 
     async def _rejoin_if_superseded(self, record: NodeRecord) -> None:
         """Our session is gone from the registry because a newer session of our own peer
-        id is there: an earlier run's, from before our clock went back (and its epoch
-        file was lost), or another process started with this node's key. Outbid it,
-        within ``OUTBID_INTERVAL_S``, and say why."""
+        id is there: announce again (``announce`` takes a newer session), at most every
+        ``OUTBID_INTERVAL_S``: two processes sharing a key would otherwise outbid each
+        other at gossip speed."""
         other = self.registry.map.session_of(record.peer_id)
         if other is None or other == record.session_id:
             return
@@ -290,13 +293,10 @@ class LocalReplica:
         if self._outbid_at is not None and now - self._outbid_at < OUTBID_INTERVAL_S:
             return
         self._outbid_at = now
-        log.warning("session %s of this node's peer id supersedes ours (%s): another "
-                    "process may be running with this node's key, or the clock went back; "
-                    "rejoining with a newer session", other, record.session_id)
-        await self._rejoin(record, above=epoch_of(other))
+        await self.announce()
 
-    async def _rejoin(self, record: NodeRecord, above: int = 0) -> None:
-        self.record = replace(record, session_id=self.new_session_id(above), version=0)
+    async def _rejoin(self, record: NodeRecord) -> None:
+        self.record = replace(record, session_id=self.new_session_id(), version=0)
         await self.announce()
 
 

@@ -81,6 +81,7 @@ FORGERY_LOG_INTERVAL_S = 60.0  # one warning per forging peer per minute; every 
 # Records one signer may have forwarded by gossip: honest nodes announce a few changes a
 # minute (state, reachability, relays), a restarting or rejoining one a few in a second.
 GOSSIP_BURST, GOSSIP_PER_S = 30.0, 2.0
+FLOOD_REPORTED_AFTER = 10  # refusals of a signer's gossip before it is reported
 # Evictions one member may sign: after a mass failure the rank order spreads them over the
 # survivors (a handful each); a member evicting faster than any failure explains is not
 # detecting failures.
@@ -147,6 +148,7 @@ class Replicator:
         self.misconduct = Misconduct()
         self._misconduct_log = LogBudget(burst=10, window=60.0)
         self._gossip_rates = PeerRates(GOSSIP_BURST, GOSSIP_PER_S)
+        self._over_rate: Counter[str] = Counter()  # gossip refused per signer, for reports
         self._eviction_rates = PeerRates(EVICTION_BURST, EVICTION_PER_S)
         # Peers to sync with at once, and why: "returning" (connected while their sessions
         # here were all LEFT) or "drift" (their replica stays different from ours).
@@ -348,8 +350,13 @@ class Replicator:
                 return False
         if not self._gossip_rates.take(source, now):
             self.stats["gossip_rate_limited"] += 1
-            self.report(source, GOSSIP_RATE, f"more than {GOSSIP_BURST:.0f} registry updates "
-                        f"at once, then {GOSSIP_PER_S:g} a second")
+            # Reported once it is plainly a flood, not an honest node's busy moment.
+            self._over_rate[source] += 1
+            if self._over_rate[source] >= FLOOD_REPORTED_AFTER:
+                self.report(source, GOSSIP_RATE, f"more than {GOSSIP_BURST:.0f} registry "
+                            f"updates at once, then {GOSSIP_PER_S:g} a second")
+            if len(self._over_rate) > 4096:
+                self._over_rate.clear()
             return False
         return True
 

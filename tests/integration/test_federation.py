@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from otela.localfed import wait_for
+from otela.localfed import echo_engine_command, free_port, wait_for
 from otela.mesh.bootstrap import BACKOFF_MAX_S, DIAL_TIMEOUT_S
 
 from .helpers import CONVERGE_S, chat, serving_node, wait_state
@@ -85,6 +85,34 @@ def test_a_restarted_bootstrap_node_finds_the_federation_again(federation):
     for node in (a, b):
         wait_for(lambda node=node: node.states().get(boot.session_id) == "JOIN", CONVERGE_S,
                  f"{node.name} to learn the bootstrap node's new session")
+
+
+def test_a_node_killed_and_restarted_replaces_its_old_session_everywhere(federation):
+    """A registry keeps one session per peer: the restarted node's new session supersedes
+    the killed run's (no stale SERVING entry waits for an eviction), even when the new run
+    has no epoch file and its clock is behind the old session's epoch: it outbids that."""
+    boot = federation.start_node("boot", ingress=True)
+    home = federation.root / "server"
+    home.mkdir()
+    ahead = int((time.time() + 3600) * 1000)  # the killed run's clock was an hour ahead
+    (home / "session-epoch").write_text(f"{ahead}\n")
+    server = federation.start_node("server", bootstrap=[boot],
+                                   process=echo_engine_command(free_port(), ["m"]))
+    wait_state(boot, server, "SERVING")
+    old_session, peer = server.session_id, server.status["peer_id"]
+    server.process.kill()
+    server.process.wait()
+    (home / "session-epoch").unlink()  # and the new run lost the file
+    server = federation.start_node("server", bootstrap=[boot],
+                                   process=echo_engine_command(free_port(), ["m"]))
+    wait_for(lambda: {n["session_id"]: n["state"] for n in boot.nodes()
+                      if n["peer_id"] == peer} == {
+                          server.get("/v1/health")["session_id"]: "SERVING"},
+             CONVERGE_S, "the restarted node's one session to serve")
+    assert old_session not in boot.states()
+    assert "supersedes ours" in server.log_tail(200)
+    assert boot.get("/v1/health")["replication"]["sessions_superseded"] >= 1
+    assert chat(boot, "m").headers["x-otela-peer-id"] == peer
 
 
 def test_chat_completion_and_stream_through_the_ingress(federation):

@@ -423,7 +423,7 @@
     try {
       const token = sessionStorage.getItem(STORE.key);
       const [health, nodesDoc, network, modelsDoc] = await Promise.allSettled([
-        api("/v1/health"), api("/v1/registry/nodes"), api("/v1/network"),
+        api("/v1/health"), api("/v1/registry/nodes?limit=1000"), api("/v1/network"),
         api("/v1/models", { token }),
       ]);
       const errors = [];
