@@ -196,8 +196,13 @@ class Node:
             local_engine=self.serving_engine_url, hop_signer=self.hop_signer, p2p=self.p2p)
         # Load: ours, reported on every answer and sent to the ingresses; others', read by
         # the router.
+        plausible = capacity_of(self.hardware)
+        if config.capacity is not None and config.capacity > plausible:
+            log.warning("--capacity %g is more than this node's GPUs serve (%g): ingresses "
+                        "count at most %g (docs/routing.md)", config.capacity, plausible,
+                        plausible)
         self.load = LoadSource(
-            config.capacity if config.capacity is not None else capacity_of(self.hardware),
+            config.capacity if config.capacity is not None else plausible,
             others=lambda: self.workers.total("engine_in_flight") if self.workers else 0)
         self.router = Router(self.registry, self.upstreams, routing_settings(config),
                              suspected=self.avoided, own_load=self._own_load,
