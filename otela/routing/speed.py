@@ -9,9 +9,11 @@ record can serve (``otela.load.capacity``), and *factor* is learned here from ti
 byte, per model and kind of request (streamed or not; a non-streamed answer's first byte is
 its last): each node's moving average against the reference, the median of those averages
 over the nodes serving that model here (a median: one slow node, however slow, cannot drag
-the reference to itself). A node answering at or faster than the reference keeps its
-weight (a faster node gains nothing it did not claim); one answering twice as slowly gets
-half, down to ``FLOOR``. So a node that claims much and answers slowly loses weight,
+the reference to itself). A node answering within ``SLACK`` times the reference keeps its
+weight (a faster node gains nothing it did not claim; a node a little slower, or unlucky
+with its last answers, loses nothing: on a loaded host the averages wander by tens of
+percent, and a weight that followed them skewed even idle shares); one answering more
+slowly gets ``SLACK x reference / its average``, down to ``FLOOR``. So a node that claims much and answers slowly loses weight,
 and no node draws more than its measured share. Until a node has ``MIN_SAMPLES`` answers
 here its factor is 1.
 """
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 WEIGHT = 0.1  # of a new sample in a moving average: about the last 10-20 answers
 MIN_SAMPLES = 8
 FLOOR = 0.1
+SLACK = 2.0  # slower than the median node by up to this factor costs no weight
 REFERENCE_EVERY = 16  # answers per model between recomputations of its reference
 
 
@@ -71,7 +74,7 @@ class Speeds:
         node = None if kind is None else kind.nodes.get(session)
         if kind is None or node is None or node.samples < MIN_SAMPLES or node.value <= 0.0:
             return 1.0
-        return max(FLOOR, min(1.0, kind.reference / node.value))
+        return max(FLOOR, min(1.0, SLACK * kind.reference / node.value))
 
     def report(self, session: str) -> dict[str, float]:
         """For ``/v1/network``'s routing report: the node's factors by model."""

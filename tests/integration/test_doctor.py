@@ -44,11 +44,14 @@ def test_doctor_explains_peers_that_left_or_never_appeared(
     federation: LocalFederation,
 ) -> None:
     fed = federation
-    a = fed.start_node("a", extra_args=["--suspicion-timeout", "3s"])
+    fast = ["--suspicion-timeout", "3s"]
+    a = fed.start_node("a", extra_args=fast)
     with fed.together():
         b = fed.start_node("b", bootstrap=[a])
-        c = fed.start_node("c", bootstrap=[a], extra_args=["--suspicion-timeout", "3s"])
-    wait_for(lambda: len(a.states()) == 3 and len(c.states()) == 3, 20, "all to see all")
+        c = fed.start_node("c", bootstrap=[a], extra_args=fast)
+        # d: with a, the second member an eviction needs as witness once b has left
+        d = fed.start_node("d", bootstrap=[a], extra_args=fast)
+    wait_for(lambda: all(len(n.states()) == 4 for n in (a, c, d)), 20, "all to see all")
 
     fed.stop_node(b)  # SIGTERM: a clean leave
     b_id = b.status["peer_id"]
