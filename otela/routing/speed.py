@@ -13,9 +13,9 @@ the reference to itself). A node answering within ``SLACK`` times the reference 
 weight (a faster node gains nothing it did not claim; a node a little slower, or unlucky
 with its last answers, loses nothing: on a loaded host the averages wander by tens of
 percent, and a weight that followed them skewed even idle shares); one answering more
-slowly gets ``SLACK x reference / its average``, down to ``FLOOR``. So a node that claims much and answers slowly loses weight,
-and no node draws more than its measured share. Until a node has ``MIN_SAMPLES`` answers
-here its factor is 1.
+slowly gets ``SLACK x reference / its average``, down to ``FLOOR``. So a node that claims
+much and answers slowly loses weight, and no node draws more than its measured share.
+Until a node has ``MIN_SAMPLES`` answers here its factor is 1.
 """
 
 from __future__ import annotations
