@@ -226,3 +226,14 @@ def test_a_packed_job_is_drained_at_its_wall_time_only_once_its_successor_serves
     nodes.append(node("2", version=2))
     assert [type(a) for a in reconcile([want], observed([old, new], nodes),
                                        POLICY).actions] == [Drain]
+
+
+def test_the_wall_time_the_node_read_counts_when_slurm_gives_none():
+    from dataclasses import replace
+    unknown = job("1", ends=None)
+    assert unknown.ends_at is None
+    near = replace(node("1"), end_time=NOW + 60 + 30)
+    decision = reconcile([want(1)], observed([unknown], [near]), POLICY)
+    assert kinds(decision) == [("Submit", "a")]
+    assert decision.actions[0].reason.startswith("successor of a/1 (wall time in 90s)")
+    assert reconcile([want(1)], observed([unknown], [node("1")]), POLICY).actions == []
