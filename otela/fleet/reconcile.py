@@ -162,7 +162,7 @@ def _deployment(want: Want, replicas: list[Replica], observed: Observed, policy:
             reasons.append(f"replaces {job.label()} (pending too long)")
             continue
         ends = _ends(replica)
-        if replica.status in (SERVING, STARTING) and ends is not None and \
+        if replica.status == SERVING and ends is not None and \
                 _expiring(replica, ends, observed, policy):
             retiring.append((replica, "wall time"))
             reasons.append(f"successor of {job.label()} (wall time in {ends - now:.0f}s)")
@@ -209,10 +209,16 @@ def _ends(replica: Replica) -> float | None:
 
 
 def _expiring(replica: Replica, ends: float, observed: Observed, policy: Policy) -> bool:
-    """Whether the replica's successor must be submitted now to serve before it drains."""
-    cluster = policy.cluster(replica.job.cluster)
-    lead = observed.estimate(replica.job.cluster).lead + policy.handover_slack + \
-        policy.interval
+    """Whether the serving replica's successor must be submitted now to serve before it
+    drains. The lead is capped at half the job's serving life: when queue waits grow
+    longer than that, starting successors earlier would replace each replica as soon as
+    it serves (and its successor, in turn), so they start at half-life, and capacity dips
+    at the hard margin if they are late."""
+    job = replica.job
+    cluster = policy.cluster(job.cluster)
+    lead = observed.estimate(job.cluster).lead + policy.handover_slack + policy.interval
+    if job.started_at is not None:
+        lead = min(lead, max(0.0, ends - cluster.drain_margin - job.started_at) / 2)
     return observed.now >= ends - cluster.drain_margin - lead
 
 
