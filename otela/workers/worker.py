@@ -166,7 +166,7 @@ class Worker:
         self.server = HttpServer(
             Dispatch(InferenceRoutes(self.router, observers, config.record_prompts,
                                      config.affinity_prefix, keys=self.ingress_service,
-                                     hold=hold_room(config, self.view.registry,
+                                     hold=hold_room(config, lambda: self.view.registry,
                                                     self.metrics)),
                      EngineHop(verifier, gate, self.pool, config.first_byte_timeout,
                                self.load),
