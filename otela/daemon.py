@@ -248,7 +248,8 @@ class Node:
         self.dispatch = Dispatch(
             InferenceRoutes(self.router, observers, config.record_prompts,
                             config.affinity_prefix, keys=self.ingress_service,
-                            hold=hold_room(config, self.registry, self.metrics)), self.hop,
+                            hold=hold_room(config, lambda: self.registry, self.metrics)),
+            self.hop,
             AsgiHandler(self.api), self.inflight, self.metrics, routes)
         self.http = HttpServer(self.dispatch, ServerLimits(
             max_body_bytes=config.max_body_bytes,

@@ -8,7 +8,8 @@ lead time when it is higher) and ``target_in_flight`` concurrent requests (on it
 nodes); one more than serve now while the mean time to first byte is above ``ttft``; at
 least one while a request is held for a first replica (scale to zero) or while the
 deployment saw a request within ``idle_timeout``. A load within ``tolerance`` of a whole
-replica is not rounded up, so a steady load on a boundary does not add one.
+replica is not rounded up for a scale-up, and rounded up for a scale-down: a load on a
+boundary keeps the count it has.
 
 Hysteresis: up at once to what the load asks for (one replica at a time, at most every
 ``up_cooldown``, when only the first-byte time asks for more); down
@@ -111,14 +112,22 @@ def wish(spec: Autoscale, rate: float, signals: Signals, ttft: float | None = No
     return max(load_wish(spec, rate, signals), ttft_wish(spec, ttft, signals.serving))
 
 
-def load_wish(spec: Autoscale, rate: float, signals: Signals) -> int:
-    """Replicas the request rate and the in-flight requests ask for."""
+def load_wish(spec: Autoscale, rate: float, signals: Signals, margin: float | None = None
+              ) -> int:
+    """Replicas the request rate and the in-flight requests ask for: the load in
+    replicas' worth, rounded up after taking ``margin`` off (``-tolerance`` by default:
+    a load just above a whole number of replicas does not add one; ``+tolerance`` for
+    the wish a scale-down must see, so that between the two lies a dead band and a load
+    on a boundary keeps the count it has)."""
     loads = [0.0]
     if spec.target_rps:
         loads.append(rate / spec.target_rps)
     if spec.target_in_flight:
         loads.append(signals.in_flight / spec.target_in_flight)
-    return max(0, math.ceil(max(loads) - spec.tolerance))
+    load = max(loads)
+    if load <= 0:
+        return 0
+    return max(0, math.ceil(load + (-spec.tolerance if margin is None else margin)))
 
 
 def ttft_wish(spec: Autoscale, ttft: float | None, serving: int) -> int:
@@ -139,11 +148,17 @@ def step(spec: Autoscale, low: int, high: int, state: ScaleState, signals: Signa
         state.last_request = now
     effective = max(rate, forecast or 0.0)
     by_load = load_wish(spec, effective, signals)
-    raw = max(by_load, ttft_wish(spec, ttft, signals.serving))
-    if signals.held > 0 or (state.last_request and now - state.last_request < spec.idle_timeout):
-        raw = max(raw, 1)
-    raw = min(max(raw, low), high)
-    state.recent.append((now, raw))
+    slow = ttft_wish(spec, ttft, signals.serving)
+    awake = signals.held > 0 or bool(state.last_request and
+                                     now - state.last_request < spec.idle_timeout)
+
+    def limited(wish: int) -> int:
+        return min(max(wish, 1 if awake else 0, low), high)
+
+    raw = limited(max(by_load, slow))
+    # What a scale-down must have seen over its whole window: the same, rounded up.
+    state.recent.append((now, limited(max(load_wish(spec, effective, signals,
+                                                    spec.tolerance), slow))))
     # The wishes of the last ``down_window``, and the one before it (whose wish held at
     # the window's start): the window is full once that one is at least a window old.
     inside = [i for i, (t, _) in enumerate(state.recent) if now - t < spec.down_window]

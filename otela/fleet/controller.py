@@ -95,6 +95,7 @@ class Controller:
         self.use(fleet)
         self._starting: set[str] = set()  # jobs seen running but not serving yet
         self._unreachable: set[str] = set()
+        self._noted: set[tuple[str, str]] = set()  # notes of the last pass
         self.last: PassResult | None = None
 
     def use(self, fleet: Fleet) -> None:
@@ -319,8 +320,14 @@ class Controller:
         if dry_run:
             result.done = [describe(a) for a in decision.actions]
             return result
+        # A note is an event when it starts (a backoff, a wait for a successor), not on
+        # every pass while it lasts.
+        noted = {(note.deployment, note.what) for note in decision.notes}
         for note in decision.notes:
-            self.events.emit(note.what, note.message, deployment=note.deployment, at=obs.now)
+            if (note.deployment, note.what) not in self._noted:
+                self.events.emit(note.what, note.message, deployment=note.deployment,
+                                 at=obs.now)
+        self._noted = noted
         self.metrics.passes.inc()
         for action in decision.actions:
             result.done.append(await self.execute(action, obs))

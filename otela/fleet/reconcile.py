@@ -161,11 +161,11 @@ def _deployment(want: Want, replicas: list[Replica], observed: Observed, policy:
             avoid.add(job.cluster)
             reasons.append(f"replaces {job.label()} (pending too long)")
             continue
-        if replica.status in (SERVING, STARTING) and _expiring(replica, observed, policy):
+        ends = _ends(replica)
+        if replica.status == SERVING and ends is not None and \
+                _expiring(replica, ends, observed, policy):
             retiring.append((replica, "wall time"))
-            assert job.ends_at is not None
-            reasons.append(f"successor of {job.label()} (wall time in "
-                           f"{job.ends_at - now:.0f}s)")
+            reasons.append(f"successor of {job.label()} (wall time in {ends - now:.0f}s)")
             continue
         current.append(replica)
 
@@ -201,16 +201,24 @@ def _deployment(want: Want, replicas: list[Replica], observed: Observed, policy:
         spare -= replica.serving
 
 
-def _expiring(replica: Replica, observed: Observed, policy: Policy) -> bool:
-    """Whether the replica's successor must be submitted now to serve before it drains."""
+def _ends(replica: Replica) -> float | None:
+    """When the replica's job hits its wall time: from Slurm, else as its node read it."""
+    if replica.job.ends_at is not None:
+        return replica.job.ends_at
+    return None if replica.node is None else replica.node.end_time
+
+
+def _expiring(replica: Replica, ends: float, observed: Observed, policy: Policy) -> bool:
+    """Whether the serving replica's successor must be submitted now to serve before it
+    drains. The lead is capped at half the job's serving life: when queue waits grow
+    longer than that, starting successors earlier would replace each replica as soon as
+    it serves (and its successor, in turn), so they start at half-life, and capacity dips
+    at the hard margin if they are late."""
     job = replica.job
-    ends = job.ends_at
-    if ends is None and replica.node is not None:
-        ends = replica.node.end_time
-    if ends is None:
-        return False
     cluster = policy.cluster(job.cluster)
     lead = observed.estimate(job.cluster).lead + policy.handover_slack + policy.interval
+    if job.started_at is not None:
+        lead = min(lead, max(0.0, ends - cluster.drain_margin - job.started_at) / 2)
     return observed.now >= ends - cluster.drain_margin - lead
 
 

@@ -40,10 +40,13 @@ T = TypeVar("T")
 
 class HoldRoom:
     def __init__(self, patterns: Sequence[str], timeout: float, capacity: int,
-                 registry: RegistryReplica, metrics: Registry | None = None) -> None:
+                 registry: Callable[[], RegistryReplica],
+                 metrics: Registry | None = None) -> None:
         self.patterns = tuple(patterns)
         self.timeout = timeout
         self.capacity = capacity
+        # The replica to look in, asked each time: a data-path worker's is replaced by a
+        # new one whenever the control process sends a snapshot.
         self.registry = registry
         self.waiting = 0
         metrics = metrics or Registry()
@@ -71,7 +74,7 @@ class HoldRoom:
         self.held.inc(model)
         try:
             with trio.move_on_after(self.timeout):
-                while not self.registry.serving_candidates(model):
+                while not self.registry().serving_candidates(model):
                     await trio.sleep(POLL_S)
                 self.outcomes.inc(model, "served")
                 return
@@ -116,7 +119,7 @@ class ModelFirstByte:
             self.histogram.observe(first, exchange.model)
 
 
-def hold_room(config: NodeConfig, registry: RegistryReplica, metrics: Registry
+def hold_room(config: NodeConfig, registry: Callable[[], RegistryReplica], metrics: Registry
               ) -> HoldRoom | None:
     """The node's waiting room, if ``--hold-models`` names any model."""
     if not config.hold_models:

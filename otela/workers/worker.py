@@ -169,7 +169,7 @@ class Worker:
         dispatch = Dispatch(
             InferenceRoutes(self.router, observers, config.record_prompts,
                             config.affinity_prefix, keys=self.ingress_service,
-                            hold=hold_room(config, self.view.registry, self.metrics)),
+                            hold=hold_room(config, lambda: self.view.registry, self.metrics)),
             EngineHop(verifier, gate, self.pool, self.load),
             self.control.api, self.inflight, metrics=None, routes=routes)
         self.server = HttpServer(

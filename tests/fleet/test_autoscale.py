@@ -146,3 +146,14 @@ def test_a_down_window_of_two_passes_still_scales_down():
     assert state.target == 2
     quiet = drive(spec, state, load, 0.0, 60, current=2, low=0)
     assert quiet[-1] == 0, quiet
+
+
+def test_a_load_on_a_boundary_settles_without_going_back_and_forth():
+    # 19 req/s +-10 % at 5 req/s per replica: 3.4 to 4.2 replicas' worth, now and then
+    # just above 4.1 (which asks for a fifth)
+    spec = Autoscale(target_rps=5.0, down_window=120, down_cooldown=300, up_cooldown=20)
+    state, load = ScaleState(), Load()
+    targets = drive(spec, state, load, 19.0, 3600, current=6, low=2, high=6, jitter=0.1,
+                    rng=random.Random(7))
+    changes = [(i, t) for i, t in enumerate(targets) if i and t != targets[i - 1]]
+    assert [t for _, t in changes] == [5], changes  # one settle from the overshoot, no more

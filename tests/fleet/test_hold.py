@@ -14,6 +14,7 @@ from otela.routing.hold import HoldRoom, route_or_hold
 from tests.unit.registry_helpers import entry
 
 NOW = 1000.0
+EMPTY = Registry()  # a replica in which nothing serves
 
 
 def in_trio(test):
@@ -31,7 +32,8 @@ def no_node(model: str) -> RequestError:
 @in_trio
 async def test_a_held_request_is_routed_once_a_node_serves():
     registry, metrics = Registry(), Metrics()
-    room = HoldRoom(["cold-*"], timeout=10, capacity=4, registry=registry, metrics=metrics)
+    room = HoldRoom(["cold-*"], timeout=10, capacity=4, registry=lambda: registry,
+                    metrics=metrics)
     calls = []
 
     async def route() -> str:
@@ -56,7 +58,7 @@ async def test_a_held_request_is_routed_once_a_node_serves():
 
 @in_trio
 async def test_a_held_request_times_out_with_retry_after():
-    room = HoldRoom(["cold-*"], timeout=0.3, capacity=4, registry=Registry())
+    room = HoldRoom(["cold-*"], timeout=0.3, capacity=4, registry=lambda: EMPTY)
 
     async def route() -> str:
         raise no_node("cold-b")
@@ -70,7 +72,7 @@ async def test_a_held_request_times_out_with_retry_after():
 
 @in_trio
 async def test_other_models_and_other_errors_are_not_held():
-    room = HoldRoom(["cold-*"], timeout=10, capacity=4, registry=Registry())
+    room = HoldRoom(["cold-*"], timeout=10, capacity=4, registry=lambda: EMPTY)
 
     async def missing() -> str:
         raise no_node("warm")
@@ -90,7 +92,7 @@ async def test_other_models_and_other_errors_are_not_held():
 
 @in_trio
 async def test_the_waiting_room_is_bounded():
-    room = HoldRoom(["*"], timeout=5, capacity=2, registry=Registry())
+    room = HoldRoom(["*"], timeout=5, capacity=2, registry=lambda: EMPTY)
     results: list[int] = []
 
     async def route() -> str:

@@ -226,3 +226,27 @@ def test_a_packed_job_is_drained_at_its_wall_time_only_once_its_successor_serves
     nodes.append(node("2", version=2))
     assert [type(a) for a in reconcile([want], observed([old, new], nodes),
                                        POLICY).actions] == [Drain]
+
+
+def test_the_wall_time_the_node_read_counts_when_slurm_gives_none():
+    from dataclasses import replace
+    unknown = job("1", ends=None)
+    assert unknown.ends_at is None
+    near = replace(node("1"), end_time=NOW + 60 + 30)
+    decision = reconcile([want(1)], observed([unknown], [near]), POLICY)
+    assert kinds(decision) == [("Submit", "a")]
+    assert decision.actions[0].reason.startswith("successor of a/1 (wall time in 90s)")
+    assert reconcile([want(1)], observed([unknown], [node("1")]), POLICY).actions == []
+
+
+def test_a_lead_longer_than_half_a_jobs_life_never_replaces_a_replica_as_it_starts():
+    slow = {"a": Estimate(queue_wait=300, engine_start=60), "b": EST["b"]}
+    # started 5 s ago, 118 s left, 60 s margin: 53 s of serving life, half of it 26.5 s
+    fresh = job("1", started=NOW - 5, ends=NOW + 118)
+    obs = Observed(now=NOW, jobs=(fresh,), nodes=(node("1"),), estimates=slow)
+    assert reconcile([want(1)], obs, POLICY).actions == []
+    later = Observed(now=NOW + 27, jobs=(fresh,), nodes=(node("1"),), estimates=slow)
+    assert kinds(reconcile([want(1)], later, POLICY)) == [("Submit", "a")]
+    # a starting replica is never expiring: its successor would be no earlier
+    starting = Observed(now=NOW + 40, jobs=(fresh,), estimates=slow)
+    assert reconcile([want(1)], starting, POLICY).actions == []

@@ -152,8 +152,8 @@ PACKED = FLEET.replace('memory = "64G"', 'memory = "64G"\nwhole_nodes = true').r
 FAKE_OTELA = """#!/bin/bash
 # stands in for `otela start`: records what it got, exits as told, drains on TERM
 slot=${OTELA_HOME##*-}
-echo "$slot $CUDA_VISIBLE_DEVICES $3" >> "$LOG/started"
 trap 'echo "$slot TERM" >> "$LOG/signals"; exit 0' TERM
+echo "$slot $CUDA_VISIBLE_DEVICES $3" >> "$LOG/started"
 if [ "$slot" = "$FAIL_SLOT" ]; then sleep 0.5; exit 3; fi
 while :; do sleep 0.05; done
 """

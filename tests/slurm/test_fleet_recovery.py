@@ -152,3 +152,31 @@ def test_an_unreachable_cluster_is_left_alone_and_compensated_on_another(
         assert json.loads(cli("apply", "--json").stdout)["actions"] == []
         assert json.loads(cli("status", "--json").stdout)["unreachable"] == {}
         assert sorted(j.cluster for j in active(fleet_jobs(name))) == ["local", "remote"]
+
+
+def test_a_job_pending_past_its_limit_is_tried_on_another_cluster(federation, tmp_path):
+    ingress = federation.start_node("ingress", ingress=True)
+    name = fleet_name()
+    file = tmp_path / "fleet.toml"
+    # On "busy" every job waits an hour to start (as behind a long queue).
+    file.write_text(
+        fleet_toml(name, ingress, interval="3s")
+        + cluster_toml("busy", tmp_path, extra='sbatch_args = ["--begin=now+1hour"]\n'
+                                             'pending_limit = "8s"')
+        + cluster_toml("free", tmp_path)
+        + deployment_toml("queued", "fleet-queued", replicas=1, clusters=["busy", "free"]))
+    cli = FleetCli(file, tmp_path / "state", tmp_path)
+    with cancel_fleet_jobs(name):
+        try:
+            cli.start_run()
+            wait_serving(ingress, name, 1, timeout=90)
+        finally:
+            cli.stop_runs()
+        events = cli.events()
+        moves = [(e["kind"], e.get("cluster")) for e in events
+                 if e["kind"] in ("submit", "cancel")]
+        assert moves == [("submit", "busy"), ("cancel", "busy"), ("submit", "free")], moves
+        cancel = next(e for e in events if e["kind"] == "cancel")
+        assert "pending for" in cancel["message"] and "BeginTime" in cancel["message"]
+        states = {j.cluster: j.state for j in fleet_jobs(name)}
+        assert states == {"busy": "CANCELLED", "free": "RUNNING"}
