@@ -364,7 +364,13 @@ class Prober:
     async def _evict(self, peer_id: str) -> None:
         reason = (f"unresponsive for {self.config.suspicion_timeout:.0f}s after suspicion "
                   "(direct, indirect and recent-contact probes failed)")
-        for session_id in await self.node.evict(peer_id, reason):
+        evicted = await self.node.evict(peer_id, reason)
+        for session_id in evicted:
             self.stats["evicted"] += 1
             self.events.record(peer_id, "evicted", f"session {session_id}: {reason}")
             log.warning("evicted session %s of %s", session_id, peer_id)
+        if not evicted and self.news.publish_suspicion(
+                peer_id, peer_id in self.watch.lost, corroborate=True):
+            # Refused for want of a second signer: ask the chosen verifiers to look.
+            self.events.record(peer_id, "corroborating",
+                               "eviction needs a second suspicion; published ours")
