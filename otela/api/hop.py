@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from otela.api.inference import request_id_of
 from otela.dataplane import headers as policy
-from otela.dataplane.gate import ENGINE_PREFIX
 from otela.dataplane.headers import Headers
 from otela.dataplane.hop_auth import HOP_HEADER, HopRefused, HopVerifier
 from otela.dataplane.hop_core import HopCore, caller_refused
@@ -17,6 +16,7 @@ from otela.dataplane.http import Request, Response
 from otela.dataplane.outcome import Outcome
 from otela.dataplane.relay import relay, send_error
 from otela.dataplane.upstream import Reply
+from otela.names import ENGINE_PREFIX
 
 _HOP = HOP_HEADER.encode()
 

@@ -20,11 +20,11 @@ from urllib.parse import urlsplit
 import trio
 
 from otela.dataplane.errors import UpstreamTimeout
-from otela.dataplane.gate import ENGINE_PREFIX
 from otela.dataplane.headers import Headers
 from otela.dataplane.hop_auth import HOP_HEADER, HopSigner
 from otela.dataplane.outcome import Outcome
 from otela.dataplane.pool import HttpPool
+from otela.names import ENGINE_PREFIX
 from otela.registry.records import NodeRecord
 
 _HOP = HOP_HEADER.encode()
