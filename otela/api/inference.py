@@ -104,7 +104,7 @@ class InferenceRoutes:
         try:
             key = None
             if self.keys is not None:  # before anything else: strangers learn nothing
-                key = self.keys.authenticate(request.header(b"authorization"))
+                key = self.keys.authenticate(policy.credential(request.headers))
                 exchange.api_key = None if key is None else key.id
             try:
                 body = parse_json_object(request.body)
@@ -120,7 +120,7 @@ class InferenceRoutes:
             if key is not None:
                 assert self.keys is not None
                 grant = self.keys.admit(key, model)
-                if ask_for_usage(body):
+                if ask_for_usage(body, exchange.route):
                     hide_usage, raw = UsageChunkFilter(), orjson.dumps(body)
             if self.keep_prompts:
                 exchange.prompt = prompt_text(body)
