@@ -44,9 +44,10 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _check_stream(body: dict[str, Any]) -> None:
+def _check_stream(body: dict[str, Any], anthropic: bool = False) -> None:
     if not isinstance(body.get("stream", False), bool | None):
-        raise RequestError(400, "'stream' must be a boolean", param="stream")
+        raise RequestError(400, "stream: must be a boolean" if anthropic
+                           else "'stream' must be a boolean", param="stream")
 
 
 def part_texts(content: Any) -> str:
@@ -287,7 +288,7 @@ def messages_prompt(body: dict[str, Any], tokenize: Tokenize, count_only: bool =
         texts.append(text)
         if message["role"] == "user":
             users.append(text)
-    _check_stream(body)
+    _check_stream(body, anthropic=True)
     echoed = users[-1] if users else texts[-1]
     return echoed, sum(len(tokenize(t)) for t in texts)
 
