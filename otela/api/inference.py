@@ -55,7 +55,8 @@ class KeyGate(Protocol):
 
     def authenticate(self, authorization: bytes | None) -> Any:
         """The caller's key (``None``: anonymous, where allowed), or ``RequestError``
-        401."""
+        401. ``authorization``: ``headers.credential``, an ``Authorization`` value (an
+        ``x-api-key`` comes as ``Bearer <key>``)."""
         ...
 
     def admit(self, key: Any, model: str) -> Any:
