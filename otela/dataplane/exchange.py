@@ -43,6 +43,17 @@ def _count(value: Any) -> int | None:
     return value if type(value) is int else None
 
 
+class _InputCounts:
+    """Anthropic's input counts, kept apart: a later event may give only some of them."""
+
+    __slots__ = ("cache_read", "cache_write", "input")
+
+    def __init__(self) -> None:
+        self.input: int | None = None
+        self.cache_read = 0
+        self.cache_write = 0
+
+
 @dataclass
 class UsageTap:
     stream: bool
@@ -57,10 +68,7 @@ class UsageTap:
     _partial: bytes = b""
     _too_large: bool = False
     _event: bytes | None = None  # the ``event:`` name of the event being read, if any
-    # Anthropic's input counts, kept apart because a later event may give only some.
-    _input: int | None = None
-    _cache_read: int = 0
-    _cache_write: int = 0
+    _inputs: _InputCounts | None = None  # made by the first input/output usage read
 
     def chunk(self, data: bytes) -> None:
         now = time.perf_counter()
@@ -82,20 +90,24 @@ class UsageTap:
         self._partial = lines.pop()
         for line in lines:
             if not line.startswith(b"data:"):
-                if line.startswith(b"event:"):  # the Responses and Messages APIs name events
+                # the Responses and Messages APIs name their events (blank lines, most
+                # of the rest, stop at ``line``)
+                if line and line.startswith(b"event:"):
                     self._event = line[6:].strip()
                 continue
             payload = line[5:].strip()
-            event, self._event = self._event, None
             if payload == b"[DONE]":
                 continue
             compact = payload.replace(b" ", b"")
+            event = self._event
             if event is None:  # chat and text completions' chunks
                 if (b'"content":"' in compact and b'"content":""' not in compact) or (
                         b'"text":"' in compact and b'"text":""' not in compact):
                     self.events += 1
-            elif event.endswith(b".delta") or event == _ANTHROPIC_CONTENT_EVENT:
-                self.events += 1
+            else:
+                self._event = None
+                if event.endswith(b".delta") or event == _ANTHROPIC_CONTENT_EVENT:
+                    self.events += 1
             if b'"usage"' in compact and b'"usage":null' not in compact:
                 self._take_usage(payload)
 
@@ -135,16 +147,19 @@ class UsageTap:
         """The Responses and Messages APIs' ``input_tokens`` / ``output_tokens``. Counts
         a later event leaves out keep their earlier value (Anthropic's ``message_delta``
         may omit the input and cache counts that ``message_start`` gave)."""
+        counts = self._inputs
+        if counts is None:
+            counts = self._inputs = _InputCounts()
         read, write = _count(usage.get(_CACHE_READ)), _count(usage.get(_CACHE_WRITE))
         if read is not None:
-            self._cache_read = read
+            counts.cache_read = read
         if write is not None:
-            self._cache_write = write
+            counts.cache_write = write
         given = _count(usage.get("input_tokens"))
         if given is not None:
-            self._input = given
-        if self._input is not None:
-            self.prompt_tokens = self._input + self._cache_read + self._cache_write
+            counts.input = given
+        if counts.input is not None:
+            self.prompt_tokens = counts.input + counts.cache_read + counts.cache_write
         output = _count(usage.get("output_tokens"))
         if final and output is not None:
             self.completion_tokens = output

@@ -123,11 +123,11 @@ def test_a_broken_named_stream_ends_with_a_named_error_event_both_clients_raise_
 
     url = fed[via].http_url
     client = anthropic.Anthropic(base_url=url, api_key="-", max_retries=0)
-    with pytest.raises(anthropic.APIStatusError, match="broke off"):
-        with client.messages.stream(model="raw", max_tokens=5, extra_body={
-                "case": "messages-cut"}, messages=[{"role": "user", "content": "x"}]) as stream:
-            for _ in stream:
-                pass
+    with pytest.raises(anthropic.APIStatusError, match="broke off"), client.messages.stream(
+            model="raw", max_tokens=5, extra_body={"case": "messages-cut"},
+            messages=[{"role": "user", "content": "x"}]) as stream:
+        for _ in stream:
+            pass
     responses = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)
     with pytest.raises(openai.APIError, match="broke off"):
         for _ in responses.responses.create(model="raw", input="x", stream=True,
