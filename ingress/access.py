@@ -75,7 +75,9 @@ class Access:
     # microseconds (docs/performance.md#the-ingress-service), hence the fast paths.
 
     def authenticate(self, authorization: bytes | None) -> ApiKey:
-        """The key named by an ``Authorization`` header, usable now; else the 401."""
+        """The key named by an ``Authorization`` header (or an ``x-api-key``, given as
+        ``Bearer <key>``: ``otela.dataplane.headers.credential``), usable now; else the
+        401."""
         key = self._key_of.get(authorization)
         if key is not None and (key.expires_at is None or time.time() < key.expires_at):
             return key

@@ -93,11 +93,14 @@ class ApiKey:
 
 # -- what a request's Authorization header says ------------------------------------------
 
-UNAUTHORIZED = "Invalid API key. Pass a valid key as 'Authorization: Bearer <key>'."
+UNAUTHORIZED = ("Invalid API key. Pass a valid key as 'Authorization: Bearer <key>' "
+                "(or 'x-api-key: <key>').")
 
 
 def bearer(value: bytes | None) -> bytes | None:
-    """The token of an ``Authorization: Bearer <token>`` header (``None``: none given)."""
+    """The token of an ``Authorization: Bearer <token>`` header (``None``: none given).
+    A key sent as Anthropic's clients send it, ``x-api-key: <key>``, arrives here as
+    ``Bearer <key>`` (``otela.dataplane.headers.credential``): one check for both."""
     if value is None:
         return None
     scheme, _, token = value.strip().partition(b" ")

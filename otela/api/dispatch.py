@@ -53,7 +53,7 @@ class Dispatch:
         if not self.routes.inference(canonical):
             return None
         try:
-            keys.screen(policy.value(headers, b"authorization"))
+            keys.screen(policy.credential(headers))
         except RequestError as refused:
             return refused
         return None

@@ -55,7 +55,8 @@ class KeyGate(Protocol):
 
     def authenticate(self, authorization: bytes | None) -> Any:
         """The caller's key (``None``: anonymous, where allowed), or ``RequestError``
-        401."""
+        401. ``authorization``: ``headers.credential``, an ``Authorization`` value (an
+        ``x-api-key`` comes as ``Bearer <key>``)."""
         ...
 
     def admit(self, key: Any, model: str) -> Any:
@@ -104,7 +105,7 @@ class InferenceRoutes:
         try:
             key = None
             if self.keys is not None:  # before anything else: strangers learn nothing
-                key = self.keys.authenticate(request.header(b"authorization"))
+                key = self.keys.authenticate(policy.credential(request.headers))
                 exchange.api_key = None if key is None else key.id
             try:
                 body = parse_json_object(request.body)
@@ -120,7 +121,7 @@ class InferenceRoutes:
             if key is not None:
                 assert self.keys is not None
                 grant = self.keys.admit(key, model)
-                if ask_for_usage(body):
+                if ask_for_usage(body, exchange.route):
                     hide_usage, raw = UsageChunkFilter(), orjson.dumps(body)
             if self.keep_prompts:
                 exchange.prompt = prompt_text(body)

@@ -1,13 +1,27 @@
 """One request's story, for whoever watches the request path: what was asked, who served
 it, how long each part took, and the tokens it used. Metrics, the access log, trace
-recording (and later usage accounting) all read the same finished ``Exchange``.
+recording and usage accounting all read the same finished ``Exchange``.
 
 ``UsageTap`` watches a response on its way to the client without changing a byte: when the
-first body bytes came, the gaps between streamed chunks, and the engine's own ``usage``
-(``prompt_tokens``, ``completion_tokens``), from the JSON body or from the SSE event that
-carries it. For a stream that reports no usage, the completion tokens are the number of
-content events (one token each for vLLM and SGLang). It looks only at what it is given and
-keeps at most ``MAX_BODY`` bytes of a non-streamed body.
+first body bytes came, the gaps between streamed chunks, and the engine's own usage, from
+the JSON body or from the SSE event that carries it, in every shape engines answer in:
+
+- chat and text completions, embeddings: ``usage.prompt_tokens`` / ``completion_tokens``
+  (a stream's last chunk before ``[DONE]``);
+- the Responses API: ``usage.input_tokens`` / ``output_tokens`` (cached input is part of
+  ``input_tokens``); streamed, in the ``response`` of ``response.completed`` (or
+  ``response.incomplete`` / ``response.failed``);
+- Anthropic's Messages API: ``usage.input_tokens`` / ``output_tokens``, where input read
+  from or written to the prompt cache is counted apart (``cache_read_input_tokens``,
+  ``cache_creation_input_tokens``) and is added back: the prompt is all three; streamed,
+  the input in ``message_start``'s message and the final counts in ``message_delta``.
+
+For a stream that reports no usage (or breaks off before it does), the completion tokens
+are the number of content events: chunks with text for chat and completions (one token
+each for vLLM and SGLang), delta events for named-event streams. It looks only at what it
+is given and keeps at most ``MAX_BODY`` bytes of a non-streamed body. On chat streams its
+cost is what it was before the other shapes: lines without an ``event:`` field take the
+same branch as ever.
 """
 
 from __future__ import annotations
@@ -19,6 +33,25 @@ from typing import Any
 import orjson
 
 MAX_BODY = 1024 * 1024  # a non-streamed answer larger than this is not searched for usage
+# Anthropic's usage counts cached input apart from ``input_tokens``.
+_CACHE_READ, _CACHE_WRITE = "cache_read_input_tokens", "cache_creation_input_tokens"
+_ANTHROPIC_CONTENT_EVENT = b"content_block_delta"
+
+
+def _count(value: Any) -> int | None:
+    """A token count as engines write it (an int, never a bool), else ``None``."""
+    return value if type(value) is int else None
+
+
+class _InputCounts:
+    """Anthropic's input counts, kept apart: a later event may give only some of them."""
+
+    __slots__ = ("cache_read", "cache_write", "input")
+
+    def __init__(self) -> None:
+        self.input: int | None = None
+        self.cache_read = 0
+        self.cache_write = 0
 
 
 @dataclass
@@ -34,6 +67,8 @@ class UsageTap:
     _body: bytearray = field(default_factory=bytearray)
     _partial: bytes = b""
     _too_large: bool = False
+    _event: bytes | None = None  # the ``event:`` name of the event being read, if any
+    _inputs: _InputCounts | None = None  # made by the first input/output usage read
 
     def chunk(self, data: bytes) -> None:
         now = time.perf_counter()
@@ -55,14 +90,24 @@ class UsageTap:
         self._partial = lines.pop()
         for line in lines:
             if not line.startswith(b"data:"):
+                # the Responses and Messages APIs name their events (blank lines, most
+                # of the rest, stop at ``line``)
+                if line and line.startswith(b"event:"):
+                    self._event = line[6:].strip()
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 continue
             compact = payload.replace(b" ", b"")
-            if (b'"content":"' in compact and b'"content":""' not in compact) or (
-                    b'"text":"' in compact and b'"text":""' not in compact):
-                self.events += 1
+            event = self._event
+            if event is None:  # chat and text completions' chunks
+                if (b'"content":"' in compact and b'"content":""' not in compact) or (
+                        b'"text":"' in compact and b'"text":""' not in compact):
+                    self.events += 1
+            else:
+                self._event = None
+                if event.endswith(b".delta") or event == _ANTHROPIC_CONTENT_EVENT:
+                    self.events += 1
             if b'"usage"' in compact and b'"usage":null' not in compact:
                 self._take_usage(payload)
 
@@ -74,15 +119,50 @@ class UsageTap:
 
     def _take_usage(self, payload: bytes) -> None:
         try:
-            usage = orjson.loads(payload).get("usage")
+            data = orjson.loads(payload)
+            usage = data.get("usage")
         except (orjson.JSONDecodeError, AttributeError):
             return
-        if isinstance(usage, dict):
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if isinstance(prompt, int):
-                self.prompt_tokens = prompt
-            if isinstance(completion, int):
-                self.completion_tokens = completion
+        final = True
+        if not isinstance(usage, dict):
+            # A whole response inside an event: the Responses API's last event (final
+            # counts), Anthropic's ``message_start`` (its input; the output so far is not
+            # what was generated, ``message_delta`` says that).
+            inner = data.get("response")
+            if not isinstance(inner, dict):
+                inner, final = data.get("message"), False
+            usage = inner.get("usage") if isinstance(inner, dict) else None
+            if not isinstance(usage, dict):
+                return
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if prompt is None and completion is None:
+            self._take_input_output(usage, final)
+            return
+        if isinstance(prompt, int):
+            self.prompt_tokens = prompt
+        if isinstance(completion, int):
+            self.completion_tokens = completion
+
+    def _take_input_output(self, usage: dict[str, Any], final: bool) -> None:
+        """The Responses and Messages APIs' ``input_tokens`` / ``output_tokens``. Counts
+        a later event leaves out keep their earlier value (Anthropic's ``message_delta``
+        may omit the input and cache counts that ``message_start`` gave)."""
+        counts = self._inputs
+        if counts is None:
+            counts = self._inputs = _InputCounts()
+        read, write = _count(usage.get(_CACHE_READ)), _count(usage.get(_CACHE_WRITE))
+        if read is not None:
+            counts.cache_read = read
+        if write is not None:
+            counts.cache_write = write
+        given = _count(usage.get("input_tokens"))
+        if given is not None:
+            counts.input = given
+        if counts.input is not None:
+            self.prompt_tokens = counts.input + counts.cache_read + counts.cache_write
+        output = _count(usage.get("output_tokens"))
+        if final and output is not None:
+            self.completion_tokens = output
 
     @property
     def output_tokens(self) -> int:
@@ -127,20 +207,37 @@ class Exchange:
 
 
 def prompt_text(body: dict[str, Any]) -> str | None:
-    """The prompt of an OpenAI request body, as text: a completion's ``prompt``, or the
-    chat messages' text contents joined."""
+    """The prompt of a request body, as text (for prefix affinity and recorded traces): a
+    completion's ``prompt``, the Responses API's ``instructions`` and ``input``, an
+    embedding's ``input``, Anthropic's ``system``, and the messages' text contents, joined
+    by newlines; ``None`` when the body has none of them."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return prompt
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return None
-    parts = []
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts.extend(str(p.get("text")) for p in content
-                         if isinstance(p, dict) and p.get("text"))
-    return "\n".join(parts)
+    parts: list[str] = []
+    for name in ("instructions", "system"):
+        _texts(body.get(name), parts)
+    found = bool(parts)
+    for name in ("input", "messages"):
+        items = body.get(name)
+        if isinstance(items, str) and name == "input":
+            parts.append(items)
+            found = True
+        elif isinstance(items, list):
+            found = True
+            for item in items:
+                if isinstance(item, dict):
+                    _texts(item.get("content"), parts)
+                elif isinstance(item, str):
+                    parts.append(item)
+    return "\n".join(parts) if found else None
+
+
+def _texts(content: Any, into: list[str]) -> None:
+    """The text of a message's ``content``: a string, or a list of parts with ``text``
+    (OpenAI's ``text``/``input_text`` parts, Anthropic's ``text`` blocks)."""
+    if isinstance(content, str):
+        into.append(content)
+    elif isinstance(content, list):
+        into.extend(str(p.get("text")) for p in content
+                    if isinstance(p, dict) and p.get("text"))

@@ -4,8 +4,11 @@ node, node -> engine; over HTTP or libp2p).
 Requests: only an allowlist reaches engines, as the bytes the client sent (non-ASCII
 included): the body's type, what the client accepts, who it is, and the request id (as
 otela's ``x-otela-request-id`` and the engines' ``x-request-id``, so engine logs carry the
-same id). Credentials (``authorization``: the user's key is the ingress's business),
-cookies and everything else stay behind.
+same id). Credentials (``authorization``, and ``x-api-key``, where Anthropic's clients put
+the key: the user's key is the ingress's business), cookies and everything else stay
+behind. That includes Anthropic's ``anthropic-version`` and ``anthropic-beta``: vLLM and
+SGLang read neither (their ``/v1/messages`` speaks one version of the API whatever the
+client names), so passing them on would only widen what a client can say to an engine.
 
 Responses: everything but hop-by-hop headers (RFC 9110 §7.6.1), those the relaying
 server sets itself (length, framing, date, server), and ``Location``: an engine that
@@ -20,6 +23,8 @@ from collections.abc import Sequence
 Headers = list[tuple[bytes, bytes]]
 
 REQUEST_ID = b"x-otela-request-id"
+AUTHORIZATION = b"authorization"
+API_KEY = b"x-api-key"  # Anthropic's clients send the key here, without a scheme
 ENGINE_REQUEST_ID = b"x-request-id"
 # Set by a node on its answer when it could not deliver the request to its own engine:
 # the request never ran, so the ingress may safely try another node.
@@ -64,3 +69,17 @@ def value(headers: Headers, name: bytes) -> bytes | None:
         if key == name:
             return val
     return None
+
+
+def credential(headers: Headers) -> bytes | None:
+    """The caller's API key as an ``Authorization`` value: that header when given, else
+    Anthropic's ``x-api-key: <key>`` as ``Bearer <key>``, so a key works the same way
+    whichever header carries it (``None``: neither). One pass over the headers; the
+    ``Authorization`` path allocates nothing."""
+    api_key = None
+    for key, val in headers:
+        if key == AUTHORIZATION:
+            return val
+        if key == API_KEY:
+            api_key = val
+    return None if api_key is None else b"Bearer " + api_key.strip()

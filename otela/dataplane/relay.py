@@ -67,7 +67,7 @@ async def relay(reply: Reply, response: Response, extra: Headers,
                 sent += await _forward(chunk, response, tap, events)
         except UpstreamFailed as failure:
             if events is not None:
-                await response.write(_stream_error(str(failure), events.at_boundary))
+                await response.write(_stream_error(str(failure), events))
                 await response.end()
             else:
                 response.abort()  # the client must see the body cut short
@@ -89,10 +89,11 @@ def _is_event_stream(reply: Reply) -> bool:
     return is_event_stream(policy.value(reply.headers, b"content-type"))
 
 
-def _stream_error(reason: str, at_boundary: bool) -> bytes:
-    """The event that ends a broken stream."""
+def _stream_error(reason: str, events: WholeEvents) -> bytes:
+    """The event that ends a broken stream (named, in a stream of named events)."""
     message = f"the serving node broke off the stream: {clip(reason)}"
-    return error_event(error_json(502, message, "upstream_failed"), at_boundary)
+    return error_event(error_json(502, message, "upstream_failed"), events.at_boundary,
+                       events.named is True)
 
 
 async def _forward(chunk: bytes, response: Response, tap: UsageTap | None,

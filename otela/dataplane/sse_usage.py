@@ -6,6 +6,11 @@ report them only when asked (``stream_options.include_usage``): then the last ev
 that request (``ask_for_usage``), the client did not ask for such a chunk, so
 ``UsageChunkFilter`` removes it from the stream before it is relayed. Events pass through
 untouched otherwise, whole events at a time (``sse_events.WholeEvents``).
+
+Only chat and text completions need this. The other streamed shapes always say their usage:
+the Responses API in its last event (``response.completed``, or ``response.incomplete`` /
+``response.failed``), Anthropic's Messages API in ``message_start`` (input) and
+``message_delta`` (output); their bodies go to the engine as the client sent them.
 """
 
 from __future__ import annotations
@@ -16,11 +21,15 @@ import orjson
 
 from otela.dataplane.sse_events import WholeEvents
 
+# The routes whose streams report usage only when asked (``stream_options``).
+ASKED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 
-def ask_for_usage(body: dict[str, Any]) -> bool:
-    """Set ``stream_options.include_usage`` in a streaming request ``body``; whether the
-    client had not asked for it itself (so its usage chunk must be hidden)."""
-    if body.get("stream") is not True:
+
+def ask_for_usage(body: dict[str, Any], route: str) -> bool:
+    """Set ``stream_options.include_usage`` in a streaming request ``body`` to ``route``
+    (its path, without the query); whether the client had not asked for it itself (so its
+    usage chunk must be hidden). Other routes' bodies are left alone (module docstring)."""
+    if route not in ASKED_ROUTES or body.get("stream") is not True:
         return False
     options = body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage") is True:

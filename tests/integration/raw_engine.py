@@ -5,7 +5,9 @@ pick what comes back by their ``case`` field: ``echo`` (the request body, byte f
 and the request's path and ids in headers), ``sse`` (``SSE``: comments, a usage chunk, a
 multi-byte character split across writes, ``[DONE]``), ``sse-cut`` (the first
 ``SSE_CUT_AFTER`` parts of it, then the connection is dropped, as by an engine that died;
-``sse-cut-mid`` drops it in the middle of an event), ``big`` (``BIG_SIZE`` bytes of
+``sse-cut-mid`` drops it in the middle of an event), ``messages-cut`` and
+``responses-cut`` (the first events of an Anthropic Messages / OpenAI Responses stream,
+which name their events, then the connection is dropped), ``big`` (``BIG_SIZE`` bytes of
 JSON). It is the byte-exactness oracle: tests compare what went through otela with it.
 """
 
@@ -33,6 +35,26 @@ SSE_PARTS = [
 ]
 SSE = b"".join(SSE_PARTS)
 SSE_CUT_AFTER = 2  # whole parts sent before ``sse-cut`` drops the connection
+# Named-event streams broken off after their first events.
+NAMED_CUT = {
+    "messages-cut": [
+        b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1",'
+        b'"type":"message","role":"assistant","model":"raw","content":[],"stop_reason":null,'
+        b'"stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":0}}}\n\n',
+        b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+        b'"content_block":{"type":"text","text":""}}\n\n',
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":"half"}}\n\n',
+    ],
+    "responses-cut": [
+        b'event: response.created\ndata: {"type":"response.created","sequence_number":0,'
+        b'"response":{"id":"resp_1","object":"response","created_at":1,"status":"in_progress",'
+        b'"model":"raw","output":[],"usage":null}}\n\n',
+        b'event: response.output_item.added\ndata: {"type":"response.output_item.added",'
+        b'"sequence_number":1,"output_index":0,"item":{"id":"msg_1","type":"message",'
+        b'"role":"assistant","status":"in_progress","content":[]}}\n\n',
+    ],
+}
 
 
 def big_body() -> bytes:
@@ -52,15 +74,17 @@ async def handle(request: Request, response: Response) -> None:
     case = json.loads(request.body).get("case", "echo")
     seen = [(b"x-seen-path", request.target),
             (b"x-seen-request-id", request.header(b"x-request-id") or b""),
-            (b"x-seen-authorization", request.header(b"authorization") or b"-")]
+            (b"x-seen-authorization", request.header(b"authorization") or b"-"),
+            (b"x-seen-api-key", request.header(b"x-api-key") or b"-"),
+            (b"x-seen-anthropic", request.header(b"anthropic-version") or b"-")]
     if case == "sse":
         await response.start(200, [(b"content-type", b"text/event-stream"), *seen])
         for part in SSE_PARTS:
             await response.write(part)
             await trio.sleep(0.01)
         await response.end()
-    elif case in ("sse-cut", "sse-cut-mid"):
-        parts = SSE_PARTS[: SSE_CUT_AFTER + (case == "sse-cut-mid")]
+    elif case in ("sse-cut", "sse-cut-mid", *NAMED_CUT):
+        parts = NAMED_CUT.get(case) or SSE_PARTS[: SSE_CUT_AFTER + (case == "sse-cut-mid")]
         await response.start(200, [(b"content-type", b"text/event-stream"), *seen])
         for part in parts:
             await response.write(part)

@@ -127,14 +127,24 @@ USAGE = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
 
 
 def test_ask_for_usage_only_when_the_client_did_not():
+    chat = "/v1/chat/completions"
     body = {"stream": True}
-    assert ask_for_usage(body) and body["stream_options"] == {"include_usage": True}
-    assert not ask_for_usage({"stream": True, "stream_options": {"include_usage": True}})
-    assert not ask_for_usage({"stream": False})
-    assert not ask_for_usage({"stream": True, "stream_options": "bad"})
+    assert ask_for_usage(body, chat) and body["stream_options"] == {"include_usage": True}
+    assert not ask_for_usage({"stream": True, "stream_options": {"include_usage": True}}, chat)
+    assert not ask_for_usage({"stream": False}, chat)
+    assert not ask_for_usage({"stream": True, "stream_options": "bad"}, chat)
     kept = {"stream": True, "stream_options": {"continuous_usage_stats": False}}
-    assert ask_for_usage(kept)
+    assert ask_for_usage(kept, "/v1/completions")
     assert kept["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+
+
+def test_streams_that_always_report_usage_are_not_asked():
+    """The Responses and Messages APIs say their usage in their own events: their bodies go
+    on as sent (vLLM's Messages API has no ``stream_options``)."""
+    for route in ("/v1/responses", "/v1/messages", "/v1/embeddings"):
+        body = {"stream": True, "model": "m"}
+        assert not ask_for_usage(body, route)
+        assert body == {"stream": True, "model": "m"}
 
 
 @given(st.lists(st.integers(1, 40), max_size=30))

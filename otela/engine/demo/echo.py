@@ -2,10 +2,13 @@
 
 It is a stand-in for vLLM/SGLang so the demo and the tests need no GPU and no weights:
 it speaks the same HTTP API (``/v1/models``, ``/health``, chat and text completions,
-streaming and not, token usage), but its "model" echoes the prompt back one
-whitespace-delimited token at a time. It can be told to be slow (``--token-delay``,
-``--startup-delay``) or to fail (``--fail-every``, ``--exit-after``) so tests can
-exercise otela's behaviour under slow and failing engines.
+embeddings, OpenAI's Responses API and Anthropic's Messages API, streaming and not, with
+token usage in each shape: ``shapes.py``), but its "model" echoes the prompt back one
+whitespace-delimited token at a time. Bad input is refused as a real engine refuses it: a
+400 naming the field, before anything runs. It can be told to be slow (``--token-delay``,
+``--startup-delay``) or to fail (``--fail-every``, ``--exit-after``; on every generating
+route, in the route's own error shape) so tests can exercise otela's behaviour under slow
+and failing engines.
 
 Run: ``python -m otela.engine.demo.echo --port 8000 --model echo-small``.
 """
@@ -20,7 +23,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +38,7 @@ from otela.api.errors import (
     require_model,
 )
 from otela.dataplane.errors import RequestError, clip
+from otela.engine.demo import shapes
 
 DEFAULT_MAX_CONTEXT = 4096
 
@@ -122,12 +126,43 @@ def _text_prompt(body: dict[str, Any]) -> tuple[str, int]:
     return prompt, len(tokenize(prompt))
 
 
-def _answer(prompt: str, body: dict[str, Any]) -> tuple[list[str], str]:
+def _limit(body: dict[str, Any], kind: str) -> int | None:
+    """The most tokens the request lets the answer have."""
+    if kind == "responses":
+        limit = body.get("max_output_tokens")
+    elif kind == "messages":
+        limit = body.get("max_tokens")
+    else:
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+    return limit if isinstance(limit, int) else None
+
+
+def _answer(prompt: str, limit: int | None) -> tuple[list[str], str]:
     tokens = tokenize(f"echo: {prompt}")
-    limit = body.get("max_tokens") or body.get("max_completion_tokens")
-    if isinstance(limit, int) and 0 < limit < len(tokens):
+    if limit is not None and 0 < limit < len(tokens):
         return tokens[:limit], "length"
     return tokens, "stop"
+
+
+# The routes, by the API shape they speak.
+ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
+          "/v1/embeddings": "embedding", "/v1/responses": "responses",
+          "/v1/messages": "messages", "/v1/messages/count_tokens": "count_tokens"}
+_ANTHROPIC = frozenset({"messages", "count_tokens"})
+
+
+def _prompt(body: dict[str, Any], kind: str) -> tuple[str, int]:
+    """Check ``body`` as a ``kind`` request (400 naming the field); its prompt text and
+    token count."""
+    if kind in ("chat", "completion"):
+        _validate(body, kind == "chat")
+        return _chat_prompt(body) if kind == "chat" else _text_prompt(body)
+    if kind == "embedding":
+        texts = shapes.embedding_inputs(body)
+        return "", sum(len(tokenize(t)) for t in texts)
+    if kind == "responses":
+        return shapes.responses_prompt(body, tokenize)
+    return shapes.messages_prompt(body, tokenize, count_only=kind == "count_tokens")
 
 
 def create_app(settings: EchoSettings) -> FastAPI:
@@ -167,13 +202,26 @@ def create_app(settings: EchoSettings) -> FastAPI:
             ],
         }
 
-    async def complete(request: Request, chat: bool) -> Response:
-        body = await read_json_object(request)
-        model = require_model(body)
-        if model not in settings.models:
-            raise RequestError(404, f"The model `{clip(model)}` does not exist.",
-                           code="model_not_found")
-        _validate(body, chat)
+    def failed(kind: str, status: int, message: str) -> Response:
+        """An error in the shape the route's clients read."""
+        if kind in _ANTHROPIC:
+            return JSONResponse(shapes.anthropic_error(status, message), status_code=status)
+        return error_response(status, message)
+
+    async def serve(request: Request, kind: str) -> Response:
+        try:
+            body = await read_json_object(request)
+            model = require_model(body)
+            if model not in settings.models:
+                raise RequestError(404, f"The model `{clip(model)}` does not exist.",
+                                   code="model_not_found")
+            prompt = _prompt(body, kind)
+        except RequestError as error:
+            if kind not in _ANTHROPIC:
+                raise  # the OpenAI-style handlers answer it
+            return failed(kind, error.status, error.message)
+        if kind == "count_tokens":
+            return JSONResponse({"input_tokens": prompt[1]})
         counter["requests"] += 1
         n = counter["requests"]
         if settings.log_on_request:  # lets tests make the engine print e.g. a CUDA OOM line
@@ -181,23 +229,24 @@ def create_app(settings: EchoSettings) -> FastAPI:
         if settings.exit_after and n > settings.exit_after:
             os._exit(17)  # simulate an engine crash: no cleanup, like a real fault
         if settings.fail_every and n % settings.fail_every == 0:
-            return error_response(settings.fail_status, f"echo engine: injected failure #{n}")
+            return failed(kind, settings.fail_status, f"echo engine: injected failure #{n}")
         if settings.fail_while and os.path.exists(settings.fail_while):
-            return error_response(settings.fail_status, "echo engine: failing while "
-                                  f"{settings.fail_while} exists")
+            return failed(kind, settings.fail_status, "echo engine: failing while "
+                          f"{settings.fail_while} exists")
         if slots is None:
-            return await _answer_request(body, model, chat)
+            return await _answer_request(body, model, kind, prompt)
         counter["waiting"] += 1
         try:
             await slots.acquire()
         finally:
             counter["waiting"] -= 1
         try:
-            return await _answer_request(body, model, chat)
+            return await _answer_request(body, model, kind, prompt)
         finally:
             slots.release()
 
-    async def _answer_request(body: dict[str, Any], model: str, chat: bool) -> Response:
+    async def _answer_request(body: dict[str, Any], model: str, kind: str,
+                              prompt: tuple[str, int]) -> Response:
         """Generate, holding one of the engine's slots until the answer is ready (a
         streamed answer's tokens follow after the slot is free: slots model the prefill
         and the whole of a non-streamed answer)."""
@@ -205,13 +254,58 @@ def create_app(settings: EchoSettings) -> FastAPI:
         try:
             if settings.request_delay:
                 await trio.sleep(settings.request_delay)
-            return await _respond(body, model, chat)
+            if kind == "embedding":
+                texts = shapes.embedding_inputs(body)
+                return JSONResponse(shapes.embeddings_body(body, model, texts, tokenize))
+            if kind == "responses":
+                return await _respond_responses(body, model, prompt)
+            if kind == "messages":
+                return await _respond_messages(body, model, prompt)
+            return await _respond(body, model, kind == "chat", prompt)
         finally:
             counter["running"] -= 1
 
-    async def _respond(body: dict[str, Any], model: str, chat: bool) -> Response:
-        prompt, prompt_tokens = _chat_prompt(body) if chat else _text_prompt(body)
-        tokens, finish = _answer(prompt, body)
+    async def _whole(tokens: list[str]) -> None:
+        """A non-streamed answer takes as long as its tokens would have."""
+        if settings.token_delay:
+            await trio.sleep(settings.token_delay * len(tokens))
+
+    async def _named_stream(events: Iterator[tuple[str, dict[str, Any]]], delta: str,
+                            numbered: bool) -> AsyncIterator[bytes]:
+        for sequence, (name, data) in enumerate(events):
+            if name == delta and settings.token_delay:
+                await trio.sleep(settings.token_delay)
+            yield shapes.named_event(name, data, sequence if numbered else None)
+
+    async def _respond_responses(body: dict[str, Any], model: str,
+                                 prompt: tuple[str, int]) -> Response:
+        tokens, finish = _answer(prompt[0], _limit(body, "responses"))
+        answer = shapes.ResponsesAnswer(body, model, "resp_" + uuid.uuid4().hex[:24],
+                                        int(time.time()), tokens, finish == "length",
+                                        prompt[1])
+        if body.get("stream"):
+            return StreamingResponse(_named_stream(answer.events(),
+                                                   "response.output_text.delta", True),
+                                     media_type="text/event-stream")
+        await _whole(tokens)
+        return JSONResponse(answer.response())
+
+    async def _respond_messages(body: dict[str, Any], model: str,
+                                prompt: tuple[str, int]) -> Response:
+        tokens, finish = _answer(prompt[0], _limit(body, "messages"))
+        answer = shapes.MessagesAnswer(model, "msg_" + uuid.uuid4().hex[:24], tokens,
+                                       finish == "length", prompt[1])
+        if body.get("stream"):
+            return StreamingResponse(_named_stream(answer.events(), "content_block_delta",
+                                                   False),
+                                     media_type="text/event-stream")
+        await _whole(tokens)
+        return JSONResponse(answer.message())
+
+    async def _respond(body: dict[str, Any], model: str, chat: bool,
+                       prompt: tuple[str, int]) -> Response:
+        text_prompt, prompt_tokens = prompt
+        tokens, finish = _answer(text_prompt, _limit(body, "chat"))
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": len(tokens),
@@ -223,8 +317,7 @@ def create_app(settings: EchoSettings) -> FastAPI:
             events = _stream(rid, model, chat, tokens, finish, usage if include_usage else None)
             return StreamingResponse(events, media_type="text/event-stream")
         text = "".join(tokens)
-        if settings.token_delay:
-            await trio.sleep(settings.token_delay * len(tokens))
+        await _whole(tokens)
         choice: dict[str, Any] = (
             {"index": 0, "message": {"role": "assistant", "content": text}}
             if chat
@@ -279,14 +372,13 @@ def create_app(settings: EchoSettings) -> FastAPI:
             yield event([], usage=usage)
         yield b"data: [DONE]\n\n"
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await complete(request, chat=True)
+    def route(kind: str) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            return await serve(request, kind)
+        return handle
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await complete(request, chat=False)
-
+    for path, kind in ROUTES.items():
+        app.add_api_route(path, route(kind), methods=["POST"], name=kind)
     return app
 
 
