@@ -228,7 +228,10 @@ class Prober:
 
     def _watch_neighbours(self) -> None:
         # Suspects stay watched while connected: our probes carry the news they must refute.
-        watchable = {p for p, m in self.table.members.items() if m.status is not Status.CONFIRMED}
+        # So are members confirmed on others' word alone (``table.unvouched``): probing
+        # them adds the voice their eviction may lack.
+        watchable = {p for p, m in self.table.members.items()
+                     if m.status is not Status.CONFIRMED or self.table.unvouched(p)}
         known = {r.peer_id for r in self.node.records()}
         appeared, self.appeared = frozenset(self.appeared), set()
         for peer_id in self.watch.observe(self.node.connected(), watchable, known,
@@ -369,8 +372,15 @@ class Prober:
             self.stats["evicted"] += 1
             self.events.record(peer_id, "evicted", f"session {session_id}: {reason}")
             log.warning("evicted session %s of %s", session_id, peer_id)
-        if not evicted and self.news.publish_suspicion(
-                peer_id, peer_id in self.watch.lost, corroborate=True):
-            # Refused for want of a second signer: ask the chosen verifiers to look.
+        if evicted:
+            return
+        # Refused for want of a second signer. Confirmed on others' word alone, we look
+        # ourselves; holding our own suspicion, we ask the chosen verifiers to look.
+        if self.table.unvouched(peer_id):
+            if self.watch.verify(peer_id, self.clock()):
+                self.events.record(peer_id, "verifying",
+                                   "eviction needs a second suspicion; probing it first-hand")
+        elif self.news.publish_suspicion(peer_id, peer_id in self.watch.lost,
+                                         corroborate=True):
             self.events.record(peer_id, "corroborating",
                                "eviction needs a second suspicion; published ours")

@@ -198,10 +198,10 @@ class LivenessTable:
         """All three probe paths failed: suspect the peer, or add our independent voice to
         an existing suspicion. Returns whether it is new news to spread."""
         member = self.members.get(peer_id)
-        if member is None or member.status is Status.CONFIRMED or (
-            member.status is Status.SUSPECT and self.self_id in member.suspecters
-        ):
+        if member is None or (member.status is not Status.ALIVE
+                              and self.self_id in member.suspecters):
             return False
+        # CONFIRMED on others' word alone: our voice is what its eviction may still lack.
         if member.status is Status.ALIVE:
             member.status, member.suspected_at = Status.SUSPECT, now
             member.suspecters, member.evidence = set(), {}
@@ -256,7 +256,7 @@ class LivenessTable:
         docstring): it is one of the ``expected_confirmations + 1`` members that every node
         picks alike for this suspect, and has not suspected it itself yet."""
         member = self.members.get(peer_id)
-        if (member is None or member.status is not Status.SUSPECT
+        if (member is None or member.status is Status.ALIVE
                 or self.self_id in member.suspecters):
             return False
         voters = [p for p in self.members if p != peer_id]
@@ -264,6 +264,14 @@ class LivenessTable:
         chosen = heapq.nsmallest(self.expected_confirmations + 1, voters,
                                  key=lambda p: _rank(p, f"verify|{peer_id}"))
         return self.self_id in chosen
+
+    def unvouched(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` is confirmed here on other members' word alone: we never
+        suspected it first-hand, so an eviction we sign has one signer fewer than it could
+        (``otela.registry.evidence`` requires two), and a first-hand probe can add ours."""
+        member = self.members.get(peer_id)
+        return (member is not None and member.status is Status.CONFIRMED
+                and self.self_id not in member.suspecters)
 
     def published_elsewhere(self, peer_id: str, incarnation: int) -> None:
         """Another member published this suspicion to everyone: we need not. Only
@@ -338,12 +346,15 @@ class LivenessTable:
             member.last_heard = max(member.last_heard, now)
             self._enqueue(update)
             return True
-        if member.status is Status.CONFIRMED:
+        if member.status is Status.CONFIRMED and not (
+                update.status is Status.SUSPECT and update.incarnation == member.incarnation):
             return False
         if update.status is Status.SUSPECT:
             if update.incarnation < member.incarnation:
                 return False
-            if member.status is Status.SUSPECT and update.incarnation == member.incarnation:
+            # A further signer of a suspicion we hold, confirmed or not: its evidence is
+            # what an eviction of it may still lack.
+            if member.status is not Status.ALIVE and update.incarnation == member.incarnation:
                 if update.by is None or update.by in member.suspecters:
                     return False  # nothing new
                 member.suspecters.add(update.by)  # an independent confirmation

@@ -221,6 +221,33 @@ def test_an_eviction_refused_for_want_of_a_second_signer_publishes_our_suspicion
     assert "corroborating" in d.event_kinds("a")
 
 
+def test_a_member_confirmed_on_anothers_word_is_probed_first_hand_when_eviction_is_refused():
+    """The other half of a partition's fix: b's signed suspicion of a reached us, we are
+    not connected to a (nobody on our side watches it), and our timer confirmed it on b's
+    word alone. Our eviction is refused (one signer); we must probe a ourselves, and our
+    failed probe adds the second signature the eviction needs."""
+    d = Detector(["a", "b"])
+    d.node.links = {"b"}
+    d.transport.alive = {"b"}
+    d.transport.helpers_blind = {"b"}
+    d.node.refuse_evictions = True
+    d.table.sign_suspicion = lambda peer, incarnation: b"my proof"
+    d.table.sync_members({"a", "b"}, 0.0)
+    assert d.table.apply(Update("a", Status.SUSPECT, 0, b"b's proof", by="b"), 0.0)
+
+    async def main() -> None:
+        with trio.move_on_after(60):
+            await d.prober.run()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert d.node.evicted and d.node.evicted[0][0] == "a"
+    assert d.table.members["a"].status is Status.CONFIRMED
+    assert "a" in d.transport.probes  # looked at it first-hand
+    assert {by for by, _, _ in d.table.evidence_of("a")} == {"b", "me"}
+    assert not d.table.unvouched("a")
+    assert "verifying" in d.event_kinds("a")
+
+
 def test_a_suspicion_says_how_saturated_our_host_was():
     d = Detector(["a", "b", "c"])
     d.transport.alive = {"b", "c"}

@@ -404,3 +404,20 @@ def test_while_braking_nothing_is_confirmed_before_the_agreed_head_expires():
     lone = t.timeout_for(t.members[head])
     assert t.expired_suspicions(now=lone) == []  # the others expired, the head has not
     assert t.expired_suspicions(now=10.0 + lone) == [head]
+
+
+def test_a_further_signer_of_a_confirmed_suspicion_adds_its_evidence():
+    """An eviction needs two signers: a confirmed member's evidence must still grow."""
+    table = LivenessTable("me", 6.0)
+    table.sync_members({"a", "b", "c"}, 0.0)
+    table.apply(Update("a", Status.SUSPECT, 0, b"proof-b", by="b"), 0.0)
+    table.apply(Update("a", Status.CONFIRMED, 0), 1.0)
+    assert table.members["a"].status is Status.CONFIRMED and table.unvouched("a")
+    assert table.apply(Update("a", Status.SUSPECT, 0, b"proof-c", by="c"), 2.0)
+    assert {by for by, _, _ in table.evidence_of("a")} == {"b", "c"}
+    assert not table.apply(Update("a", Status.SUSPECT, 0, b"proof-c", by="c"), 3.0)
+    assert table.members["a"].status is Status.CONFIRMED
+    # Our own failed probe adds our voice to the confirmed suspicion.
+    table.sign_suspicion = lambda peer, incarnation: b"proof-me"
+    assert table.probe_failed("a", 4.0) and not table.unvouched("a")
+    assert not table.probe_failed("a", 5.0)
