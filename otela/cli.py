@@ -8,13 +8,34 @@ from pathlib import Path
 from typing import Any
 
 import typer
+import typer.core
+import typer.main
 
 from otela import __version__
 from otela.config import DEFAULT_HTTP_PORT, ConfigError, resolve
 from otela.config.options import with_setting_options
 
+
+class _LazyGroup(typer.core.TyperGroup):
+    """otela's top-level command group, with ``OPTIONAL_COMMANDS`` loaded on demand."""
+
+    def _load(self, name: str) -> None:
+        if name in OPTIONAL_COMMANDS and name not in self.commands:
+            self.add_command(OPTIONAL_COMMANDS[name](), name)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        self._load(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        for name in OPTIONAL_COMMANDS:
+            self._load(name)
+        return super().list_commands(ctx)
+
+
 app = typer.Typer(
     name="otela",
+    cls=_LazyGroup,
     help="otela: federate GPU nodes (Slurm jobs, pods, workstations) into one LLM-serving "
     "platform with no central coordinator.",
     no_args_is_help=True,
@@ -167,14 +188,19 @@ def demo(
 ) -> None:
     """Start a local federation of otela processes, send chat requests through the ingress
     with the openai client, show who served each, and shut everything down."""
-    if engine == "echo":
-        from otela.demo import run_demo
+    try:
+        if engine == "echo":
+            from otela.demo import run_demo
 
-        raise typer.Exit(run_demo(requests_per_model=requests, timeout=timeout))
-    if engine == "vllm":
-        from otela.demo_vllm import run_vllm_demo
+            raise typer.Exit(run_demo(requests_per_model=requests, timeout=timeout))
+        if engine == "vllm":
+            from otela.demo_vllm import run_vllm_demo
 
-        raise typer.Exit(run_vllm_demo(vllm_python, requests=requests))
+            raise typer.Exit(run_vllm_demo(vllm_python, requests=requests))
+    except ImportError as exc:
+        if not missing_extra(exc):
+            raise
+        raise needs_extra("demo", "demo") from None
     typer.echo(f"otela: unknown engine {engine!r} (choose echo or vllm)", err=True)
     raise typer.Exit(2)
 
@@ -223,7 +249,90 @@ def version() -> None:
     typer.echo(__version__)
 
 
-def _mount_optional_apps() -> None:
+# Third-party packages that come with an extra (pyproject.toml), not with ``pip install
+# otela``: a command that needs one is listed anyway and says which extra to install.
+EXTRA_PACKAGES = frozenset({"numpy", "matplotlib", "ortools", "pandas", "psycopg", "openai",
+                            "anthropic"})
+
+
+def missing_extra(exc: ImportError) -> bool:
+    """Whether ``exc`` is a missing third-party package of an extra (not a bug of ours)."""
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    return isinstance(exc, ModuleNotFoundError) and name in EXTRA_PACKAGES
+
+
+def needs_extra(command: str, extra: str) -> typer.Exit:
+    """Tell the user which extra ``command`` needs; the exit to raise (status 1)."""
+    typer.echo(f"otela: `otela {command}` needs the [{extra}] extra, not installed here: "
+               f"pip install 'otela[{extra}]' (or 'otela[all]')", err=True)
+    return typer.Exit(1)
+
+
+def _placeholder(name: str, extra: str, help_text: str) -> Any:
+    """``otela <name>`` without its extra: listed, and explains what to install."""
+    holder = typer.Typer()
+
+    from rich.markup import escape
+
+    @holder.command(name, help=escape(f"{help_text} Needs otela[{extra}], not installed."),
+                    context_settings={"allow_extra_args": True,
+                                      "ignore_unknown_options": True,
+                                      "help_option_names": []})
+    def placeholder(ctx: typer.Context) -> None:
+        raise needs_extra(name, extra)
+
+    return typer.main.get_command(holder)
+
+
+def _sim_command() -> Any:
+    help_text = "Roofline serving simulator: analyze and run."
+    try:
+        from simulator.cli import app as sim_app
+    except ImportError as exc:
+        if not missing_extra(exc):
+            raise
+        return _placeholder("sim", "sim", help_text)
+    return _group("sim", sim_app, help_text)
+
+
+def _plan_command() -> Any:
+    try:
+        from simulator.placer.cli import HELP as plan_help
+        from simulator.placer.cli import plan_command
+    except ImportError as exc:
+        if not missing_extra(exc):
+            raise
+        return _placeholder("plan", "plan",
+                            "Suggest which models to deploy on which GPUs (CP-SAT).")
+    holder = typer.Typer()
+    holder.command("plan", help=plan_help, no_args_is_help=True)(plan_command)
+    return typer.main.get_command(holder)
+
+
+def _trace_command() -> Any:
+    help_text = "Request traces: gen, replay, analyze, compare."
+    try:
+        from traces.cli import app as trace_app
+    except ImportError as exc:
+        if not missing_extra(exc):
+            raise
+        return _placeholder("trace", "traces", help_text)
+    return _group("trace", trace_app, help_text)
+
+
+def _group(name: str, sub_app: typer.Typer, help_text: str) -> Any:
+    """``sub_app`` as the click group ``otela <name>`` (typer builds it as a subcommand)."""
+    holder = typer.Typer()
+    holder.add_typer(sub_app, name=name, help=help_text)
+    return typer.main.get_command(holder).get_command(None, name)  # type: ignore[attr-defined]
+
+
+# Commands whose modules import the research stack (numpy, OR-Tools, pandas: ~0.7 s and
+# ~55 MB of a node's memory): loaded when named or listed, never for ``otela start``.
+OPTIONAL_COMMANDS = {"sim": _sim_command, "plan": _plan_command, "trace": _trace_command}
+
+
+def _mount_subcommands() -> None:
     from otela.membership.cli import app as membership_app
 
     app.add_typer(
@@ -239,21 +348,9 @@ def _mount_optional_apps() -> None:
 
     app.add_typer(keys_app, name="keys")
     app.command("usage")(usage_command)
-    try:
-        from simulator.cli import app as sim_app  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return
-    app.add_typer(sim_app, name="sim", help="Roofline serving simulator: analyze and run.")
-    from simulator.placer.cli import HELP as plan_help  # type: ignore[import-not-found,unused-ignore]
-    from simulator.placer.cli import plan_command  # type: ignore[import-not-found,unused-ignore]
-
-    app.command("plan", help=plan_help, no_args_is_help=True)(plan_command)
-    from traces.cli import app as trace_app  # type: ignore[import-not-found,unused-ignore]
-
-    app.add_typer(trace_app, name="trace", help="Request traces: gen, replay, analyze, compare.")
 
 
-_mount_optional_apps()
+_mount_subcommands()
 
 
 def main() -> None:

@@ -443,6 +443,18 @@ def _cluster(name: str, t: _Reader) -> Cluster:
     return cluster
 
 
+def _need_extra(t: _Reader, key: str, extra: str, packages: tuple[str, ...],
+                what: str) -> None:
+    """Refuse, at check time, a setting whose machinery comes with an extra that is not
+    installed (rather than failing in the running controller)."""
+    import importlib.util
+
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    if missing:
+        raise t.error(key, f"{what} needs the [{extra}] extra ({', '.join(missing)} not "
+                      f"installed): pip install 'otela[{extra}]'")
+
+
 def _check_gpu_name(t: _Reader, key: str, name: str) -> None:
     from simulator.hardware import get_gpu
 
@@ -467,6 +479,7 @@ def _deployment(t: _Reader, clusters: Mapping[str, Cluster]) -> Deployment:
     gpus: int | None
     if gpus_raw == "auto":
         gpus = None
+        _need_extra(t, "gpus", "plan", ("numpy", "ortools"), 'gpus = "auto" (the placer)')
     else:
         t.used.discard("gpus")
         gpus = t.get("gpus", _count, 1)
@@ -502,6 +515,9 @@ def _deployment(t: _Reader, clusters: Mapping[str, Cluster]) -> Deployment:
             season=scale.get("season", _duration, 86400.0),
         )
         scale.done()
+        if autoscale.forecast:
+            _need_extra(scale, "forecast", "sim", ("numpy",), "forecast = true (SageServe's "
+                        "forecaster)")
         if autoscale.target_rps is None and autoscale.target_in_flight is None:
             raise scale.error(None, "needs target_rps or target_in_flight (load per replica)")
     elif replicas is None:
@@ -548,9 +564,12 @@ def _check_shape(t: _Reader, d: Deployment, clusters: Mapping[str, Cluster]) -> 
 def _fits_nowhere(d: Deployment, hosts: list[Cluster]) -> str | None:
     """Why the model fits on none of ``hosts`` (the simulator's memory plan), or ``None``
     if it fits somewhere or the simulator does not know the model (nothing to check)."""
-    from simulator.api import Deployment as SimDeployment
-    from simulator.api import fits
-    from simulator.models import get_model
+    try:
+        from simulator.api import Deployment as SimDeployment
+        from simulator.api import fits
+        from simulator.models import get_model
+    except ImportError:  # the simulator's extra is not installed: nothing to check with
+        return None
 
     try:
         get_model(d.model)
