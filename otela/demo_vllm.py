@@ -1,8 +1,10 @@
 """``otela demo --engine vllm``: a real vLLM engine wrapped by otela, behind an ingress.
 
 Builds the tiny random-weight Llama locally (no downloads), starts an ingress node and a
-serving node whose engine is vLLM's OpenAI server (CPU build), then sends a chat request,
-a text completion and a streamed chat through the ingress with the openai client. The
+serving node whose engine is vLLM's OpenAI server (CPU build), then sends chat requests, a
+text completion and a streamed chat through the ingress with the openai client, and the
+same prompt in the two other shapes agents speak: OpenAI's Responses API (openai client)
+and Anthropic's Messages API (anthropic client), both relayed to vLLM's own routes. The
 model's answers are gibberish (random weights); everything else is the real engine.
 """
 
@@ -12,7 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from anthropic import Anthropic
 from openai import OpenAI
+from rich.console import Console
 
 from otela.console import make_console
 from otela.localfed import (
@@ -28,6 +32,20 @@ from otela.localfed import (
 
 MODEL_NAME = "tiny-llama"
 VLLM_START_TIMEOUT_S = 300.0
+
+
+def other_shapes(console: Console, url: str) -> None:
+    """The Responses and Anthropic Messages shapes through the ingress, with their
+    official clients (what agent tools send), each printing the usage vLLM reported."""
+    client = OpenAI(base_url=f"{url}/v1", api_key="demo", max_retries=0)
+    response = client.responses.create(model=MODEL_NAME, input="hello", max_output_tokens=16)
+    console.print(f"  responses: {response.output_text!r} "
+                  f"({response.usage.input_tokens if response.usage else '?'} tokens in)")
+    anthropic = Anthropic(base_url=url, api_key="demo", max_retries=0)
+    message = anthropic.messages.create(
+        model=MODEL_NAME, max_tokens=16, messages=[{"role": "user", "content": "hello"}])
+    text = "".join(getattr(block, "text", "") for block in message.content)
+    console.print(f"  messages: {text!r} ({message.usage.input_tokens} tokens in)")
 
 
 def run_vllm_demo(python: Path | None, requests: int = 3) -> int:
@@ -55,7 +73,9 @@ def run_vllm_demo(python: Path | None, requests: int = 3) -> int:
                 )
             console.print(f"vLLM serving after {time.monotonic() - started:.0f}s")
             for entry in ingress.get("/v1/registry/models")["models"]:
-                console.print(f"registry: {entry['id']} -> {entry['sessions'][0]['models']}")
+                where = ", ".join(f"{s['provider_id']} ({s['display_state']})"
+                                  for s in entry["sessions"])
+                console.print(f"registry: {entry['id']} -> {where}")
             client = OpenAI(base_url=f"{ingress.http_url}/v1", api_key="demo", max_retries=0)
             for i in range(requests):
                 reply = client.chat.completions.create(
@@ -76,6 +96,7 @@ def run_vllm_demo(python: Path | None, requests: int = 3) -> int:
                 if chunk.choices and chunk.choices[0].delta.content:
                     console.print(repr(chunk.choices[0].delta.content), end=" ")
             console.print()
+            other_shapes(console, ingress.http_url)
             return 0
         except FederationError as exc:
             console.print(f"[red]demo failed:[/] {exc}")

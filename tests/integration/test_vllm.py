@@ -170,3 +170,25 @@ def test_real_vllm_behind_otela(federation, vllm_python, tiny_model, tmp_path):
     wait_for(lambda: not any(_alive(p) for p in engine_pids), 30, "vLLM processes to exit")
     log = server.log_tail(40)
     assert log.index("announced DOWN") < log.index("announced LEFT")
+
+
+def test_the_readme_vllm_demo_serves_every_shape_through_the_ingress():
+    """``otela demo --engine vllm`` as the README gives it: vLLM serves behind an ingress,
+    answers chat, completions and a stream, and the Responses and Anthropic Messages
+    shapes with their official clients, then every node exits 0."""
+    import os
+    import re
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "otela", "demo", "--engine", "vllm", "--requests", "1"],
+        capture_output=True, text=True, timeout=VLLM_READY_S + 120,
+        env={**os.environ, "COLUMNS": "100"})
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert re.search(r"registry: tiny-llama -> provider-\w+ \(SERVING\)", out), out
+    for shape in ("chat #0", "completion", "stream", "responses", "messages"):
+        assert f"  {shape}: " in out, out
+    assert re.search(r"responses: .* \(\d+ tokens in\)", out), out
+    assert re.search(r"messages: .* \(\d+ tokens in\)", out), out
+    assert "exit codes {'ingress': 0, 'vllm': 0}" in out
