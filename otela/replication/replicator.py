@@ -544,9 +544,9 @@ class Replicator(ReplicaCore):
 
     def _connected(self, peer_id: str) -> None:
         if self.returning(peer_id):
-            self._sync_soon(peer_id, "returning")
+            self.sync_soon(peer_id, "returning")
 
-    def _sync_soon(self, peer_id: str, reason: str) -> None:
+    def sync_soon(self, peer_id: str, reason: str) -> None:
         try:
             self._due_send.send_nowait((peer_id, reason))
         except trio.WouldBlock:  # a burst: the periodic exchange remains
@@ -560,7 +560,7 @@ class Replicator(ReplicaCore):
     def compare(self, peer_id: str, theirs: Any, their_age: Any) -> None:
         """A peer's summary arrived: anti-entropy with it if it drifted (``drifted``)."""
         if self.drifted(peer_id, theirs, their_age):
-            self._sync_soon(peer_id, "drift")
+            self.sync_soon(peer_id, "drift")
 
     async def _anti_entropy_loop(self) -> None:
         while True:
