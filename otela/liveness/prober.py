@@ -160,7 +160,7 @@ class Prober(ProbeCore):
 
     async def period(self) -> None:
         """One probe period's work, without the sleep."""
-        peers, target = self.begin_period(list(self.node.records()), self.node.generation(),
+        peers, target = self.begin_period(self.node.records(), self.node.generation(),
                                           self.node.connected(), self.clock())
         if peers is not None:
             self.node.learn_addresses(peers)

@@ -83,16 +83,21 @@ class ProbeCore:
         """Sync the member list (if the registry changed), take the current connections,
         and pick this period's target. Returns (members' addresses when they were
         re-read, else None; the peer to probe, if any)."""
-        listed = records if isinstance(records, list | tuple) else list(records)
-        peers = self.members.sync(listed, generation, now)
-        self.observe_connections(connected, {r.peer_id for r in listed}, now)
+        peers = self.members.sync(records, generation, now)  # reads them only if changed
+        self.observe_connections(connected, now)
         return peers, self.watch.next_target(now)
 
-    def observe_connections(self, connected: set[str], known: set[str], now: float) -> None:
-        """Take the current connections: neighbours that dropped become lost neighbours."""
-        # Suspects stay watched while connected: our probes carry the news they must refute.
-        watchable = {p for p, m in self.table.members.items() if m.status is not Status.CONFIRMED}
+    def observe_connections(self, connected: set[str], now: float) -> None:
+        """Take the current connections: neighbours that dropped become lost neighbours.
+        O(degree): the watch only ever asks whether a neighbour, a connected, appeared or
+        lost peer is watchable, so only those are looked up (building the set over every
+        member, and the set of every known peer, cost O(N) per period)."""
         appeared, self.appeared = frozenset(self.appeared), set()
+        members = self.table.members
+        # Suspects stay watched while connected: our probes carry the news they must refute.
+        watchable = {p for p in self.watch.neighbours | connected | appeared | set(self.watch.lost)
+                     if p in members and members[p].status is not Status.CONFIRMED}
+        known = self.members.known
         for peer_id in self.watch.observe(connected, watchable, known, now, appeared):
             self.events.record(peer_id, "connection lost", "probing it first")
 
