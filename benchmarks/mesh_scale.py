@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import logging  # noqa: E402
+import logging
 
-from simulator.mesh.network import NetConfig  # noqa: E402
-from simulator.mesh.scenarios import SCENARIOS  # noqa: E402
-from simulator.mesh.world import World  # noqa: E402
+from simulator.mesh.network import NetConfig
+from simulator.mesh.scenarios import SCENARIOS
+from simulator.mesh.world import World
 
 
 def main() -> None:

@@ -71,10 +71,7 @@ class Gossip:
     def connected(self, a: int, b: int) -> None:
         """A new connection: each end grafts the other while its mesh is under ``D``."""
         na, nb = self.node(a), self.node(b)
-        if len(na.mesh) < D and len(nb.mesh) < D_HI:
-            na.mesh.add(b)
-            nb.mesh.add(a)
-        elif len(nb.mesh) < D and len(na.mesh) < D_HI:
+        if (len(na.mesh) < D and len(nb.mesh) < D_HI) or (len(nb.mesh) < D and len(na.mesh) < D_HI):
             na.mesh.add(b)
             nb.mesh.add(a)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +58,10 @@ class NetConfig:
     cpu_gossip_s: float = 0.003  # a GossipSub message handled (decode, validate, forward)
     cpu_verify_s: float = 84e-6  # one Ed25519 record verification
     cpu_connect_s: float = 0.02  # a new libp2p connection, each side
+    # The daemon's own idle work per second beyond the messages modelled (GossipSub's
+    # heartbeat, timers, the loop-lag sampler): 0.6-0.9 % of a core per idle node in the
+    # real-process benchmarks (docs/mesh.md), less the ~0.1 % the probes account for.
+    cpu_background_s: float = 0.006
 
 
 @dataclass
@@ -71,7 +75,7 @@ class NetStats:
     received: Counter[int] = field(default_factory=Counter)
     by_kind: Counter[str] = field(default_factory=Counter)
     relayed: Counter[int] = field(default_factory=Counter)  # bytes a relay carried
-    busy: Counter[int] = field(default_factory=Counter)  # CPU seconds per node
+    busy: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))  # CPU s
 
     def reset(self) -> None:
         for counter in (self.sent, self.received, self.by_kind, self.relayed, self.busy):

@@ -191,8 +191,11 @@ class SimNode:
         self._pending[rid] = reply
         net = self.world.net
         net.loop.after(timeout, net.handle, self.index, 0.0, self._timed_out, (rid,))
-        self.world.ensure_connection(self.index, peer,
-                                     lambda ok: ok and self._send_swim(peer, message, rid))
+        def connected(ok: bool) -> None:
+            if ok:
+                self._send_swim(peer, message, rid)
+
+        self.world.ensure_connection(self.index, peer, connected)
 
     def _send_swim(self, peer: int, message: dict[str, Any], rid: int) -> None:
         if rid not in self._pending or not self.alive:
@@ -271,6 +274,8 @@ class SimNode:
         while self.alive:
             self.health.observe_host(None)
             end = world.mono() + self.probe.period_length()
+            world.net.charge(self.index, world.net.config.cpu_background_s
+                             * self.probe.period_length())
             _, target = self.probe.begin_period(self.registry, self.registry.generation,
                                                 self.names(world.conns[self.index]),
                                                 world.mono())
@@ -462,8 +467,13 @@ class SimNode:
             answer = yield Connect(peer)
             if answer == "refused":
                 continue
-            world.ensure_connection(self.index, peer,
-                                    lambda ok, p=peer: ok and self.sync_with(p))
+            world.ensure_connection(self.index, peer, self._sync_if(peer))
+
+    def _sync_if(self, peer: int) -> Callable[[bool], None]:
+        def connected(ok: bool) -> None:
+            if ok:
+                self.sync_with(peer)
+        return connected
 
     def on_connected(self, peer: int) -> None:
         name = self.world.nodes[peer].peer_id
