@@ -4,7 +4,8 @@ LT-U, LT-UA) against reactive scaling, at similar tail TTFT; Llama-2-70B, three 
 Run: .venv/bin/python benchmarks/companion_sageserve.py [--rate R] [--hours H] [--start-h H]
      [--max-instances N] [--seeds 0,1,2] [--json FILE]
      [--differ over-forecast,bursts]  (the paper's cases where LT-UA departs from LT-U: a
-     forecast that over-estimates the day, unforecast 8x bursts; 08:00-12:00, LT-I/U/UA, every seed)
+     forecast that over-estimates the day (08:00-12:00), an unforecast 8x burst (08:00-10:15);
+     LT-I/U/UA, every seed)
 Paper (Llama-2, peak day): reactive 362.25, LT-I 274.5, LT-U 291, LT-UA 277.5 instance-hours:
 24.2 %, 19.7 %, 23.4 % fewer.
 """

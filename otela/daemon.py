@@ -35,22 +35,15 @@ from otela.api import assignments as assignment_routes
 from otela.api import load_reports as load_report_routes
 from otela.api import node_metrics
 from otela.api.app import create_app
-from otela.api.dispatch import Dispatch
-from otela.api.hop import EngineHop
-from otela.api.inference import InferenceRoutes
+from otela.api.assembly import Surroundings, assemble
 from otela.api.observe import AccessLog, Observer, RequestMetrics, TraceRecording
 from otela.assignments.acceptor import REPLAY_FILE, Acceptor, load_policy
 from otela.assignments.message import Assignment
 from otela.config import NodeConfig
 from otela.dataplane.asgi import AsgiHandler
-from otela.dataplane.gate import EngineGate, Routes
 from otela.dataplane.hop_auth import HopSigner, HopVerifier
-from otela.dataplane.http import HttpServer, ServerLimits
-from otela.dataplane.inflight import Inflight
 from otela.dataplane.p2p_client import EngineStreamClient
 from otela.dataplane.p2p_server import EngineStreamServer
-from otela.dataplane.pool import HttpPool
-from otela.dataplane.upstream import Upstreams
 from otela.engine.command import EngineCommand, attached_engine, parse_engine_command
 from otela.engine.metadata import split_overrides
 from otela.engine.supervisor import Supervisor
@@ -86,9 +79,8 @@ from otela.replication import (
     load_authority,
     load_own_certificate,
 )
-from otela.routing.hold import ModelFirstByte, hold_room
+from otela.routing.hold import ModelFirstByte
 from otela.routing.load import NodeLoad
-from otela.routing.router import Router, first_byte_timeouts, routing_settings
 from otela.routing.trust import TrustSet
 from otela.slurm import fleet_tag_from_env, job_from_env, watch_wall_time, with_end_time
 from otela.workers.control import InternalRoutes, WorkerPool
@@ -125,7 +117,6 @@ class Node:
         split_overrides(config.model_meta)  # reject bad --model-meta before starting
         self.hardware = hardware.discover(config.hw_cpus, config.hw_memory_gb, config.hw_gpus)
         self.slurm_job = job_from_env(os.environ)
-        self.inflight = Inflight()
         self.bootstrap_peers = [parse_bootstrap(a) for a in config.bootstrap if not is_url(a)]
         self.bootstrap_urls = [a for a in config.bootstrap if is_url(a)]
         # Peers remembered from the last run: how a node restarted without a bootstrap
@@ -185,15 +176,12 @@ class Node:
                         federation_authority=authority, local_gpus=len(self.hardware.gpus)),
             launch=self._launch_assigned, busy=self._busy,
             replay_path=config.home / REPLAY_FILE)
-        # The request path (otela.dataplane, otela.routing, otela.api).
+        # The request path (otela.dataplane, otela.routing, otela.api), assembled as a
+        # data-path worker assembles it (otela.api.assembly).
         peer_id, key = self.identity.peer_id.to_base58(), self.identity.key_pair.private_key
         self.hop_signer = HopSigner(key.to_bytes(), peer_id)
         self.hop_verifier = HopVerifier(key.to_bytes(), peer_id, self.registry.is_member)
-        self.pool = HttpPool(connect_timeout=config.connect_timeout)
         self.p2p = EngineStreamClient(self.mesh.host, self.nat.connect)
-        self.upstreams = Upstreams(
-            self.pool, self_session=lambda: self.session_id,
-            local_engine=self.serving_engine_url, hop_signer=self.hop_signer, p2p=self.p2p)
         # Load: ours, reported on every answer and sent to the ingresses; others', read by
         # the router.
         plausible = capacity_of(self.hardware)
@@ -204,24 +192,8 @@ class Node:
         self.load = LoadSource(
             config.capacity if config.capacity is not None else plausible,
             others=lambda: self.workers.total("engine_in_flight") if self.workers else 0)
-        self.router = Router(self.registry, self.upstreams, routing_settings(config),
-                             suspected=self.avoided, own_load=self._own_load,
-                             plausible=lambda record: capacity_of(record.hardware))
-        self.load_reports = LoadReports(
-            lambda: self.registry, self.load, self._take_load_report,
-            session=lambda: self.session_id,
-            serving=lambda: self.serving_engine_url() is not None, client=self.client,
-            signer=self.hop_signer, verifier=self.hop_verifier, receive=config.ingress,
-            min_interval=config.load_interval)
-        routes = Routes(config.inference_routes)
-        gate = EngineGate(self.serving_engine_url, self.served_models, config.max_body_bytes,
-                          routes, first_byte_timeouts(config))
-        self.hop = EngineHop(self.hop_verifier, gate, self.pool, self.load)
-        self.engine_streams = EngineStreamServer(
-            gate, self.pool, self.inflight, self.registry.is_member, self.load)
         self.api = create_app(self)
         assignment_routes.install(self.api, self.assignments)
-        load_report_routes.install(self.api, self.load_reports)
         if config.ingress or config.ingress_db is not None:  # its page at /ui
             install_dashboard(self.api)
         # What watches the request path: metrics always; access log and trace on demand.
@@ -245,18 +217,23 @@ class Node:
         if self.ingress_service is not None:
             observers += self.ingress_service.observers(self.metrics)
             admin_api.install(self.api, self.ingress_service)
-        self.dispatch = Dispatch(
-            InferenceRoutes(self.router, observers, config.record_prompts,
-                            config.affinity_prefix, keys=self.ingress_service,
-                            hold=hold_room(config, lambda: self.registry, self.metrics)),
-            self.hop,
-            AsgiHandler(self.api), self.inflight, self.metrics, routes)
-        self.http = HttpServer(self.dispatch, ServerLimits(
-            max_body_bytes=config.max_body_bytes,
-            header_timeout=config.header_timeout,
-            body_timeout=config.body_timeout,
-            max_connections_per_client=config.max_connections_per_client,
-        ), screen=self.dispatch.screen)
+        path = assemble(config, Surroundings(
+            registry=lambda: self.registry, session=lambda: self.session_id,
+            engine_url=self.serving_engine_url, served_models=self.served_models,
+            avoided=self.avoided, relayed=self.p2p, signer=self.hop_signer,
+            verifier=self.hop_verifier, load=self.load, fallback=AsgiHandler(self.api),
+            observers=observers, metrics=self.metrics, keys=self.ingress_service))
+        self.pool, self.upstreams, self.router = path.pool, path.upstreams, path.router
+        self.dispatch, self.http, self.inflight = path.dispatch, path.server, path.inflight
+        self.engine_streams = EngineStreamServer(path.hop_core, path.inflight,
+                                                 self.registry.is_member)
+        self.load_reports = LoadReports(
+            lambda: self.registry, self.load, self._take_load_report,
+            session=lambda: self.session_id,
+            serving=lambda: self.serving_engine_url() is not None, client=self.client,
+            signer=self.hop_signer, verifier=self.hop_verifier, receive=config.ingress,
+            min_interval=config.load_interval)
+        load_report_routes.install(self.api, self.load_reports)
         # With --workers N the port is served by N data-path processes instead.
         self.workers = None if config.workers <= 1 else WorkerPool(
             config, config.workers, self._worker_state_key, self._worker_snapshot,

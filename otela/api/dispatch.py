@@ -17,11 +17,12 @@ from otela.api.hop import EngineHop
 from otela.api.inference import InferenceRoutes
 from otela.dataplane import headers as policy
 from otela.dataplane.errors import RequestError
-from otela.dataplane.gate import DEFAULT_ROUTES, ENGINE_PREFIX, PathError, Routes, canonical_path
+from otela.dataplane.gate import DEFAULT_ROUTES, PathError, Routes, canonical_path
 from otela.dataplane.http import Handler, Headers, Request, Response
 from otela.dataplane.inflight import Inflight
 from otela.dataplane.relay import send_error
 from otela.metrics import CONTENT_TYPE, Registry
+from otela.names import ENGINE_PREFIX
 
 _HOP_PREFIX = ENGINE_PREFIX + "/"
 

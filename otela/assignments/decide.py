@@ -26,7 +26,7 @@ from otela.assignments.message import (
 from otela.assignments.policy import Policy
 from otela.assignments.replay import ReplayGuard
 from otela.membership.certificate import MembershipError, peer_public_key
-from otela.registry.names import model_id_problem
+from otela.names import model_id_problem
 
 PARAM_VALUE = re.compile(r"[A-Za-z0-9._/:@+=-]{1,128}")
 

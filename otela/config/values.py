@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from otela import names
 from otela.durations import parse_duration
 
 
@@ -118,45 +119,40 @@ def as_addresses(value: Any) -> list[str]:
 
 def as_providers(value: Any) -> list[str]:
     """Provider ids, comma separated or repeated; checked as requests' lists are."""
-    from otela.routing.trust import TrustError, parse_providers
-
     items = value if isinstance(value, list) else [value]
     if not all(isinstance(v, str) for v in items):
         raise ValueError("expected provider ids")
     if not "".join(items).replace(",", "").strip():
         return []  # none named: any provider
-    try:
-        return sorted(parse_providers(",".join(items), "the list"))
-    except TrustError as exc:
-        raise ValueError(str(exc)) from None
+    return sorted(names.parse_providers(",".join(items), "the list"))
 
 
 def as_routes(value: Any) -> list[str]:
     """Inference routes, comma separated or repeated: canonical ``/v1/...`` paths."""
-    from otela.dataplane.gate import Routes
-
     items = value if isinstance(value, list) else [value]
     if not all(isinstance(v, str) for v in items):
         raise ValueError("expected /v1/... paths")
     routes = sorted({r.strip() for item in items for r in item.split(",") if r.strip()})
-    Routes(routes)  # raises ValueError naming a route that is not canonical
+    for route in routes:
+        problem = names.route_problem(route)
+        if problem is not None:
+            raise ValueError(problem)
     return routes
 
 
 def as_issuers(value: Any) -> list[str]:
     """Who may assign engines (``--accept-assignments``): peer ids, authority strings
     (``otela-authority:<key>``) or ``authority`` (the node's own ``--authority``); comma or
-    space separated, or repeated. Each is checked as the node will use it."""
-    from otela.assignments.policy import PolicyError, parse_accept_from
-
+    space separated, or repeated. Names are checked here; the keys in them when the node
+    loads its assignment policy."""
     items = value if isinstance(value, list) else [value]
     if not all(isinstance(v, str) for v in items):
         raise ValueError("expected peer ids or authority strings")
     issuers = split_addresses(items)
-    try:
-        parse_accept_from([i for i in issuers if i != "authority"])
-    except PolicyError as exc:
-        raise ValueError(str(exc)) from None
+    for issuer in issuers:
+        problem = names.issuer_problem(issuer)
+        if problem is not None:
+            raise ValueError(f"--accept-assignments: {problem}")
     return issuers
 
 

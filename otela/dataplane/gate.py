@@ -35,8 +35,8 @@ from urllib.parse import unquote_to_bytes
 from otela.dataplane.deadline import FirstByteTimeouts
 from otela.dataplane.errors import clip
 from otela.dataplane.jsonbody import BodyError, parse_json_object
+from otela.names import route_problem
 
-ENGINE_PREFIX = "/v1/engine"
 # OpenAI's inference routes and those vLLM, SGLang and TGI add beside them (Anthropic's
 # messages, rerank, score, pooling, tokenizer helpers); every one takes a JSON body naming
 # a model. Administration is never here.
@@ -100,10 +100,9 @@ class Routes:
 
 
 def _checked(route: str) -> str:
-    canonical = canonical_path(route)
-    if canonical != route or "?" in route or not route.startswith("/v1/") \
-            or route.startswith(ENGINE_PREFIX + "/"):
-        raise ValueError(f"an inference route is a canonical /v1/... path, not {route!r}")
+    problem = route_problem(route)
+    if problem is not None:
+        raise ValueError(problem)
     return route
 
 

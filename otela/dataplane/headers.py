@@ -32,8 +32,9 @@ DROPPED_RESPONSE = frozenset({
     b"trailer", b"transfer-encoding", b"upgrade", b"content-length", b"host", b"date",
     b"server", b"location",
     # otela's own between nodes: the serving node's load report is for the ingress, and
-    # "not delivered" only means something to the hop that says it.
-    LOAD, NOT_DELIVERED,
+    # what became of a request (``outcome``) only means something to the hop that says it
+    # (an engine cannot make an ingress re-send its answer elsewhere).
+    LOAD, NOT_DELIVERED, b"x-otela-outcome",
 })
 JSON = (b"content-type", b"application/json")
 

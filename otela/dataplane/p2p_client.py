@@ -26,6 +26,7 @@ from libp2p.peer.id import ID
 
 from otela.dataplane.errors import NotDelivered, UpstreamFailed
 from otela.dataplane.headers import Headers
+from otela.dataplane.outcome import Outcome
 from otela.dataplane.p2p_frames import (
     HTTP_PROTOCOL,
     Frame,
@@ -218,11 +219,7 @@ class EngineStreamClient:
             raise UpstreamFailed("the libp2p stream closed before the response began")
         if first.kind is Kind.ERROR:
             channel.forget(rid)
-            message = f"peer {record.peer_id}: {_error_message(first)}"
-            if _not_delivered(first):
-                # 403: the peer does not know us as a member (yet), not its failing.
-                raise NotDelivered(message, blameless=_status(first) == 403)
-            raise UpstreamFailed(message)
+            raise _outcome(first).exception(f"peer {record.peer_id}")
         try:
             status, out = response_head(first)
         except FrameError as exc:  # a serving node's garbage is its failure: a 502
@@ -291,18 +288,14 @@ def _error_message(frame: Frame) -> str:
         return f"malformed error frame: {exc}"
 
 
-def _status(frame: Frame) -> object:
+def _outcome(frame: Frame) -> Outcome:
+    """What an ERROR frame says became of the request (``outcome``); a malformed one:
+    delivered, as we cannot tell whether it ran (it must not run again)."""
     try:
-        return frame.fields().get("status")
-    except FrameError:
-        return None
-
-
-def _not_delivered(frame: Frame) -> bool:
-    try:
-        return frame.fields().get("not_delivered") is True
-    except FrameError:
-        return False  # we cannot tell: it may have run, so it must not run again
+        return Outcome.of_fields(frame.fields())
+    except FrameError as exc:
+        return Outcome(502, "upstream_failed", f"malformed error frame: {exc}",
+                       delivered=True)
 
 
 async def _close(stream: Any) -> None:

@@ -1,10 +1,11 @@
 """The serving side of ``/otela/http/2``: run members' requests against this node's engine.
 
-The rules are the engine hop's (``gate.py``), the same as over HTTP; the caller's identity
-is the stream's peer id, authenticated by Noise, and must be a member (a live session in
-the registry). Refusals say "not delivered" (the engine never saw the request), so the
-calling node may try another. Each request runs in its own task under the stream's
-nursery; responses of concurrent requests interleave frame by frame under one send lock.
+The rules are the engine hop's, the same as over HTTP (``hop_core``: gate, engine, load,
+``Outcome`` in ERROR frames); the caller's identity is the stream's peer id, authenticated
+by Noise, and must be a member (a live session in the registry). Refusals say "not
+delivered" (the engine never saw the request), so the calling node may try another. Each
+request runs in its own task under the stream's nursery; responses of concurrent requests
+interleave frame by frame under one send lock.
 Responses stream: every chunk the engine sends becomes a DATA frame. A CANCEL frame (the
 caller's client went away) cancels the request, which closes its engine connection.
 """
@@ -15,14 +16,16 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
 from otela.dataplane import headers as policy
-from otela.dataplane.errors import NotDelivered, UpstreamFailed, UpstreamTimeout
-from otela.dataplane.gate import EngineGate, Refusal
+from otela.dataplane.errors import UpstreamFailed
+from otela.dataplane.headers import Headers
+from otela.dataplane.hop_core import HopCore, caller_refused
 from otela.dataplane.inflight import Inflight
+from otela.dataplane.outcome import Outcome
 from otela.dataplane.p2p_frames import (
     HTTP_PROTOCOL,
     Frame,
@@ -33,8 +36,7 @@ from otela.dataplane.p2p_frames import (
     packed,
     request_path,
 )
-from otela.dataplane.pool import HttpPool
-from otela.dataplane.upstream import engine_address
+from otela.dataplane.upstream import Reply
 from otela.mesh.quota import HTTP_STREAMS, set_capped_handler
 
 log = logging.getLogger("otela.dataplane")
@@ -44,16 +46,6 @@ log = logging.getLogger("otela.dataplane")
 # bounds what a misbehaving member can make us hold (a task, buffers, an engine
 # connection each). Beyond it: 503, not delivered, so an ingress tries another node.
 MAX_IN_FLIGHT_PER_STREAM = 1024
-
-
-class LoadCounter(Protocol):
-    """Counts engine requests and says the node's load (``otela.load.source.LoadSource``)."""
-
-    def start(self) -> None: ...
-
-    def end(self) -> None: ...
-
-    def header(self) -> bytes: ...
 
 
 class _Connection:
@@ -69,22 +61,45 @@ class _Connection:
             await self.stream.write(frame.encode())
 
 
+class _FrameAnswer:
+    """The hop core's answer as frames: an ERROR frame for an outcome, HEAD, DATA... and
+    END for the engine's reply (an ERROR frame if the engine breaks off mid-answer)."""
+
+    def __init__(self, conn: _Connection, rid: int) -> None:
+        self.conn = conn
+        self.rid = rid
+
+    async def outcome(self, outcome: Outcome) -> None:
+        await self.conn.send(packed(self.rid, Kind.ERROR, outcome.fields()))
+
+    async def reply(self, reply: Reply, extra: Headers) -> None:
+        rid, conn = self.rid, self.conn
+        try:
+            await conn.send(packed(rid, Kind.HEAD, {
+                "status": reply.status,
+                "headers": [list(h) for h in policy.relayed(reply.headers, extra)]}))
+            async for chunk in reply.chunks():
+                await conn.send(Frame(rid, Kind.DATA, chunk))
+        except UpstreamFailed as exc:  # the engine broke off mid-answer
+            await self.outcome(Outcome(502, "upstream_failed",
+                                       f"engine failed mid-response: {exc}", delivered=True))
+            return
+        finally:
+            await reply.aclose()
+        await conn.send(Frame(rid, Kind.END))
+
+
 class EngineStreamServer:
-    def __init__(
-        self,
-        gate: EngineGate,
-        pool: HttpPool,
-        inflight: Inflight,
-        is_member: Callable[[str], bool],
-        load: LoadCounter,
-    ) -> None:
-        self.gate = gate  # also says how long the engine may take (``deadline``)
-        self.pool = pool
+    def __init__(self, core: HopCore, inflight: Inflight,
+                 is_member: Callable[[str], bool]) -> None:
+        self.core = core
         self.inflight = inflight
-        self.load = load
         self.is_member = is_member
-        self.served = 0
         self.refused = 0
+
+    @property
+    def served(self) -> int:
+        return self.core.served
 
     def install(self, host: Any) -> None:
         set_capped_handler(host, HTTP_PROTOCOL, self.handle, HTTP_STREAMS)
@@ -123,11 +138,14 @@ class EngineStreamServer:
         except Exception as exc:  # the client's stream broke, or something unforeseen
             log.debug("request %d on %s aborted: %s", rid, _peer(conn.stream), exc)
             with contextlib.suppress(Exception):  # the caller must not wait for an answer
-                await conn.send(_error(rid, f"request failed: {type(exc).__name__}", True, 502))
+                await conn.send(_error(rid, Outcome(
+                    502, "upstream_failed", f"request failed: {type(exc).__name__}",
+                    delivered=True)))
         finally:
             conn.scopes.pop(rid, None)
 
     async def _exchange(self, conn: _Connection, rid: int, frame: Frame) -> None:
+        answer = _FrameAnswer(conn, rid)
         try:
             fields = frame.fields()
             path = request_path(fields.get("path"))
@@ -136,68 +154,34 @@ class EngineStreamServer:
             if not isinstance(body, bytes):
                 raise FrameError("body must be bytes")
         except (FrameError, KeyError, TypeError, ValueError) as exc:
-            await conn.send(_error(rid, f"malformed request: {exc}", delivered=False, status=400))
+            await answer.outcome(caller_refused(400, "malformed_request",
+                                                f"malformed request: {exc}"))
             return
         if not self.is_member(_peer(conn.stream)):
             self.refused += 1
-            await conn.send(_error(rid, "the engine hop is for federation members", False, 403))
+            await answer.outcome(caller_refused(403, "not_a_member",
+                                                "the engine hop is for federation members"))
             return
-        verdict = self.gate.check(path, body)
-        if isinstance(verdict, Refusal):
-            await conn.send(_error(rid, verdict.message, False, verdict.status))
-            return
-        host, port, prefix = engine_address(verdict.engine)
         request_id = policy.value(incoming, policy.REQUEST_ID) or uuid.uuid4().hex.encode()
-        self.load.start()
-        try:
-            with self.inflight.track():
-                await self._relay(conn, rid, host, port, prefix + verdict.target, incoming,
-                                  request_id, body, verdict.first_byte_s)
-        finally:
-            self.load.end()
-
-    async def _relay(self, conn: _Connection, rid: int, host: str, port: int, target: str,
-                     incoming: list[tuple[bytes, bytes]], request_id: bytes, body: bytes,
-                     timeout: float) -> None:
-        try:
-            reply = await self.pool.request(
-                host, port, b"POST", target.encode(),
-                policy.forwarded(incoming, request_id), body, timeout)
-        except NotDelivered as exc:
-            await conn.send(_error(rid, f"engine unreachable: {exc}", False, 502))
-            return
-        except (UpstreamFailed, UpstreamTimeout) as exc:  # it may have run: not retried
-            await conn.send(_error(rid, f"engine failed: {exc}", True, 502))
-            return
-        self.served += 1
-        try:
-            await conn.send(packed(rid, Kind.HEAD, {
-                "status": reply.status,
-                "headers": [list(h) for h in policy.relayed(
-                    reply.headers, [(policy.LOAD, self.load.header())])]}))
-            async for chunk in reply.chunks():
-                await conn.send(Frame(rid, Kind.DATA, chunk))
-        except UpstreamFailed as exc:  # the engine broke off mid-answer
-            await conn.send(_error(rid, f"engine failed mid-response: {exc}", True, 502))
-            return
-        finally:
-            await reply.aclose()
-        await conn.send(Frame(rid, Kind.END))
+        with self.inflight.track():
+            await self.core.serve(path, incoming, body, request_id, answer)
 
 
 def _admit(conn: _Connection, rid: int) -> Frame | None:
     """Why a new request cannot start on ``conn`` (an ERROR frame), or ``None``."""
     if rid in conn.scopes:  # its CANCEL and its answers could not be told apart
-        return _error(rid, "a request with this id is already in flight", False, 400)
+        return _error(rid, Outcome(400, "duplicate_request_id",
+                                   "a request with this id is already in flight",
+                                   delivered=False))
     if len(conn.scopes) >= MAX_IN_FLIGHT_PER_STREAM:
-        return _error(rid, f"more than {MAX_IN_FLIGHT_PER_STREAM} requests in flight on "
-                      "this stream", False, 503)
+        return _error(rid, Outcome(503, "too_many_requests", f"more than "
+                                   f"{MAX_IN_FLIGHT_PER_STREAM} requests in flight on this "
+                                   "stream", delivered=False))
     return None
 
 
-def _error(rid: int, message: str, delivered: bool, status: int) -> Frame:
-    return packed(rid, Kind.ERROR, {"message": message, "not_delivered": not delivered,
-                                    "status": status})
+def _error(rid: int, outcome: Outcome) -> Frame:
+    return packed(rid, Kind.ERROR, outcome.fields())
 
 
 def _peer(stream: Any) -> str:

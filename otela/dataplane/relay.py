@@ -30,11 +30,14 @@ from otela.dataplane.upstream import Reply
 
 
 async def relay(reply: Reply, response: Response, extra: Headers,
-                tap: UsageTap | None = None, hide_usage: UsageChunkFilter | None = None
-                ) -> int:
+                tap: UsageTap | None = None, hide_usage: UsageChunkFilter | None = None,
+                *, end_client_streams: bool = True) -> int:
     """Send ``reply`` to the client with ``extra`` headers; the body bytes relayed. ``tap``
     sees every chunk as it goes (timing, usage), without changing it; ``hide_usage``
-    removes the usage chunk the ingress asked a stream for (``sse_usage``)."""
+    removes the usage chunk the ingress asked a stream for (``sse_usage``).
+    ``end_client_streams``: a broken event stream ends with an error event (what an end
+    client should see); an engine hop passes False and cuts it short instead, as over
+    libp2p, so the ingress learns that it broke and ends its client's stream itself."""
     out = policy.relayed(reply.headers, extra)
     rewrite = hide_usage is not None and reply.status == 200
     try:
@@ -52,7 +55,8 @@ async def relay(reply: Reply, response: Response, extra: Headers,
         # An event stream we frame ourselves is relayed event by event, so that a break
         # can be ended with an error event (module docstring).
         events: WholeEvents | None = hide_usage if rewrite else \
-            WholeEvents() if length is None and _is_event_stream(reply) else None
+            WholeEvents() if length is None and end_client_streams and \
+            _is_event_stream(reply) else None
         await response.start(reply.status, out)
         sent = 0
         buffered = reply.take_buffered()

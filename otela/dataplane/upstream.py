@@ -19,12 +19,12 @@ from urllib.parse import urlsplit
 
 import trio
 
-from otela.dataplane import headers as policy
-from otela.dataplane.errors import NotDelivered, UpstreamTimeout
-from otela.dataplane.gate import ENGINE_PREFIX
+from otela.dataplane.errors import UpstreamTimeout
 from otela.dataplane.headers import Headers
 from otela.dataplane.hop_auth import HOP_HEADER, HopSigner
+from otela.dataplane.outcome import Outcome
 from otela.dataplane.pool import HttpPool
+from otela.names import ENGINE_PREFIX
 from otela.registry.records import NodeRecord
 
 _HOP = HOP_HEADER.encode()
@@ -116,9 +116,16 @@ class Upstreams:
         reply = await self.pool.request(host, port, b"POST", (prefix + hop_path).encode(),
                                         headers, body, first_byte_timeout, connect_timeout,
                                         unread_if_reset=True)
-        if policy.value(reply.headers, policy.NOT_DELIVERED) == b"1":
-            await reply.aclose()
-            # 403: the node does not know us as a member (yet): not the node's failing.
-            raise NotDelivered(f"node {node.peer_id} did not deliver it (status "
-                               f"{reply.status})", blameless=reply.status == 403)
+        return await unless_outcome(reply, f"node {node.peer_id}")
+
+
+async def unless_outcome(reply: Reply, who: str) -> Reply:
+    """``reply``, unless it is a hop's ``Outcome`` rather than an engine's answer: then
+    the exception that stands for it (``outcome``), the reply closed."""
+    if not Outcome.carried_by(reply.headers):
         return reply
+    body = reply.take_buffered() if reply.complete else b""  # its error, when it came whole
+    await reply.aclose()
+    outcome = Outcome.of_headers(reply.status, reply.headers, body)
+    assert outcome is not None
+    raise outcome.exception(who)

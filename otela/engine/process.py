@@ -25,7 +25,7 @@ import trio
 
 from otela.children import die_with_parent, wait_exited
 from otela.engine.command import EngineCommand
-from otela.registry.names import model_id_problem
+from otela.names import model_id_problem
 from otela.registry.records import MAX_MODELS, ModelInfo
 
 log = logging.getLogger("otela.engine")
@@ -38,7 +38,7 @@ class EngineFailed(RuntimeError):
 def parse_models(payload: Any) -> list[ModelInfo]:
     """Model ids (and context length where the engine says it) from ``/v1/models``.
 
-    Only ids that are model ids (``otela.registry.names``: every replica refuses a record
+    Only ids that are model ids (``otela.names``: every replica refuses a record
     with anything else) and at most ``MAX_MODELS`` of them are announced; the rest are
     named in a warning, so an operator sees why a model is not offered."""
     models: list[ModelInfo] = []

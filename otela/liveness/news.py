@@ -100,10 +100,12 @@ class News:
             self.refute()
         return encode_updates(self.table.piggyback())
 
-    def publish_suspicion(self, target: str, connection_lost: bool) -> bool:
-        """Publish our suspicion of ``target`` if the evidence is now strong enough
+    def publish_suspicion(self, target: str, connection_lost: bool,
+                          corroborate: bool = False) -> bool:
+        """Publish our suspicion of ``target`` if the evidence is now strong enough, or
+        ``corroborate`` (an eviction waits for a second signer)
         (``LivenessTable.suspicion_to_publish``); return whether it will be."""
-        update = self.table.suspicion_to_publish(target, connection_lost)
+        update = self.table.suspicion_to_publish(target, connection_lost, corroborate)
         if update is None:
             return False
         self._broadcast(encode_updates([update])[0])

@@ -160,12 +160,21 @@ class ProbeCore:
         return self.table.due_evictions(now)
 
     def evicted(self, peer_id: str, sessions: list[str]) -> None:
-        """The evictions we signed for ``peer_id`` (sessions whose eviction was new)."""
+        """The evictions we signed for ``peer_id`` (sessions whose eviction was new).
+
+        None at all means the registry refused ours for want of a second independent
+        signer (``otela.registry.evidence``): our suspicion is then published with
+        ``corroborate`` so that the members chosen to verify probe the peer first-hand
+        and sign their own; without it a peer only we watch stayed in routing for good."""
         reason = self.eviction_reason()
         for session_id in sessions:
             self.stats["evicted"] += 1
             self.events.record(peer_id, "evicted", f"session {session_id}: {reason}")
             log.warning("evicted session %s of %s", session_id, peer_id)
+        if not sessions and self.news.publish_suspicion(
+                peer_id, peer_id in self.watch.lost, corroborate=True):
+            self.events.record(peer_id, "corroborating",
+                               "eviction needs a second suspicion; published ours")
 
     def eviction_reason(self) -> str:
         return (f"unresponsive for {self.config.suspicion_timeout:.0f}s after suspicion "

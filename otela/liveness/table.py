@@ -226,7 +226,8 @@ class LivenessTable:
             return []
         return [(by, member.incarnation, proof) for by, proof in member.evidence.items()]
 
-    def suspicion_to_publish(self, peer_id: str, connection_lost: bool) -> Update | None:
+    def suspicion_to_publish(self, peer_id: str, connection_lost: bool,
+                             corroborate: bool = False) -> Update | None:
         """Our suspicion of ``peer_id``, if it should now be published to every node (once
         per incarnation): only when the evidence is strong, i.e. its connection to us
         dropped without our closing it (what a crash looks like), or another member
@@ -234,12 +235,20 @@ class LivenessTable:
         (typically a slow one) spreads on probes only, and so does its refutation: on 2
         cores with 128 daemons, publishing every such false alarm and its refutation cost
         every node two GossipSub messages each, and that load made the next false alarm
-        more likely."""
+        more likely.
+
+        ``corroborate``: our suspicion has run its course but the eviction it calls for
+        lacks the second independent signer every replica requires
+        (``otela.registry.evidence``): it is published so that the members chosen to
+        verify (``should_verify``) probe the peer first-hand and, if it fails them too,
+        sign their own. Without this, a peer that only we watch (bounded watch sets; a
+        partition leaving two members on our side) stayed in routing for good."""
         member = self.members.get(peer_id)
-        if member is None or member.status is not Status.SUSPECT:
+        if member is None or member.status not in (
+                (Status.SUSPECT, Status.CONFIRMED) if corroborate else (Status.SUSPECT,)):
             return None
         key = (peer_id, member.incarnation)
-        strong = connection_lost or len(member.suspecters) > 1
+        strong = connection_lost or len(member.suspecters) > 1 or corroborate
         if (key in self.published or self.self_id not in member.suspecters or not strong
                 or self.braking()):
             return None

@@ -38,6 +38,7 @@ from libp2p.crypto.keys import KeyType, PrivateKey, PublicKey
 from libp2p.peer.id import ID
 from nacl.bindings import crypto_core_ed25519_is_valid_point
 
+from otela import names
 from otela.durations import parse_duration
 
 WIRE_VERSION: Final = 1
@@ -45,8 +46,8 @@ MAX_MESSAGE_BYTES: Final = 4096
 """Largest certificate or revocation accepted; real ones are ~300 bytes."""
 CLOCK_SKEW_S: Final = 300.0
 """How far ``issued_at`` may lie in a verifier's future: the authority's clock is not the node's."""
-AUTHORITY_PREFIX: Final = "otela-authority:"
-MAX_PROVIDER_LEN: Final = 128
+AUTHORITY_PREFIX: Final = names.AUTHORITY_PREFIX
+MAX_PROVIDER_LEN: Final = names.MAX_PROVIDER_LEN
 MAX_REASON_LEN: Final = 256
 
 KIND_CERT: Final = "cert"

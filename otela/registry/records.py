@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from otela.registry.names import model_id_problem
+from otela.names import model_id_problem
 
 # Integers in records (versions, counts, sizes) stay below 2**63: every replica re-encodes
 # them (msgpack, SQLite, JSON for other languages), and a member announcing 2**64 or

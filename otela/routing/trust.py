@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-MAX_PROVIDERS = 64  # per statement: a trust list, not a directory
-MAX_PROVIDER_LEN = 128  # as certificates allow
+from otela import names
 
 
 class TrustError(ValueError):
@@ -58,23 +57,9 @@ ANY = TrustSet()
 
 
 def parse_providers(value: str | Iterable[object], source: str) -> frozenset[str]:
-    """A provider list, as ``a,b`` or a JSON list of strings; ``TrustError`` if malformed."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    providers: set[str] = set()
-    for item in items:
-        if not isinstance(item, str):
-            raise TrustError(f"{source}: provider ids are strings, got {type(item).__name__}")
-        name = item.strip()
-        if not name:
-            continue
-        if len(name) > MAX_PROVIDER_LEN or not name.isprintable() or \
-                any(ch.isspace() for ch in name):
-            raise TrustError(f"{source}: {name[:40]!r} is not a provider id (1-"
-                             f"{MAX_PROVIDER_LEN} printable characters without spaces)")
-        providers.add(name)
-    if not providers:
-        raise TrustError(f"{source} names no provider (leave it out to accept any)")
-    if len(providers) > MAX_PROVIDERS:
-        raise TrustError(f"{source} names {len(providers)} providers; at most "
-                         f"{MAX_PROVIDERS}")
-    return frozenset(providers)
+    """A provider list, as ``a,b`` or a JSON list of strings; ``TrustError`` if malformed
+    (``otela.names``)."""
+    try:
+        return names.parse_providers(value, source)
+    except names.InvalidName as exc:
+        raise TrustError(str(exc)) from None

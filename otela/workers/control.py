@@ -34,9 +34,15 @@ import trio
 
 from otela.children import die_with_parent, wait_exited
 from otela.config import NodeConfig
-from otela.dataplane import headers as policy
-from otela.dataplane.errors import NotDelivered, RequestError, UpstreamFailed, clip
+from otela.dataplane.errors import (
+    NotDelivered,
+    RequestError,
+    UpstreamFailed,
+    UpstreamTimeout,
+    clip,
+)
 from otela.dataplane.http import Handler, Request, Response
+from otela.dataplane.outcome import Outcome
 from otela.dataplane.p2p_client import EngineStreamClient
 from otela.dataplane.relay import relay, send_error
 from otela.registry.store import Registry
@@ -274,15 +280,16 @@ class InternalRoutes:
         try:
             if node is None:
                 raise NotDelivered(f"no session {clip(session)}")
-            with trio.fail_after(self.first_byte_timeout):
-                reply = await self.p2p.request(node, "/" + rest, request.body, headers)
-        except NotDelivered as exc:
-            await send_error(response, RequestError(
-                502, str(exc), code="not_delivered",
-                headers={policy.NOT_DELIVERED.decode(): "1"}))
+            try:
+                with trio.fail_after(self.first_byte_timeout):
+                    reply = await self.p2p.request(node, "/" + rest, request.body, headers)
+            except trio.TooSlowError:
+                raise UpstreamTimeout(f"no answer within {self.first_byte_timeout:.0f} s"
+                                      ) from None
+        except (NotDelivered, UpstreamFailed, UpstreamTimeout) as exc:
+            # The same outcome, flags and all, as the worker would have seen itself.
+            await send_error(response, Outcome.of_exception(exc).error())
             return
-        except (UpstreamFailed, trio.TooSlowError) as exc:
-            await send_error(response, RequestError(502, f"libp2p: {exc}",
-                                                    code="upstream_failed"))
-            return
-        await relay(reply, response, [])
+        # A stream that breaks is cut short, as the hop cut it: the worker ends its
+        # client's stream itself, as it would for a node it reached directly.
+        await relay(reply, response, [], end_client_streams=False)

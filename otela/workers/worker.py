@@ -33,30 +33,22 @@ from typing import Any
 import trio
 
 from ingress.service import IngressService
-from otela.api.dispatch import Dispatch
-from otela.api.hop import EngineHop
-from otela.api.inference import InferenceRoutes
+from otela.api.assembly import Surroundings, assemble
 from otela.api.observe import AccessLog, Observer, RequestMetrics
 from otela.config import NodeConfig
-from otela.dataplane import headers as policy
-from otela.dataplane.errors import NotDelivered
 from otela.dataplane.exchange import Exchange
-from otela.dataplane.gate import EngineGate, Routes
 from otela.dataplane.hop_auth import HopSigner, HopVerifier
-from otela.dataplane.http import HttpServer, Request, Response, ServerLimits
-from otela.dataplane.inflight import Inflight
+from otela.dataplane.http import Request, Response
 from otela.dataplane.pool import HttpPool
 from otela.dataplane.relay import relay
-from otela.dataplane.upstream import Reply, Upstreams
+from otela.dataplane.upstream import Reply, unless_outcome
 from otela.identity import load_or_create
-from otela.load.capacity import capacity_of
 from otela.load.engine_metrics import EngineLoad
 from otela.load.source import LoadSource
 from otela.looplag import LagSampler, freeze_startup_objects
 from otela.metrics import LAG_BUCKETS, Registry
 from otela.registry.records import NodeRecord
-from otela.routing.hold import ModelFirstByte, hold_room
-from otela.routing.router import Router, first_byte_timeouts, routing_settings
+from otela.routing.hold import ModelFirstByte
 from otela.workers.channel import Channel, ChannelClosed
 from otela.workers.view import WorkerView
 
@@ -86,10 +78,7 @@ class ControlRelay:
         reply = await self.pool.request("127.0.0.1", self.port, b"POST", target,
                                         [*headers, (INTERNAL_TOKEN, self.token)], body,
                                         self.timeout)
-        if policy.value(reply.headers, policy.NOT_DELIVERED) == b"1":
-            await reply.aclose()
-            raise NotDelivered(f"node {record.peer_id} over libp2p: not delivered")
-        return reply
+        return await unless_outcome(reply, f"node {record.peer_id} over libp2p")
 
     async def api(self, request: Request, response: Response) -> None:
         """Relay a request for the node's API to the control process (the pool sets the
@@ -130,24 +119,7 @@ class Worker:
         self.view = WorkerView()
         identity = load_or_create(config.home)
         peer_id, key = identity.peer_id.to_base58(), identity.key_pair.private_key
-        self.pool = HttpPool(connect_timeout=config.connect_timeout)
-        self.control = ControlRelay(self.pool, internal_port, token, config.response_timeout)
-        self.upstreams = Upstreams(self.pool, self_session=lambda: self.view.session_id,
-                                   local_engine=lambda: self.view.engine_url,
-                                   hop_signer=HopSigner(key.to_bytes(), peer_id),
-                                   p2p=self.control)
         self.load = LoadSource(1.0, others=self._others_in_flight)
-        self.router = Router(self.view.registry, self.upstreams, routing_settings(config),
-                             suspected=lambda: self.view.suspected,
-                             own_load=lambda: self.load.current() if self.view.engine_url
-                             else None,
-                             plausible=lambda record: capacity_of(record.hardware))
-        routes = Routes(config.inference_routes)
-        gate = EngineGate(lambda: self.view.engine_url, lambda: self.view.models,
-                          config.max_body_bytes, routes, first_byte_timeouts(config))
-        verifier = HopVerifier(key.to_bytes(), peer_id,
-                               lambda peer: self.view.registry.is_member(peer))
-        self.inflight = Inflight()
         self.metrics = Registry()
         lag = self.metrics.histogram("otela_event_loop_lag_seconds", "Event-loop lag.",
                                      LAG_BUCKETS, labels=("process",))
@@ -166,19 +138,22 @@ class Worker:
             open_access=config.open_access)
         if self.ingress_service is not None:
             observers += self.ingress_service.observers(self.metrics)
-        dispatch = Dispatch(
-            InferenceRoutes(self.router, observers, config.record_prompts,
-                            config.affinity_prefix, keys=self.ingress_service,
-                            hold=hold_room(config, lambda: self.view.registry, self.metrics)),
-            EngineHop(verifier, gate, self.pool, self.load),
-            self.control.api, self.inflight, metrics=None, routes=routes)
-        self.server = HttpServer(
-            dispatch,
-            ServerLimits(max_body_bytes=config.max_body_bytes,
-                         header_timeout=config.header_timeout,
-                         body_timeout=config.body_timeout,
-                         max_connections_per_client=config.max_connections_per_client),
-            reuse_port=True, screen=dispatch.screen)
+        # The request path, assembled as the node assembles its own (otela.api.assembly);
+        # the control process serves the node's API and reaches nodes behind NAT.
+        api_pool = HttpPool(connect_timeout=config.connect_timeout)
+        self.control = ControlRelay(api_pool, internal_port, token, config.response_timeout)
+        path = assemble(config, Surroundings(
+            registry=lambda: self.view.registry, session=lambda: self.view.session_id,
+            engine_url=lambda: self.view.engine_url, served_models=lambda: self.view.models,
+            avoided=lambda: self.view.suspected, relayed=self.control,
+            signer=HopSigner(key.to_bytes(), peer_id),
+            verifier=HopVerifier(key.to_bytes(), peer_id,
+                                 lambda peer: self.view.registry.is_member(peer)),
+            load=self.load, fallback=self.control.api, observers=observers,
+            metrics=self.metrics, keys=self.ingress_service, serve_metrics=False,
+            reuse_port=True))
+        self.pool, self.upstreams, self.router = path.pool, path.upstreams, path.router
+        self.inflight, self.server = path.inflight, path.server
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -203,6 +178,7 @@ class Worker:
                 log.warning("worker %d: the control process is gone; exiting", self.index)
             nursery.cancel_scope.cancel()
         self.pool.close()
+        self.control.pool.close()
 
     def _take(self, snapshot: dict[str, Any]) -> None:
         self.view.update(snapshot, time.time())
@@ -245,6 +221,7 @@ class Worker:
         while True:
             await trio.sleep(self.pool.idle_timeout)
             self.pool.sweep()
+            self.control.pool.sweep()
 
 
 def main() -> None:

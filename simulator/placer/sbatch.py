@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from otela.registry.names import model_id_problem
+from otela.names import model_id_problem
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "slurm"
 

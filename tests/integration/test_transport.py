@@ -19,6 +19,7 @@ from hypercorn.trio import serve
 from libp2p.tools.anyio_service import background_trio_service
 
 from otela.dataplane.gate import EngineGate
+from otela.dataplane.hop_core import HopCore
 from otela.dataplane.inflight import Inflight
 from otela.dataplane.p2p_client import EngineStreamClient, NotDelivered
 from otela.dataplane.p2p_frames import HTTP_PROTOCOL
@@ -71,8 +72,8 @@ async def pair(token_delay: float = 0.0) -> AsyncIterator[Pair]:
         binds = await nursery.start(serve, app, config)  # type: ignore[arg-type]
         engine: dict[str, str | None] = {"url": binds[0]}
         gate = EngineGate(lambda: engine["url"], lambda: {"m"}, 32 * 1024 * 1024)
-        server = EngineStreamServer(gate, HttpPool(), Inflight(), lambda peer: True,
-                                    LoadSource(1.0))
+        server = EngineStreamServer(HopCore(gate, HttpPool(), LoadSource(1.0)), Inflight(),
+                                    lambda peer: True)
         server.install(meshes[0].host)
         nat = NatTraversal(meshes[1].host, offer_relay=False, relays=list, publish=_noop)
         client = EngineStreamClient(meshes[1].host, nat.connect)

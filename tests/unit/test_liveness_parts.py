@@ -71,6 +71,7 @@ class FakeNode:
         self.gen = 1
         self.links = set(peers)
         self.evicted: list[tuple[str, str]] = []
+        self.refuse_evictions = False  # as a replica does without a second signer
         self.addresses: dict[str, tuple[str, ...]] = {}
 
     def records(self) -> Iterable[NodeRecord]:
@@ -90,6 +91,8 @@ class FakeNode:
 
     async def evict(self, peer_id: str, reason: str) -> list[str]:
         self.evicted.append((peer_id, reason))
+        if self.refuse_evictions:
+            return []
         return [r.session_id for r in self.registry if r.peer_id == peer_id]
 
 
@@ -186,6 +189,36 @@ def test_a_dead_peer_is_suspected_confirmed_and_evicted():
     assert [peer for peer, _ in d.node.evicted][:1] == ["a"]
     assert d.event_kinds("a")[:3] == ["suspected", "confirmed", "evicted"]
     assert d.stats["evicted"] >= 1 and d.health.score == 0
+
+
+def test_an_eviction_refused_for_want_of_a_second_signer_publishes_our_suspicion():
+    """A partition left one other member (b) on our side, and b does not watch a: our
+    lone suspicion rides on probes only, the replica refuses the eviction (one signer of
+    the two it needs), and without asking b to look, a stayed in routing for good. The
+    refusal publishes our signed suspicion once, which the chosen verifiers probe."""
+    d = Detector(["a", "b"])
+    d.transport.alive = {"b"}
+    d.transport.helpers_blind = {"b"}
+    d.node.refuse_evictions = True
+    published: list[list] = []
+
+    async def main() -> None:
+        async def collect() -> None:
+            while True:
+                await d.news.pending.wait()
+                published.extend(d.news.take_broadcasts())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect)
+            with trio.move_on_after(60):
+                await d.prober.run()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert d.node.evicted and d.node.evicted[0][0] == "a"
+    suspicions = [u for u in published if u[0] == "a" and u[1] == "suspect"]
+    assert len(suspicions) == 1 and suspicions[0][4] == "me"  # once, signed by us
+    assert "corroborating" in d.event_kinds("a")
 
 
 def test_a_suspicion_says_how_saturated_our_host_was():

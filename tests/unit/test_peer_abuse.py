@@ -299,13 +299,15 @@ def test_one_engine_stream_holds_at_most_1024_requests_and_no_duplicate_ids():
     """Every REQUEST frame started a task (and an engine request), without bound; a second
     request under an id in flight replaced the first one's cancel scope."""
     from otela.dataplane.gate import EngineGate
+    from otela.dataplane.hop_core import HopCore
     from otela.dataplane.inflight import Inflight
     from otela.dataplane.p2p_server import MAX_IN_FLIGHT_PER_STREAM, EngineStreamServer
 
     pool = StuckPool()
     server = EngineStreamServer(
-        EngineGate(lambda: "http://127.0.0.1:9", lambda: {"m"}, 1 << 20), pool,  # type: ignore[arg-type]
-        Inflight(), lambda _peer: True, Load())
+        HopCore(EngineGate(lambda: "http://127.0.0.1:9", lambda: {"m"}, 1 << 20),
+                pool, Load()),  # type: ignore[arg-type]
+        Inflight(), lambda _peer: True)
     body = b'{"model": "m"}'
     sent = MAX_IN_FLIGHT_PER_STREAM + 100
 
