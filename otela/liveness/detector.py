@@ -50,6 +50,7 @@ from otela.registry import evidence
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.store import Registry
 from otela.replication import LocalReplica
+from otela.replication.replicator import ReplicaCore
 
 log = logging.getLogger("otela.liveness")
 
@@ -58,6 +59,26 @@ LIVENESS_TOPIC = "otela/liveness/1"
 ADDR_TTL_S = 3600  # peerstore TTL of members' addresses
 
 __all__ = ["LIVENESS_TOPIC", "SWIM_PROTOCOL", "DetectorConfig", "FailureDetector"]
+
+
+def stamp(message: dict[str, Any], news: News, replica: ReplicaCore) -> dict[str, Any]:
+    """What rides on every SWIM message we send (probe, ack, indirect probe): our news,
+    and our registry's summary and age, so a replica that drifted from ours gets
+    anti-entropy without a timer (``otela/replication/drift.py``). Shared with the mesh
+    simulator, which sizes its probes by this very message."""
+    message["u"] = news.piggyback()
+    message["r"], age = replica.summary()
+    message["ra"] = round(age, 1)
+    return message
+
+
+def take(message: dict[str, Any], sender: str, now: float, table: LivenessTable,
+         news: News, replica: ReplicaCore) -> bool:
+    """Take what rides on a SWIM message from ``sender``: it is contact, its news is
+    merged, its summary compared. Returns whether anti-entropy with it is due (drift)."""
+    table.heard_from(sender, now)
+    news.receive(message.get("u"), now, sender)
+    return replica.drifted(sender, message.get("r"), message.get("ra"))
 
 
 def live_session(registry: Registry, peer_id: str) -> str | None:
@@ -301,21 +322,16 @@ class FailureDetector:
         return None
 
     def _pack(self, message: dict[str, Any]) -> bytes:
-        message["u"] = self.news.piggyback()
-        # The registry's summary and age ride along too: a replica that drifted from ours
-        # gets anti-entropy without a timer (``otela/replication/drift.py``).
-        message["r"], age = self.replica.replicator.summary()
-        message["ra"] = round(age, 1)
-        return msgpack.packb(message, use_bin_type=True)
+        return msgpack.packb(stamp(message, self.news, self.replica.replicator),
+                             use_bin_type=True)
 
     def _unpack(self, sender: str, data: bytes) -> dict[str, Any]:
         message = msgpack.unpackb(data, raw=False)
         if not isinstance(message, dict):
             raise ValueError("swim message is not a map")
-        now = self.clock()
-        self.table.heard_from(sender, now)
-        self.news.receive(message.get("u"), now, sender)
-        self.replica.replicator.compare(sender, message.get("r"), message.get("ra"))
+        if take(message, sender, self.clock(), self.table, self.news,
+                self.replica.replicator):
+            self.replica.replicator.sync_soon(sender, "drift")
         return message
 
     # -- published news ------------------------------------------------------------------

@@ -25,6 +25,7 @@ class MemberList:
         self.events = events
         self.generation = -1  # the registry generation last synced
         self.sessions: dict[str, set[str]] = {}  # live session ids per member
+        self.known: set[str] = set()  # every peer the registry names, LEFT ones included
 
     def sync(self, records: Iterable[NodeRecord], generation: int, now: float
              ) -> dict[str, tuple[str, ...]] | None:
@@ -35,7 +36,9 @@ class MemberList:
         self.generation = generation
         peers: dict[str, tuple[str, ...]] = {}
         sessions: dict[str, set[str]] = {}
+        known: set[str] = set()
         for record in records:
+            known.add(record.peer_id)
             if record.state is not Lifecycle.LEFT and record.peer_id != self.self_id:
                 peers[record.peer_id] = record.addrs
                 sessions.setdefault(record.peer_id, set()).add(record.session_id)
@@ -43,6 +46,7 @@ class MemberList:
             if ids - self.sessions.get(peer_id, ids):
                 self.table.new_session(peer_id, now)  # it rejoined after an eviction
         self.sessions = sessions
+        self.known = known
         self.table.sync_members(set(peers), now)
         self.round_trips.forget_except(set(peers))
         self.events.keep_only(self.table.members)

@@ -125,6 +125,10 @@ class LivenessTable:
     # Per retired peer: the lowest incarnation whose news is new (see ``_retire``).
     _floors: OrderedDict[str, int] = field(default_factory=OrderedDict)
     base_suspicion_timeout: float = field(init=False)  # before local-health scaling
+    # Members not ALIVE, kept as statuses change: every period asks who is suspected, whether
+    # the brake is on and when the next grace runs out, and scanning every member for it
+    # cost O(N) per period per node (at 10,000 members, four scans a second).
+    _unhealthy: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.base_suspicion_timeout = self.suspicion_timeout
@@ -148,6 +152,7 @@ class LivenessTable:
             self.members[peer_id] = Member(peer_id, self._floors.pop(peer_id, 0), last_heard=now)
         for peer_id in set(self.members) - peer_ids:
             self._retire(self.members.pop(peer_id))
+            self._unhealthy.discard(peer_id)
         self.published = {key for key in self.published if key[0] in self.members}
 
     def new_session(self, peer_id: str, now: float) -> None:
@@ -158,6 +163,7 @@ class LivenessTable:
         if member is not None and member.status is not Status.ALIVE:
             self._retire(member)
             self.members[peer_id] = Member(peer_id, self._floors.pop(peer_id), last_heard=now)
+            self._unhealthy.discard(peer_id)
             self.published = {key for key in self.published if key[0] != peer_id}
 
     def _retire(self, member: Member) -> None:
@@ -172,14 +178,12 @@ class LivenessTable:
             self._floors.popitem(last=False)
 
     def suspected(self) -> frozenset[str]:
-        return frozenset(
-            m.peer_id for m in self.members.values() if m.status is not Status.ALIVE
-        )
+        return frozenset(self._unhealthy)
 
     def braking(self) -> bool:
         """Whether the eviction brake is on (see the module docstring): more members are
         suspected or confirmed than ``brake_floor`` and ``brake_fraction`` of them."""
-        unhealthy = sum(1 for m in self.members.values() if m.status is not Status.ALIVE)
+        unhealthy = len(self._unhealthy)
         return unhealthy > max(self.brake_floor, self.brake_fraction * len(self.members))
 
     # -- observations ------------------------------------------------------------------
@@ -205,6 +209,7 @@ class LivenessTable:
         if member.status is Status.ALIVE:
             member.status, member.suspected_at = Status.SUSPECT, now
             member.suspecters, member.evidence = set(), {}
+            self._unhealthy.add(peer_id)
         member.suspecters.add(self.self_id)
         proof = self.sign_suspicion(peer_id, member.incarnation)
         if proof is not None:
@@ -293,8 +298,11 @@ class LivenessTable:
         suspect it, and ourselves, less the first suspecter. In a 3-node federation only
         the two survivors can suspect a crashed third: waiting for 3 confirmations had it
         evicted after 15 s (2.5 x the timeout) instead of 6 s."""
-        voters = sum(1 for p, m in self.members.items() if p != member.peer_id and (
-            m.status is Status.ALIVE or p in member.suspecters))
+        alive = len(self.members) - len(self._unhealthy)
+        if member.peer_id in self.members and member.peer_id not in self._unhealthy:
+            alive -= 1
+        voters = alive + sum(1 for p in member.suspecters
+                             if p != member.peer_id and p in self._unhealthy)
         return min(self.expected_confirmations, voters)
 
     def timeout_for(self, member: Member) -> float:
@@ -342,6 +350,7 @@ class LivenessTable:
             member.incarnation, member.status, member.suspected_at = (
                 update.incarnation, Status.ALIVE, None
             )
+            self._unhealthy.discard(member.peer_id)
             member.evict_at, member.evidence = None, {}
             member.last_heard = max(member.last_heard, now)
             self._enqueue(update)
@@ -364,6 +373,7 @@ class LivenessTable:
             member.incarnation, member.status, member.suspected_at = (
                 update.incarnation, Status.SUSPECT, now
             )
+            self._unhealthy.add(member.peer_id)
             member.suspecters = {update.by} if update.by else set()
             member.evidence = {}
             self._keep_evidence(member, update)
@@ -394,7 +404,7 @@ class LivenessTable:
         that lift it arrive together, and the last may be a moment behind), only one at a
         time, the one every node picks alike (see below): if each picked its own, say its
         oldest, the federation as a whole would still evict one per node per timeout."""
-        expired = [m for m in self.members.values()
+        expired = [m for m in self._unhealthy_members()
                    if m.status is Status.SUSPECT and m.suspected_at is not None
                    and now - m.suspected_at >= self.timeout_for(m)]
         if self.braking():
@@ -415,9 +425,10 @@ class LivenessTable:
         eviction this node signs falls due, if any: the caller acts then instead of at the
         end of its probe period, up to a period later. Moments already past are left to
         the next period (the brake, or our lagging loop, may be holding them back)."""
-        times = [m.suspected_at + self.timeout_for(m) for m in self.members.values()
+        unhealthy = self._unhealthy_members()
+        times = [m.suspected_at + self.timeout_for(m) for m in unhealthy
                  if m.status is Status.SUSPECT and m.suspected_at is not None]
-        times += [m.evict_at for m in self.members.values()
+        times += [m.evict_at for m in unhealthy
                   if m.status is Status.CONFIRMED and m.evict_at is not None]
         return min((t for t in times if t > now), default=None)
 
@@ -427,15 +438,19 @@ class LivenessTable:
         # member awaits its eviction or within a timeout of the last confirmation, ours or
         # one we heard of.
         last = self._last_confirmation_at
-        if (any(m.status is Status.CONFIRMED for m in self.members.values())
+        if (any(m.status is Status.CONFIRMED for m in self._unhealthy_members())
                 or (last is not None and now - last < self.suspicion_timeout)):
             return []
         # The head of one queue that every node orders alike (by a hash of peer and
         # incarnation) over all suspects, not only the expired ones: expiry times differ
         # from node to node, suspect lists much less.
-        head = min((m for m in self.members.values() if m.status is Status.SUSPECT),
+        head = min((m for m in self._unhealthy_members() if m.status is Status.SUSPECT),
                    key=lambda m: _rank("brake", f"{m.peer_id}@{m.incarnation}"))
         return [head] if head in expired else []
+
+    def _unhealthy_members(self) -> list[Member]:
+        """The members not ALIVE, in a stable order (by peer id)."""
+        return [self.members[p] for p in sorted(self._unhealthy)]
 
     def eviction_delay(self, member: Member) -> float:
         """How long after confirming ``member`` this node waits before signing its eviction
@@ -455,7 +470,7 @@ class LivenessTable:
         """Confirmed peers whose eviction this node should sign now. Each is due again
         after the backup delay in case no eviction (ours or another's) lands."""
         due = []
-        for member in self.members.values():
+        for member in self._unhealthy_members():
             if (member.status is Status.CONFIRMED and member.evict_at is not None
                     and now >= member.evict_at):
                 member.evict_at = now + self.backup_delay()

@@ -104,6 +104,33 @@ def decode(data: bytes) -> tuple[str, NodeLoad, float] | None:
     return session, load, ttl
 
 
+class ReportSchedule:
+    """When a serving node sends its next report, sans I/O (``LoadReports.run`` and the mesh
+    simulator both ask it every ``min_interval``): at most once per ``interval_for`` the
+    federation's size, and only when the load changed or, while it is not zero, before the
+    last report expires."""
+
+    def __init__(self, min_interval: float = 2.0, per_member_s: float = 0.5) -> None:
+        self.min_interval = min_interval
+        self.per_member_s = per_member_s
+        self.last: NodeLoad | None = None
+        self.last_at = -1e9
+
+    def due(self, now: float, members: int, serving: bool,
+            load: Callable[[], NodeLoad]) -> tuple[NodeLoad, float] | None:
+        """(the load to report, its ttl) if a report is due now, else None."""
+        interval = interval_for(members, self.min_interval, self.per_member_s)
+        if not serving or now - self.last_at < interval:
+            return None
+        current = load()
+        refresh = self.last is not None and self.last.outstanding > 0 and \
+            now - self.last_at >= (TTL_INTERVALS - 1) * interval
+        if not (changed(self.last, current) or refresh):
+            return None
+        self.last, self.last_at = current, now
+        return current, TTL_INTERVALS * interval
+
+
 class LoadReports:
     """Sends this node's load to the ingresses while it serves (``run``) and, on an
     ingress, takes the others' reports (``take``, behind the ``/v1/load-reports`` route)."""
@@ -130,23 +157,15 @@ class LoadReports:
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        last: NodeLoad | None = None
-        last_at = -1e9
+        schedule = ReportSchedule(self.min_interval, self.per_member_s)
         # Start at a random phase so nodes started together do not report together.
         await trio.sleep(random.uniform(0, self.min_interval))
         while True:
-            interval = interval_for(len(self.registry()), self.min_interval,
-                                    self.per_member_s)
             await trio.sleep(self.min_interval)
-            now = trio.current_time()
-            if not self.serving() or now - last_at < interval:
-                continue
-            load = self.source.current()
-            refresh = last is not None and last.outstanding > 0 and \
-                now - last_at >= (TTL_INTERVALS - 1) * interval
-            if changed(last, load) or refresh:
-                await self.publish(load, TTL_INTERVALS * interval)
-                last, last_at = load, now
+            due = schedule.due(trio.current_time(), len(self.registry()), self.serving(),
+                               self.source.current)
+            if due is not None:
+                await self.publish(*due)
 
     # -- sending -------------------------------------------------------------------
 

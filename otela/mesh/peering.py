@@ -41,6 +41,28 @@ log = logging.getLogger("otela.mesh")
 DIAL_TIMEOUT_S = 5.0
 
 
+def plan_step(connected: set[str], candidates: list[str], keep: set[str], low: int,
+              target: int, high: int, rng: random.Random) -> tuple[list[str], list[str]]:
+    """One peering step, sans I/O: (peers to dial, peers to trim). Dial up to ``target``
+    only below ``low``; trim only the excess above ``high`` (``Peering.step`` says why).
+    ``candidates``: peers we could connect to, in registry order; ``keep``: never trimmed.
+    The mesh simulator calls this too."""
+    if len(connected) < low:
+        fresh = [p for p in candidates if p not in connected]
+        rng.shuffle(fresh)
+        return fresh[: target - len(connected)], []
+    if len(connected) > high:
+        extra = sorted(p for p in connected if p not in keep)
+        rng.shuffle(extra)
+        return [], extra[: len(connected) - high]
+    return [], []
+
+
+def reconcile_choice(evicted: list[str], rng: random.Random) -> str | None:
+    """Which peer whose sessions were all evicted to dial now (healing partitions)."""
+    return rng.choice(evicted) if evicted else None
+
+
 def dialable(record: NodeRecord, own_peer_id: str) -> bool:
     """A member we may dial directly: not LEFT, not us, with an address, not behind a NAT
     (those are reached through relays, on demand)."""
@@ -117,10 +139,11 @@ class Peering:
     async def _reconcile_loop(self, reconcile: Callable[[ID], Awaitable[bool]]) -> None:
         while True:
             await trio.sleep(self.reconcile_interval * self.rng.uniform(0.8, 1.2))
-            evicted = list(self.evicted_peers().items())
-            if not evicted:
+            evicted = {p.to_base58(): (p, addrs) for p, addrs in self.evicted_peers().items()}
+            chosen = reconcile_choice(list(evicted), self.rng)
+            if chosen is None:
                 continue
-            peer_id, addrs = self.rng.choice(evicted)
+            peer_id, addrs = evicted[chosen]
             if await nothing_listens_at(addrs):
                 continue
             await self._dial(peer_id, addrs)
@@ -142,24 +165,22 @@ class Peering:
         went unanswered, each trim looked like a crash to the other end, and the probes
         of the "lost" neighbour (a fresh dial under load) timed out into suspicions.
         """
-        connected = set(self.host.get_connected_peers())
-        if len(connected) < self.low:
-            fresh = [p for p in self.candidates().items() if p[0] not in connected]
-            self.rng.shuffle(fresh)
+        connected = {p.to_base58(): p for p in self.host.get_connected_peers()}
+        candidates = self.candidates() if len(connected) < self.low else {}
+        by_name = {p.to_base58(): (p, addrs) for p, addrs in candidates.items()}
+        dials, trims = plan_step(set(connected), list(by_name), self.keep(), self.low,
+                                 self.target, self.high, self.rng)
+        if dials:
             async with trio.open_nursery() as nursery:
-                for peer_id, addrs in fresh[: self.target - len(connected)]:
-                    nursery.start_soon(self._dial, peer_id, addrs)
-        elif len(connected) > self.high:
-            keep = self.keep()
-            extra = [p for p in connected if p.to_base58() not in keep]
-            self.rng.shuffle(extra)
-            for peer_id in extra[: len(connected) - self.high]:
-                if self.on_trim is not None:
-                    await self.on_trim(peer_id.to_base58())
-                try:
-                    await self.host.disconnect(peer_id)
-                except Exception:
-                    log.debug("trimming connection to %s failed", peer_id, exc_info=True)
+                for name in dials:
+                    nursery.start_soon(self._dial, *by_name[name])
+        for name in trims:
+            if self.on_trim is not None:
+                await self.on_trim(name)
+            try:
+                await self.host.disconnect(connected[name])
+            except Exception:
+                log.debug("trimming connection to %s failed", name, exc_info=True)
 
     async def _dial(self, peer_id: ID, addrs: list[multiaddr.Multiaddr]) -> None:
         try:

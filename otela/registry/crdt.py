@@ -132,6 +132,9 @@ class GMap:
         self._session_of: dict[str, str] = {}  # peer id -> the one session key it holds
         self._buckets: list[bytes] = [bytes(_HASH_BYTES)] * BUCKETS
         self._bucket_keys: list[set[str]] = [set() for _ in range(BUCKETS)]
+        # The root over the bucket hashes, computed once per change: every liveness message
+        # carries a summary of it (``otela/replication/drift.py``), ~4 KiB hashed each time.
+        self._root: bytes | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -197,7 +200,10 @@ class GMap:
         return True, older
 
     def digest_root(self) -> bytes:
-        return hashlib.blake2b(b"".join(self._buckets), digest_size=_HASH_BYTES).digest()
+        if self._root is None:
+            self._root = hashlib.blake2b(b"".join(self._buckets),
+                                         digest_size=_HASH_BYTES).digest()
+        return self._root
 
     def bucket_hashes(self) -> list[bytes]:
         return list(self._buckets)
@@ -236,6 +242,7 @@ class GMap:
         if current is not None:
             h = _xor(h, current.fingerprint())
         self._buckets[bucket] = _xor(self._buckets[bucket], h)
+        self._root = None
         self._bucket_keys[bucket].add(entry.key)
         self._entries[entry.key] = entry
         self._session_of[entry.record.peer_id] = entry.key
@@ -243,6 +250,7 @@ class GMap:
     def _remove(self, entry: Entry) -> None:
         bucket = bucket_of(entry.key)
         self._buckets[bucket] = _xor(self._buckets[bucket], entry.fingerprint())
+        self._root = None
         self._bucket_keys[bucket].discard(entry.key)
         del self._entries[entry.key]
         if self._session_of.get(entry.record.peer_id) == entry.key:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from libp2p.crypto.keys import PublicKey
+from libp2p.crypto.keys import PrivateKey, PublicKey
 
 from otela.identity import Identity
 from otela.membership.admission import Admission
@@ -47,6 +47,7 @@ from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.session import MAX_EPOCH, epoch_of, new_session_id
 from otela.registry.store import Registry
 from otela.registry.wire import (
+    Trust,
     WireError,
     revocation_envelope,
     sign_eviction,
@@ -201,23 +202,12 @@ class LocalReplica:
         with the signed suspicions that justify it. Without as many independent ones as
         every replica requires (``otela.registry.evidence``) nothing is signed: it would
         be refused everywhere, and count against us."""
-        target = self.registry.entry(session_id)
-        if target is None or target.state is Lifecycle.LEFT:
+        envelope = eviction_envelope(
+            self.registry, session_id, reason, statements,
+            self.admission.trust(self.registry), self.identity.key_pair.private_key,
+            self.identity.peer_id.to_base58(), self.clock(), self.certificate)
+        if envelope is None:
             return False
-        trust = self.admission.trust(self.registry)
-        evictee = target.record.peer_id
-        now = self.clock()
-        try:
-            chosen = justified(statements, evictee, session_id, now, trust.is_member,
-                               trust.witnesses)
-        except EvidenceError as exc:
-            log.info("not evicting session %s of %s yet: %s", session_id, evictee, exc)
-            return False
-        envelope = sign_eviction(
-            target, evictor_key=self.identity.key_pair.private_key,
-            evictor_peer_id=self.identity.peer_id.to_base58(), reason=reason,
-            now=now, evidence=chosen, cert=self.certificate,
-        )
         applied = self.replicator.ingest([envelope], "local") > 0
         await self.replicator.publish(envelope)
         return applied
@@ -298,6 +288,28 @@ class LocalReplica:
     async def _rejoin(self, record: NodeRecord) -> None:
         self.record = replace(record, session_id=self.new_session_id(), version=0)
         await self.announce()
+
+
+def eviction_envelope(registry: Registry, session_id: str, reason: str,
+                      statements: Sequence[Suspicion], trust: Trust, key: PrivateKey,
+                      evictor: str, now: float, cert: bytes | None = None
+                      ) -> dict[str, Any] | None:
+    """Our signed verdict that ``session_id`` is LEFT, embedding the signed suspicions
+    every replica requires (``otela.registry.evidence``); None when the session is not
+    live here or the statements do not justify it (it would be refused everywhere, and
+    count against us). Sans I/O: ``LocalReplica.evict`` and the mesh simulator."""
+    target = registry.entry(session_id)
+    if target is None or target.state is Lifecycle.LEFT:
+        return None
+    evictee = target.record.peer_id
+    try:
+        chosen = justified(statements, evictee, session_id, now, trust.is_member,
+                           trust.witnesses)
+    except EvidenceError as exc:
+        log.info("not evicting session %s of %s yet: %s", session_id, evictee, exc)
+        return None
+    return sign_eviction(target, evictor_key=key, evictor_peer_id=evictor, reason=reason,
+                         now=now, evidence=chosen, cert=cert)
 
 
 def _read_epoch(path: Path) -> int:

@@ -34,7 +34,8 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -99,6 +100,23 @@ def _fresh(envelope: Any, now: float) -> bool:
     return facts is not None and abs(now - facts) <= FRESH_EVICTION_S
 
 
+@dataclass(frozen=True)
+class Send:
+    """An anti-entropy step: send ``message`` (None: nothing), then, if ``reply``, hand
+    the peer's next message back to the exchange."""
+
+    message: dict[str, Any] | None
+    reply: bool = True
+
+
+@dataclass(frozen=True)
+class Ingest:
+    """An anti-entropy step: verify and apply ``envelopes`` (in batches, between event-loop
+    checkpoints where there is an event loop)."""
+
+    envelopes: list[Any]
+
+
 class GossipLag:
     """How late gossip arrives here: a moving average of (applied - signed) over the deltas
     that changed the registry, fading by half every ``HALF_LIFE_S`` without news. Near
@@ -125,22 +143,27 @@ class GossipLag:
         return self._value * 0.5 ** (max(0.0, now - self._at) / self.HALF_LIFE_S)
 
 
-class Replicator:
+class ReplicaCore:
+    """Replication's decisions, sans I/O: verifying and applying envelopes, metering what
+    each member may write, judging gossip before it is forwarded, and telling from the
+    summaries on liveness messages when a peer's replica has drifted. ``Replicator`` runs
+    it over libp2p; the mesh simulator (``simulator/mesh``) runs the same object under its
+    own clock. ``verifier`` is ``wire.verify``; the simulator may wrap it with a cache
+    (one envelope checked once for all the replicas it simulates)."""
     def __init__(
         self,
-        mesh: MeshHost,
+        self_id: str,
         registry: Registry,
         admission: Admission,
-        anti_entropy_interval: float,
         clock: Callable[[], float] = time.time,
+        verifier: Callable[[Any, Trust, float], Any] = verify,
     ) -> None:
-        self.mesh = mesh
+        self.self_id = self_id
         self.registry = registry
         self.admission = admission
-        self.anti_entropy_interval = anti_entropy_interval
         self.clock = clock
+        self.verifier = verifier
         self.stats: Counter[str] = Counter()
-        self._self_id: ID = mesh.host.get_id()
         self._contact_listeners: list[Callable[[str], None]] = []
         self._applied_listeners: list[Callable[[Entry], None]] = []
         self.gossip_lag = GossipLag()
@@ -150,9 +173,6 @@ class Replicator:
         self._gossip_rates = PeerRates(GOSSIP_BURST, GOSSIP_PER_S)
         self._over_rate: Counter[str] = Counter()  # gossip refused per signer, for reports
         self._eviction_rates = PeerRates(EVICTION_BURST, EVICTION_PER_S)
-        # Peers to sync with at once, and why: "returning" (connected while their sessions
-        # here were all LEFT) or "drift" (their replica stays different from ours).
-        self._due_send, self._due = trio.open_memory_channel[tuple[str, str]](64)
         self.drift = DriftWatch()
         self._summary = b""
         self._summary_since = 0.0
@@ -180,34 +200,6 @@ class Replicator:
     def trust(self) -> Trust:
         return self.admission.trust(self.registry)
 
-    def install(self) -> None:
-        """Register the stream handler and the gossip validator (before the host runs)."""
-        set_capped_handler(self.mesh.host, AE_PROTOCOL, self._handle_anti_entropy,
-                           AE_STREAMS)
-        self.mesh.pubsub.set_topic_validator(REGISTRY_TOPIC, self.validate_gossip, False)
-        self.mesh.host.get_network().register_notifee(OnConnected(self._connected))
-
-    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        subscription = await self.mesh.pubsub.subscribe(REGISTRY_TOPIC)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._receive_gossip, subscription)
-            nursery.start_soon(self._anti_entropy_loop)
-            nursery.start_soon(self._sync_due)
-            task_status.started()
-
-    # -- ingest ------------------------------------------------------------------------
-
-    async def ingest_batched(self, envelopes: list[Any], source: str) -> int:
-        """``ingest``, ``INGEST_BATCH`` envelopes at a time with a checkpoint between: an
-        anti-entropy batch of thousands (a joiner's whole state, or a member's flood) is
-        ~84 us of signature checks each, and must not hold the event loop for a second."""
-        changed = 0
-        for start in range(0, len(envelopes), INGEST_BATCH):
-            if start:
-                await trio.lowlevel.checkpoint()
-            changed += self.ingest(envelopes[start:start + INGEST_BATCH], source)
-        return changed
-
     def ingest(self, envelopes: list[Any], source: str) -> int:
         """Verify and apply envelopes; return how many changed the registry."""
         now = self.clock()
@@ -215,7 +207,7 @@ class Replicator:
         changed = 0
         for envelope in envelopes:
             try:
-                item = verify(envelope, trust, now)
+                item = self.verifier(envelope, trust, now)
                 if isinstance(item, Entry):
                     if item.evicted_by is not None and source != "local" and \
                             not self._eviction_allowed(item, now):
@@ -269,7 +261,7 @@ class Replicator:
 
     def report(self, peer_id: str, kind: str, detail: str) -> None:
         """``peer_id`` misbehaved (``misconduct.py``); a warning within a budget."""
-        if peer_id == self._self_id.to_base58():
+        if peer_id == self.self_id:
             return
         if self.misconduct.report(peer_id, kind, self.clock()):
             skipped = self._misconduct_log.take()
@@ -296,27 +288,19 @@ class Replicator:
 
     # -- gossip ------------------------------------------------------------------------
 
-    async def publish(self, envelope: dict[str, Any]) -> None:
-        """Gossip one delta: an envelope we signed (our record, or our eviction verdict)."""
-        data = encode({"kind": "delta", "entries": [envelope]})
-        try:
-            await self.mesh.pubsub.publish(REGISTRY_TOPIC, data)
-            self.stats["gossip_published"] += 1
-            self.stats["gossip_bytes_sent"] += len(data)
-        except Exception as exc:  # publishing with no peers yet is not an error
-            log.debug("gossip publish failed: %s", exc)
-
-    def validate_gossip(self, forwarder: ID, message: Any) -> bool:
-        self.stats["gossip_bytes_received"] += len(message.data or b"")
-        if not self.admission.is_admitted(forwarder):
+    def accept_gossip(self, forwarder: str, admitted: bool, data: bytes | None,
+                      source: str) -> bool:
+        """Whether gossip ``data`` published by ``source`` and forwarded by ``forwarder``
+        (``admitted``: a member here) may be taken and forwarded on."""
+        self.stats["gossip_bytes_received"] += len(data or b"")
+        if not admitted:
             self.stats["gossip_unadmitted"] += 1
             return False
         # A peer that forwards us gossip is running, however slowly it answers probes: on
         # an overloaded machine this is what keeps busy peers from being suspected.
-        self._heard(forwarder.to_base58())
+        self._heard(forwarder)
         try:
-            delta = decode(message.data)
-            source = ID(message.from_id).to_base58()
+            delta = decode(data or b"")
             envelopes = delta["entries"]
             refusals = [gossip_refusal(e, source) for e in envelopes]
         except Exception:
@@ -329,11 +313,20 @@ class Replicator:
             self.stats["gossip_invalid"] += 1
         return False
 
+    def take_gossip(self, data: bytes, origin: str) -> int:
+        """A gossip message ``origin`` published reached us: apply its envelopes."""
+        self._heard(origin)
+        try:
+            return self.ingest(decode(data)["entries"], "gossip")
+        except (WireError, KeyError, TypeError):
+            self.stats["gossip_invalid"] += 1
+            return 0
+
     def _within_bounds(self, envelopes: list[Any], source: str) -> bool:
         """Whether well-formed gossip from ``source`` may be taken and forwarded: not a
         record of an older session than its peer's (refused everywhere anyway), not beyond
         its signer's rate. Our own publishes pass (pubsub validates them too)."""
-        if source == self._self_id.to_base58():
+        if source == self.self_id:
             return True
         now = self.clock()
         for envelope in envelopes:
@@ -360,20 +353,126 @@ class Replicator:
             return False
         return True
 
+    def summary(self) -> tuple[bytes, float]:
+        """Our replica's summary and for how many seconds it has not changed (counted from
+        the first time it was asked after a change: an underestimate, which only delays)."""
+        now = self.clock()
+        current = summary(self.registry.map.digest_root(), sorted(self.registry.revocations))
+        if current != self._summary:
+            self._summary, self._summary_since = current, now
+        return current, now - self._summary_since
+
+    def drifted(self, peer_id: str, theirs: Any, their_age: Any) -> bool:
+        """A peer's summary arrived (on a probe or an ack): whether to start anti-entropy
+        with it now (``DriftWatch``: its replica has drifted from ours). Malformed values,
+        or none (an older peer), are ignored."""
+        if (not isinstance(theirs, bytes) or len(theirs) != SUMMARY_BYTES
+                or not isinstance(their_age, int | float) or not 0 <= their_age < 1e9):
+            return False
+        ours, our_age = self.summary()
+        return self.drift.compare(peer_id, theirs, float(their_age), ours, our_age,
+                                  self.clock(), leader=self.self_id < peer_id)
+
+    def returning(self, peer_id: str) -> bool:
+        """Whether a peer that just connected is one whose sessions here are all LEFT (an
+        evictee back after a partition healed): sync with it at once."""
+        return not self.registry.is_member(peer_id) and self.registry.has_left(peer_id)
+
+    # -- anti-entropy, as steps a driver carries out -------------------------------------
+
+    def initiate(self) -> Generator[Send | Ingest, Any, int]:
+        """The initiator's side of one exchange (``otela.registry.antientropy``): yields
+        what to send (and whether a reply is awaited, which the driver sends back in) and
+        what to ingest; returns how many entries it received."""
+        registry = self.registry
+        answer = yield Send(antientropy.opening(registry))
+        self.ingest(list(answer.get("revocations") or []), "ae")
+        request = antientropy.digests(registry, answer)
+        if request is None:
+            yield Send({"kind": "ae-done"}, reply=False)
+            return 0
+        reply = yield Send(request)
+        received = list(reply.get("entries") or [])
+        yield Ingest(received)
+        yield Send(antientropy.entries(registry, list(reply.get("want") or [])), reply=False)
+        return len(received)
+
+    def respond(self, peer_id: str) -> Generator[Send | Ingest, Any, None]:
+        """The responder's side of one exchange with ``peer_id``: first yields a receive
+        (``Send(None)``), then like ``initiate``."""
+        self._heard(peer_id)
+        registry = self.registry
+        opening = yield Send(None)
+        request = yield Send(antientropy.answer_opening(registry, opening))
+        if request.get("kind") == "ae-done":
+            return
+        self.ingest(list(request.get("revocations") or []), "ae")
+        final = yield Send(antientropy.answer_digests(registry, request))
+        yield Ingest(list(final.get("entries") or []))
+
+
+class Replicator(ReplicaCore):
+    """``ReplicaCore`` over libp2p: the gossip topic, the anti-entropy protocol, and the
+    tasks that decide when to run it."""
+
+    def __init__(
+        self,
+        mesh: MeshHost,
+        registry: Registry,
+        admission: Admission,
+        anti_entropy_interval: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._self_id: ID = mesh.host.get_id()
+        super().__init__(self._self_id.to_base58(), registry, admission, clock)
+        self.mesh = mesh
+        self.anti_entropy_interval = anti_entropy_interval
+        # Peers to sync with at once, and why: "returning" (connected while their sessions
+        # here were all LEFT) or "drift" (their replica stays different from ours).
+        self._due_send, self._due = trio.open_memory_channel[tuple[str, str]](64)
+    def install(self) -> None:
+        """Register the stream handler and the gossip validator (before the host runs)."""
+        set_capped_handler(self.mesh.host, AE_PROTOCOL, self._handle_anti_entropy,
+                           AE_STREAMS)
+        self.mesh.pubsub.set_topic_validator(REGISTRY_TOPIC, self.validate_gossip, False)
+        self.mesh.host.get_network().register_notifee(OnConnected(self._connected))
+    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        subscription = await self.mesh.pubsub.subscribe(REGISTRY_TOPIC)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._receive_gossip, subscription)
+            nursery.start_soon(self._anti_entropy_loop)
+            nursery.start_soon(self._sync_due)
+            task_status.started()
+
+    # -- ingest ------------------------------------------------------------------------
+    async def ingest_batched(self, envelopes: list[Any], source: str) -> int:
+        """``ingest``, ``INGEST_BATCH`` envelopes at a time with a checkpoint between: an
+        anti-entropy batch of thousands (a joiner's whole state, or a member's flood) is
+        ~84 us of signature checks each, and must not hold the event loop for a second."""
+        changed = 0
+        for start in range(0, len(envelopes), INGEST_BATCH):
+            if start:
+                await trio.lowlevel.checkpoint()
+            changed += self.ingest(envelopes[start:start + INGEST_BATCH], source)
+        return changed
+    async def publish(self, envelope: dict[str, Any]) -> None:
+        """Gossip one delta: an envelope we signed (our record, or our eviction verdict)."""
+        data = encode({"kind": "delta", "entries": [envelope]})
+        try:
+            await self.mesh.pubsub.publish(REGISTRY_TOPIC, data)
+            self.stats["gossip_published"] += 1
+            self.stats["gossip_bytes_sent"] += len(data)
+        except Exception as exc:  # publishing with no peers yet is not an error
+            log.debug("gossip publish failed: %s", exc)
     async def _receive_gossip(self, subscription: Any) -> None:
         while True:
             message = await subscription.get()
             origin = ID(message.from_id)
             if origin == self._self_id:
                 continue  # pubsub delivers our own publishes back to us
-            self._heard(origin.to_base58())
-            try:
-                self.ingest(decode(message.data)["entries"], "gossip")
-            except (WireError, KeyError, TypeError):
-                self.stats["gossip_invalid"] += 1
+            self.take_gossip(message.data, origin.to_base58())
 
     # -- anti-entropy ------------------------------------------------------------------
-
     async def sync_with(self, peer_id: ID, max_rounds: int = 20) -> bool:
         """Anti-entropy with ``peer_id`` as initiator, repeated while batches come back full
         (a joiner to a federation larger than one batch); return whether it succeeded."""
@@ -384,7 +483,6 @@ class Replicator:
             if received < antientropy.MAX_ENTRIES_PER_MESSAGE:
                 return True
         return True
-
     async def _sync_once(self, peer_id: ID) -> int | None:
         """One exchange; the number of entries received, or ``None`` if it failed."""
         if not self.admission.is_admitted(peer_id) and not await self.admission.handshake(
@@ -407,42 +505,25 @@ class Replicator:
                 return None
         self.stats["ae_failed"] += 1
         return None
-
     async def push_to_all(self, timeout: float) -> None:
         """Anti-entropy with every connected peer at once, for at most ``timeout`` seconds."""
         with trio.move_on_after(timeout):
             async with trio.open_nursery() as nursery:
                 for peer_id in self.connected_peers():
                     nursery.start_soon(self.sync_with, peer_id)
-
     def connected_peers(self) -> list[ID]:
         return [p for p in self.mesh.host.get_connected_peers() if p != self._self_id]
-
     async def _send(self, stream: Any, message: dict[str, Any]) -> None:
         data = encode(message)
         self.stats["ae_bytes_sent"] += len(data)
         await write_frame(stream, data)
-
     async def _receive(self, stream: Any) -> dict[str, Any]:
         data = await read_frame(stream)
         self.stats["ae_bytes_received"] += len(data)
         return decode(data)
-
     async def _initiate(self, stream: Any) -> int:
-        registry = self.registry
-        await self._send(stream, antientropy.opening(registry))
-        answer = await self._receive(stream)
-        self.ingest(list(answer.get("revocations") or []), "ae")
-        request = antientropy.digests(registry, answer)
-        if request is None:
-            await self._send(stream, {"kind": "ae-done"})
-            return 0
-        await self._send(stream, request)
-        reply = await self._receive(stream)
-        received = list(reply.get("entries") or [])
-        await self.ingest_batched(received, "ae")
-        await self._send(stream, antientropy.entries(registry, list(reply.get("want") or [])))
-        return len(received)
+        received: int = await self._drive(stream, self.initiate())
+        return received
 
     async def _handle_anti_entropy(self, stream: Any) -> None:
         peer = stream.muxed_conn.peer_id
@@ -451,17 +532,7 @@ class Replicator:
                 if not self.admission.is_admitted(peer):
                     self.stats["ae_unadmitted"] += 1
                     return
-                self._heard(peer.to_base58())
-                registry = self.registry
-                opening = await self._receive(stream)
-                await self._send(stream, antientropy.answer_opening(registry, opening))
-                request = await self._receive(stream)
-                if request.get("kind") == "ae-done":
-                    return
-                self.ingest(list(request.get("revocations") or []), "ae")
-                await self._send(stream, antientropy.answer_digests(registry, request))
-                final = await self._receive(stream)
-                await self.ingest_batched(list(final.get("entries") or []), "ae")
+                await self._drive(stream, self.respond(peer.to_base58()))
             except Exception as exc:  # a misbehaving peer must never take the handler down
                 self.stats["ae_failed"] += 1
                 log.debug("inbound anti-entropy from %s failed: %s", peer, exc)
@@ -472,42 +543,24 @@ class Replicator:
                     log.debug("closing anti-entropy stream failed", exc_info=True)
 
     def _connected(self, peer_id: str) -> None:
-        if not self.registry.is_member(peer_id) and self.registry.has_left(peer_id):
-            self._sync_soon(peer_id, "returning")
+        if self.returning(peer_id):
+            self.sync_soon(peer_id, "returning")
 
-    def _sync_soon(self, peer_id: str, reason: str) -> None:
+    def sync_soon(self, peer_id: str, reason: str) -> None:
         try:
             self._due_send.send_nowait((peer_id, reason))
         except trio.WouldBlock:  # a burst: the periodic exchange remains
             self.stats[f"ae_{reason}_dropped"] += 1
-
     async def _sync_due(self) -> None:
         async for peer_id, reason in self._due:
             self.stats[f"ae_{reason}"] += 1
             await self.sync_with(ID.from_base58(peer_id))
 
     # -- drift: summaries riding on liveness messages --------------------------------------
-
-    def summary(self) -> tuple[bytes, float]:
-        """Our replica's summary and for how many seconds it has not changed (counted from
-        the first time it was asked after a change: an underestimate, which only delays)."""
-        now = self.clock()
-        current = summary(self.registry.map.digest_root(), sorted(self.registry.revocations))
-        if current != self._summary:
-            self._summary, self._summary_since = current, now
-        return current, now - self._summary_since
-
     def compare(self, peer_id: str, theirs: Any, their_age: Any) -> None:
-        """A peer's summary arrived (on a probe or an ack): start anti-entropy with it when
-        ``DriftWatch`` says its replica has drifted from ours. Malformed values, or none
-        (an older peer), are ignored."""
-        if (not isinstance(theirs, bytes) or len(theirs) != SUMMARY_BYTES
-                or not isinstance(their_age, int | float) or not 0 <= their_age < 1e9):
-            return
-        ours, our_age = self.summary()
-        if self.drift.compare(peer_id, theirs, float(their_age), ours, our_age, self.clock(),
-                              leader=self._self_id.to_base58() < peer_id):
-            self._sync_soon(peer_id, "drift")
+        """A peer's summary arrived: anti-entropy with it if it drifted (``drifted``)."""
+        if self.drifted(peer_id, theirs, their_age):
+            self.sync_soon(peer_id, "drift")
 
     async def _anti_entropy_loop(self) -> None:
         while True:
@@ -517,3 +570,24 @@ class Replicator:
             peers = [p for p in self.connected_peers() if self.admission.is_admitted(p)]
             if peers:
                 await self.sync_with(random.choice(peers))
+
+    def validate_gossip(self, forwarder: ID, message: Any) -> bool:
+        return self.accept_gossip(forwarder.to_base58(), self.admission.is_admitted(forwarder),
+                                  message.data, ID(message.from_id).to_base58())
+
+    async def _drive(self, stream: Any, steps: Generator[Send | Ingest, Any, Any]) -> Any:
+        """Carry out an exchange's steps (``initiate``/``respond``) on ``stream``."""
+        step = next(steps)
+        while True:
+            value = None
+            if isinstance(step, Ingest):
+                await self.ingest_batched(step.envelopes, "ae")
+            else:
+                if step.message is not None:
+                    await self._send(stream, step.message)
+                if step.reply:
+                    value = await self._receive(stream)
+            try:
+                step = steps.send(value)
+            except StopIteration as done:
+                return done.value

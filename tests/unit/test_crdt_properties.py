@@ -224,3 +224,23 @@ def test_replicas_with_superseded_sessions_converge_after_anti_entropy(updates, 
     for replica in replicas:
         assert state_of(replica.map) == state_of(reference)
         assert len(replica) == len(reference)  # views follow: superseded sessions hidden
+
+
+def _fresh_root(gmap: GMap) -> bytes:
+    import hashlib
+    return hashlib.blake2b(b"".join(gmap.bucket_hashes()), digest_size=len(gmap.digest_root())
+                           ).digest()
+
+
+@settings(max_examples=500)
+@given(st.lists(entries, min_size=1, max_size=30), st.floats(0, 200))
+def test_the_cached_root_follows_every_merge_supersession_and_compaction(updates, later):
+    """The root is cached between changes: asked after each step, it must equal a root
+    computed afresh from the buckets, or anti-entropy would compare stale summaries."""
+    gmap = GMap(GCPolicy(retention=50, horizon=100))
+    for u in updates:
+        with contextlib.suppress(Superseded):
+            gmap.merge(u, NOW)
+        assert gmap.digest_root() == _fresh_root(gmap)
+    gmap.compact(NOW + later)
+    assert gmap.digest_root() == _fresh_root(gmap)

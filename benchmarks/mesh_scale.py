@@ -1,0 +1,62 @@
+"""Mesh protocols at scale, simulated: otela's own cores on a modelled network.
+
+Each scenario runs on a fresh, seeded federation (``simulator/mesh``; deterministic for a
+seed) and prints one JSON line of figures: see docs/scale.md for the model, the
+calibration against the real-process benchmarks and the tables.
+
+Run:  nice -n 10 .venv/bin/python benchmarks/mesh_scale.py --nodes 64 1000 \
+          --scenarios idle change kill
+      --host-cores 2 puts every node on one 2-core host (the real-process benchmarks' setup)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import logging
+
+from simulator.mesh.network import NetConfig
+from simulator.mesh.scenarios import SCENARIOS
+from simulator.mesh.world import World
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[64])
+    parser.add_argument("--scenarios", nargs="+", default=["idle", "change", "kill"],
+                        choices=sorted(SCENARIOS))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--loss", type=float, default=0.0)
+    parser.add_argument("--continents", type=int, default=1)
+    parser.add_argument("--host-cores", type=int, default=0,
+                        help="every node on one host with this many cores (0: a core each)")
+    parser.add_argument("--ingresses", type=int, default=1)
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)  # the simulated nodes' own warnings (suspicions, ...)
+    for n in args.nodes:
+        for name in args.scenarios:
+            net = NetConfig(continents=args.continents, loss=args.loss)
+            if args.host_cores:
+                net.cores_per_host, net.nodes_per_host = args.host_cores, n + 64
+            started = time.process_time()
+            world = World(n, seed=args.seed, net=net, ingresses=args.ingresses)
+            world.seed_state()
+            figures = SCENARIOS[name](world)
+            print(json.dumps({
+                "nodes": n, "scenario": name, **{k: round(v, 4) if isinstance(v, float) else v
+                                                 for k, v in figures.items()},
+                "simulated_s": round(world.loop.now, 1),
+                "cpu_s": round(time.process_time() - started, 1),
+                "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+            }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""The scale scenarios of issue 38, each a function of a seeded ``World`` returning figures.
+
+Every scenario starts from a converged federation (``World.seed_state``), lets it settle,
+then measures: idle bytes, a registry change's convergence, churn, a crash's time to LEFT
+everywhere, a partitioned region's heal, a joiner's time and bytes to a full replica,
+load reports at an ingress, and false suspicions/evictions under loss and pauses.
+``benchmarks/mesh_scale.py`` runs them and prints the tables of docs/scale.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+from otela.registry.records import Lifecycle, ModelInfo
+from otela.registry.store import Registry
+from otela.routing.load import NodeLoad
+from simulator.mesh.world import Watched, World
+
+SETTLE_S = 20.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
+
+
+def _bytes(world: World, window: float, nodes: list[int] | None = None) -> dict[str, float]:
+    stats = world.net.stats
+    chosen = nodes if nodes is not None else world.alive_nodes()
+    rates = [stats.moved(i) / window for i in chosen]
+    return {"median_Bps": statistics.median(rates) if rates else 0.0,
+            "max_Bps": max(rates, default=0.0)}
+
+
+def _convergence(watched: Watched, alive: list[int]) -> dict[str, float]:
+    delays = [watched.applied[i] - watched.at for i in alive if i in watched.applied]
+    return {"reached": len(delays) / max(1, len(alive)), "p50_s": percentile(delays, 0.5),
+            "p99_s": percentile(delays, 0.99), "max_s": max(delays, default=float("inf"))}
+
+
+def idle(world: World, window: float = 60.0) -> dict[str, Any]:
+    world.loop.run_until(world.loop.now + SETTLE_S)
+    world.net.stats.reset()
+    world.loop.run_until(world.loop.now + window)
+    out = _bytes(world, window)
+    ingresses = [n.index for n in world.nodes if n.ingress]
+    if ingresses:
+        out["ingress_Bps"] = _bytes(world, window, ingresses)["max_Bps"]
+    out["cpu_per_node_pct"] = 100 * statistics.median(
+        world.net.stats.busy[i] for i in world.alive_nodes()) / window
+    return out
+
+
+def change(world: World, count: int = 3, gap: float = 10.0) -> dict[str, Any]:
+    """A node changes its state and model list; every replica's arrival time."""
+    world.loop.run_until(world.loop.now + SETTLE_S)
+    delays: list[dict[str, float]] = []
+    for k in range(count):
+        node = world.nodes[world.rng.choice(world.alive_nodes())]
+        node.announce(models=(ModelInfo(f"model-{k}"), ModelInfo("model-a")))
+        watched = world.watch_change(node.index)
+        world.loop.run_until(world.loop.now + gap)
+        delays.append(_convergence(watched, world.alive_nodes()))
+    return {"p50_s": statistics.median(d["p50_s"] for d in delays),
+            "p99_s": max(d["p99_s"] for d in delays),
+            "max_s": max(d["max_s"] for d in delays),
+            "reached": min(d["reached"] for d in delays)}
+
+
+def rechurn(world: World, churners: int = 10, every: float = 3.0,
+            window: float = 15.0) -> dict[str, Any]:
+    """``benchmarks/convergence.py``'s churn: ``churners`` nodes re-sign and gossip a new
+    record version every ``every`` seconds."""
+    world.loop.run_until(world.loop.now + SETTLE_S)
+    chosen = world.rng.sample(world.alive_nodes(), churners)
+
+    def tick() -> None:
+        for index in chosen:
+            node = world.nodes[index]
+            if node.alive:
+                node.announce()
+        world.loop.after(every, tick)
+
+    tick()
+    world.loop.run_until(world.loop.now + every)
+    world.net.stats.reset()
+    world.loop.run_until(world.loop.now + window)
+    out = _bytes(world, window)
+    out["false_evictions"] = world.false_evictions
+    return out
+
+
+def churn(world: World, minutes: float = 3.0, rate: float = 0.01) -> dict[str, Any]:
+    """``rate`` of the nodes leave and as many join per minute, spread evenly."""
+    world.loop.run_until(world.loop.now + SETTLE_S)
+    size = len(world.alive_nodes())
+    per_minute = max(1, round(rate * size))
+    gap = 60.0 / per_minute
+    joins: list[Watched] = []
+
+    def step() -> None:
+        alive = world.alive_nodes()
+        leaver = world.rng.choice([i for i in alive if not world.nodes[i].ingress])
+        world.leave(leaver)
+        joiner = world.join(world.rng.choice(alive))
+        joins.append(world.watch_change(joiner.index))
+        world.loop.after(gap, step)
+
+    world.net.stats.reset()
+    start = world.loop.now
+    world.loop.after(gap / 2, step)
+    world.loop.run_until(start + 60.0 * minutes)
+    window = world.loop.now - start
+    out = _bytes(world, window)
+    settled = [j for j in joins if world.loop.now - j.at > 10]
+    alive = world.alive_nodes()
+    conv = [_convergence(j, alive) for j in settled]
+    out["join_p99_s"] = max((c["p99_s"] for c in conv), default=0.0)
+    out["join_reached"] = min((c["reached"] for c in conv), default=1.0)
+    out["false_evictions"] = world.false_evictions
+    out["false_suspicions"] = world.false_suspicions
+    return out
+
+
+def kill(world: World) -> dict[str, Any]:
+    """SIGKILL one node: when every survivor holds its session LEFT."""
+    world.loop.run_until(world.loop.now + SETTLE_S)
+    victim = world.rng.choice([i for i in world.alive_nodes() if not world.nodes[i].ingress])
+    left = world.watch_left(victim)
+    world.kill(victim)
+    world.loop.run_until(world.loop.now + 60.0)
+    alive = world.alive_nodes()
+    conv = _convergence(left, alive)
+    return {"left_p50_s": conv["p50_s"], "left_max_s": conv["max_s"],
+            "reached": conv["reached"]}
+
+
+def agreement(world: World) -> bool:
+    roots = {world.nodes[i].registry.map.digest_root() for i in world.alive_nodes()}
+    return len(roots) == 1
+
+
+def partition(world: World, share: float = 0.1, cut_for: float = 60.0,
+              limit: float = 120.0) -> dict[str, Any]:
+    """A region (``share`` of the sites) is cut off, then healed: how long until every
+    replica agrees again, and what the cut cost (evictions, rejoins)."""
+    world.loop.run_until(world.loop.now + SETTLE_S)
+    sites = sorted(set(world.net.site))
+    region = set(sites[: max(1, round(share * len(sites)))])
+    cut = {i for i in world.alive_nodes() if world.net.site[i] in region}
+    world.partition(cut)
+    world.loop.run_until(world.loop.now + cut_for)
+    evicted = len(world.evictions)
+    world.heal()
+    healed = world.loop.now
+    while world.loop.now - healed < limit:
+        world.loop.run_until(world.loop.now + 0.5)
+        if agreement(world):
+            break
+    return {"cut": len(cut), "evictions_signed": evicted,
+            "agree_after_heal_s": world.loop.now - healed if agreement(world) else None}
+
+
+def joiner(world: World) -> dict[str, Any]:
+    """A new node joins through one peer: time and bytes to a full replica."""
+    world.loop.run_until(world.loop.now + SETTLE_S)
+    target = len(world.nodes[0].registry.map)
+    node = world.join(world.rng.choice(world.alive_nodes()))
+    start = world.loop.now
+    world.net.stats.reset()
+    while len(node.registry.map) < target and world.loop.now - start < 60:
+        world.loop.run_until(world.loop.now + 0.05)
+    return {"full_replica_s": world.loop.now - start,
+            "bytes": world.net.stats.moved(node.index), "entries": len(node.registry.map)}
+
+
+def flaky(world: World, minutes: float = 5.0, pause_s: float = 0.2,
+          pauses_per_node_min: float = 1.0) -> dict[str, Any]:
+    """Idle under the network's loss with every node pausing ``pause_s`` about
+    ``pauses_per_node_min`` times a minute: false suspicions and evictions per node-hour."""
+    world.loop.run_until(world.loop.now + SETTLE_S)
+    size = len(world.alive_nodes())
+    gap = 60.0 / (pauses_per_node_min * size)
+
+    def pause() -> None:
+        world.pause(world.rng.choice(world.alive_nodes()), pause_s)
+        world.loop.after(world.rng.expovariate(1 / gap), pause)
+
+    suspicions, evictions = world.false_suspicions, world.false_evictions
+    pause()
+    world.loop.run_until(world.loop.now + 60.0 * minutes)
+    node_hours = size * minutes / 60.0
+    return {"false_suspicions_per_node_hour": (world.false_suspicions - suspicions) / node_hours,
+            "false_evictions_per_node_hour": (world.false_evictions - evictions) / node_hours}
+
+
+def load_reports(world: World, window: float = 60.0) -> dict[str, Any]:
+    """Every node's load changes all the time and it reports to the ingress."""
+    world.loop.run_until(world.loop.now + SETTLE_S)
+
+    def load(index: int, now: float) -> NodeLoad:
+        return NodeLoad(in_flight=int(now * 7 + index) % 5)
+
+    world.report_loads(load)
+    world.loop.run_until(world.loop.now + 10)
+    world.report_bytes.clear()
+    world.loop.run_until(world.loop.now + window)
+    return {"ingress_report_Bps": max(world.report_bytes.values(), default=0) / window}
+
+
+def replica_memory(world: World) -> dict[str, Any]:
+    """Bytes a replica of this federation's registry holds (Python's own allocations)."""
+    envelopes = [e.proof for e in world.nodes[0].registry.map]
+    node = world.nodes[0]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    registry = Registry()
+    for envelope in envelopes:
+        entry = world.verify(envelope, node.replica.trust, world.wall())
+        registry.apply(entry, world.wall())
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return {"entries": len(registry.map), "bytes_per_replica": used}
+
+
+SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
+    "idle": idle, "change": change, "rechurn": rechurn, "churn": churn, "kill": kill,
+    "partition": partition, "joiner": joiner, "flaky": flaky, "load": load_reports,
+    "memory": replica_memory,
+}
+
+__all__ = ["SCENARIOS", "Lifecycle"]

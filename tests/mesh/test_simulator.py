@@ -1,0 +1,88 @@
+"""The mesh simulator: deterministic, driving otela's own cores, and right on small cases."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from otela.liveness.table import LivenessTable
+from otela.registry.records import Lifecycle, ModelInfo
+from simulator.mesh import scenarios
+from simulator.mesh.network import NetConfig
+from simulator.mesh.world import World
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    logging.getLogger("otela").setLevel(logging.ERROR)
+
+
+def _world(n: int = 16, seed: int = 3, **net: float) -> World:
+    world = World(n, seed=seed, net=NetConfig(**net))  # type: ignore[arg-type]
+    world.seed_state()
+    return world
+
+
+def test_a_seed_gives_the_same_run_and_another_seed_another():
+    def run(seed: int) -> tuple[float, float, int]:
+        world = _world(seed=seed)
+        figures = scenarios.change(world, count=1)
+        return figures["p50_s"], figures["max_s"], world.loop.handled
+
+    assert run(3) == run(3)
+    assert run(3) != run(4)
+
+
+def test_the_nodes_run_otelas_own_cores():
+    world = _world(8)
+    node = world.nodes[0]
+    assert isinstance(node.table, LivenessTable)
+    assert node.probe.table is node.table and node.replica.registry is node.registry
+    assert all(len(n.registry.map) == 8 for n in world.nodes)  # a full replica each
+
+
+def test_a_change_reaches_every_replica_through_gossip():
+    world = _world(24)
+    node = world.nodes[5]
+    node.announce(models=(ModelInfo("new-model"),))
+    watched = world.watch_change(5)
+    world.loop.run_until(world.loop.now + 5)
+    assert set(watched.applied) == set(range(24))
+    assert all(n.registry.model("new-model") is not None for n in world.nodes)
+    assert max(watched.applied.values()) - watched.at < 1.0
+
+
+def test_a_killed_node_is_left_everywhere_and_nobody_else_is_suspected():
+    world = _world(16)
+    figures = scenarios.kill(world)
+    assert figures["reached"] == 1.0
+    assert 5.0 < figures["left_max_s"] < 12.0  # the 6 s grace plus detection
+    assert world.false_suspicions == 0 and world.false_evictions == 0
+
+
+def test_an_idle_federation_costs_hundreds_of_bytes_a_second_per_node():
+    figures = scenarios.idle(_world(16), window=20.0)
+    assert 100 < figures["median_Bps"] < 1000
+
+
+def test_a_partitioned_region_is_evicted_and_everyone_agrees_after_the_heal():
+    world = _world(20)
+    figures = scenarios.partition(world, share=0.3, cut_for=40.0)
+    assert figures["cut"] > 0 and figures["evictions_signed"] > 0
+    assert figures["agree_after_heal_s"] is not None and figures["agree_after_heal_s"] < 30
+    alive = world.alive_nodes()
+    states = {world.nodes[i].record.state for i in alive}  # type: ignore[union-attr]
+    assert states == {Lifecycle.SERVING}  # evicted nodes rejoined
+
+
+def test_a_joiner_gets_a_full_replica_from_one_peer():
+    world = _world(30)
+    figures = scenarios.joiner(world)
+    assert figures["entries"] >= 31 and figures["full_replica_s"] < 2.0
+
+
+def test_loss_delays_messages_but_nobody_is_suspected_for_it():
+    world = _world(16, loss=0.05)
+    figures = scenarios.flaky(world, minutes=1.0, pause_s=0.2, pauses_per_node_min=2.0)
+    assert figures["false_evictions_per_node_hour"] == 0
