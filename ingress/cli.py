@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,10 @@ from rich.text import Text
 from ingress import admin_input, keystore, usage
 from ingress.database import Database, DatabaseError, DatabaseUrl
 from ingress.migrations import migrate
+from otela.config import resolve
 from otela.config.values import parse_duration
 from otela.console import make_console
 from otela.dataplane.errors import RequestError
-from otela.paths import default_home
 
 keys_app = typer.Typer(no_args_is_help=True, help=(
     "API keys of the public ingress service: create (the secret is printed once), list, "
@@ -35,27 +34,32 @@ keys_app = typer.Typer(no_args_is_help=True, help=(
     "OTELA_ADMIN_TOKEN)."))
 
 DB_HELP = ("The ingress database: a SQLite file or postgresql://... [env: OTELA_INGRESS_DB; "
-           "default: ingress.db in the node home, $OTELA_HOME]")
+           "config: [ingress] db; default: ingress.db in the node home]")
 URL_HELP = ("An ingress node's HTTP URL: use its admin API (token from OTELA_ADMIN_TOKEN) "
             "instead of the database.")
 
 
 class _Way:
-    """The database or an ingress's admin API, behind one set of calls."""
+    """The database or an ingress's admin API, behind one set of calls. Settings resolve as
+    ``otela start``'s do (``--db`` > ``OTELA_*`` environment > the config file's
+    ``[ingress]`` table > defaults), so ``otela keys`` finds the database and admin token
+    the node's config file names."""
 
-    def __init__(self, db: str | None, url: str | None) -> None:
+    def __init__(self, db: str | None, url: str | None, config_file: Path | None = None
+                 ) -> None:
         self.url = url.rstrip("/") if url else None
         self.db: Database | None = None
+        config = resolve({"ingress_db": db} if db else {}, None, config_file).config
+        self.admin_token = config.admin_token
         if self.url is None:
-            home = Path(os.environ.get("OTELA_HOME") or default_home())
-            target = db or os.environ.get("OTELA_INGRESS_DB") or ""
-            self.db = Database.connect(DatabaseUrl.parse(target, home))
+            self.db = Database.connect(DatabaseUrl.parse(config.ingress_db or "", config.home))
             migrate(self.db)
 
     def _api(self, method: str, path: str, **kwargs: Any) -> Any:
-        token = os.environ.get("OTELA_ADMIN_TOKEN")
+        token = self.admin_token
         if not token:
-            raise _Failure("--url needs the admin token in OTELA_ADMIN_TOKEN")
+            raise _Failure("--url needs the admin token: OTELA_ADMIN_TOKEN, or admin_token "
+                           "in the config file's [ingress] table")
         try:
             answer = httpx.request(method, f"{self.url}/v1/admin{path}", timeout=30,
                                    headers={"authorization": f"Bearer {token}"}, **kwargs)
@@ -177,6 +181,10 @@ def _print_secret(key: dict[str, Any], as_json: bool) -> None:
 _DB = typer.Option(None, "--db", metavar="URL", help=DB_HELP, show_default=False)
 _URL = typer.Option(None, "--url", metavar="URL", help=URL_HELP, show_default=False)
 _JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
+_CONFIG = typer.Option(None, "--config", metavar="FILE", show_default=False,
+                       help="Config file whose [ingress] db and admin_token apply (as for "
+                       "`otela start`). Default: $XDG_CONFIG_HOME/otela/config.toml. Env: "
+                       "OTELA_CONFIG.")
 
 
 @keys_app.command("create")
@@ -199,6 +207,7 @@ def create(
     budget_tokens: int | None = typer.Option(None, "--budget-tokens",
                                              help="Tokens over the key's whole life."),
     db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
+    config_file: Path | None = _CONFIG,
 ) -> None:
     """Create a key; its secret is printed once."""
     def work() -> dict[str, Any]:
@@ -210,14 +219,15 @@ def create(
                              ("budget_tokens", budget_tokens)):
             if value is not None:
                 spec[field] = value
-        return _Way(db, url).create({k: v for k, v in spec.items() if v is not None})
+        return _Way(db, url, config_file).create({k: v for k, v in spec.items() if v is not None})
     _print_secret(_run(work), as_json)
 
 
 @keys_app.command("list")
-def list_keys(db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON) -> None:
+def list_keys(db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
+              config_file: Path | None = _CONFIG) -> None:
     """Every key (revoked and expired ones too), with the tokens each has used."""
-    keys = _run(lambda: _Way(db, url).all_keys())
+    keys = _run(lambda: _Way(db, url, config_file).all_keys())
     if as_json:
         typer.echo(json.dumps(keys, indent=2))
     else:
@@ -226,23 +236,26 @@ def list_keys(db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSO
 
 @keys_app.command("show")
 def show(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _DB,
-         url: str | None = _URL, as_json: bool = _JSON) -> None:
+         url: str | None = _URL, as_json: bool = _JSON,
+         config_file: Path | None = _CONFIG) -> None:
     """One key's settings and use."""
-    _print_keys([_run(lambda: _Way(db, url).show(key_id))], as_json)
+    _print_keys([_run(lambda: _Way(db, url, config_file).show(key_id))], as_json)
 
 
 @keys_app.command("revoke")
 def revoke(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _DB,
-           url: str | None = _URL, as_json: bool = _JSON) -> None:
+           url: str | None = _URL, as_json: bool = _JSON,
+           config_file: Path | None = _CONFIG) -> None:
     """Revoke a key for good: every ingress on the database refuses it within seconds."""
-    _print_keys([_run(lambda: _Way(db, url).revoke(key_id))], as_json)
+    _print_keys([_run(lambda: _Way(db, url, config_file).revoke(key_id))], as_json)
 
 
 @keys_app.command("rotate")
 def rotate(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _DB,
-           url: str | None = _URL, as_json: bool = _JSON) -> None:
+           url: str | None = _URL, as_json: bool = _JSON,
+           config_file: Path | None = _CONFIG) -> None:
     """A new secret for a key (same id, limits and usage); the old secret stops working."""
-    _print_secret(_run(lambda: _Way(db, url).rotate(key_id)), as_json)
+    _print_secret(_run(lambda: _Way(db, url, config_file).rotate(key_id)), as_json)
 
 
 def _when(value: str | None, param: str) -> float | None:
@@ -263,14 +276,14 @@ def usage_command(
     by: str = typer.Option("key", "--by", help="Group by key, model, provider, node, "
                            "ingress or status."),
     output: str = typer.Option("table", "--format", help="table, csv or json."),
-    db: str | None = _DB, url: str | None = _URL,
+    db: str | None = _DB, url: str | None = _URL, config_file: Path | None = _CONFIG,
 ) -> None:
     """Usage of the public ingress service: requests, tokens, errors and latency per
     group."""
     if output not in ("table", "csv", "json"):
         typer.echo("otela: --format must be table, csv or json", err=True)
         raise typer.Exit(2)
-    rows = _run(lambda: _Way(db, url).usage(admin_input.group_by(by),
+    rows = _run(lambda: _Way(db, url, config_file).usage(admin_input.group_by(by),
                                             _when(since, "since"), _when(until, "until")))
     columns = ["group", "requests", "prompt_tokens", "completion_tokens", "errors",
                "mean_latency_ms", "mean_ttft_ms"]

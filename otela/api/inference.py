@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import orjson
 
 from otela.api.observe import Observer
+from otela.config.schema import default_of
 from otela.dataplane import headers as policy
 from otela.dataplane.errors import RequestError
 from otela.dataplane.exchange import Exchange, UsageTap, prompt_text
@@ -73,7 +74,8 @@ class KeyGate(Protocol):
 
 class InferenceRoutes:
     def __init__(self, router: Router, observers: Sequence[Observer] = (),
-                 keep_prompts: bool = False, affinity_chars: int = 512,
+                 keep_prompts: bool = False,
+                 affinity_chars: int = default_of("affinity_prefix"),
                  keys: KeyGate | None = None, hold: HoldRoom | None = None) -> None:
         self.router = router
         self.hold = hold  # --hold-models: wait for a first serving node (scale to zero)

@@ -22,12 +22,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from otela.config.schema import default_of
+
+PER_TOKEN_S = 0.1  # decoding at 10 tokens a second: slower than any engine not stuck
+
 
 @dataclass(frozen=True)
 class FirstByteTimeouts:
-    stream_s: float = 60.0
-    per_token_s: float = 0.1
-    ceiling_s: float = 300.0
+    stream_s: float = default_of("first_byte_timeout")
+    per_token_s: float = PER_TOKEN_S
+    ceiling_s: float = default_of("response_timeout")
 
     def for_request(self, stream: bool, max_tokens: int | None) -> float:
         if stream:

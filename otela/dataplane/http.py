@@ -39,6 +39,7 @@ from typing import Any
 import httptools
 import trio
 
+from otela.config.schema import default_of
 from otela.dataplane import sockio
 from otela.dataplane.errors import RequestError, error_json
 
@@ -76,15 +77,16 @@ _PIPELINE_DEPTH = 16  # requests queued behind the one being answered before we 
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """What one client may cost a node. Defaults suit a public ingress."""
+    """What one client may cost a node. Defaults suit a public ingress: those an operator
+    sets are the settings' (``otela.config.schema``), the rest are fixed here."""
 
-    max_body_bytes: int = 32 * 1024 * 1024
+    max_body_bytes: int = default_of("max_body_bytes")
     max_header_bytes: int = 64 * 1024
-    header_timeout: float = 10.0
-    body_timeout: float = 60.0
+    header_timeout: float = default_of("header_timeout")
+    body_timeout: float = default_of("body_timeout")
     keep_alive_timeout: float = 75.0  # longer than clients' pools keep idle connections
     send_timeout: float = 60.0
-    max_connections_per_client: int = 256
+    max_connections_per_client: int = default_of("max_connections_per_client")
     max_connections: int = 8192
 
 

@@ -44,6 +44,7 @@ from typing import Any
 import httptools
 import trio
 
+from otela.config.schema import default_of
 from otela.dataplane import sockio
 from otela.dataplane.errors import NotDelivered, UpstreamFailed, UpstreamTimeout
 
@@ -175,7 +176,7 @@ class HttpPool:
 
     max_idle: int = 64  # idle connections kept per upstream
     idle_timeout: float = 2.0
-    connect_timeout: float = 5.0  # --connect-timeout
+    connect_timeout: float = default_of("connect_timeout")
     _idle: dict[tuple[str, int], list[_Conn]] = field(default_factory=dict)
     connects: int = 0  # connections opened (for metrics)
     connect_failures: int = 0

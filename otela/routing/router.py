@@ -23,6 +23,7 @@ up again after each pause, since nodes rejoin under new sessions meanwhile.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import random
@@ -30,10 +31,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any
 
 import trio
 
+from otela.config.schema import NodeConfig
 from otela.dataplane import headers as policy_headers
 from otela.dataplane.deadline import FirstByteTimeouts
 from otela.dataplane.errors import (
@@ -63,9 +65,6 @@ from otela.routing.policies import (
 from otela.routing.speed import Speeds
 from otela.routing.trust import ANY, TrustSet
 
-if TYPE_CHECKING:
-    from otela.config import NodeConfig
-
 log = logging.getLogger("otela.routing")
 
 DECLINED_PAUSE_S = 0.5  # before asking again the nodes that did not know us yet (x round)
@@ -76,39 +75,51 @@ OK, CLIENT_ERROR, FAILED, NOT_DELIVERED = "ok", "client_error", "failed", "not_d
 
 @dataclass(frozen=True)
 class RoutingSettings:
-    """What an operator chooses about routing (``[routing]`` settings)."""
+    """What an operator chooses about routing (``[routing]`` settings). No defaults here:
+    ``routing_settings`` builds it from a resolved config (or the schema's defaults), so
+    the declaration in ``otela.config.schema`` stays the only place a default is written.
+    """
 
-    policy: str = "power_of_two"
-    trusted_providers: frozenset[str] | None = None
-    max_attempts: int = 3
-    timeouts: FirstByteTimeouts = field(default_factory=FirstByteTimeouts)
-    eject_after: int = 5
-    eject_time: float = 10.0
-    eject_max_time: float = 300.0
-    eject_max_share: float = 0.5
-    load_ttl: float = 15.0
-    affinity_balance: float = 2.0
-    balance_providers: bool = False  # an equal share per provider, then per node
-    retry_broken: bool = False  # re-send a non-streaming request whose node broke off
-    failover_connect_timeout: float = 1.0  # a connection attempt while others remain
+    policy: str
+    trusted_providers: frozenset[str] | None
+    max_attempts: int
+    timeouts: FirstByteTimeouts
+    eject_after: int
+    eject_time: float
+    eject_max_time: float
+    eject_max_share: float
+    # How long a node's last load report counts: three report intervals, at least 15 s (a
+    # report lost or late must not make a busy node look idle at once). Derived, not set.
+    load_ttl: float
+    affinity_balance: float
+    balance_providers: bool  # an equal share per provider, then per node
+    retry_broken: bool  # re-send a non-streaming request whose node broke off
+    failover_connect_timeout: float  # a connection attempt while others remain
     # Time a request may spend on connections nobody answers before they use up attempts
     # (--connect-timeout): nothing was sent, so only the client's wait bounds them.
-    unanswered_budget: float = 5.0
+    unanswered_budget: float
 
 
-def routing_settings(config: NodeConfig) -> RoutingSettings:
-    return RoutingSettings(
+LOAD_TTL_FLOOR_S = 15.0
+
+
+def routing_settings(config: NodeConfig | None = None, **overrides: Any) -> RoutingSettings:
+    """The routing settings of ``config`` (default: every setting at its default), with
+    ``overrides`` (tests and tools that vary one field)."""
+    config = config or NodeConfig()
+    settings = RoutingSettings(
         policy=config.routing_policy,
         trusted_providers=frozenset(config.trusted_providers) or None,
         max_attempts=config.route_attempts,
         timeouts=first_byte_timeouts(config),
         eject_after=config.eject_after, eject_time=config.eject_time,
         eject_max_time=config.eject_max_time, eject_max_share=config.eject_max_share,
-        load_ttl=max(15.0, 3 * config.load_interval),
+        load_ttl=max(LOAD_TTL_FLOOR_S, 3 * config.load_interval),
         affinity_balance=config.affinity_balance, retry_broken=config.retry_broken,
         balance_providers=config.balance_providers,
         failover_connect_timeout=config.failover_connect_timeout,
         unanswered_budget=config.connect_timeout)
+    return dataclasses.replace(settings, **overrides) if overrides else settings
 
 
 def first_byte_timeouts(config: NodeConfig) -> FirstByteTimeouts:

@@ -7,7 +7,7 @@ from collections import Counter
 from otela.registry.records import GPU, Hardware, Lifecycle
 from otela.routing.load import NodeLoad
 from otela.routing.policies import Candidate, Pick, PowerOfTwo
-from otela.routing.router import Router, RoutingSettings
+from otela.routing.router import Router, routing_settings
 from otela.routing.speed import FLOOR, MIN_SAMPLES, Speeds
 
 from .registry_helpers import record
@@ -58,7 +58,7 @@ def test_routing_caps_a_claim_at_what_the_hardware_serves_and_scales_it_by_speed
     def plausible(rec):
         return 2.0 if rec.hardware.gpus else 1.0
 
-    router = Router(None, _Upstreams(), RoutingSettings(),  # type: ignore[arg-type]
+    router = Router(None, _Upstreams(), routing_settings(),  # type: ignore[arg-type]
                     clock=lambda: 0.0, plausible=plausible)
     cpu = record("cpu", 1, Lifecycle.SERVING)
     gpu = record("gpu", 1, Lifecycle.SERVING)

@@ -23,7 +23,7 @@ from otela.registry.crdt import Entry
 from otela.registry.records import Lifecycle
 from otela.registry.store import Registry
 from otela.routing.ask import Ask
-from otela.routing.router import Router, RoutingSettings
+from otela.routing.router import Router, routing_settings
 from otela.routing.trust import ANY
 
 from .registry_helpers import entry
@@ -159,7 +159,7 @@ async def route_through(behaviours: list[Behaviour | int | None], timeout: float
             return frozenset({first.peer_id})
 
         router = Router(registry, upstreams,
-                        RoutingSettings(policy="random",
+                        routing_settings(policy="random",
                                         timeouts=FirstByteTimeouts(timeout, ceiling_s=timeout),
                                         retry_broken=retry_broken,
                                         unanswered_budget=connect_timeout, **settings),

@@ -16,6 +16,9 @@ from otela.cli import app
 def run(tmp_path, monkeypatch):
     monkeypatch.setenv("OTELA_HOME", str(tmp_path))
     monkeypatch.delenv("OTELA_INGRESS_DB", raising=False)
+    monkeypatch.delenv("OTELA_ADMIN_TOKEN", raising=False)
+    monkeypatch.delenv("OTELA_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))  # no user config file
     runner = CliRunner()
 
     def invoke(*args: str) -> tuple[int, str, str]:
@@ -106,3 +109,49 @@ def test_names_with_rich_markup_are_shown_as_written(run, tmp_path):
     code, out, err = run("usage", "--since", "24h", "--by", "model")
     assert code == 0, err
     assert "[/model]" in out
+
+
+def test_keys_and_usage_read_the_config_files_ingress_table(run, tmp_path, monkeypatch):
+    """The node's config file names the database: `otela keys` and `otela usage` use it
+    as `otela start` does (flag > environment > file > default)."""
+    shared = tmp_path / "shared.db"
+    config = tmp_path / "config.toml"
+    config.write_text(f'[ingress]\ndb = "{shared}"\n')
+    code, out, err = run("keys", "create", "--owner", "carol", "--config", str(config),
+                         "--json")
+    assert code == 0, err
+    assert shared.exists() and not (tmp_path / "ingress.db").exists()
+    made = json.loads(out)
+    code, out, _ = run("keys", "list", "--json", "--config", str(config))
+    assert [k["id"] for k in json.loads(out)] == [made["id"]]
+    assert run("usage", "--format", "json", "--config", str(config))[0] == 0
+    # the default config file ($XDG_CONFIG_HOME/otela/config.toml) counts too
+    (tmp_path / "xdg" / "otela").mkdir(parents=True)
+    (tmp_path / "xdg" / "otela" / "config.toml").write_text(config.read_text())
+    code, out, _ = run("keys", "list", "--json")
+    assert [k["id"] for k in json.loads(out)] == [made["id"]]
+    # the environment beats the file, the flag beats both
+    other = tmp_path / "other.db"
+    monkeypatch.setenv("OTELA_INGRESS_DB", str(other))
+    assert json.loads(run("keys", "list", "--json")[1]) == []
+    assert other.exists()
+    code, out, _ = run("keys", "list", "--json", "--db", str(shared))
+    assert [k["id"] for k in json.loads(out)] == [made["id"]]
+
+
+def test_a_bad_config_file_is_one_line_not_a_traceback(run, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("[ingress]\ndb = 12\n")
+    code, _out, err = run("keys", "list", "--config", str(config))
+    assert code == 2 and err.startswith("otela: ") and "Traceback" not in err
+
+
+def test_the_admin_token_comes_from_the_config_file_too(run, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("[ingress]\nadmin_token = \"from-the-file\"\n")
+    # Nothing listens there: what matters is that the token was found (no "needs" error).
+    code, _out, err = run("keys", "list", "--url", "http://127.0.0.1:9", "--config",
+                          str(config))
+    assert code == 1 and "cannot reach" in err, err
+    code, _out, err = run("keys", "list", "--url", "http://127.0.0.1:9")
+    assert code == 1 and "needs the admin token" in err, err

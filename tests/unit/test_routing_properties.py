@@ -27,7 +27,7 @@ from otela.registry.store import Registry
 from otela.routing.ask import Ask
 from otela.routing.constraints import parse
 from otela.routing.policies import BUILT_IN
-from otela.routing.router import Router, RoutingSettings
+from otela.routing.router import Router, routing_settings
 from otela.routing.trust import ANY
 
 from .registry_helpers import record
@@ -134,7 +134,7 @@ def test_routing_never_leaves_what_the_request_allows(nodes, trusted, clauses, p
                                    for e, spec in zip(entries, nodes, strict=True)})
     clock = [0.0]
     router = Router(registry, upstreams,  # type: ignore[arg-type]
-                    RoutingSettings(policy=policy, max_attempts=attempts,
+                    routing_settings(policy=policy, max_attempts=attempts,
                                     eject_after=eject_after, eject_time=1.0),
                     rng=random.Random(seed), suspected=lambda: suspected,
                     clock=lambda: clock[0])
