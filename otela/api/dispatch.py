@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from otela.api.hop import EngineHop
 from otela.api.inference import InferenceRoutes
-from otela.dataplane import headers as policy
+from otela.dataplane import headers as header_rules
 from otela.dataplane.errors import RequestError
 from otela.dataplane.gate import DEFAULT_ROUTES, PathError, Routes, canonical_path
 from otela.dataplane.http import Handler, Headers, Request, Response
@@ -53,7 +53,7 @@ class Dispatch:
         if not self.routes.inference(canonical):
             return None
         try:
-            keys.screen(policy.credential(headers))
+            keys.screen(header_rules.credential(headers))
         except RequestError as refused:
             return refused
         return None

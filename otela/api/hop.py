@@ -8,7 +8,7 @@ between nodes."""
 from __future__ import annotations
 
 from otela.api.inference import request_id_of
-from otela.dataplane import headers as policy
+from otela.dataplane import headers as header_rules
 from otela.dataplane.headers import Headers
 from otela.dataplane.hop_auth import HOP_HEADER, HopRefused, HopVerifier
 from otela.dataplane.hop_core import HopCore, caller_refused
@@ -27,7 +27,8 @@ class _HttpAnswer:
         self.request_id = request_id
 
     async def outcome(self, outcome: Outcome) -> None:
-        await send_error(self.response, outcome.error(), [(policy.REQUEST_ID, self.request_id)])
+        await send_error(self.response, outcome.error(),
+                         [(header_rules.REQUEST_ID, self.request_id)])
 
     async def reply(self, reply: Reply, extra: Headers) -> None:
         await relay(reply, self.response, extra, end_client_streams=False)
@@ -45,7 +46,7 @@ class EngineHop:
     async def handle(self, request: Request, response: Response) -> None:
         request_id = request_id_of(request)
         answer = _HttpAnswer(response, request_id)
-        token = policy.value(request.headers, _HOP)
+        token = header_rules.value(request.headers, _HOP)
         target = request.target.decode("latin-1")  # what the caller signed, query included
         try:
             self.verifier.verify(token.decode("latin-1") if token else None, "POST",

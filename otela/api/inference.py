@@ -22,7 +22,7 @@ import orjson
 
 from otela.api.observe import Observer
 from otela.config.schema import default_of
-from otela.dataplane import headers as policy
+from otela.dataplane import headers as header_rules
 from otela.dataplane.errors import RequestError
 from otela.dataplane.exchange import Exchange, UsageTap, prompt_text
 from otela.dataplane.headers import Headers
@@ -40,8 +40,8 @@ _ID_COUNTER = itertools.count()
 
 def request_id_of(request: Request) -> bytes:
     """The client's ``x-otela-request-id`` (or ``x-request-id``), else a new one."""
-    given = policy.value(request.headers, policy.REQUEST_ID) or policy.value(
-        request.headers, policy.ENGINE_REQUEST_ID)
+    given = header_rules.value(request.headers, header_rules.REQUEST_ID) or header_rules.value(
+        request.headers, header_rules.ENGINE_REQUEST_ID)
     return given[:128] if given else b"%s%012x" % (_ID_PREFIX.encode(), next(_ID_COUNTER))
 
 
@@ -102,12 +102,12 @@ class InferenceRoutes:
 
     async def _handle(self, request: Request, response: Response, exchange: Exchange,
                       request_id: bytes, path: str) -> None:
-        extra: Headers = [(policy.REQUEST_ID, request_id)]
+        extra: Headers = [(header_rules.REQUEST_ID, request_id)]
         grant: Any = None
         try:
             key = None
             if self.keys is not None:  # before anything else: strangers learn nothing
-                key = self.keys.authenticate(policy.credential(request.headers))
+                key = self.keys.authenticate(header_rules.credential(request.headers))
                 exchange.api_key = None if key is None else key.id
             try:
                 body = parse_json_object(request.body)
@@ -146,7 +146,7 @@ class InferenceRoutes:
 
             before = time.perf_counter()
             routed = await route_or_hold(self.hold, model, lambda: self.router.route(
-                model, path, policy.forwarded(request.headers, request_id), ask,
+                model, path, header_rules.forwarded(request.headers, request_id), ask,
                 affinity_key, self.router.settings.timeouts.for_body(body)))
         except RequestError as error:
             exchange.status, exchange.error = error.status, error.code

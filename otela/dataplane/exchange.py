@@ -32,6 +32,8 @@ from typing import Any
 
 import orjson
 
+from otela.dataplane.sse import EventSplitter
+
 MAX_BODY = 1024 * 1024  # a non-streamed answer larger than this is not searched for usage
 # Anthropic's usage counts cached input apart from ``input_tokens``.
 _CACHE_READ, _CACHE_WRITE = "cache_read_input_tokens", "cache_creation_input_tokens"
@@ -65,9 +67,8 @@ class UsageTap:
     completion_tokens: int | None = None
     events: int = 0  # SSE data events with content
     _body: bytearray = field(default_factory=bytearray)
-    _partial: bytes = b""
+    _splitter: EventSplitter = field(default_factory=EventSplitter)
     _too_large: bool = False
-    _event: bytes | None = None  # the ``event:`` name of the event being read, if any
     _inputs: _InputCounts | None = None  # made by the first input/output usage read
 
     def chunk(self, data: bytes) -> None:
@@ -86,34 +87,37 @@ class UsageTap:
                 self._body, self._too_large = bytearray(), True  # not worth parsing
 
     def _scan_events(self, data: bytes) -> None:
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
+        for event in self._splitter.feed(data):
+            self._read_event(event)
+
+    def _read_event(self, event: bytes) -> None:
+        name = None  # the Responses and Messages APIs name their events
+        for line in event.split(b"\n"):
             if not line.startswith(b"data:"):
-                # the Responses and Messages APIs name their events (blank lines, most
-                # of the rest, stop at ``line``)
-                if line and line.startswith(b"event:"):
-                    self._event = line[6:].strip()
+                if line.startswith(b"event:"):
+                    name = line[6:].strip()
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 continue
             compact = payload.replace(b" ", b"")
-            event = self._event
-            if event is None:  # chat and text completions' chunks
+            if name is None:  # chat and text completions' chunks
                 if (b'"content":"' in compact and b'"content":""' not in compact) or (
                         b'"text":"' in compact and b'"text":""' not in compact):
                     self.events += 1
-            else:
-                self._event = None
-                if event.endswith(b".delta") or event == _ANTHROPIC_CONTENT_EVENT:
-                    self.events += 1
+            elif name.endswith(b".delta") or name == _ANTHROPIC_CONTENT_EVENT:
+                self.events += 1
             if b'"usage"' in compact and b'"usage":null' not in compact:
                 self._take_usage(payload)
 
     def finish(self) -> None:
-        """The response is over: read usage from a whole JSON body."""
-        if not self.stream and self._body:
+        """The response is over: read usage from a whole JSON body, or from a stream's
+        last event if it was not terminated."""
+        if self.stream:
+            rest = self._splitter.rest()
+            if rest:
+                self._read_event(rest)
+        elif self._body:
             self._take_usage(bytes(self._body))
             self._body = bytearray()
 

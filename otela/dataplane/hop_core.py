@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from otela.dataplane import headers as policy
+from otela.dataplane import headers as header_rules
 from otela.dataplane.errors import NotDelivered, UpstreamFailed, UpstreamTimeout
 from otela.dataplane.gate import EngineGate, Refusal
 from otela.dataplane.headers import Headers
@@ -70,12 +70,12 @@ class HopCore:
             try:
                 reply = await self.pool.request(
                     host, port, b"POST", (prefix + verdict.target).encode("latin-1"),
-                    policy.forwarded(headers, request_id), body, verdict.first_byte_s)
+                    header_rules.forwarded(headers, request_id), body, verdict.first_byte_s)
             except (NotDelivered, UpstreamFailed, UpstreamTimeout) as exc:
                 await answer.outcome(Outcome.of_exception(exc))
                 return
             self.served += 1
-            await answer.reply(reply, [(policy.REQUEST_ID, request_id),
-                                       (policy.LOAD, self.load.header())])
+            await answer.reply(reply, [(header_rules.REQUEST_ID, request_id),
+                                       (header_rules.LOAD, self.load.header())])
         finally:
             self.load.end()

@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from otela.dataplane import headers as policy
+from otela.dataplane import headers as header_rules
 from otela.dataplane.errors import UpstreamFailed
 from otela.dataplane.headers import Headers
 from otela.dataplane.hop_core import HopCore, caller_refused
@@ -77,7 +77,7 @@ class _FrameAnswer:
         try:
             await conn.send(packed(rid, Kind.HEAD, {
                 "status": reply.status,
-                "headers": [list(h) for h in policy.relayed(reply.headers, extra)]}))
+                "headers": [list(h) for h in header_rules.relayed(reply.headers, extra)]}))
             async for chunk in reply.chunks():
                 await conn.send(Frame(rid, Kind.DATA, chunk))
         except UpstreamFailed as exc:  # the engine broke off mid-answer
@@ -162,7 +162,8 @@ class EngineStreamServer:
             await answer.outcome(caller_refused(403, "not_a_member",
                                                 "the engine hop is for federation members"))
             return
-        request_id = policy.value(incoming, policy.REQUEST_ID) or uuid.uuid4().hex.encode()
+        request_id = (header_rules.value(incoming, header_rules.REQUEST_ID)
+                      or uuid.uuid4().hex.encode())
         with self.inflight.track():
             await self.core.serve(path, incoming, body, request_id, answer)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from otela.dataplane import headers as policy
+from otela.dataplane import headers as header_rules
 from otela.dataplane.errors import RequestError, UpstreamFailed, clip, error_json
 from otela.dataplane.exchange import UsageTap
 from otela.dataplane.headers import Headers
@@ -38,7 +38,7 @@ async def relay(reply: Reply, response: Response, extra: Headers,
     ``end_client_streams``: a broken event stream ends with an error event (what an end
     client should see); an engine hop passes False and cuts it short instead, as over
     libp2p, so the ingress learns that it broke and ends its client's stream itself."""
-    out = policy.relayed(reply.headers, extra)
+    out = header_rules.relayed(reply.headers, extra)
     rewrite = hide_usage is not None and reply.status == 200
     try:
         if reply.complete:
@@ -86,7 +86,7 @@ async def relay(reply: Reply, response: Response, extra: Headers,
 
 
 def _is_event_stream(reply: Reply) -> bool:
-    return is_event_stream(policy.value(reply.headers, b"content-type"))
+    return is_event_stream(header_rules.value(reply.headers, b"content-type"))
 
 
 def _stream_error(reason: str, events: WholeEvents) -> bytes:
@@ -114,7 +114,7 @@ async def send_error(response: Response, error: RequestError,
     if response.started:
         response.abort()
         return
-    headers = [policy.JSON, *extra, *((k.encode(), v.encode()) for k, v in
+    headers = [header_rules.JSON, *extra, *((k.encode(), v.encode()) for k, v in
                                       error.headers.items())]
     await response.send(error.status, headers,
                         error_json(error.status, error.message, error.code, error.param))

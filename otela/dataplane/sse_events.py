@@ -18,8 +18,9 @@ would look to them like an answer that simply stopped. So in a named stream the 
 
 from __future__ import annotations
 
-MAX_PARTIAL_BYTES = 1024 * 1024
-EVENT_END = b"\n\n"
+from otela.dataplane.sse import LF_END, MAX_PARTIAL_BYTES, ends_with_event, last_event_end
+
+EVENT_END = LF_END
 
 
 def is_event_stream(content_type: bytes | None) -> bool:
@@ -52,18 +53,17 @@ class WholeEvents:
     def feed(self, chunk: bytes) -> bytes:
         if self.named is None:
             self._find_names(chunk)
-        if not self._partial and (chunk.endswith(EVENT_END) or chunk.endswith(b"\r\n\r\n")):
+        if not self._partial and ends_with_event(chunk):
             return self.released(chunk)  # whole events, as engines mostly write them
         data = self._partial + chunk
-        cut = max(data.rfind(EVENT_END), data.rfind(b"\r\n\r\n"))
-        if cut < 0:
+        end = last_event_end(data)
+        if not end:
             if len(data) > MAX_PARTIAL_BYTES:  # not events as we know them: pass it on
                 self._partial = b""
                 self.at_boundary = False
                 return data
             self._partial = data
             return b""
-        end = cut + (4 if data.startswith(b"\r\n\r\n", cut) else 2)
         whole, self._partial = data[:end], data[end:]
         return self.released(whole)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from otela.dataplane.sse import split_events
 from otela.dataplane.sse_events import WholeEvents
 
 # The routes whose streams report usage only when asked (``stream_options``).
@@ -67,23 +68,9 @@ class UsageChunkFilter(WholeEvents):
         if b'"usage"' not in whole:
             return whole
         kept = []
-        for event in _events(whole):
+        for event in split_events(whole):
             if _is_usage_only(event):
                 self.removed += 1
             else:
                 kept.append(event)
         return b"".join(kept)
-
-
-def _events(data: bytes) -> list[bytes]:
-    """``data`` (whole events) split into events, each with its blank-line terminator."""
-    out, start = [], 0
-    while start < len(data):
-        lf, crlf = data.find(b"\n\n", start), data.find(b"\r\n\r\n", start)
-        if lf < 0 and crlf < 0:
-            out.append(data[start:])
-            break
-        end = crlf + 4 if crlf >= 0 and (lf < 0 or crlf <= lf) else lf + 2
-        out.append(data[start:end])
-        start = end
-    return out

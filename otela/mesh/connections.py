@@ -13,7 +13,7 @@ from typing import Any
 from libp2p.abc import INotifee
 from libp2p.peer.id import ID
 
-from otela.mesh.relay import is_circuit
+from otela.mesh.circuit_relay import is_circuit
 
 
 def _addresses(conn: Any) -> list[str] | None:

@@ -33,6 +33,7 @@ from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.tools.anyio_service import background_trio_service
 
 from otela.mesh.addresses import is_loopback
+from otela.mesh.circuit_relay import Relay, RelayError, is_circuit
 from otela.mesh.connections import connection_kinds, remote_ips
 from otela.mesh.netlog import NetLog
 from otela.mesh.reachability import (
@@ -44,7 +45,6 @@ from otela.mesh.reachability import (
     reachability,
     verdict,
 )
-from otela.mesh.relay import Relay, RelayError, is_circuit
 from otela.registry.records import UNKNOWN, NodeRecord
 
 log = logging.getLogger("otela.nat")

@@ -12,7 +12,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otela.dataplane import headers as policy
+from otela.dataplane import headers as header_rules
 from otela.dataplane.exchange import UsageTap, prompt_text
 from otela.dataplane.sse_events import WholeEvents, error_event
 
@@ -127,19 +127,19 @@ def test_bools_and_strings_are_not_token_counts():
 
 
 def test_a_key_in_x_api_key_is_the_same_key_as_a_bearer_authorization():
-    assert policy.credential([(b"x-api-key", b"otela-abc")]) == b"Bearer otela-abc"
-    assert policy.credential([(b"x-api-key", b" otela-abc ")]) == b"Bearer otela-abc"
+    assert header_rules.credential([(b"x-api-key", b"otela-abc")]) == b"Bearer otela-abc"
+    assert header_rules.credential([(b"x-api-key", b" otela-abc ")]) == b"Bearer otela-abc"
     # Authorization, when given, is the one read (whatever x-api-key says)
     both = [(b"x-api-key", b"otela-other"), (b"authorization", b"Bearer otela-abc")]
-    assert policy.credential(both) == b"Bearer otela-abc"
-    assert policy.credential([(b"content-type", b"application/json")]) is None
+    assert header_rules.credential(both) == b"Bearer otela-abc"
+    assert header_rules.credential([(b"content-type", b"application/json")]) is None
 
 
 def test_credentials_and_anthropic_headers_are_never_forwarded():
     incoming = [(b"authorization", b"Bearer otela-abc"), (b"x-api-key", b"otela-abc"),
                 (b"anthropic-version", b"2023-06-01"), (b"anthropic-beta", b"x"),
                 (b"content-type", b"application/json"), (b"user-agent", b"Anthropic/Python")]
-    sent = dict(policy.forwarded(incoming, b"rid"))
+    sent = dict(header_rules.forwarded(incoming, b"rid"))
     assert not {b"authorization", b"x-api-key", b"anthropic-version", b"anthropic-beta"} & \
         set(sent)
     assert sent[b"user-agent"] == b"Anthropic/Python"

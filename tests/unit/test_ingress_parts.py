@@ -287,7 +287,14 @@ def test_usage_rows_are_written_in_batches_and_aggregated(tmp_path):
     assert rows.fetchone()[0] == 5  # the client's request id never merges rows
 
 
-def test_other_ingress_nodes_use_is_charged_once(tmp_path):
+def test_other_ingress_nodes_use_is_charged_once(tmp_path, monkeypatch):
+    import time as real_time
+    from types import SimpleNamespace
+
+    # The buckets refill with time: hold the monotonic clock still, or a slow machine's
+    # pause between the admission and the refresh shows up as refill.
+    monkeypatch.setattr("ingress.access.time",
+                        SimpleNamespace(time=real_time.time, monotonic=lambda: 1000.0))
     path = tmp_path / "two.db"
     one, two = sqlite(path), sqlite(path)
     made, _ = keystore.create(one, KeySpec(owner="a", rpm=60))

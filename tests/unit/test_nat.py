@@ -10,9 +10,9 @@ from libp2p.network.stream.exceptions import StreamEOF
 
 from otela.dataplane.p2p_frames import HEADER, Frame, FrameError, FrameReader, Kind, packed
 from otela.doctor import bootstrap_verdict, peer_verdict, render, self_verdict
+from otela.mesh.circuit_relay import circuit_addr, is_circuit
 from otela.mesh.netlog import NetLog
 from otela.mesh.reachability import DialBackAnswer, parse_ports, probe, reachability, verdict
-from otela.mesh.relay import circuit_addr, is_circuit
 from otela.registry.records import Lifecycle, NodeRecord
 
 

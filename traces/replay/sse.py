@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from otela.dataplane.sse import EventSplitter
+
 
 @dataclass
 class StreamState:
@@ -20,19 +22,13 @@ class StreamState:
     completion_tokens: int | None = None
     error: str | None = None
     done: bool = False
-    _buf: bytes = b""
+    _splitter: EventSplitter = field(default_factory=EventSplitter)
 
     def feed(self, data: bytes, now: float) -> None:
-        """Consume body bytes received at `now`; events may span several calls."""
-        buf = self._buf + data if self._buf else data
-        start = 0
-        while True:
-            end = buf.find(b"\n\n", start)
-            if end < 0:
-                break
-            self._event(buf[start:end], now)
-            start = end + 2
-        self._buf = buf[start:]
+        """Consume body bytes received at `now`; events may span several calls (cut where
+        every otela reader cuts them: ``otela.dataplane.sse``)."""
+        for event in self._splitter.feed(data):
+            self._event(event.rstrip(b"\r\n"), now)
 
     def _event(self, ev: bytes, now: float) -> None:
         if ev[:1] != b"d":
