@@ -47,7 +47,7 @@ from otela.steady_load import (
     signal_machine,
     start_behind_ingress,
 )
-from tests.integration.netns import Lan, ensure_iptables
+from otela.testing.netns import Lan, ensure_iptables
 
 MODEL = "echo-chaos"
 EVENT_ENDED = "_event_ended_at"  # set by an event that takes a moment (the kill)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from otela.localfed import LocalFederation, LocalNode
-from tests.integration.http_fuzz import FUZZERS, start_node, traceback_in
+from otela.testing.http_fuzz import FUZZERS, start_node, traceback_in
 
 MODEL = "echo-fuzz"
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
-from tests.integration.nat_topology import PRIVATE, PUBLIC, Topology
+from otela.testing.nat_topology import PRIVATE, PUBLIC, Topology
 
 CLIENT = r"""
 import json, sys, time, httpx

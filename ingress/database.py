@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import trio
 
+from otela.services import ServiceError
+
 Row = tuple[Any, ...]
 DEFAULT_FILE = "ingress.db"
 # Rows per INSERT on SQLite: 1 to 32 rows make at most 32 statement texts, all kept in the
@@ -30,7 +32,7 @@ DEFAULT_FILE = "ingress.db"
 _SQLITE_CHUNK = 32
 
 
-class DatabaseError(Exception):
+class DatabaseError(ServiceError):
     """The database cannot be used (unreachable, wrong URL, schema from a newer otela)."""
 
 

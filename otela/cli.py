@@ -17,19 +17,24 @@ from otela.config.options import with_setting_options
 
 
 class _LazyGroup(typer.core.TyperGroup):
-    """otela's top-level command group, with ``OPTIONAL_COMMANDS`` loaded on demand."""
+    """otela's top-level command group, with the plugged-in commands (``otela.services``:
+    ``keys``, ``usage``, ``sim``, ``plan``, ``trace``) loaded when named or listed: their
+    modules import the ingress service, numpy, OR-Tools and pandas (~0.7 s and ~55 MB of a
+    node's memory), never needed by ``otela start``."""
 
-    def _load(self, name: str) -> None:
-        if name in OPTIONAL_COMMANDS and name not in self.commands:
-            self.add_command(OPTIONAL_COMMANDS[name](), name)
+    def _load(self, name: str, loaders: dict[str, Any]) -> None:
+        if name in loaders and name not in self.commands:
+            self.add_command(_plugged_in(name, loaders[name]), name)
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        self._load(cmd_name)
+        if cmd_name not in self.commands:
+            self._load(cmd_name, plugged_in_commands())
         return super().get_command(ctx, cmd_name)
 
     def list_commands(self, ctx: Any) -> list[str]:
-        for name in OPTIONAL_COMMANDS:
-            self._load(name)
+        loaders = plugged_in_commands()
+        for name in loaders:
+            self._load(name, loaders)
         return super().list_commands(ctx)
 
 
@@ -76,12 +81,12 @@ def start(flags: dict[str, Any], config_file: Path | None = CONFIG_OPTION) -> No
     """
     import trio
 
-    from ingress.database import DatabaseError
     from otela.daemon import Node
     from otela.engine.command import EngineCommandError
     from otela.engine.health import check_reachable
     from otela.failures import os_error_in
     from otela.mesh.bootstrap import BootstrapAddressError
+    from otela.services import ServiceError
 
     try:
         config = resolve(flags, None, config_file).config
@@ -90,7 +95,7 @@ def start(flags: dict[str, Any], config_file: Path | None = CONFIG_OPTION) -> No
         if config.engine_url and not config.process:
             check_reachable(config.engine_url)
     except (ConfigError, EngineCommandError, BootstrapAddressError, ValueError,
-            DatabaseError, OSError) as exc:  # OSError: an unreadable home or key file
+            ServiceError, OSError) as exc:  # OSError: an unreadable home or key file
         typer.echo(f"otela: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
@@ -284,52 +289,31 @@ def _placeholder(name: str, extra: str, help_text: str) -> Any:
     return typer.main.get_command(holder)
 
 
-def _sim_command() -> Any:
-    help_text = "Roofline serving simulator: analyze and run."
+# Commands that come with an extra: (what the placeholder says, the extra) when it is missing.
+NEEDS_EXTRA = {
+    "sim": ("Roofline serving simulator: analyze and run.", "sim"),
+    "plan": ("Suggest which models to deploy on which GPUs (CP-SAT).", "plan"),
+    "trace": ("Request traces: gen, replay, analyze, compare.", "traces"),
+}
+
+
+def plugged_in_commands() -> dict[str, Any]:
+    """Name -> loader of each plugged-in command (``otela.commands`` entry points)."""
+    from otela.services import commands
+
+    return commands()
+
+
+def _plugged_in(name: str, load: Any) -> Any:
+    """The click command of the entry point ``name``, or, when an extra it needs is not
+    installed, a placeholder that says which."""
     try:
-        from simulator.cli import app as sim_app
+        return load()()
     except ImportError as exc:
-        if not missing_extra(exc):
+        if not missing_extra(exc) or name not in NEEDS_EXTRA:
             raise
-        return _placeholder("sim", "sim", help_text)
-    return _group("sim", sim_app, help_text)
-
-
-def _plan_command() -> Any:
-    try:
-        from simulator.placer.cli import HELP as plan_help
-        from simulator.placer.cli import plan_command
-    except ImportError as exc:
-        if not missing_extra(exc):
-            raise
-        return _placeholder("plan", "plan",
-                            "Suggest which models to deploy on which GPUs (CP-SAT).")
-    holder = typer.Typer()
-    holder.command("plan", help=plan_help, no_args_is_help=True)(plan_command)
-    return typer.main.get_command(holder)
-
-
-def _trace_command() -> Any:
-    help_text = "Request traces: gen, replay, analyze, compare."
-    try:
-        from traces.cli import app as trace_app
-    except ImportError as exc:
-        if not missing_extra(exc):
-            raise
-        return _placeholder("trace", "traces", help_text)
-    return _group("trace", trace_app, help_text)
-
-
-def _group(name: str, sub_app: typer.Typer, help_text: str) -> Any:
-    """``sub_app`` as the click group ``otela <name>`` (typer builds it as a subcommand)."""
-    holder = typer.Typer()
-    holder.add_typer(sub_app, name=name, help=help_text)
-    return typer.main.get_command(holder).get_command(None, name)  # type: ignore[attr-defined]
-
-
-# Commands whose modules import the research stack (numpy, OR-Tools, pandas: ~0.7 s and
-# ~55 MB of a node's memory): loaded when named or listed, never for ``otela start``.
-OPTIONAL_COMMANDS = {"sim": _sim_command, "plan": _plan_command, "trace": _trace_command}
+        help_text, extra = NEEDS_EXTRA[name]
+        return _placeholder(name, extra, help_text)
 
 
 def _mount_subcommands() -> None:
@@ -340,14 +324,10 @@ def _mount_subcommands() -> None:
         name="membership",
         help="Membership authority: create it, sign and revoke node certificates.",
     )
-    from ingress.cli import keys_app, usage_command
     from otela.fleet.cli import HELP as fleet_help
     from otela.fleet.cli import app as fleet_app
 
     app.add_typer(fleet_app, name="fleet", help=fleet_help)
-
-    app.add_typer(keys_app, name="keys")
-    app.command("usage")(usage_command)
 
 
 _mount_subcommands()

@@ -27,16 +27,13 @@ import httpx
 import trio
 from libp2p.tools.anyio_service import background_trio_service
 
-from ingress import admin_api
-from ingress.dashboard import install as install_dashboard
-from ingress.service import IngressService
 from otela import __version__, hardware
-from otela.api import assignments as assignment_routes
 from otela.api import load_reports as load_report_routes
 from otela.api import node_metrics
 from otela.api.app import create_app
 from otela.api.assembly import Surroundings, assemble
 from otela.api.observe import AccessLog, Observer, RequestMetrics, TraceRecording
+from otela.assignments import routes as assignment_routes
 from otela.assignments.acceptor import REPLAY_FILE, Acceptor, load_policy
 from otela.assignments.message import Assignment
 from otela.config import NodeConfig
@@ -82,10 +79,11 @@ from otela.replication import (
 from otela.routing.hold import ModelFirstByte
 from otela.routing.load import NodeLoad
 from otela.routing.trust import TrustSet
+from otela.services import ingress_plugin, require_ingress_plugin
 from otela.slurm import fleet_tag_from_env, job_from_env, watch_wall_time, with_end_time
+from otela.tracing.recorder import TraceRecorder
 from otela.workers.control import InternalRoutes, WorkerPool
 from otela.workers.view import snapshot_of
-from traces.recorder import TraceRecorder
 
 log = logging.getLogger("otela.node")
 
@@ -194,8 +192,6 @@ class Node:
             others=lambda: self.workers.total("engine_in_flight") if self.workers else 0)
         self.api = create_app(self)
         assignment_routes.install(self.api, self.assignments)
-        if config.ingress or config.ingress_db is not None:  # its page at /ui
-            install_dashboard(self.api)
         # What watches the request path: metrics always; access log and trace on demand.
         self.metrics = MetricsRegistry()
         self.lag = LagSampler(node_metrics.install(self.metrics, self))
@@ -210,13 +206,15 @@ class Node:
             record_prompts=config.record_prompts)
         if self.recorder is not None:
             observers.append(TraceRecording(self.recorder))
-        # The public ingress service (--ingress-db): keys, limits, usage, admin API, /ui.
-        self.ingress_service = None if config.ingress_db is None else IngressService.open(
-            config.ingress_db, config.home, peer_id, open_access=config.open_access,
-            admin_token=config.admin_token)
+        # The public ingress service (--ingress-db): keys, limits, usage, admin API, /ui
+        # (an ingress shows the dashboard's page even without it). A plugin: ingress/.
+        self.ingress_service = None if config.ingress_db is None else (
+            require_ingress_plugin().open(config, peer_id))
         if self.ingress_service is not None:
             observers += self.ingress_service.observers(self.metrics)
-            admin_api.install(self.api, self.ingress_service)
+        plugin = ingress_plugin()
+        if plugin is not None and (config.ingress or self.ingress_service is not None):
+            plugin.install(self.api, self.ingress_service)
         path = assemble(config, Surroundings(
             registry=lambda: self.registry, session=lambda: self.session_id,
             engine_url=self.serving_engine_url, served_models=self.served_models,
@@ -636,7 +634,7 @@ class Node:
         key, its trusted providers and models (a wrong key: 401); otherwise everything."""
         if self.ingress_service is None or authorization is None:
             return self.router.base_trust(), None
-        key = self.ingress_service.access.authenticate(authorization.encode("latin-1"))
+        key = self.ingress_service.authenticate(authorization.encode("latin-1"))
         return self.router.base_trust(key.providers), key.models
 
     def _own_load(self) -> NodeLoad | None:

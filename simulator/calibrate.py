@@ -16,12 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from otela.tracing.schema import TraceRecord
 from simulator.api import Deployment, run
 from simulator.report import result_trace
 from simulator.workload import workload_from_trace
 from traces.compare import compare
 from traces.io import Trace, read_trace
-from traces.schema import TraceRecord
 from traces.stats import summarize
 
 # What the fit matches: (summary key, percentile), each weighing the same. Medians, not

@@ -168,8 +168,8 @@ def result_trace(res: dict[str, Any], model: str) -> Any:
     """The per-request rows of a `run(..., include_requests=True)` result as an otela trace
     (arrival, lengths, TTFT, end-to-end, TPOT as the mean inter-token latency), so that
     `otela trace compare SIM REAL` can set it against a replayed one."""
+    from otela.tracing.schema import TraceRecord, make_header
     from traces.io import Trace
-    from traces.schema import TraceRecord, make_header
 
     records = []
     for row in res.get("per_request", []):

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from otela.tracing.schema import HEADER_KEY
 from traces.distributions import gamma_arrivals, poisson_arrivals, renewal_arrivals, sample_lengths
 from traces.io import Trace, read_trace
-from traces.schema import HEADER_KEY
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.schema import TraceRecord
+from otela.tracing.schema import TraceRecord
 from traces.stats import dist
 
 NICE_BINS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 86400)

@@ -21,11 +21,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from otela.tracing.schema import TraceError
 from traces.compare import compare
 from traces.distributions import Diurnal
 from traces.generate import PRESETS, GenSpec, generate, parse_models
 from traces.io import read_trace, write_trace
-from traces.schema import TraceError
 from traces.stats import SLO, summarize
 
 app = typer.Typer(

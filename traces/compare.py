@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from traces.schema import TraceRecord
+from otela.tracing.schema import TraceRecord
 from traces.stats import SLO, summarize
 
 METRICS: tuple[tuple[str, str | None, str], ...] = (

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from otela.tracing.schema import TraceRecord, make_header
 from traces.distributions import Diurnal, arrivals, parse_lengths
 from traces.io import Trace
-from traces.schema import TraceRecord, make_header
 
 PRESETS: dict[str, dict[str, Any]] = {
     # OpenTela paper sec. 5: Poisson arrivals, lengths Normal(764, 561) in, Normal(674, 412) out

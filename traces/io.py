@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
-from traces.schema import (
+from otela.tracing.schema import (
     COLUMNS,
     HEADER_KEY,
     TraceError,

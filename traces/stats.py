@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.schema import TraceRecord
+from otela.tracing.schema import TraceRecord
 
 PCTS = (50, 90, 99)
 

@@ -16,7 +16,7 @@ import trio
 
 from otela.dataplane.exchange import Exchange
 from otela.metrics import Registry
-from traces.recorder import TraceRecorder
+from otela.tracing.recorder import TraceRecorder
 
 
 class Observer(Protocol):
@@ -112,7 +112,7 @@ class AccessLog:
 
 
 class TraceRecording:
-    """Feeds ``--record-trace``'s recorder (``traces.recorder``): one record per request."""
+    """Feeds ``--record-trace``'s recorder (``otela.tracing.recorder``): one record per request."""
 
     def __init__(self, recorder: TraceRecorder) -> None:
         self.recorder = recorder

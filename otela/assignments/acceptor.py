@@ -39,7 +39,7 @@ from otela.assignments.replay import ReplayGuard
 from otela.dataplane.errors import error_body
 from otela.engine.command import EngineCommand, parse_engine_command
 from otela.logbudget import LogBudget
-from otela.membership.certificate import authority_id
+from otela.registry.certificate import authority_id
 
 log = logging.getLogger("otela.assignments")
 

@@ -25,8 +25,8 @@ from otela.assignments.message import (
 )
 from otela.assignments.policy import Policy
 from otela.assignments.replay import ReplayGuard
-from otela.membership.certificate import MembershipError, peer_public_key
 from otela.names import model_id_problem
+from otela.registry.certificate import MembershipError, peer_public_key
 
 PARAM_VALUE = re.compile(r"[A-Za-z0-9._/:@+=-]{1,128}")
 

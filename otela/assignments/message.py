@@ -30,7 +30,7 @@ from typing import Any, Final
 import msgpack
 from libp2p.crypto.keys import PrivateKey, PublicKey
 
-from otela.membership.certificate import authority_id
+from otela.registry.certificate import authority_id
 
 WIRE_VERSION: Final = 1
 KIND: Final = "assignment"

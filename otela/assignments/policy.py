@@ -26,7 +26,7 @@ from typing import Any
 
 from libp2p.crypto.keys import PublicKey
 
-from otela.membership.certificate import (
+from otela.registry.certificate import (
     AUTHORITY_PREFIX,
     MembershipError,
     authority_id,

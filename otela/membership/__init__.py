@@ -1,8 +1,10 @@
 """Membership admission: an authority key signs certificates that bind a node's peer id to a
 provider, and revocations that withdraw them. See docs/membership.md.
 
-``certificate`` is pure (bytes in, verdict out); ``authority`` manages the key files; ``cli`` is
-the ``otela membership`` command group.
+The certificate format is the registry's (``otela.registry.certificate``: pure, bytes in,
+verdict out; the registry checks every record against it); here ``authority`` manages the
+key files, ``admission`` decides who is a member from the replica, and ``cli`` is the
+``otela membership`` command group.
 """
 
 from otela.membership.authority import (
@@ -11,7 +13,7 @@ from otela.membership.authority import (
     load_authority_key,
     load_authority_public,
 )
-from otela.membership.certificate import (
+from otela.registry.certificate import (
     CLOCK_SKEW_S,
     MAX_MESSAGE_BYTES,
     Certificate,

@@ -23,14 +23,14 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from otela.logbudget import LogBudget
-from otela.membership.certificate import (
+from otela.mesh.framing import read_frame, write_frame
+from otela.mesh.quota import SMALL_STREAMS, set_capped_handler
+from otela.registry.certificate import (
     Certificate,
     MembershipError,
     Revocation,
     verify_certificate,
 )
-from otela.mesh.framing import read_frame, write_frame
-from otela.mesh.quota import SMALL_STREAMS, set_capped_handler
 from otela.registry.store import Registry
 from otela.registry.wire import Trust
 

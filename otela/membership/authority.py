@@ -16,8 +16,8 @@ from typing import Final
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import PrivateKey, PublicKey
 
-from otela.membership.certificate import MembershipError, format_authority, parse_authority
 from otela.paths import config_dir
+from otela.registry.certificate import MembershipError, format_authority, parse_authority
 
 KEY_FILE: Final = "authority.key"
 PUB_FILE: Final = "authority.pub"

@@ -26,7 +26,7 @@ from otela.membership.authority import (
     load_authority_key,
     load_authority_public,
 )
-from otela.membership.certificate import (
+from otela.registry.certificate import (
     MAX_MESSAGE_BYTES,
     Certificate,
     MembershipError,

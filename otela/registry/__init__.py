@@ -1,4 +1,6 @@
-"""The federation registry: a CRDT of node records, its wire format, and its views."""
+"""The federation registry: a CRDT of node records, its wire format, the membership
+certificates and revocations records are checked against (``certificate``), and its
+views."""
 
 from otela.registry.crdt import Entry, GCPolicy, GMap
 from otela.registry.records import Hardware, Lifecycle, ModelInfo, NodeRecord

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from otela.membership.certificate import Revocation
+from otela.registry.certificate import Revocation
 from otela.registry.crdt import Entry, GCPolicy, GMap, Rejected, Superseded
 from otela.registry.records import Lifecycle, NodeRecord
 

@@ -31,7 +31,7 @@ import msgpack
 from libp2p.crypto.keys import PrivateKey, PublicKey
 from libp2p.peer.id import ID
 
-from otela.membership.certificate import (
+from otela.registry.certificate import (
     Certificate,
     MembershipError,
     Revocation,

@@ -34,13 +34,13 @@ from libp2p.crypto.keys import PrivateKey, PublicKey
 
 from otela.identity import Identity
 from otela.membership.admission import Admission
-from otela.membership.certificate import (
+from otela.mesh.host import MeshHost
+from otela.registry.certificate import (
     Certificate,
     MembershipError,
     parse_authority,
     verify_certificate,
 )
-from otela.mesh.host import MeshHost
 from otela.registry.crdt import Entry, GCPolicy
 from otela.registry.evidence import EvidenceError, Suspicion, justified
 from otela.registry.records import Lifecycle, NodeRecord

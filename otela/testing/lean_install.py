@@ -82,8 +82,14 @@ def build(target: Path) -> Path:
         link = site / entry.name
         if entry.exists() and not link.exists():
             link.symlink_to(entry)
-    # otela's own packages (one distribution: otela, ingress, simulator, traces)
+    # otela's own packages (one distribution: otela, ingress, simulator, traces), and its
+    # metadata: the entry points through which the ingress service and the plugged-in
+    # commands are found (otela.services)
     (site / "otela-source.pth").write_text(f"{ROOT}\n")
+    own = Path(str(metadata.distribution("otela").locate_file(""))) / (
+        f"otela-{metadata.version('otela')}.dist-info")
+    if own.is_dir():
+        (site / own.name).symlink_to(own)
     return python
 
 

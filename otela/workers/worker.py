@@ -32,7 +32,6 @@ from typing import Any
 
 import trio
 
-from ingress.service import IngressService
 from otela.api.assembly import Surroundings, assemble
 from otela.api.observe import AccessLog, Observer, RequestMetrics
 from otela.config import NodeConfig
@@ -49,6 +48,7 @@ from otela.looplag import LagSampler, freeze_startup_objects
 from otela.metrics import LAG_BUCKETS, Registry
 from otela.registry.records import NodeRecord
 from otela.routing.hold import ModelFirstByte
+from otela.services import require_ingress_plugin
 from otela.workers.channel import Channel, ChannelClosed
 from otela.workers.view import WorkerView
 
@@ -133,9 +133,8 @@ class Worker:
             observers.append(self.traces)
         # The ingress service's key gate and usage rows, in this process too (its own
         # connection; its own ingress id, so its siblings' use counts against its limits).
-        self.ingress_service = None if config.ingress_db is None else IngressService.open(
-            config.ingress_db, config.home, f"{peer_id}/w{index}",
-            open_access=config.open_access)
+        self.ingress_service = None if config.ingress_db is None else (
+            require_ingress_plugin().open(config, f"{peer_id}/w{index}"))
         if self.ingress_service is not None:
             observers += self.ingress_service.observers(self.metrics)
         # The request path, assembled as the node assembles its own (otela.api.assembly);

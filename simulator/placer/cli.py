@@ -97,9 +97,9 @@ def _gpu_map(items: Sequence[str]) -> dict[str, str]:
 
 def _demand_from_trace(path: Path, objective: Objective, horizon: float) -> Demand:
     """One service per model named in the trace (the name must be a catalog model/HF id)."""
+    from otela.tracing.schema import TraceError
     from simulator.models import get_model
     from traces.io import read_trace
-    from traces.schema import TraceError
 
     try:
         trace = read_trace(path)
@@ -456,7 +456,7 @@ def _signer(identity: Path | None, authority: Path | None) -> tuple[PrivateKey, 
     else:
         assert authority is not None
         from otela.membership.authority import load_authority_key
-        from otela.membership.certificate import MembershipError
+        from otela.registry.certificate import MembershipError
 
         try:
             key = load_authority_key(authority)

@@ -192,8 +192,8 @@ def _opt_seconds(value: Any, what: str) -> float | None:
 def demand_from_trace(path: Path, model: str | None = None) -> tuple[float, Lengths, Lengths]:
     """Rate and empirical length distributions of the requests for `model` in an otela trace
     (or any trace `traces.io` reads); all requests when the trace names no such model."""
+    from otela.tracing.schema import TraceError
     from traces.io import read_trace
-    from traces.schema import TraceError
 
     try:
         trace = read_trace(path)

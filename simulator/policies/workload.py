@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from otela.tracing.schema import HEADER_KEY, TraceRecord, make_header
 from simulator.workload import Workload, load_trace, workload_from_trace
 from traces.io import Trace, read_trace
-from traces.schema import HEADER_KEY, TraceRecord, make_header
 
 DEFAULT_TIER = "default"
 

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import pytest
 
 from otela.localfed import LocalFederation, LocalNode
+from otela.testing.http_fuzz import FUZZERS, Target, start_node, traceback_in
 
 from .helpers import chat
-from .http_fuzz import FUZZERS, Target, start_node, traceback_in
 
 pytestmark = pytest.mark.slow
 

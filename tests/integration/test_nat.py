@@ -25,7 +25,7 @@ from otela.localfed import (
     free_port,
     wait_for,
 )
-from tests.integration.nat_topology import PRIVATE, PUBLIC, Topology, missing_tools
+from otela.testing.nat_topology import PRIVATE, PUBLIC, Topology, missing_tools
 
 pytestmark = pytest.mark.slow
 

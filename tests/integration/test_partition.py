@@ -11,9 +11,9 @@ import trio
 
 from otela.localfed import LocalFederation, LocalNode, echo_engine_command, wait_for
 from otela.steady_load import SteadyLoad
+from otela.testing.netns import Lan, ensure_iptables
 
 from .helpers import CONVERGE_S, chat
-from .netns import Lan, ensure_iptables
 
 # netns.Lan uses fixed names (bridge otpbr0, its namespaces) in the root namespace: one
 # worker at a time (scripts/test runs several).

@@ -96,8 +96,8 @@ def test_demand_file_and_errors() -> None:
 
 
 def test_demand_from_a_trace(tmp_path: Path) -> None:
+    from otela.tracing.schema import TraceRecord, make_header
     from traces.io import Trace, write_trace
-    from traces.schema import TraceRecord, make_header
 
     recs = [TraceRecord(arrival=i * 0.5, model="m", input_tokens=100 + i, output_tokens=10)
             for i in range(41)]

@@ -8,11 +8,11 @@ import pytest
 from typer.testing import CliRunner
 
 from otela.cli import app as otela_app
+from otela.tracing.schema import TraceRecord, make_header
 from traces.analysis import analyze
 from traces.compare import compare
 from traces.generate import GenSpec, generate, parse_models
 from traces.io import Trace, read_trace, write_trace
-from traces.schema import TraceRecord, make_header
 
 runner = CliRunner()
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from otela.tracing.recorder import TraceRecorder
+from otela.tracing.schema import hash_id
 from traces.io import read_trace
-from traces.recorder import TraceRecorder
-from traces.schema import hash_id
 
 
 def _record(rec: TraceRecorder, i: int, **kw: object) -> bool:
@@ -103,8 +103,9 @@ def test_rotation_keeps_backups_each_a_valid_trace(tmp_path: Path) -> None:
     async def produce() -> None:
         for i in range(1000):
             _record(rec, i)
-            if i % 50 == 49:
-                await trio.sleep(0.02)  # several flushes, so several rotations
+            if i % 50 == 49:  # several flushes, so several rotations (waited for, not timed)
+                while rec.pending:
+                    await trio.sleep(rec.flush_interval)
 
     trio.run(_run_briefly, rec, produce)
     files = sorted(tmp_path.glob("t.jsonl*"))

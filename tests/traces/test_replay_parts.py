@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from otela.tracing.schema import TraceRecord
 from traces.replay.client import Endpoint
 from traces.replay.payload import PayloadBuilder
 from traces.replay.sse import StreamState
-from traces.schema import TraceRecord
 
 
 def _body(raw: bytes) -> dict:  # type: ignore[type-arg]

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from otela.tracing.schema import SCHEMA_VERSION, TraceError, TraceRecord, hash_id, make_header
 from traces.io import Trace, read_trace, write_trace
-from traces.schema import SCHEMA_VERSION, TraceError, TraceRecord, hash_id, make_header
 
 
 def _sample() -> Trace:

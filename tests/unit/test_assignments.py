@@ -21,7 +21,7 @@ from otela.assignments.decide import decide
 from otela.assignments.message import Assignment, AssignmentError, from_http, sign, to_http
 from otela.assignments.policy import Policy, PolicyError, parse_accept_from, parse_allowlist
 from otela.assignments.replay import ReplayGuard
-from otela.membership.certificate import format_authority, issue_certificate
+from otela.registry.certificate import format_authority, issue_certificate
 
 NOW = 1_800_000_000.0
 ALLOW = """

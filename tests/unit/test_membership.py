@@ -34,7 +34,7 @@ from otela.membership import (
     verify_certificate,
     verify_revocation,
 )
-from otela.membership.certificate import _DOMAIN
+from otela.registry.certificate import _DOMAIN
 
 NOW = 1_800_000_000.0
 DAY = 86400.0

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 
-from otela.membership.certificate import issue_certificate
+from otela.registry.certificate import issue_certificate
 from otela.registry.crdt import GMap, NotOwner, tiebreak_of
 from otela.registry.records import Lifecycle
 from otela.registry.session import epoch_of, new_session_id, owns, session_id_for

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.http_fuzz import traceback_in
+from otela.testing.http_fuzz import traceback_in
 
 FOUND = {
     "plain": "x\nTraceback (most recent call last):\n  File ...\n",

@@ -6,8 +6,8 @@ import msgpack
 import pytest
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 
-from otela.membership.certificate import issue_certificate, issue_revocation
 from otela.registry import evidence
+from otela.registry.certificate import issue_certificate, issue_revocation
 from otela.registry.crdt import Entry
 from otela.registry.records import Lifecycle
 from otela.registry.session import epoch_of

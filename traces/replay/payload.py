@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.schema import TraceRecord
+from otela.tracing.schema import TraceRecord
 
 POOL_TOKENS = 1 << 17
 ID_LOW, ID_HIGH = 10, 500  # valid in any vocabulary of >= 512 tokens (the tiny test model)

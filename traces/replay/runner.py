@@ -28,6 +28,7 @@ from typing import Any
 
 import trio
 
+from otela.tracing.schema import TraceRecord, hash_id, make_header
 from traces.io import Trace
 from traces.replay.client import (
     ConnectError,
@@ -41,7 +42,6 @@ from traces.replay.client import (
 )
 from traces.replay.payload import PayloadBuilder
 from traces.replay.timer import PreciseTimer
-from traces.schema import TraceRecord, hash_id, make_header
 
 LEAD_S = 0.05  # head start before the first arrival, to build the first payloads
 

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 import trio
 
-from traces.schema import TraceRecord, hash_id, make_header
+from otela.tracing.schema import TraceRecord, hash_id, make_header
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 MAX_BATCH = 5000  # records written per pass before yielding to the event loop

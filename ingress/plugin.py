@@ -1,0 +1,43 @@
+"""The ingress service as a node plugs it in (``otela.services.IngressPlugin``, found
+through the ``otela.ingress`` entry point), and its ``otela`` subcommands."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ingress import admin_api
+from ingress.dashboard import install as install_dashboard
+from ingress.service import IngressService
+from otela.services import as_command
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from otela.config import NodeConfig
+
+
+class Plugin:
+    def open(self, config: NodeConfig, ingress_id: str) -> IngressService:
+        return IngressService.open(config.ingress_db or "default", config.home, ingress_id,
+                                   open_access=config.open_access,
+                                   admin_token=config.admin_token)
+
+    def install(self, api: FastAPI, service: Any) -> None:
+        install_dashboard(api)
+        if isinstance(service, IngressService):
+            admin_api.install(api, service)
+
+
+SERVICE = Plugin()
+
+
+def keys_command() -> Any:
+    from ingress.cli import keys_app
+
+    return as_command(keys_app, "keys")
+
+
+def usage_command() -> Any:
+    from ingress.cli import usage_command as usage
+
+    return as_command(usage, "usage")
