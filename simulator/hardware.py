@@ -44,6 +44,13 @@ class Calibration:
     # all-reduce over n ranks takes 2(n-1) steps; NCCL's tuning model charges each its link's
     # per-hop latency): collective_latency_s + 2(n-2) x this
     collective_hop_s: float = 0.0
+    # A TP or PP group larger than a node spans nodes joined by a network (InfiniBand / RoCE):
+    # GPUs per node, the network bandwidth one GPU reaches (GB/s, one direction: one 400 Gb/s
+    # NIC per GPU at ~90 %), and the latency of each ring step or hand-off that crosses it
+    # (NCCL's `hwLat` for the network, LL128: 4 us).
+    gpus_per_node: int = 8
+    internode_gbs: float = 45.0
+    internode_hop_s: float = 4.0e-6
     launch_per_layer_s: float = 0.0  # per layer per forward pass: kernel launch + ramp/tail
     # per layer of a pass that carries prompt tokens, on top of launch_per_layer_s: a runtime
     # that launches its context phase kernel by kernel (TensorRT-LLM 0.5/0.6 session runtime)

@@ -121,34 +121,76 @@ def roofline_time(flops: float, nbytes: float, peak: float, bw: float) -> tuple[
     return (tc, "compute") if tc >= tm else (tm, "memory")
 
 
+def nodes_spanned(ranks: int, gpu: GPU) -> int:
+    """Nodes that `ranks` GPUs of one group occupy, packed `gpus_per_node` to a node (0: one
+    node whatever the count)."""
+    per_node = gpu.efficiency.gpus_per_node
+    if per_node <= 0 or ranks <= per_node:
+        return 1
+    return -(-ranks // per_node)
+
+
 def allreduce_latency(tp: int, gpu: GPU) -> float:
     """Fixed cost of one all-reduce over `tp` ranks: the profile's two-rank latency plus one
     hop latency per further ring step. A ring all-reduce takes 2(n-1) steps, each waiting on
     its neighbour (NCCL's own cost model, `src/graph/tuning.cc`: base latency + 2(n-1) x the
-    per-hop latency of the link), so TP8 pays 12 hops more than TP2."""
+    per-hop latency of the link), so TP8 pays 12 hops more than TP2. A group spanning k nodes
+    crosses the network in 2(k-1) of those steps, each at the network's hop latency."""
     if tp <= 1:
         return 0.0
     cal = gpu.efficiency
-    return cal.collective_latency_s + 2 * (tp - 2) * cal.collective_hop_s
+    net_steps = 2 * (nodes_spanned(tp, gpu) - 1)
+    base = cal.collective_latency_s - 2 * cal.collective_hop_s  # the 2(n-1) steps priced apart
+    return (
+        base + (2 * (tp - 1) - net_steps) * cal.collective_hop_s + net_steps * cal.internode_hop_s
+    )
+
+
+def allreduce_bandwidth(tp: int, gpu: GPU) -> float:
+    """Bus bandwidth of an all-reduce over `tp` ranks (bytes/s). Inside a node: one direction
+    of the GPU's link at the profile's efficiency. A group spanning nodes runs its rings through
+    the network as well, one NIC per GPU (rail-optimised, as DGX/HGX nodes are cabled), so the
+    node-to-node traffic shares the NICs of the group's GPUs in one node: the bus bandwidth is
+    the smaller of the link's and `min(tp, gpus_per_node) x internode_gbs`."""
+    cal = gpu.efficiency
+    bw = gpu.interconnect_bw / 2 * cal.comm
+    if nodes_spanned(tp, gpu) > 1:
+        per_node = min(tp, cal.gpus_per_node)
+        bw = min(bw, per_node * cal.internode_gbs * 1e9)
+    return bw
 
 
 def allreduce_time(nbytes: Array | float, tp: int, gpu: GPU) -> Array | float:
-    """Ring all-reduce: 2(n-1)/n of the message over one link direction, plus a latency that
-    grows with the ring's steps (zero for an empty message or a single rank)."""
+    """Ring all-reduce: 2(n-1)/n of the message at the group's bus bandwidth, plus a latency
+    that grows with the ring's steps (zero for an empty message or a single rank)."""
     b = np.asarray(nbytes, dtype=float)
     if tp <= 1:
         return np.zeros_like(b) if b.ndim else 0.0
-    bw = gpu.interconnect_bw / 2 * gpu.efficiency.comm
+    bw = allreduce_bandwidth(tp, gpu)
     t = np.where(b > 0, 2 * (tp - 1) / tp * b / bw + allreduce_latency(tp, gpu), 0.0)
     return t if t.ndim else float(t)
 
 
-def p2p_time(nbytes: Array | float, gpu: GPU) -> Array | float:
-    """Point-to-point activation hand-off between pipeline stages."""
+def p2p_time(nbytes: Array | float, gpu: GPU, internode: bool = False) -> Array | float:
+    """Point-to-point activation hand-off between pipeline stages: over the GPU's link, or
+    over the network (one NIC, plus the network's hop latency) between stages on two nodes."""
     b = np.asarray(nbytes, dtype=float)
-    bw = gpu.interconnect_bw / 2 * gpu.efficiency.comm
-    t = np.where(b > 0, b / bw + gpu.efficiency.p2p_latency_s, 0.0)
+    cal = gpu.efficiency
+    if internode:
+        bw, lat = cal.internode_gbs * 1e9, cal.p2p_latency_s + cal.internode_hop_s
+    else:
+        bw, lat = gpu.interconnect_bw / 2 * cal.comm, cal.p2p_latency_s
+    t = np.where(b > 0, b / bw + lat, 0.0)
     return t if t.ndim else float(t)
+
+
+def internode_handoffs(tp: int, pp: int, gpu: GPU) -> int:
+    """How many of a replica's `pp - 1` stage boundaries cross a node: stage s holds GPUs
+    s*tp .. (s+1)*tp - 1, packed `gpus_per_node` to a node."""
+    per_node = gpu.efficiency.gpus_per_node
+    if per_node <= 0 or tp * pp <= per_node:
+        return 0
+    return sum(1 for i in range(1, pp) if (i * tp - 1) // per_node != (i * tp) // per_node)
 
 
 def _even_split(n: int, parts: int) -> list[int]:
@@ -400,8 +442,7 @@ class StepCost:
                 (f"all_reduce(tp={tp})", 2 * m.layers * 2 * (tp - 1) / tp * msg, 2 * m.layers * ar)
             )
         if pp > 1:
-            p2p = np.asarray(p2p_time(msg, self.gpu))
-            out.append((f"p2p(pp={pp})", (pp - 1) * msg, (pp - 1) * p2p))
+            out.append((f"p2p(pp={pp})", (pp - 1) * msg, np.asarray(self._handoffs(msg))))
         return out
 
     def _tokens_time(self, t: Array) -> Array:
@@ -575,6 +616,14 @@ class StepCost:
         turn. The per-layer launch part runs on the GPUs, stage by stage."""
         return self.fixed_overhead + self.seq_overhead * seqs
 
+    def _handoffs(self, msg: Array | float) -> Array | float:
+        """The `pp - 1` hand-offs of a `msg`-byte activation: over the GPUs' link, or the
+        network for the boundaries between two nodes (`internode_handoffs`)."""
+        pp = self.par.pp
+        net = internode_handoffs(self.par.tp, pp, self.gpu)
+        intra = (pp - 1 - net) * p2p_time(msg, self.gpu)
+        return intra + net * p2p_time(msg, self.gpu, internode=True) if net else intra
+
     def handoff_time(self, tokens: int) -> float:
         """The `pp - 1` activation hand-offs of one forward pass carrying `tokens` tokens."""
         if self.par.pp <= 1 or tokens <= 0:
@@ -582,7 +631,7 @@ class StepCost:
         t = self._handoff_memo.get(tokens)
         if t is None:
             msg = tokens * self.model.hidden * self.sb
-            t = self._handoff_memo[tokens] = (self.par.pp - 1) * float(p2p_time(msg, self.gpu))
+            t = self._handoff_memo[tokens] = float(self._handoffs(msg))
         return t
 
     def _stage_share(self, latency: float, host: float, head: float, handoff: float) -> float:
