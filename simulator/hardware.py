@@ -32,7 +32,7 @@ class Calibration:
     compute: float  # 16-bit tensor math, fraction of dense peak
     memory: float  # streaming reads, fraction of DRAM peak
     comm: float  # all-reduce bus bandwidth, fraction of one link direction
-    collective_latency_s: float  # fixed cost of one small all-reduce
+    collective_latency_s: float  # fixed cost of one small all-reduce over two ranks
     p2p_latency_s: float
     compute_fp8: float = 0.0  # 8-bit math; 0 = same as `compute`
     compute_fp4: float = 0.0  # 4-bit math (Blackwell); 0 = same as `compute_fp8`
@@ -40,7 +40,21 @@ class Calibration:
     step_overhead_s: float = 1.0e-3  # per engine iteration: scheduling, sampling, launch
     seq_overhead_s: float = 0.0  # per sequence in an iteration (input prep, sampling, output)
     tp_overhead_s: float = 0.0  # per extra tensor-parallel rank, per iteration
+    # latency of each further ring step of an all-reduce over more than two ranks (a ring
+    # all-reduce over n ranks takes 2(n-1) steps; NCCL's tuning model charges each its link's
+    # per-hop latency): collective_latency_s + 2(n-2) x this
+    collective_hop_s: float = 0.0
+    # A TP or PP group larger than a node spans nodes joined by a network (InfiniBand / RoCE):
+    # GPUs per node, the network bandwidth one GPU reaches (GB/s, one direction: one 400 Gb/s
+    # NIC per GPU at ~90 %), and the latency of each ring step or hand-off that crosses it
+    # (NCCL's `hwLat` for the network, LL128: 4 us).
+    gpus_per_node: int = 8
+    internode_gbs: float = 45.0
+    internode_hop_s: float = 4.0e-6
     launch_per_layer_s: float = 0.0  # per layer per forward pass: kernel launch + ramp/tail
+    # per layer of a pass that carries prompt tokens, on top of launch_per_layer_s: a runtime
+    # that launches its context phase kernel by kernel (TensorRT-LLM 0.5/0.6 session runtime)
+    context_launch_per_layer_s: float = 0.0
     request_overhead_s: float = 0.0  # per request: API, tokenizer, first-chunk output
     runtime_reserve_gib: float = 1.5  # per GPU: CUDA context, CUDA graphs, allocator slack
     tp_reserve_gib: float = 0.0  # per GPU when TP > 1: NCCL / custom all-reduce buffers

@@ -121,23 +121,76 @@ def roofline_time(flops: float, nbytes: float, peak: float, bw: float) -> tuple[
     return (tc, "compute") if tc >= tm else (tm, "memory")
 
 
+def nodes_spanned(ranks: int, gpu: GPU) -> int:
+    """Nodes that `ranks` GPUs of one group occupy, packed `gpus_per_node` to a node (0: one
+    node whatever the count)."""
+    per_node = gpu.efficiency.gpus_per_node
+    if per_node <= 0 or ranks <= per_node:
+        return 1
+    return -(-ranks // per_node)
+
+
+def allreduce_latency(tp: int, gpu: GPU) -> float:
+    """Fixed cost of one all-reduce over `tp` ranks: the profile's two-rank latency plus one
+    hop latency per further ring step. A ring all-reduce takes 2(n-1) steps, each waiting on
+    its neighbour (NCCL's own cost model, `src/graph/tuning.cc`: base latency + 2(n-1) x the
+    per-hop latency of the link), so TP8 pays 12 hops more than TP2. A group spanning k nodes
+    crosses the network in 2(k-1) of those steps, each at the network's hop latency."""
+    if tp <= 1:
+        return 0.0
+    cal = gpu.efficiency
+    net_steps = 2 * (nodes_spanned(tp, gpu) - 1)
+    base = cal.collective_latency_s - 2 * cal.collective_hop_s  # the 2(n-1) steps priced apart
+    return (
+        base + (2 * (tp - 1) - net_steps) * cal.collective_hop_s + net_steps * cal.internode_hop_s
+    )
+
+
+def allreduce_bandwidth(tp: int, gpu: GPU) -> float:
+    """Bus bandwidth of an all-reduce over `tp` ranks (bytes/s). Inside a node: one direction
+    of the GPU's link at the profile's efficiency. A group spanning nodes runs its rings through
+    the network as well, one NIC per GPU (rail-optimised, as DGX/HGX nodes are cabled), so the
+    node-to-node traffic shares the NICs of the group's GPUs in one node: the bus bandwidth is
+    the smaller of the link's and `min(tp, gpus_per_node) x internode_gbs`."""
+    cal = gpu.efficiency
+    bw = gpu.interconnect_bw / 2 * cal.comm
+    if nodes_spanned(tp, gpu) > 1:
+        per_node = min(tp, cal.gpus_per_node)
+        bw = min(bw, per_node * cal.internode_gbs * 1e9)
+    return bw
+
+
 def allreduce_time(nbytes: Array | float, tp: int, gpu: GPU) -> Array | float:
-    """Ring all-reduce: 2(n-1)/n of the message over one link direction, plus a fixed latency
-    (zero for an empty message or a single rank)."""
+    """Ring all-reduce: 2(n-1)/n of the message at the group's bus bandwidth, plus a latency
+    that grows with the ring's steps (zero for an empty message or a single rank)."""
     b = np.asarray(nbytes, dtype=float)
     if tp <= 1:
         return np.zeros_like(b) if b.ndim else 0.0
-    bw = gpu.interconnect_bw / 2 * gpu.efficiency.comm
-    t = np.where(b > 0, 2 * (tp - 1) / tp * b / bw + gpu.efficiency.collective_latency_s, 0.0)
+    bw = allreduce_bandwidth(tp, gpu)
+    t = np.where(b > 0, 2 * (tp - 1) / tp * b / bw + allreduce_latency(tp, gpu), 0.0)
     return t if t.ndim else float(t)
 
 
-def p2p_time(nbytes: Array | float, gpu: GPU) -> Array | float:
-    """Point-to-point activation hand-off between pipeline stages."""
+def p2p_time(nbytes: Array | float, gpu: GPU, internode: bool = False) -> Array | float:
+    """Point-to-point activation hand-off between pipeline stages: over the GPU's link, or
+    over the network (one NIC, plus the network's hop latency) between stages on two nodes."""
     b = np.asarray(nbytes, dtype=float)
-    bw = gpu.interconnect_bw / 2 * gpu.efficiency.comm
-    t = np.where(b > 0, b / bw + gpu.efficiency.p2p_latency_s, 0.0)
+    cal = gpu.efficiency
+    if internode:
+        bw, lat = cal.internode_gbs * 1e9, cal.p2p_latency_s + cal.internode_hop_s
+    else:
+        bw, lat = gpu.interconnect_bw / 2 * cal.comm, cal.p2p_latency_s
+    t = np.where(b > 0, b / bw + lat, 0.0)
     return t if t.ndim else float(t)
+
+
+def internode_handoffs(tp: int, pp: int, gpu: GPU) -> int:
+    """How many of a replica's `pp - 1` stage boundaries cross a node: stage s holds GPUs
+    s*tp .. (s+1)*tp - 1, packed `gpus_per_node` to a node."""
+    per_node = gpu.efficiency.gpus_per_node
+    if per_node <= 0 or tp * pp <= per_node:
+        return 0
+    return sum(1 for i in range(1, pp) if (i * tp - 1) // per_node != (i * tp) // per_node)
 
 
 def _even_split(n: int, parts: int) -> list[int]:
@@ -279,6 +332,10 @@ class StepCost:
         self.sharp = cal.ridge_sharpness
         self.wb = self.prec.weight_bits / 8
         self.ab = self.prec.act_bits / 8
+        # The residual stream between layers stays 16-bit whatever the GEMMs' input precision:
+        # FP8/FP4 GEMMs write BF16 outputs, which the TP all-reduce sums and the norms read;
+        # activations are quantised only at the next GEMM's input (vLLM, TensorRT-LLM).
+        self.sb = max(self.prec.act_bits, 16) / 8
         self.kvb = self.prec.kv_bits / 8
         self.eb = self.prec.expert_bits_for(m) / 8
         self.kv_heads_gpu = math.ceil(m.kv_heads / tp)
@@ -288,6 +345,9 @@ class StepCost:
         self.fixed_overhead = self.step_overhead_s + self.tp_overhead_s * (self.par.gpus - 1)
         self.seq_overhead = cal.seq_overhead_s
         self.layer_overhead = cal.launch_per_layer_s * m.layers
+        # further per-layer cost of a pass that carries prompt tokens, for runtimes that launch
+        # their context phase kernel by kernel (no CUDA graph): TensorRT-LLM 0.5/0.6's session
+        self.context_layer_overhead = cal.context_launch_per_layer_s * m.layers
         self.request_overhead = cal.request_overhead_s
         # host work of step n+1 prepared while the GPU runs step n (see `combine`)
         self.host_overlap = cal.host_overlap > 0
@@ -367,14 +427,14 @@ class StepCost:
             cal = self.calib
             terms.append(Term(label, flops, nbytes, m.moe_layers, cal.moe_compute, cal.moe_memory))
         # two RMSNorms + residual adds per layer: memory-bound elementwise passes
-        terms.append(Term("norms+residual", 0.0 * t, 6 * m.hidden * t * self.ab, m.layers))
+        terms.append(Term("norms+residual", 0.0 * t, 6 * m.hidden * t * self.sb, m.layers))
         terms.append(Term("embedding", 0.0 * t, t * m.hidden * (self.wb + self.ab), 1))
         return terms
 
     def comm_terms(self, t: Array) -> list[tuple[str, Array, Array]]:
         """(name, bytes moved per GPU, time) of the step's collectives for `t` tokens."""
         m, tp, pp = self.model, self.par.tp, self.par.pp
-        msg = t * m.hidden * self.ab
+        msg = t * m.hidden * self.sb
         out = []
         if tp > 1:  # one all-reduce after attention and one after the MLP, per layer
             ar = np.asarray(allreduce_time(msg, tp, self.gpu))
@@ -382,8 +442,7 @@ class StepCost:
                 (f"all_reduce(tp={tp})", 2 * m.layers * 2 * (tp - 1) / tp * msg, 2 * m.layers * ar)
             )
         if pp > 1:
-            p2p = np.asarray(p2p_time(msg, self.gpu))
-            out.append((f"p2p(pp={pp})", (pp - 1) * msg, (pp - 1) * p2p))
+            out.append((f"p2p(pp={pp})", (pp - 1) * msg, np.asarray(self._handoffs(msg))))
         return out
 
     def _tokens_time(self, t: Array) -> Array:
@@ -515,8 +574,16 @@ class StepCost:
         sampling, growing with the TP ranks the step is broadcast to), per sequence in the
         batch (input preparation, sampling, output processing), and per layer (a dozen
         kernels whose launch and ramp-up/tail cost a few microseconds each, CUDA graphs or
-        not). `has_prefill` is kept for engines that price prefill steps differently."""
-        return self.fixed_overhead + self.seq_overhead * seqs + self.layer_overhead
+        not), plus `context_launch_per_layer_s` per layer when the pass carries prompt tokens
+        (`launch_time`)."""
+        return self.fixed_overhead + self.seq_overhead * seqs + self.launch_time(has_prefill)
+
+    def launch_time(self, has_prefill: bool) -> float:
+        """Per-layer launch cost of one forward pass: the profile's per-layer cost, and the
+        engine's context-pass cost when the pass carries prompt tokens."""
+        if has_prefill:
+            return self.layer_overhead + self.context_layer_overhead
+        return self.layer_overhead
 
     def combine(self, gpu: float, host: float) -> float:
         """An iteration's duration from its GPU work and its host work (scheduling, input
@@ -549,14 +616,22 @@ class StepCost:
         turn. The per-layer launch part runs on the GPUs, stage by stage."""
         return self.fixed_overhead + self.seq_overhead * seqs
 
+    def _handoffs(self, msg: Array | float) -> Array | float:
+        """The `pp - 1` hand-offs of a `msg`-byte activation: over the GPUs' link, or the
+        network for the boundaries between two nodes (`internode_handoffs`)."""
+        pp = self.par.pp
+        net = internode_handoffs(self.par.tp, pp, self.gpu)
+        intra = (pp - 1 - net) * p2p_time(msg, self.gpu)
+        return intra + net * p2p_time(msg, self.gpu, internode=True) if net else intra
+
     def handoff_time(self, tokens: int) -> float:
         """The `pp - 1` activation hand-offs of one forward pass carrying `tokens` tokens."""
         if self.par.pp <= 1 or tokens <= 0:
             return 0.0
         t = self._handoff_memo.get(tokens)
         if t is None:
-            msg = tokens * self.model.hidden * self.ab
-            t = self._handoff_memo[tokens] = (self.par.pp - 1) * float(p2p_time(msg, self.gpu))
+            msg = tokens * self.model.hidden * self.sb
+            t = self._handoff_memo[tokens] = float(self._handoffs(msg))
         return t
 
     def _stage_share(self, latency: float, host: float, head: float, handoff: float) -> float:
@@ -819,7 +894,7 @@ class StepCost:
         sampled, sliding_ctx_sum = self._defaults(
             decode_seqs, decode_ctx_sum, chunks, sampled, sliding_ctx_sum
         )
-        t = self.tokens_time(tokens) + self.head_time(sampled) + self.layer_overhead
+        t = self.tokens_time(tokens) + self.head_time(sampled) + self.launch_time(bool(chunks))
         t += self.decode_attn_time(decode_seqs, decode_ctx_sum, sliding_ctx_sum)
         for c, p in chunks:
             t += self.prefill_attn_time(c, p)
@@ -885,7 +960,8 @@ class StepCost:
         for name, nbytes, time in self.comm_terms(t):
             ops.append(Op(name, 0.0, float(nbytes), float(time), "comm"))
         if self.host_overlap:  # launches on the GPU; host work only where it outlasts the GPU
-            ops.append(Op("kernel_launches", 0.0, 0.0, self.layer_overhead, "overhead"))
+            launches = self.launch_time(bool(chunks))
+            ops.append(Op("kernel_launches", 0.0, 0.0, launches, "overhead"))
             gpu = sum(o.time_s for o in ops)
             host = self.host_time(decode_seqs + len(chunks))
             ops.append(Op("host_not_overlapped", 0.0, 0.0, max(0.0, host - gpu), "overhead"))

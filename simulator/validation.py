@@ -37,6 +37,7 @@ BEFORE = {
     "launch_per_layer_s": 0.0,
     "request_overhead_s": 0.0,
     "collective_latency_s": 8e-6,
+    "collective_hop_s": 0.0,
     "moe_compute": 1.0,
     "moe_memory": 1.0,
     "ridge_sharpness": 0.0,

@@ -150,3 +150,105 @@ def test_memory_uses_runtime_gib_and_per_rank_reserves() -> None:
     p2 = plan_memory(m, g, two)
     act = activation_reserve_bytes(m, two, Precision(), 8192, 256)
     assert p2.activation_bytes == pytest.approx(act + runtime_reserve_bytes(g, two))
+
+
+def test_allreduce_latency_grows_with_the_ring_steps() -> None:
+    """A ring all-reduce over n ranks takes 2(n-1) steps: the profile's latency is the
+    two-rank one, every further rank adds two hops (NCCL's cost model)."""
+    from simulator.roofline import allreduce_latency, allreduce_time
+
+    g = get_gpu("h100")
+    cal = g.efficiency
+    assert cal.collective_hop_s > 0
+    assert allreduce_latency(1, g) == 0.0
+    assert allreduce_latency(2, g) == pytest.approx(cal.collective_latency_s)
+    eight = cal.collective_latency_s + 12 * cal.collective_hop_s
+    assert allreduce_latency(8, g) == pytest.approx(eight)
+    flat = g.with_efficiency(collective_hop_s=0.0)
+    tiny = 1024.0  # latency-bound message
+    assert allreduce_time(tiny, 8, g) - allreduce_time(tiny, 8, flat) == pytest.approx(
+        12 * cal.collective_hop_s
+    )
+
+
+def test_fp8_all_reduces_carry_the_16_bit_residual_stream() -> None:
+    """FP8 GEMMs write BF16 outputs: the TP all-reduce moves 2 bytes per element whatever the
+    GEMMs' input precision, so its bytes are those of a BF16 deployment."""
+    m, g = get_model("llama-3.3-70b"), get_gpu("h100")
+
+    def ar_bytes(prec: Precision) -> float:
+        ops = operator_breakdown(m, g, Parallelism(4), prec, 64, 1, 1024)
+        return sum(o.bytes for o in ops if o.name.startswith("all_reduce"))
+
+    fp8, bf16 = ar_bytes(Precision(8, 8, 8)), ar_bytes(Precision())
+    assert fp8 == pytest.approx(bf16)
+    assert fp8 > 0
+
+
+def test_context_launch_cost_only_on_passes_with_prompt_tokens() -> None:
+    """`context_launch_per_layer_s` (a runtime without CUDA graphs in its context phase) is
+    paid per layer by a pass carrying prompt tokens and never by a pure decode step."""
+    m = get_model("llama-2-7b")
+    base = get_gpu("h100")
+    extra = 100e-6
+    slow = base.with_efficiency(context_launch_per_layer_s=extra)
+    a, b = StepCost(m, base, max_tokens=512), StepCost(m, slow, max_tokens=512)
+    assert b.step_time(8, 8 * 300.0) == pytest.approx(a.step_time(8, 8 * 300.0))
+    assert b.step_time(0, 0.0, [(128, 0)]) - a.step_time(0, 0.0, [(128, 0)]) == pytest.approx(
+        extra * m.layers
+    )
+    assert b.gpu_time(4, 4 * 300.0, [(128, 0)]) - a.gpu_time(4, 4 * 300.0, [(128, 0)]) == (
+        pytest.approx(extra * m.layers)
+    )
+    ops = b.step_ops(0, 0.0, [(128, 0)])
+    assert sum(o.time_s for o in ops) == pytest.approx(b.step_time(0, 0.0, [(128, 0)]), rel=1e-9)
+
+
+def test_groups_larger_than_a_node_cross_the_network() -> None:
+    """A TP group of 16 H100s spans two 8-GPU nodes: two of its 30 ring steps cross the
+    network at its hop latency, and its bus bandwidth is the NICs' of one node's eight GPUs
+    when that is below NVLink's; the same group on one NVLink domain (GB200 NVL72) does not."""
+    from simulator.roofline import (
+        allreduce_bandwidth,
+        allreduce_latency,
+        allreduce_time,
+        nodes_spanned,
+    )
+
+    g = get_gpu("h100")
+    cal = g.efficiency
+    assert (nodes_spanned(8, g), nodes_spanned(9, g), nodes_spanned(16, g)) == (1, 2, 2)
+    assert nodes_spanned(16, get_gpu("gb200")) == 1
+    one_node = g.with_efficiency(gpus_per_node=16)
+    lat = allreduce_latency(16, g) - allreduce_latency(16, one_node)
+    assert lat == pytest.approx(2 * (cal.internode_hop_s - cal.collective_hop_s))
+    assert allreduce_bandwidth(8, g) == pytest.approx(g.interconnect_bw / 2 * cal.comm)
+    assert allreduce_bandwidth(16, g) == pytest.approx(8 * cal.internode_gbs * 1e9)
+    assert allreduce_bandwidth(16, g) < allreduce_bandwidth(16, one_node)
+    big = 64e6  # bandwidth-bound message
+    ratio = allreduce_time(big, 16, g) / allreduce_time(big, 16, one_node)
+    assert ratio > 1.05
+    # a faster network than NVLink never makes the group faster than NVLink allows
+    fat = g.with_efficiency(internode_gbs=1000.0)
+    assert allreduce_bandwidth(16, fat) == pytest.approx(allreduce_bandwidth(16, one_node))
+
+
+def test_pipeline_hand_offs_between_nodes_use_the_network() -> None:
+    from simulator.roofline import internode_handoffs, p2p_time
+
+    g = get_gpu("h100")
+    assert internode_handoffs(4, 2, g) == 0  # 8 GPUs: one node
+    assert internode_handoffs(8, 2, g) == 1
+    assert internode_handoffs(4, 4, g) == 1  # stages 0-1 on node 0, 2-3 on node 1
+    assert internode_handoffs(1, 16, g) == 1
+    assert internode_handoffs(8, 4, g) == 3
+    m = get_model("llama-3.1-405b")
+    cross = StepCost(m, g, Parallelism(8, 2), Precision(8, 8, 8), max_tokens=256)
+    local = StepCost(
+        m, g.with_efficiency(gpus_per_node=16), Parallelism(8, 2), Precision(8, 8, 8),
+        max_tokens=256,
+    )
+    msg = 256 * m.hidden * 2
+    extra = float(p2p_time(msg, g, internode=True)) - float(p2p_time(msg, g))
+    assert extra > 0
+    assert cross.handoff_time(256) - local.handoff_time(256) == pytest.approx(extra)
