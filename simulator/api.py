@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from otela.hardware.catalog import GPU, get_gpu
 from simulator.engine import EngineConfig, simulate
-from simulator.hardware import GPU, get_gpu
 from simulator.memory import MemoryPlan, plan_memory
 from simulator.models import ModelSpec, get_model
 from simulator.report import SLO, requests_json, summarize, throughput
@@ -23,7 +23,7 @@ from simulator.workload import Workload, synthetic
 
 DEFAULT_STEP_OVERHEAD_S = 1.0e-3
 """Historical default of the per-iteration engine overhead. The value a deployment uses now
-comes from its GPU's calibration profile (catalog/hardware.toml); kept for old callers."""
+comes from its GPU's calibration profile (otela/hardware/catalog.toml); kept for old callers."""
 
 
 @dataclass(frozen=True)

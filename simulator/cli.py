@@ -16,10 +16,10 @@ import typer
 from rich.table import Table
 
 from otela.console import make_console
+from otela.hardware.catalog import Calibration, list_gpus, parse_calibration
 from simulator.api import Deployment, analyze, run
 from simulator.engine import EngineConfig
 from simulator.engines import engine_profile, trtllm_bench_settings, trtllm_kv_pool_gb
-from simulator.hardware import Calibration, list_gpus, parse_calibration
 from simulator.models import list_models
 from simulator.policies.cli import compare_cmd
 from simulator.protocols import ClientProtocol, client_workload, measure
@@ -532,7 +532,8 @@ def list_cmd(
         by_profile: dict[str, list[str]] = {}
         for key, prof in profiles.items():
             by_profile.setdefault(prof["name"], []).append(key)
-        ct = Table(title="calibration profiles (catalog/hardware.toml; override with --calib)")
+        ct = Table(title="calibration profiles (otela/hardware/catalog.toml; "
+                   "override with --calib)")
         ct.add_column("field")
         for name in by_profile:
             ct.add_column(name.replace("-", "-\n", 1), justify="right")

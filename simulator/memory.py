@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from simulator.hardware import GPU
+from otela.hardware.catalog import GPU
 from simulator.models import ModelSpec
 from simulator.roofline import Parallelism, Precision
 

@@ -25,10 +25,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from otela.hardware.catalog import get_gpu
 from simulator.api import analyze
 from simulator.engine import simulate
 from simulator.engines import deployment, trtllm_bench_settings, trtllm_kv_pool_gb
-from simulator.hardware import get_gpu
 from simulator.models import get_model
 from simulator.protocols import ClientProtocol, client_workload, measure
 from simulator.report import per_request

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.hardware import GPU
+from otela.hardware.catalog import GPU
 from simulator.models import ModelSpec
 
 Array = np.ndarray

@@ -23,7 +23,7 @@ TIME_LIMIT_S = 10.0
 
 
 def plan_shape(fleet: Fleet, deployment: Deployment) -> tuple[Shape, tuple[str, ...]]:
-    from simulator.hardware import get_gpu
+    from otela.hardware.catalog import get_gpu
     from simulator.models import get_model
     from simulator.placer.cpsat import PlanError
     from simulator.placer.demand import SLO, Lengths, Service

@@ -15,7 +15,7 @@ from otela.fleet.spec import Cluster, Deployment, Fleet
 
 
 def _gpu_key(name: str) -> str:
-    from simulator.hardware import get_gpu
+    from otela.hardware.catalog import get_gpu
 
     return get_gpu(name).key
 

@@ -456,7 +456,7 @@ def _need_extra(t: _Reader, key: str, extra: str, packages: tuple[str, ...],
 
 
 def _check_gpu_name(t: _Reader, key: str, name: str) -> None:
-    from simulator.hardware import get_gpu
+    from otela.hardware.catalog import get_gpu
 
     try:
         get_gpu(name)
@@ -546,7 +546,7 @@ def _check_shape(t: _Reader, d: Deployment, clusters: Mapping[str, Cluster]) -> 
                 raise t.error("gpus", f"{d.gpus} GPU(s) per replica do not fit cluster "
                               f"{cluster.name!r}, whose nodes have {have}")
     if d.gpu_types:
-        from simulator.hardware import get_gpu
+        from otela.hardware.catalog import get_gpu
 
         wanted = {get_gpu(g).key for g in d.gpu_types}
         usable = [c for c in hosts if c.gpu_type and get_gpu(c.gpu_type).key in wanted]

@@ -23,7 +23,7 @@ def _plain(text: str) -> str:
 
 @functools.cache
 def _catalog() -> tuple[tuple[str, float], ...]:
-    from simulator.hardware import list_gpus  # the catalog lives with the simulator
+    from otela.hardware.catalog import list_gpus
 
     labels = []
     for gpu in list_gpus():

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from simulator.hardware import GPU, get_gpu, list_gpus
+from otela.hardware.catalog import GPU, get_gpu, list_gpus
 
 
 class PoolError(ValueError):

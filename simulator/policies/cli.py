@@ -73,7 +73,7 @@ def make_pool(gpu: str | None, gpus: int, per_host: int, pool_file: Path | None)
         return Pool(tuple(HostSpec(h.variant.gpu, h.gpus) for h in placer_pool.hosts))
     if gpu is None:
         raise PolicyError("give --gpu (with --gpus) or --pool FILE")
-    from simulator.hardware import get_gpu
+    from otela.hardware.catalog import get_gpu
 
     return Pool.uniform(get_gpu(gpu).key, gpus, per_host)
 

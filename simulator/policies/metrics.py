@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from otela.hardware.catalog import get_gpu
 from simulator.engine import DONE, REJECTED, SimOutput
-from simulator.hardware import get_gpu
 from simulator.policies.cluster import ClusterRun
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from simulator.hardware import get_gpu, list_gpus
+from otela.hardware.catalog import get_gpu, list_gpus
 from simulator.models import get_model, list_models, load_hf_config
 
 REQUIRED_GPUS = [

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from otela.hardware.catalog import get_gpu
 from simulator.engine import DONE, REJECTED, EngineConfig, Replica, simulate
-from simulator.hardware import get_gpu
 from simulator.memory import plan_memory
 from simulator.models import get_model
 from simulator.report import SLO, summarize

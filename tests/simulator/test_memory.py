@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator.hardware import get_gpu
+from otela.hardware.catalog import get_gpu
 from simulator.memory import GIB, plan_memory, weight_bytes_total
 from simulator.models import get_model
 from simulator.roofline import Parallelism, Precision

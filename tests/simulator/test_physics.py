@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
+from otela.hardware.catalog import get_gpu, list_gpus
 from simulator.api import Deployment, analyze
-from simulator.hardware import get_gpu, list_gpus
 from simulator.memory import plan_memory, weight_bytes_per_gpu
 from simulator.models import get_model, list_models
 from simulator.roofline import Parallelism, Precision, StepCost, operator_breakdown

@@ -4,9 +4,9 @@ one request's latency still crosses every stage; TP-only replicas are priced as 
 import numpy as np
 import pytest
 
+from otela.hardware.catalog import get_gpu
 from simulator.api import Deployment, analyze
 from simulator.engine import EngineConfig, simulate
-from simulator.hardware import get_gpu
 from simulator.memory import plan_memory
 from simulator.models import get_model
 from simulator.roofline import Parallelism, StepCost

@@ -13,10 +13,10 @@ import random
 import numpy as np
 import pytest
 
+from otela.hardware.catalog import get_gpu
 from simulator import published as P
 from simulator.engine import simulate
 from simulator.engines import deployment, engine_profile, trtllm_bench_settings
-from simulator.hardware import get_gpu
 from simulator.models import get_model
 from simulator.protocols import ClientProtocol, client_workload, measure
 from simulator.report import per_request

@@ -2,8 +2,8 @@
 
 import pytest
 
+from otela.hardware.catalog import get_gpu
 from simulator.api import Deployment, analyze
-from simulator.hardware import get_gpu
 from simulator.models import get_model
 from simulator.roofline import Parallelism, Precision, StepCost, operator_breakdown
 

@@ -1,6 +1,6 @@
 """Hardware catalog: datasheet peaks plus the calibration profile each device runs with.
 
-The roofline never reads a bare constant: every peak comes from `catalog/hardware.toml`
+The roofline never reads a bare constant: every peak comes from `otela/hardware/catalog.toml`
 (with its datasheet citation), and every derating or overhead comes from the device's
 calibration profile in the same file — a class default (`[profile.<class>]`) that a device
 may override field by field (`[gpu.<key>.calibration]`). A reviewer can see, and the CLI
@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-CATALOG = Path(__file__).with_name("catalog") / "hardware.toml"
+CATALOG = Path(__file__).with_name("catalog.toml")
 GIB = 1024**3
 
 
@@ -24,7 +24,7 @@ class Calibration:
     """What real kernels and engines achieve on one device, beyond its datasheet.
 
     Efficiencies are fractions of datasheet peaks; overheads are seconds; reserves GiB.
-    Every field is documented in catalog/hardware.toml and docs/simulator.md, where the
+    Every field is documented in otela/hardware/catalog.toml and docs/simulator.md, where the
     public measurement that sets it is cited.
     """
 
