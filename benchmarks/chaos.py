@@ -37,8 +37,9 @@ from pathlib import Path
 
 import trio
 
-from otela.localfed import LocalFederation, LocalNode, free_port, wait_for
-from otela.steady_load import (
+from otela.testing.localfed import LocalFederation, LocalNode, free_port, wait_for
+from otela.testing.netns import Lan, ensure_iptables
+from otela.testing.steady_load import (
     QUIET,
     REQUEST_TIMEOUT_S,
     Outcome,
@@ -47,7 +48,6 @@ from otela.steady_load import (
     signal_machine,
     start_behind_ingress,
 )
-from otela.testing.netns import Lan, ensure_iptables
 
 MODEL = "echo-chaos"
 EVENT_ENDED = "_event_ended_at"  # set by an event that takes a moment (the kill)

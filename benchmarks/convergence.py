@@ -42,7 +42,7 @@ from fedbench import (
     start_federation,
 )
 
-from otela.localfed import (
+from otela.testing.localfed import (
     FederationError,
     LocalFederation,
     LocalNode,

@@ -29,7 +29,13 @@ from pathlib import Path
 
 import httpx
 
-from otela.localfed import VLLM_ENV, build_tiny_model, free_port, vllm_engine_command, wait_for
+from otela.testing.localfed import (
+    VLLM_ENV,
+    build_tiny_model,
+    free_port,
+    vllm_engine_command,
+    wait_for,
+)
 from traces.distributions import Diurnal
 from traces.generate import GenSpec, generate, parse_models
 from traces.io import Trace, write_trace

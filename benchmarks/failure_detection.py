@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 from fedbench import percentile, start_federation
 
-from otela.localfed import FederationError, LocalFederation, LocalNode, wait_for
+from otela.testing.localfed import FederationError, LocalFederation, LocalNode, wait_for
 
 
 def detection_times(node: LocalNode, victim: LocalNode, killed_at: float) -> tuple[float, float]:

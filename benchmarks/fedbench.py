@@ -11,7 +11,7 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
-from otela.localfed import LocalFederation, LocalNode, wait_for
+from otela.testing.localfed import LocalFederation, LocalNode, wait_for
 
 QUIET = ["--log-level", "WARNING"]
 CHURN_NODE = str(Path(__file__).with_name("churn_node.py"))

@@ -45,7 +45,7 @@ from typing import Any
 import httpx
 import trio
 
-from otela.localfed import LocalFederation, LocalNode, wait_for
+from otela.testing.localfed import LocalFederation, LocalNode, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from otela.localfed import LocalFederation, LocalNode
 from otela.testing.http_fuzz import FUZZERS, start_node, traceback_in
+from otela.testing.localfed import LocalFederation, LocalNode
 
 MODEL = "echo-fuzz"
 

@@ -21,8 +21,8 @@ import time
 import tomllib
 from pathlib import Path
 
-from otela.localfed import LocalFederation
 from otela.testing import lean_install
+from otela.testing.localfed import LocalFederation
 
 # What `otela start` imports before it runs anything: the CLI module and the daemon. The
 # full install's "before" also loaded the optional commands (sim, plan, trace) at import,

@@ -22,7 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 from otela.testing.nat_topology import PRIVATE, PUBLIC, Topology
 
 CLIENT = r"""

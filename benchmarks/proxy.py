@@ -40,7 +40,7 @@ from pathlib import Path
 import httptools
 import trio
 
-from otela.localfed import LocalFederation, free_port, wait_for
+from otela.testing.localfed import LocalFederation, free_port, wait_for
 
 HERE = Path(__file__).resolve().parent
 MODEL = "mock"
@@ -171,7 +171,7 @@ def _database(keys: str, workdir: Path, name: str) -> Iterator[str | None]:
     elif keys == "sqlite":
         yield str(workdir / f"{name}.db")
     elif keys == "postgresql":
-        from ingress.localpg import create_database, local_postgres
+        from otela.testing.localpg import create_database, local_postgres
         with local_postgres() as server:
             yield create_database(server, name.replace("-", "_"))
     else:

@@ -40,7 +40,13 @@ from pathlib import Path
 import httptools
 import trio
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 
 MODEL = "echo-bench"
 LOAD_POLICIES = ("random", "round_robin", "weighted", "least_in_flight", "power_of_two",

@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from otela.console import make_console
-from otela.localfed import (
+from otela.testing.localfed import (
     FederationError,
     LocalFederation,
     LocalNode,

@@ -19,7 +19,7 @@ from openai import OpenAI
 from rich.console import Console
 
 from otela.console import make_console
-from otela.localfed import (
+from otela.testing.localfed import (
     VLLM_ENV,
     FederationError,
     LocalFederation,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from otela.localfed import LocalFederation
+from otela.testing.localfed import LocalFederation
 
 # Property tests check behaviour, not speed: hypothesis's default 200 ms deadline per
 # example failed them on a loaded 2-core machine (an example that took 250 ms once).
@@ -52,7 +52,7 @@ def vllm_python() -> Path:
     if result.returncode != 0:
         pytest.fail(f"scripts/setup-vllm failed (vLLM CPU build not installable):\n"
                     f"{result.stderr[-3000:]}")
-    from otela.localfed import vllm_python as find
+    from otela.testing.localfed import vllm_python as find
 
     return find()
 
@@ -60,6 +60,6 @@ def vllm_python() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random-weight Llama, built locally by otela's helper (no downloads)."""
-    from otela.localfed import build_tiny_model
+    from otela.testing.localfed import build_tiny_model
 
     return build_tiny_model(vllm_python, tmp_path_factory.mktemp("models") / "tiny-llama")

@@ -36,7 +36,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otela.identity import load_or_create
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 
 UPSTREAM_FAILURES = frozenset({502, 503, 504})
 ROUTED = ("chat/completions", "completions", "embeddings", "responses", "rerank",

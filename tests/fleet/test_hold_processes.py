@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from otela.localfed import echo_engine_command, free_port
+from otela.testing.localfed import echo_engine_command, free_port
 
 pytestmark = [pytest.mark.slow]
 
@@ -24,7 +24,7 @@ def chat(url: str, model: str) -> httpx.Response:
 def test_a_held_request_is_answered_by_the_first_node_that_serves(federation, workers):
     ingress = federation.start_node("ingress", ingress=True, extra_args=[
         "--hold-models", "cold-*", "--hold-timeout", "60", "--workers", workers])
-    from otela.localfed import wait_for
+    from otela.testing.localfed import wait_for
     wait_for(lambda: (ingress.get("/v1/health")["workers"] or {"count": 1})["count"]
              == int(workers), 30, "the data-path workers to listen")
     answers: list[httpx.Response] = []

@@ -192,7 +192,7 @@ def packed_job(tmp_path: Path, fail_slot: str = "") -> Iterator[subprocess.Popen
 
 
 def wait_lines(path: Path, count: int) -> list[str]:
-    from otela.localfed import wait_for
+    from otela.testing.localfed import wait_for
     wait_for(lambda: path.exists() and len(path.read_text().splitlines()) >= count, 10,
              f"{count} lines in {path.name}", interval=0.02)
     return sorted(path.read_text().splitlines())

@@ -1,4 +1,4 @@
-"""Fixtures of the ingress tests: a real PostgreSQL server (``ingress.localpg``), started
+"""Fixtures of the ingress tests: a real PostgreSQL server (``otela.testing.localpg``), started
 once per session, with a fresh database on it per test; and, for the dashboard, the
 system's headless Chromium driven by Selenium."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ingress.localpg import PostgresMissing, create_database, local_postgres
+from otela.testing.localpg import PostgresMissing, create_database, local_postgres
 
 
 @pytest.fixture(scope="session")

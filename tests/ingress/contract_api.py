@@ -28,7 +28,7 @@ from hypercorn.config import Config
 
 from ingress.dashboard import install
 from otela.api.errors import install_error_handlers
-from otela.localfed import wait_for
+from otela.testing.localfed import wait_for
 
 MODEL = "contract-model"
 PROVIDER = "prov-contract"

@@ -22,7 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 
 pytest.importorskip("selenium", reason="selenium is not installed")
 from dashboard_browser import (

@@ -21,7 +21,13 @@ from ingress.keystore import KeySpec
 from ingress.migrations import LATEST, SchemaTooNew, migrate
 from ingress.service import IngressService
 from otela.dataplane.exchange import Exchange, UsageTap
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow  # a PostgreSQL server and otela processes
 

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 

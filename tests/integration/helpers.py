@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from otela.localfed import (
+from otela.testing.localfed import (
     LocalFederation,
     LocalNode,
     echo_engine_command,

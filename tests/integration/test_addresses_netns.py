@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from otela.localfed import LocalFederation, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import LocalFederation, echo_engine_command, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,13 @@ import httpx
 import openai
 import pytest
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 
 from .helpers import CONVERGE_S
 

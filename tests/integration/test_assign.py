@@ -19,7 +19,7 @@ import pytest
 
 from otela.assignments import sender
 from otela.identity import load_or_create
-from otela.localfed import LocalFederation, LocalNode, wait_for
+from otela.testing.localfed import LocalFederation, LocalNode, wait_for
 
 from .helpers import CONVERGE_S, chat
 

@@ -25,8 +25,8 @@ import httpx
 import pytest
 import trio
 
-from otela.localfed import LocalFederation, LocalNode, free_port, wait_for
-from otela.steady_load import (
+from otela.testing.localfed import LocalFederation, LocalNode, free_port, wait_for
+from otela.testing.steady_load import (
     QUIET,
     Outcome,
     SteadyLoad,

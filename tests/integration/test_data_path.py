@@ -19,7 +19,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from otela.localfed import LocalFederation, LocalNode, free_port, wait_for
+from otela.testing.localfed import LocalFederation, LocalNode, free_port, wait_for
 
 from .helpers import wait_state
 from .raw_engine import NAMED_CUT, SSE, SSE_CUT_AFTER, SSE_PARTS, big_body

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from otela.localfed import LocalNode, wait_for
+from otela.testing.localfed import LocalNode, wait_for
 
 from .helpers import CONVERGE_S
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from otela.localfed import LocalFederation, LocalNode, free_port, wait_for
+from otela.testing.localfed import LocalFederation, LocalNode, free_port, wait_for
 from tests.integration.peer import new_identity
 
 pytestmark = pytest.mark.slow

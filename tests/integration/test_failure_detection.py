@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from otela.localfed import LocalFederation, LocalNode, wait_for
+from otela.testing.localfed import LocalFederation, LocalNode, wait_for
 
 from .helpers import CONVERGE_S, chat, serving_node, wait_state
 

@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from otela.localfed import echo_engine_command, free_port, wait_for
 from otela.mesh.bootstrap import BACKOFF_MAX_S, DIAL_TIMEOUT_S
+from otela.testing.localfed import echo_engine_command, free_port, wait_for
 
 from .helpers import CONVERGE_S, chat, serving_node, wait_state
 

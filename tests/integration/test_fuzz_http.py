@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from otela.localfed import LocalFederation, LocalNode
 from otela.testing.http_fuzz import FUZZERS, Target, start_node, traceback_in
+from otela.testing.localfed import LocalFederation, LocalNode
 
 from .helpers import chat
 

@@ -18,7 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 
 from .helpers import chat, wait_state
 

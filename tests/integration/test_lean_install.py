@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from otela.localfed import LocalFederation, free_port, wait_for
 from otela.testing import lean_install
+from otela.testing.localfed import LocalFederation, free_port, wait_for
 
 from .helpers import CONVERGE_S
 

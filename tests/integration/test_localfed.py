@@ -1,4 +1,4 @@
-"""The local federation helper (otela.localfed) that benchmarks, the demo and tests use."""
+"""The local federation helper (otela.testing.localfed) that benchmarks, the demo and tests use."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 SCRIPT = """
 import sys, time
 from pathlib import Path
-from otela.localfed import LocalFederation
+from otela.testing.localfed import LocalFederation
 with LocalFederation(Path(sys.argv[1])) as fed:
     node = fed.start_node("a")
     print(node.process.pid, flush=True)

@@ -19,10 +19,16 @@ from typing import Any
 
 import pytest
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
 from otela.mesh.quota import AE_STREAMS, HTTP_STREAMS, SWIM_STREAMS
 from otela.registry.records import MAX_INT
 from otela.testing.http_fuzz import traceback_in
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 
 from .helpers import CONVERGE_S, chat, serving_node, wait_state
 from .misbehaving_peer import ROUND

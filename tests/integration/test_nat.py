@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from otela.localfed import (
+from otela.testing.localfed import (
     FederationError,
     LocalFederation,
     LocalNode,

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from otela.localfed import echo_engine_command, free_port, wait_for
+from otela.testing.localfed import echo_engine_command, free_port, wait_for
 
 from .helpers import CONVERGE_S, chat, wait_state
 

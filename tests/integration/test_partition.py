@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, wait_for
-from otela.steady_load import SteadyLoad
+from otela.testing.localfed import LocalFederation, LocalNode, echo_engine_command, wait_for
 from otela.testing.netns import Lan, ensure_iptables
+from otela.testing.steady_load import SteadyLoad
 
 from .helpers import CONVERGE_S, chat
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from otela.localfed import free_port, wait_for
+from otela.testing.localfed import free_port, wait_for
 
 from .helpers import CONVERGE_S
 

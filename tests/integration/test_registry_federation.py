@@ -12,12 +12,12 @@ import pytest
 import trio
 
 from otela.identity import load_or_create
-from otela.localfed import LocalFederation, LocalNode, wait_for
 from otela.membership.authority import init_authority, load_authority_key
 from otela.registry.certificate import format_authority, issue_certificate
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.session import new_session_id
 from otela.registry.wire import sign_eviction, sign_record
+from otela.testing.localfed import LocalFederation, LocalNode, wait_for
 
 from .helpers import CONVERGE_S
 from .peer import connect, new_identity, plant, running_peer

@@ -19,7 +19,13 @@ import httpx
 import pytest
 import trio
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 
 from .helpers import chat, wait_known, wait_state
 

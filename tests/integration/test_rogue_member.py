@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from otela.localfed import (
+from otela.testing.localfed import (
     LocalFederation,
     LocalNode,
     echo_engine_command,

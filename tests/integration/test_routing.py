@@ -16,7 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 
 from .helpers import CONVERGE_S, serving_node, wait_known, wait_state
 from .test_registry_federation import Authority
@@ -292,7 +298,7 @@ def test_a_request_may_choose_the_policy_and_prefix_affinity_keeps_users_togethe
 
 
 def test_an_unknown_policy_stops_the_node_before_it_joins(tmp_path):
-    from otela.localfed import FederationError
+    from otela.testing.localfed import FederationError
 
     with LocalFederation(tmp_path) as fed, pytest.raises(FederationError) as err:
         fed.start_node("n", extra_args=["--routing-policy", "fastest"], timeout=20)

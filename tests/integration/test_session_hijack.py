@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from otela.localfed import LocalFederation, LocalNode, wait_for
+from otela.testing.localfed import LocalFederation, LocalNode, wait_for
 
 from .helpers import CONVERGE_S, chat, serving_node, wait_state
 from .test_registry_federation import Authority
@@ -92,7 +92,7 @@ def test_a_certified_member_cannot_hijack_either(federation, tmp_path: Path):
         if ingress:
             args.append("--ingress")
         if process:
-            from otela.localfed import echo_engine_command, free_port
+            from otela.testing.localfed import echo_engine_command, free_port
 
             args += ["--process", echo_engine_command(free_port(), [process])]
         assert home == fed.root / name

@@ -27,10 +27,10 @@ from otela.dataplane.p2p_server import EngineStreamServer
 from otela.dataplane.pool import HttpPool
 from otela.engine.demo.echo import EchoSettings, create_app
 from otela.load.source import LoadSource
-from otela.localfed import free_port
 from otela.mesh.host import build_host
 from otela.mesh.nat import NatTraversal
 from otela.registry.records import Lifecycle, NodeRecord
+from otela.testing.localfed import free_port
 from tests.integration.peer import new_identity
 
 CHAT = "/v1/chat/completions"

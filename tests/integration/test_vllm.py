@@ -18,7 +18,7 @@ import pytest
 
 from otela.dataplane.hop_auth import HOP_HEADER, HopSigner
 from otela.identity import load_or_create
-from otela.localfed import VLLM_ENV, LocalNode, free_port, vllm_engine_command, wait_for
+from otela.testing.localfed import VLLM_ENV, LocalNode, free_port, vllm_engine_command, wait_for
 
 from .helpers import CONVERGE_S, wait_state
 

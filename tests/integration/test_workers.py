@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from otela.localfed import wait_for
+from otela.testing.localfed import wait_for
 
 from .helpers import chat, serving_node, wait_state
 

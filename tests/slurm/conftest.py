@@ -56,7 +56,7 @@ class LoginNode:
 
 @pytest.fixture()
 def login_node(tmp_path: Path) -> Iterator[LoginNode]:
-    from otela.localfed import free_port
+    from otela.testing.localfed import free_port
 
     node = LoginNode(tmp_path / "sshd", free_port())
     node.start()

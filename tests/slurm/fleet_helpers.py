@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otela.localfed import LocalNode, wait_for
+from otela.testing.localfed import LocalNode, wait_for
 
 ECHO = f"{sys.executable} -m otela.engine.demo.echo --port {{port}} --model {{model}}"
 

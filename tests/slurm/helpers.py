@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from otela.localfed import (
+from otela.testing.localfed import (
     FederationError,
     LocalFederation,
     LocalNode,

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from otela.localfed import wait_for
+from otela.testing.localfed import wait_for
 
 from .fleet_helpers import (
     ECHO,

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from otela.localfed import wait_for
+from otela.testing.localfed import wait_for
 
 from .fleet_helpers import (
     ECHO,

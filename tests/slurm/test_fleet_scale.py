@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from otela.localfed import wait_for
+from otela.testing.localfed import wait_for
 
 from .fleet_helpers import (
     FleetCli,

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from otela.localfed import echo_engine_command, free_port, wait_for
+from otela.testing.localfed import echo_engine_command, free_port, wait_for
 
 from .helpers import (
     StateWatcher,

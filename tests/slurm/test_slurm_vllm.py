@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from otela.localfed import VLLM_ENV, free_port, vllm_engine_command, wait_for
+from otela.testing.localfed import VLLM_ENV, free_port, vllm_engine_command, wait_for
 
 from .helpers import StateWatcher, chat, job_env, job_output, job_state, submit, wait_job_node
 

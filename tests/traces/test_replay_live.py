@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from otela.localfed import LocalFederation, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import LocalFederation, echo_engine_command, free_port, wait_for
 from traces.generate import GenSpec, generate, parse_models
 from traces.io import read_trace, write_trace
 from traces.replay.runner import ReplayOptions, replay

@@ -26,7 +26,13 @@ from typing import Any
 import httpx
 import trio
 
-from otela.localfed import LocalFederation, LocalNode, echo_engine_command, free_port, wait_for
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
 
 REQUEST_TIMEOUT_S = 60.0
 QUIET = ["--log-level", "WARNING"]

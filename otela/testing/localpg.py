@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from otela.localfed import wait_for
+from otela.testing.localfed import wait_for
 
 
 class PostgresMissing(RuntimeError):
