@@ -10,9 +10,11 @@ one sequence of the demand's 99th-percentile context), the simulator measures
    `requests` requests, the first 10 % of arrivals dropped as warm-up.
 
 Results are cached in memory and, when a directory is given, on disk as one JSON file per
-configuration (keyed by a hash of the key and PROFILE_VERSION), so a configuration is never
+configuration (keyed by a hash of the key, PROFILE_VERSION and the device the simulator
+prices: its datasheet figures and calibration profile), so a configuration is never
 simulated twice: not within a plan, and not across runs (`--cache DIR`,
-``OTELA_PLACER_CACHE``).
+``OTELA_PLACER_CACHE``). A change to a device's profile in the catalog makes new keys by
+itself; a change to the simulator's model code must bump PROFILE_VERSION.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from simulator.placer.demand import Service
 from simulator.placer.pool import Variant
 from simulator.workload import Workload
 
-PROFILE_VERSION = 1
+# 2: issue 37's second round (16-bit all-reduce messages, per-hop all-reduce latency,
+# inter-node links): curves simulated by version 1 price TP groups differently
+PROFILE_VERSION = 2
 LOAD_FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
 WARMUP = 0.1
 
@@ -97,7 +101,7 @@ class Profiler:
         """The curve of `key`, or the reason it cannot serve (a string)."""
         if key in self._memo:
             return self._memo[key]
-        path = self._path(key)
+        path = self._path(key, var)
         if path is not None and path.exists():
             try:
                 data = json.loads(path.read_text())
@@ -116,10 +120,11 @@ class Profiler:
             tmp.replace(path)
         return res
 
-    def _path(self, key: ConfigKey) -> Path | None:
+    def _path(self, key: ConfigKey, var: Variant) -> Path | None:
         if self.cache_dir is None:
             return None
-        blob = json.dumps([PROFILE_VERSION, asdict(key), self.requests, self.seed],
+        device = repr(var.spec())  # datasheet figures and calibration profile, as priced
+        blob = json.dumps([PROFILE_VERSION, asdict(key), self.requests, self.seed, device],
                           sort_keys=True)
         return self.cache_dir / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
 

@@ -153,3 +153,23 @@ def test_a_configuration_is_simulated_once(tmp_path: Path) -> None:
     second = Profiler(tmp_path, requests=100)  # a new run reads the disk cache
     second.candidates(demand.services, pool.variants(), lambda v: 1)
     assert second.simulated == 0
+
+
+def test_the_disk_cache_is_keyed_by_the_device_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Curves simulated under another calibration profile are not reused: a profile change
+    in the catalog (or a re-fit) simulates the configuration again."""
+    import simulator.placer.pool as pool_mod
+
+    pool = Pool((Host("h0", Variant("a100-80g-sxm"), 1),))
+    demand = Demand((_svc("llama-3.1-8b", 1.0, (1,)),))
+    Profiler(tmp_path, requests=100).candidates(demand.services, pool.variants(), lambda v: 1)
+    same = Profiler(tmp_path, requests=100)
+    same.candidates(demand.services, pool.variants(), lambda v: 1)
+    assert same.simulated == 0
+    real = pool_mod.get_gpu
+    monkeypatch.setattr(pool_mod, "get_gpu", lambda name: real(name).with_efficiency(compute=0.5))
+    refit = Profiler(tmp_path, requests=100)
+    refit.candidates(demand.services, pool.variants(), lambda v: 1)
+    assert refit.simulated == 1
