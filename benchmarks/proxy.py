@@ -17,6 +17,9 @@ mode: with a database the ingress runs the public ingress service (``--ingress-d
 every request carries an API key with request and token limits, every answer is a usage
 row). Prints a table; figures and the machine go in docs/performance.md.
 
+``--prompt-bytes 200000`` measures every path with a 200 KB prompt instead of "hello"
+(long prompts: what a proxy pays to read, parse or copy the body).
+
 Run: ``python benchmarks/proxy.py [--duration 10] [--paths direct,one-hop,two-hop]``.
 """
 
@@ -44,9 +47,21 @@ from otela.testing.localfed import LocalFederation, free_port, wait_for
 
 HERE = Path(__file__).resolve().parent
 MODEL = "mock"
-BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}).encode()
-STREAM_BODY = json.dumps({"model": MODEL, "stream": True,
-                          "messages": [{"role": "user", "content": "hello"}]}).encode()
+BODY = b""  # the request every path is measured with (set_prompt)
+STREAM_BODY = b""
+
+
+def set_prompt(size: int) -> None:
+    """The chat request's prompt: "hello", or ``size`` bytes of words (``--prompt-bytes``:
+    long prompts, where a proxy that parses or copies the whole body pays for it)."""
+    global BODY, STREAM_BODY
+    prompt = "hello" if size <= 0 else ("hello world " * (size // 12 + 1))[:size]
+    messages = [{"role": "user", "content": prompt}]
+    BODY = json.dumps({"model": MODEL, "messages": messages}).encode()
+    STREAM_BODY = json.dumps({"model": MODEL, "stream": True, "messages": messages}).encode()
+
+
+set_prompt(0)
 ROUTER_CORE, LOAD_CORE = "0", "1"
 ADMIN_TOKEN = "proxy-benchmark-admin-token"
 AUTH: dict[str, str] = {}  # the API key header every request carries (--keys)
@@ -374,10 +389,14 @@ def main() -> None:
     parser.add_argument("--keys", default="none",
                         help="comma-separated: none, sqlite, postgresql: run the otela paths "
                         "without the ingress service and/or with it on that database")
+    parser.add_argument("--prompt-bytes", type=int, default=0,
+                        help="long-prompt mode: a prompt of this many bytes (e.g. 200000) "
+                        "instead of 'hello'")
     parser.add_argument("--otela-src", type=Path, default=None,
                         help="run the otela nodes from this source tree (e.g. a worktree of "
                         "an older commit, to compare)")
     args = parser.parse_args()
+    set_prompt(args.prompt_bytes)
     if not shutil.which("wrk"):
         sys.exit("wrk is not installed (apt-get install wrk)")
     paths = args.paths.split(",")
