@@ -38,11 +38,15 @@ def main() -> None:
     parser.add_argument("--host-cores", type=int, default=0,
                         help="every node on one host with this many cores (0: a core each)")
     parser.add_argument("--ingresses", type=int, default=1)
+    parser.add_argument("--nat-share", type=float, default=0.0,
+                        help="share of nodes behind NAT, reached through the relays")
+    parser.add_argument("--relays", type=int, default=0, help="public relays (the first nodes)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # the simulated nodes' own warnings (suspicions, ...)
     for n in args.nodes:
         for name in args.scenarios:
-            net = NetConfig(continents=args.continents, loss=args.loss)
+            net = NetConfig(continents=args.continents, loss=args.loss,
+                            nat_share=args.nat_share, relays=args.relays)
             if args.host_cores:
                 net.cores_per_host, net.nodes_per_host = args.host_cores, n + 64
             started = time.process_time()

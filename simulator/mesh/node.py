@@ -371,6 +371,8 @@ class SimNode:
                               encode({"kind": "delta", "entries": [envelope]}))
                 world.evictions_signed(self.index, peer_id)
         self.probe.evicted(peer_id, sessions)
+        if self.news.broadcasts:  # a refused eviction's corroboration (the news task's job)
+            self.publish_news()
 
     # -- anti-entropy (otela/replication/replicator.py) ------------------------------------
 

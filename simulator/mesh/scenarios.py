@@ -49,6 +49,10 @@ def idle(world: World, window: float = 60.0) -> dict[str, Any]:
     ingresses = [n.index for n in world.nodes if n.ingress]
     if ingresses:
         out["ingress_Bps"] = _bytes(world, window, ingresses)["max_Bps"]
+    relays = range(world.net.config.relays if any(world.net.nat) else 0)
+    if relays:  # its own traffic plus what it carries for the nodes behind NAT
+        stats = world.net.stats
+        out["relay_Bps"] = max((stats.moved(r) + stats.relayed[r]) / window for r in relays)
     out["cpu_per_node_pct"] = 100 * statistics.median(
         world.net.stats.busy[i] for i in world.alive_nodes()) / window
     return out
@@ -134,8 +138,21 @@ def kill(world: World) -> dict[str, Any]:
     world.loop.run_until(world.loop.now + 60.0)
     alive = world.alive_nodes()
     conv = _convergence(left, alive)
-    return {"left_p50_s": conv["p50_s"], "left_max_s": conv["max_s"],
-            "reached": conv["reached"]}
+    # As benchmarks/failure_detection.py reads it: a survivor's first "suspected" or
+    # "confirmed" event for the victim (its routing drops it then), or LEFT if earlier.
+    name = world.nodes[victim].peer_id
+    excluded = []
+    for i in alive:
+        times = [e["at"] for e in world.nodes[i].events.events if e["peer_id"] == name
+                 and e["event"] in ("suspected", "confirmed") and e["at"] >= left.at]
+        if i in left.applied:
+            times.append(left.applied[i])
+        if times:
+            excluded.append(min(times) - left.at)
+    return {"excluded_p50_s": percentile(excluded, 0.5),
+            "excluded_max_s": max(excluded, default=float("inf")),
+            "left_p50_s": conv["p50_s"], "left_p99_s": conv["p99_s"],
+            "left_max_s": conv["max_s"], "reached": conv["reached"]}
 
 
 def agreement(world: World) -> bool:

@@ -86,3 +86,22 @@ def test_loss_delays_messages_but_nobody_is_suspected_for_it():
     world = _world(16, loss=0.05)
     figures = scenarios.flaky(world, minutes=1.0, pause_s=0.2, pauses_per_node_min=2.0)
     assert figures["false_evictions_per_node_hour"] == 0
+
+
+def test_an_eviction_refused_for_want_of_a_second_signer_publishes_our_suspicion():
+    """The simulated nodes run the prober's core, so they too ask the chosen verifiers
+    to look when their lone suspicion cannot evict (``ProbeCore.evicted``)."""
+    world = _world(8)
+    world.loop.run_until(world.loop.now + 10)
+    node, target = world.nodes[0], world.nodes[7]
+    world.kill(7)
+    assert node.table.probe_failed(target.peer_id, world.mono())  # our suspicion alone
+    node.evict(target.peer_id)
+    assert node.stats["evicted"] == 0  # one signer of the two every replica requires
+    assert "corroborating" in {e["event"] for e in node.events.events
+                               if e["peer_id"] == target.peer_id}
+    world.loop.run_until(world.loop.now + 1)
+    heard = [i for i in world.alive_nodes() if i != 0 and any(
+        e["peer_id"] == target.peer_id and e["event"] == "suspected"
+        and "reported by" in e["detail"] for e in world.nodes[i].events.events)]
+    assert len(heard) == len(world.alive_nodes()) - 1  # published to every node
