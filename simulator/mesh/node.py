@@ -48,6 +48,7 @@ LIVENESS_TOPIC = "otela/liveness/1"
 WALL_EPOCH = 1_800_000_000.0  # the simulation's wall clock at t = 0
 STREAM_OPEN_BYTES = 120  # multistream-select and Yamux for a new stream, both ways
 AE_BACKSTOP_S = 30.0
+AE_MAX_ROUNDS = 20  # Replicator.sync_with's max_rounds
 PEERING_S = 2.0
 
 
@@ -103,6 +104,7 @@ class SimNode:
         self.tasks: list[Runner] = []
         self._evicted_cache: tuple[int, list[str]] = (-1, [])
         self.rejoins = 0
+        self._ae_rounds: dict[int, int] = {}  # exchanges left with a peer we sync with
 
     # -- identity and our own entry --------------------------------------------------------
 
@@ -376,9 +378,11 @@ class SimNode:
 
     # -- anti-entropy (otela/replication/replicator.py) ------------------------------------
 
-    def sync_with(self, peer: int) -> None:
-        """One anti-entropy exchange with ``peer``: our ``initiate`` steps against its
-        ``respond`` steps, each message sized by its encoding."""
+    def sync_with(self, peer: int, rounds: int = AE_MAX_ROUNDS) -> None:
+        """Anti-entropy with ``peer``: our ``initiate`` steps against its ``respond``
+        steps, each message sized by its encoding, repeated while an exchange comes back
+        full (``ReplicaCore.exchange_again``; ``Replicator.sync_with``), up to ``rounds``."""
+        self._ae_rounds[peer] = rounds
         world = self.world
         if not world.connected(self.index, peer) or not world.nodes[peer].alive:
             return
@@ -399,7 +403,8 @@ class SimNode:
                 self.replica.ingest(step.envelopes, "ae")
                 try:
                     step = mine.send(None)
-                except StopIteration:
+                except StopIteration as done:
+                    self._ae_done(other.index, done.value)
                     return
                 continue
             assert isinstance(step, Send)
@@ -407,7 +412,14 @@ class SimNode:
                 data = encode(step.message)
                 world.net.send(self.index, other.index, len(data) + 4, "ae",
                                other._ae_receive, theirs, step.message, self, mine, step.reply)
-                return
+                if step.reply:
+                    return  # the other side's answer resumes us
+                try:  # our last message: the exchange ends here on our side
+                    step = mine.send(None)
+                except StopIteration as done:
+                    self._ae_done(other.index, done.value)
+                    return
+                continue
             return  # waiting for the other side's message
 
     def _ae_receive(self, mine: Any, message: dict[str, Any], other: SimNode, theirs: Any,
@@ -416,9 +428,19 @@ class SimNode:
             return
         try:
             step = mine.send(message)
-        except StopIteration:
+        except StopIteration as done:
+            self._ae_done(other.index, done.value)
             return
         self._ae_step(mine, step, other, theirs)
+
+    def _ae_done(self, peer: int, received: Any) -> None:
+        """Our side of an exchange with ``peer`` ended having received ``received``
+        entries (None on the responder's side): another round if it came back full."""
+        if not isinstance(received, int):
+            return
+        left = self._ae_rounds.pop(peer, 0) - 1
+        if left > 0 and self.replica.exchange_again(received):
+            self.sync_with(peer, left)
 
     def ae_backstop(self) -> Task:
         while self.alive:

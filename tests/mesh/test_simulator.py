@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from otela.liveness.table import LivenessTable
+from otela.registry import antientropy
 from otela.registry.records import Lifecycle, ModelInfo
 from simulator.mesh import scenarios
 from simulator.mesh.network import NetConfig
@@ -77,6 +78,15 @@ def test_a_partitioned_region_is_evicted_and_everyone_agrees_after_the_heal():
 
 
 def test_a_joiner_gets_a_full_replica_from_one_peer():
+    world = _world(30)
+    figures = scenarios.joiner(world)
+    assert figures["entries"] >= 31 and figures["full_replica_s"] < 2.0
+
+
+def test_a_joiner_larger_than_one_batch_gets_it_in_successive_exchanges(monkeypatch):
+    """As ``Replicator.sync_with`` does, an exchange that came back full is run again at
+    once rather than waiting for the next periodic one (30 s)."""
+    monkeypatch.setattr(antientropy, "MAX_ENTRIES_PER_MESSAGE", 8)
     world = _world(30)
     figures = scenarios.joiner(world)
     assert figures["entries"] >= 31 and figures["full_replica_s"] < 2.0
