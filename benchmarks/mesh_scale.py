@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import logging
 
 from simulator.mesh.network import NetConfig
-from simulator.mesh.scenarios import SCENARIOS
+from simulator.mesh.scenarios import SCENARIOS, THIN
 from simulator.mesh.world import World
 
 
@@ -51,7 +51,10 @@ def main() -> None:
                 net.cores_per_host, net.nodes_per_host = args.host_cores, n + 64
             started = time.process_time()
             world = World(n, seed=args.seed, net=net, ingresses=args.ingresses)
-            world.seed_state()
+            if name in THIN:
+                world.seed_thin()
+            else:
+                world.seed_state()
             figures = SCENARIOS[name](world)
             print(json.dumps({
                 "nodes": n, "scenario": name, **{k: round(v, 4) if isinstance(v, float) else v

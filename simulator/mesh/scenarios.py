@@ -20,6 +20,7 @@ from otela.routing.load import NodeLoad
 from simulator.mesh.world import Watched, World
 
 SETTLE_S = 20.0
+THIN = {"memory", "thin_joiner"}  # scenarios that need only World.seed_thin
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -181,11 +182,12 @@ def partition(world: World, share: float = 0.1, cut_for: float = 60.0,
             "agree_after_heal_s": world.loop.now - healed if agreement(world) else None}
 
 
-def joiner(world: World) -> dict[str, Any]:
+def joiner(world: World, bootstrap: int | None = None) -> dict[str, Any]:
     """A new node joins through one peer: time and bytes to a full replica."""
     world.loop.run_until(world.loop.now + SETTLE_S)
-    target = len(world.nodes[0].registry.map)
-    node = world.join(world.rng.choice(world.alive_nodes()))
+    chosen = world.rng.choice(world.alive_nodes()) if bootstrap is None else bootstrap
+    target = len(world.nodes[chosen].registry.map)
+    node = world.join(chosen)
     start = world.loop.now
     world.net.stats.reset()
     while len(node.registry.map) < target and world.loop.now - start < 60:
@@ -228,6 +230,12 @@ def load_reports(world: World, window: float = 60.0) -> dict[str, Any]:
     return {"ingress_report_Bps": max(world.report_bytes.values(), default=0) / window}
 
 
+def thin_joiner(world: World) -> dict[str, Any]:
+    """``joiner`` in a ``World.seed_thin`` federation: only its bootstrap peer (node 0)
+    holds the full replica, so it runs at sizes whose full replicas do not fit."""
+    return joiner(world, bootstrap=0)
+
+
 def replica_memory(world: World) -> dict[str, Any]:
     """Bytes a replica of this federation's registry holds (Python's own allocations)."""
     envelopes = [e.proof for e in world.nodes[0].registry.map]
@@ -246,7 +254,7 @@ def replica_memory(world: World) -> dict[str, Any]:
 SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
     "idle": idle, "change": change, "rechurn": rechurn, "churn": churn, "kill": kill,
     "partition": partition, "joiner": joiner, "flaky": flaky, "load": load_reports,
-    "memory": replica_memory,
+    "memory": replica_memory, "thin_joiner": thin_joiner,
 }
 
 __all__ = ["SCENARIOS", "Lifecycle"]

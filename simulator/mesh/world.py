@@ -136,6 +136,21 @@ class World:
         for node in self.nodes:
             self.run_loops(node)
 
+    def seed_thin(self, full: int = 1, models: tuple[str, ...] = ("model-a",)) -> None:
+        """A federation too large for every node to hold a full replica in one process
+        (10,000 nodes: 10^8 entries): every node signs its record, only the first
+        ``full`` nodes hold every entry and nobody runs its loops. Enough for what
+        depends on one replica (a joiner's transfer from one peer, a replica's memory),
+        not for federation-wide figures."""
+        self.seeding = True
+        for node in self.nodes:
+            node.start(models)
+        self.seeding = False
+        envelopes = [e.proof for n in self.nodes for e in n.registry.map]
+        for node in self.nodes[:full]:
+            node.replica.ingest(envelopes, "ae")
+        self.net.stats.reset()
+
     def run_loops(self, node: SimNode) -> None:
         node.spawn(node.probe_loop())
         node.spawn(node.peering_loop())
