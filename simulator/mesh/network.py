@@ -58,6 +58,7 @@ class NetConfig:
     cpu_gossip_s: float = 0.003  # a GossipSub message handled (decode, validate, forward)
     cpu_verify_s: float = 84e-6  # one Ed25519 record verification
     cpu_connect_s: float = 0.02  # a new libp2p connection, each side
+    cpu_wake_s: float = 0.0001  # a task's timer firing (trio's scheduler, a checkpoint)
     # The daemon's own idle work per second beyond the messages modelled (GossipSub's
     # heartbeat, timers, the loop-lag sampler): 0.6-0.9 % of a core per idle node in the
     # real-process benchmarks (docs/mesh.md), less the ~0.1 % the probes account for.

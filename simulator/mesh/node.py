@@ -155,8 +155,10 @@ class SimNode:
     def _wait(self, op: Any, resume: Callable[[Any], None]) -> None:
         net = self.world.net
         if isinstance(op, Sleep):
-            net.loop.after(op.seconds, net.handle, self.index, 0.0, self._resume,
-                           (resume, None))
+            # A timer's wake-up queues for a core like any other work: on a saturated
+            # host the task wakes late, as a trio task's sleep does (LocalHealth sees it).
+            net.loop.after(op.seconds, net.handle, self.index, net.config.cpu_wake_s,
+                           self._resume, (resume, None))
         elif isinstance(op, Request):
             self.request(op.peer, op.message, op.timeout, resume)
         elif isinstance(op, Gather):
