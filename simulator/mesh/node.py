@@ -108,8 +108,9 @@ class SimNode:
 
     # -- identity and our own entry --------------------------------------------------------
 
-    def start(self, models: tuple[str, ...] = ("model-a",)) -> None:
-        """Join: announce JOIN then SERVING, start the loops."""
+    def start(self, models: tuple[str, ...] = ("model-a",), serve: bool = True) -> None:
+        """Join: announce JOIN then (``serve``) SERVING; ``serve`` later for a node whose
+        engine is still loading (``serve_now``)."""
         self.epoch = max(self.epoch + 1, int(self.world.wall() * 1000))
         session = session_id_for(self.peer_id, f"{self.epoch:011x}{self.index % 2**20:05x}")
         self.record = NodeRecord(
@@ -118,7 +119,13 @@ class SimNode:
             f"{self.index & 255}:8092", addrs=(f"/ip4/10.0.0.1/tcp/{4000 + self.index}",),
             ingress=self.ingress, reachability="public")
         self.announce()
-        self.announce(state=Lifecycle.SERVING, models=tuple(ModelInfo(m) for m in models))
+        if serve:
+            self.serve_now(models)
+
+    def serve_now(self, models: tuple[str, ...]) -> None:
+        """Our engine is ready: announce SERVING with its models."""
+        if self.alive:
+            self.announce(state=Lifecycle.SERVING, models=tuple(ModelInfo(m) for m in models))
 
     def announce(self, **changes: Any) -> None:
         assert self.record is not None

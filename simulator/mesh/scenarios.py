@@ -20,6 +20,7 @@ from otela.routing.load import NodeLoad
 from simulator.mesh.world import Watched, World
 
 SETTLE_S = 20.0
+ENGINE_S = 3.0  # a joiner's engine loading before it announces SERVING
 THIN = {"memory", "thin_joiner"}  # scenarios that need only World.seed_thin
 
 
@@ -60,19 +61,55 @@ def idle(world: World, window: float = 60.0) -> dict[str, Any]:
 
 
 def change(world: World, count: int = 3, gap: float = 10.0) -> dict[str, Any]:
-    """A node changes its state and model list; every replica's arrival time."""
+    """A node changes its state and model list; every replica's arrival time (pooled
+    over ``count`` changes, as ``benchmarks/convergence.py`` pools them)."""
     world.loop.run_until(world.loop.now + SETTLE_S)
-    delays: list[dict[str, float]] = []
+    delays: list[float] = []
+    reached = 1.0
     for k in range(count):
         node = world.nodes[world.rng.choice(world.alive_nodes())]
         node.announce(models=(ModelInfo(f"model-{k}"), ModelInfo("model-a")))
         watched = world.watch_change(node.index)
         world.loop.run_until(world.loop.now + gap)
-        delays.append(_convergence(watched, world.alive_nodes()))
-    return {"p50_s": statistics.median(d["p50_s"] for d in delays),
-            "p99_s": max(d["p99_s"] for d in delays),
-            "max_s": max(d["max_s"] for d in delays),
-            "reached": min(d["reached"] for d in delays)}
+        reached = min(reached, _arrivals(watched, world.alive_nodes(), delays))
+    return _pooled(delays, reached)
+
+
+def change_join(world: World, count: int = 3, engine_s: float = 3.0,
+                gap: float = 20.0) -> dict[str, Any]:
+    """``benchmarks/convergence.py``'s change: a new node joins through the bootstrap
+    node (node 0) and announces SERVING once its engine loaded (``engine_s``); every
+    other replica's arrival time of that version, pooled over ``count`` joiners."""
+    world.loop.run_until(world.loop.now + SETTLE_S)
+    delays: list[float] = []
+    reached = 1.0
+    for k in range(count):
+        node = world.join(0, models=(f"model-{k}",), serve_after=engine_s)
+        world.loop.run_until(world.loop.now + engine_s + 1e-6)
+        watched = world.watch_change(node.index)
+        world.loop.run_until(world.loop.now + gap)
+        reached = min(reached, _arrivals(watched, world.alive_nodes(), delays))
+    return _pooled(delays, reached)
+
+
+def _arrivals(watched: Watched, alive: list[int], into: list[float]) -> float:
+    """Add each other replica's delay to ``into``; the share of replicas reached."""
+    others = [i for i in alive if i != watched_origin(watched)]
+    got = [watched.applied[i] - watched.at for i in others if i in watched.applied]
+    into.extend(got)
+    return len(got) / max(1, len(others))
+
+
+def watched_origin(watched: Watched) -> int:
+    """The node whose change is watched: the one that applied it at the moment it was
+    made."""
+    return next((i for i, t in watched.applied.items() if t == watched.at), -1)
+
+
+def _pooled(delays: list[float], reached: float) -> dict[str, Any]:
+    return {"p50_s": percentile(delays, 0.5), "p95_s": percentile(delays, 0.95),
+            "p99_s": percentile(delays, 0.99), "max_s": max(delays, default=float("inf")),
+            "reached": reached}
 
 
 def rechurn(world: World, churners: int = 10, every: float = 3.0,
@@ -110,7 +147,7 @@ def churn(world: World, minutes: float = 3.0, rate: float = 0.01) -> dict[str, A
         alive = world.alive_nodes()
         leaver = world.rng.choice([i for i in alive if not world.nodes[i].ingress])
         world.leave(leaver)
-        joiner = world.join(world.rng.choice(alive))
+        joiner = world.join(world.rng.choice(alive), serve_after=ENGINE_S)
         joins.append(world.watch_change(joiner.index))
         world.loop.after(gap, step)
 
@@ -252,7 +289,8 @@ def replica_memory(world: World) -> dict[str, Any]:
 
 
 SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
-    "idle": idle, "change": change, "rechurn": rechurn, "churn": churn, "kill": kill,
+    "idle": idle, "change": change, "change_join": change_join, "rechurn": rechurn,
+    "churn": churn, "kill": kill,
     "partition": partition, "joiner": joiner, "flaky": flaky, "load": load_reports,
     "memory": replica_memory, "thin_joiner": thin_joiner,
 }

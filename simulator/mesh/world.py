@@ -157,12 +157,17 @@ class World:
         node.spawn(node.reconcile_loop())
         node.spawn(node.ae_backstop())
 
-    def join(self, bootstrap: int, models: tuple[str, ...] = ("model-a",)) -> SimNode:
-        """A new node joins through ``bootstrap``: connects, syncs, announces."""
+    def join(self, bootstrap: int, models: tuple[str, ...] = ("model-a",),
+             serve_after: float | None = None) -> SimNode:
+        """A new node joins through ``bootstrap``: announces JOIN (to nobody yet, as the
+        daemon does), connects, syncs; SERVING at once or ``serve_after`` seconds later
+        (an engine loading), by then over its gossip mesh."""
         index = len(self.nodes)
         self.net.add_node(index)
         node = self._make(index)
-        node.start(models)
+        node.start(models, serve=serve_after is None)
+        if serve_after is not None:
+            self.loop.after(serve_after, node.serve_now, models)
 
         def connected(ok: bool) -> None:
             if ok:
