@@ -38,6 +38,8 @@ def main() -> None:
     parser.add_argument("--host-cores", type=int, default=0,
                         help="every node on one host with this many cores (0: a core each)")
     parser.add_argument("--ingresses", type=int, default=1)
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="simulated minutes of the churn and flaky scenarios")
     parser.add_argument("--nat-share", type=float, default=0.0,
                         help="share of nodes behind NAT, reached through the relays")
     parser.add_argument("--relays", type=int, default=0, help="public relays (the first nodes)")
@@ -55,7 +57,9 @@ def main() -> None:
                 world.seed_thin()
             else:
                 world.seed_state()
-            figures = SCENARIOS[name](world)
+            kwargs = {"minutes": args.minutes} if args.minutes and name in (
+                "churn", "flaky") else {}
+            figures = SCENARIOS[name](world, **kwargs)
             print(json.dumps({
                 "nodes": n, "scenario": name, **{k: round(v, 4) if isinstance(v, float) else v
                                                  for k, v in figures.items()},

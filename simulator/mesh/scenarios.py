@@ -159,7 +159,7 @@ def churn(world: World, minutes: float = 3.0, rate: float = 0.01) -> dict[str, A
     out = _bytes(world, window)
     settled = [j for j in joins if world.loop.now - j.at > 10]
     alive = world.alive_nodes()
-    conv = [_convergence(j, alive) for j in settled]
+    conv = [_convergence(j, [i for i in alive if i < j.population]) for j in settled]
     out["join_p99_s"] = max((c["p99_s"] for c in conv), default=0.0)
     out["join_reached"] = min((c["reached"] for c in conv), default=1.0)
     out["false_evictions"] = world.false_evictions

@@ -43,6 +43,7 @@ class Watched:
     state: Lifecycle | None
     at: float
     applied: dict[int, float] = field(default_factory=dict)
+    population: int = 0  # nodes that existed when it was made (later joiners sync it)
 
 
 class World:
@@ -306,7 +307,8 @@ class World:
         """Time the arrival of ``index``'s latest record version at every replica."""
         record = self.nodes[index].record
         assert record is not None
-        watched = Watched(record.session_id, record.version, None, self.loop.now)
+        watched = Watched(record.session_id, record.version, None, self.loop.now,
+                          population=len(self.nodes))
         watched.applied[index] = self.loop.now
         self.watched.append(watched)
         return watched
