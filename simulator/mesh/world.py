@@ -125,14 +125,19 @@ class World:
         envelopes = [e.proof for n in self.nodes for e in n.registry.map]
         for node in self.nodes:
             node.replica.ingest(envelopes, "ae")
+        # Each node dials ~6 peers of its own as it joins (peering's target) and is
+        # dialled by later joiners, so connections settle near a mean degree of 12
+        # (docs/mesh.md), each end capped at 16.
         order = list(range(len(self.nodes)))
         for index in order:
-            others = [j for j in self.rng.sample(order, min(len(order), 12)) if j != index]
+            others = [j for j in self.rng.sample(order, min(len(order), 24)) if j != index]
+            dialled = 0
             for peer in others:
-                if len(self.conns[index]) >= 6:
+                if dialled >= 6 or len(self.conns[index]) >= 16:
                     break
-                if len(self.conns[peer]) < 16:
+                if peer not in self.conns[index] and len(self.conns[peer]) < 16:
                     self._link(index, peer, quiet=True)
+                    dialled += 1
         self.net.stats.reset()
         for node in self.nodes:
             self.run_loops(node)
