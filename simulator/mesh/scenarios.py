@@ -21,7 +21,7 @@ from simulator.mesh.world import Watched, World
 
 SETTLE_S = 20.0
 ENGINE_S = 3.0  # a joiner's engine loading before it announces SERVING
-THIN = {"memory", "thin_joiner"}  # scenarios that need only World.seed_thin
+THIN = {"memory", "thin_joiner", "thin_change"}  # scenarios that need only World.seed_thin
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -273,6 +273,13 @@ def thin_joiner(world: World) -> dict[str, Any]:
     return joiner(world, bootstrap=0)
 
 
+def thin_change(world: World) -> dict[str, Any]:
+    """``change`` in a ``World.seed_thin`` federation: a record change's spread through
+    the GossipSub mesh, each replica holding little else (no probes running). Checked
+    against ``change`` at 1,000 nodes (docs/scale.md)."""
+    return change(world)
+
+
 def replica_memory(world: World) -> dict[str, Any]:
     """Bytes a replica of this federation's registry holds (Python's own allocations)."""
     envelopes = [e.proof for e in world.nodes[0].registry.map]
@@ -292,7 +299,7 @@ SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
     "idle": idle, "change": change, "change_join": change_join, "rechurn": rechurn,
     "churn": churn, "kill": kill,
     "partition": partition, "joiner": joiner, "flaky": flaky, "load": load_reports,
-    "memory": replica_memory, "thin_joiner": thin_joiner,
+    "memory": replica_memory, "thin_joiner": thin_joiner, "thin_change": thin_change,
 }
 
 __all__ = ["SCENARIOS", "Lifecycle"]

@@ -125,9 +125,15 @@ class World:
         envelopes = [e.proof for n in self.nodes for e in n.registry.map]
         for node in self.nodes:
             node.replica.ingest(envelopes, "ae")
-        # Each node dials ~6 peers of its own as it joins (peering's target) and is
-        # dialled by later joiners, so connections settle near a mean degree of 12
-        # (docs/mesh.md), each end capped at 16.
+        self._seed_links()
+        self.net.stats.reset()
+        for node in self.nodes:
+            self.run_loops(node)
+
+    def _seed_links(self) -> None:
+        """Each node dials ~6 peers of its own as it joins (peering's target) and is
+        dialled by later joiners, so connections settle near a mean degree of 12
+        (docs/mesh.md), each end capped at 16."""
         order = list(range(len(self.nodes)))
         for index in order:
             others = [j for j in self.rng.sample(order, min(len(order), 24)) if j != index]
@@ -138,16 +144,14 @@ class World:
                 if peer not in self.conns[index] and len(self.conns[peer]) < 16:
                     self._link(index, peer, quiet=True)
                     dialled += 1
-        self.net.stats.reset()
-        for node in self.nodes:
-            self.run_loops(node)
 
     def seed_thin(self, full: int = 1, models: tuple[str, ...] = ("model-a",)) -> None:
         """A federation too large for every node to hold a full replica in one process
-        (10,000 nodes: 10^8 entries): every node signs its record, only the first
-        ``full`` nodes hold every entry and nobody runs its loops. Enough for what
-        depends on one replica (a joiner's transfer from one peer, a replica's memory),
-        not for federation-wide figures."""
+        (10,000 nodes: 10^8 entries): every node signs its record and is connected as
+        peering leaves it, only the first ``full`` nodes hold every entry and nobody runs
+        its loops. Enough for what depends on one replica (a joiner's transfer from one
+        peer, a replica's memory) and for a change's spread through GossipSub without the
+        probes' background load (``thin_change``), not for federation-wide liveness."""
         self.seeding = True
         for node in self.nodes:
             node.start(models)
@@ -155,6 +159,7 @@ class World:
         envelopes = [e.proof for n in self.nodes for e in n.registry.map]
         for node in self.nodes[:full]:
             node.replica.ingest(envelopes, "ae")
+        self._seed_links()
         self.net.stats.reset()
 
     def run_loops(self, node: SimNode) -> None:
