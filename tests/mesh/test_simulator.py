@@ -115,3 +115,16 @@ def test_an_eviction_refused_for_want_of_a_second_signer_publishes_our_suspicion
         e["peer_id"] == target.peer_id and e["event"] == "suspected"
         and "reported by" in e["detail"] for e in world.nodes[i].events.events)]
     assert len(heard) == len(world.alive_nodes()) - 1  # published to every node
+
+
+def test_a_thin_federation_spreads_a_change_and_fills_a_joiner_from_its_one_full_peer():
+    """Thin federations stand in for sizes whose full replicas do not fit: a change must
+    still reach every node by gossip, and a joiner get every record from node 0."""
+    world = World(40, seed=3)
+    world.seed_thin()
+    assert len(world.nodes[0].registry.map) == 40 and len(world.nodes[1].registry.map) == 1
+    assert scenarios.thin_change(world)["reached"] == 1.0
+    world = World(40, seed=3)
+    world.seed_thin()
+    figures = scenarios.thin_joiner(world)
+    assert figures["entries"] == 41 and figures["full_replica_s"] < 2.0
