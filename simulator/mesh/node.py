@@ -408,7 +408,13 @@ class SimNode:
         world = self.world
         while True:
             if isinstance(step, Ingest):
-                world.net.charge(self.index, world.net.config.cpu_verify_s * len(step.envelopes))
+                # Verifying and merging a batch takes its CPU before the exchange goes on
+                # (a joiner's 10,000 records: seconds).
+                ready = world.net.charge(self.index,
+                                         world.net.config.cpu_verify_s * len(step.envelopes))
+                if ready > world.loop.now:
+                    world.loop.at(ready, self._ae_ingest, mine, step, other, theirs)
+                    return
                 self.replica.ingest(step.envelopes, "ae")
                 try:
                     step = mine.send(None)
@@ -430,6 +436,18 @@ class SimNode:
                     return
                 continue
             return  # waiting for the other side's message
+
+    def _ae_ingest(self, mine: Any, step: Ingest, other: SimNode, theirs: Any) -> None:
+        """An anti-entropy batch whose CPU is spent: apply it and go on."""
+        if not self.alive:
+            return
+        self.replica.ingest(step.envelopes, "ae")
+        try:
+            following = mine.send(None)
+        except StopIteration as done:
+            self._ae_done(other.index, done.value)
+            return
+        self._ae_step(mine, following, other, theirs)
 
     def _ae_receive(self, mine: Any, message: dict[str, Any], other: SimNode, theirs: Any,
                     they_wait: bool) -> None:
