@@ -17,7 +17,7 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 
 from otela.liveness.prober import DetectorConfig
-from otela.load.reports import ReportSchedule
+from otela.load.reports import ReportSchedule, interval_for
 from otela.load.reports import encode as encode_report
 from otela.registry.crdt import Entry
 from otela.registry.records import Lifecycle
@@ -363,6 +363,11 @@ class World:
 
     def _reporter(self, node: SimNode, load: Callable[[int, float], NodeLoad]) -> Task:
         schedule = ReportSchedule()
+        # Nodes started at different times report at random phases of their interval
+        # (members x 0.5 s: 500 s at 1,000 nodes), not all at once as a shared start would.
+        interval = interval_for(len(node.registry), schedule.min_interval,
+                                schedule.per_member_s)
+        schedule.last_at = self.mono() - node.rng.uniform(0, interval)
         yield Sleep(node.rng.uniform(0, schedule.min_interval))
         while node.alive:
             yield Sleep(schedule.min_interval)
