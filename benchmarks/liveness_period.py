@@ -27,6 +27,7 @@ def load(path: str | None) -> ModuleType:
     spec = importlib.util.spec_from_file_location("table_under_test", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import logging
 
 from simulator.mesh.network import NetConfig
-from simulator.mesh.scenarios import SCENARIOS
+from simulator.mesh.scenarios import SCENARIOS, THIN
 from simulator.mesh.world import World
 
 
@@ -38,17 +38,28 @@ def main() -> None:
     parser.add_argument("--host-cores", type=int, default=0,
                         help="every node on one host with this many cores (0: a core each)")
     parser.add_argument("--ingresses", type=int, default=1)
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="simulated minutes of the churn and flaky scenarios")
+    parser.add_argument("--nat-share", type=float, default=0.0,
+                        help="share of nodes behind NAT, reached through the relays")
+    parser.add_argument("--relays", type=int, default=0, help="public relays (the first nodes)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # the simulated nodes' own warnings (suspicions, ...)
     for n in args.nodes:
         for name in args.scenarios:
-            net = NetConfig(continents=args.continents, loss=args.loss)
+            net = NetConfig(continents=args.continents, loss=args.loss,
+                            nat_share=args.nat_share, relays=args.relays)
             if args.host_cores:
                 net.cores_per_host, net.nodes_per_host = args.host_cores, n + 64
             started = time.process_time()
             world = World(n, seed=args.seed, net=net, ingresses=args.ingresses)
-            world.seed_state()
-            figures = SCENARIOS[name](world)
+            if name in THIN:
+                world.seed_thin()
+            else:
+                world.seed_state()
+            kwargs = {"minutes": args.minutes} if args.minutes and name in (
+                "churn", "flaky") else {}
+            figures = SCENARIOS[name](world, **kwargs)
             print(json.dumps({
                 "nodes": n, "scenario": name, **{k: round(v, 4) if isinstance(v, float) else v
                                                  for k, v in figures.items()},

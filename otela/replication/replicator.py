@@ -373,6 +373,12 @@ class ReplicaCore:
         return self.drift.compare(peer_id, theirs, float(their_age), ours, our_age,
                                   self.clock(), leader=self.self_id < peer_id)
 
+    @staticmethod
+    def exchange_again(received: int) -> bool:
+        """Whether an exchange that brought ``received`` entries came back full, so more
+        may be waiting (a joiner to a federation larger than one batch): run another."""
+        return received >= antientropy.MAX_ENTRIES_PER_MESSAGE
+
     def returning(self, peer_id: str) -> bool:
         """Whether a peer that just connected is one whose sessions here are all LEFT (an
         evictee back after a partition healed): sync with it at once."""
@@ -480,7 +486,7 @@ class Replicator(ReplicaCore):
             received = await self._sync_once(peer_id)
             if received is None:
                 return False
-            if received < antientropy.MAX_ENTRIES_PER_MESSAGE:
+            if not self.exchange_again(received):
                 return True
         return True
     async def _sync_once(self, peer_id: ID) -> int | None:

@@ -48,6 +48,7 @@ LIVENESS_TOPIC = "otela/liveness/1"
 WALL_EPOCH = 1_800_000_000.0  # the simulation's wall clock at t = 0
 STREAM_OPEN_BYTES = 120  # multistream-select and Yamux for a new stream, both ways
 AE_BACKSTOP_S = 30.0
+AE_MAX_ROUNDS = 20  # Replicator.sync_with's max_rounds
 PEERING_S = 2.0
 
 
@@ -103,11 +104,13 @@ class SimNode:
         self.tasks: list[Runner] = []
         self._evicted_cache: tuple[int, list[str]] = (-1, [])
         self.rejoins = 0
+        self._ae_rounds: dict[int, int] = {}  # exchanges left with a peer we sync with
 
     # -- identity and our own entry --------------------------------------------------------
 
-    def start(self, models: tuple[str, ...] = ("model-a",)) -> None:
-        """Join: announce JOIN then SERVING, start the loops."""
+    def start(self, models: tuple[str, ...] = ("model-a",), serve: bool = True) -> None:
+        """Join: announce JOIN then (``serve``) SERVING; ``serve`` later for a node whose
+        engine is still loading (``serve_now``)."""
         self.epoch = max(self.epoch + 1, int(self.world.wall() * 1000))
         session = session_id_for(self.peer_id, f"{self.epoch:011x}{self.index % 2**20:05x}")
         self.record = NodeRecord(
@@ -116,7 +119,13 @@ class SimNode:
             f"{self.index & 255}:8092", addrs=(f"/ip4/10.0.0.1/tcp/{4000 + self.index}",),
             ingress=self.ingress, reachability="public")
         self.announce()
-        self.announce(state=Lifecycle.SERVING, models=tuple(ModelInfo(m) for m in models))
+        if serve:
+            self.serve_now(models)
+
+    def serve_now(self, models: tuple[str, ...]) -> None:
+        """Our engine is ready: announce SERVING with its models."""
+        if self.alive:
+            self.announce(state=Lifecycle.SERVING, models=tuple(ModelInfo(m) for m in models))
 
     def announce(self, **changes: Any) -> None:
         assert self.record is not None
@@ -153,8 +162,10 @@ class SimNode:
     def _wait(self, op: Any, resume: Callable[[Any], None]) -> None:
         net = self.world.net
         if isinstance(op, Sleep):
-            net.loop.after(op.seconds, net.handle, self.index, 0.0, self._resume,
-                           (resume, None))
+            # A timer's wake-up queues for a core like any other work: on a saturated
+            # host the task wakes late, as a trio task's sleep does (LocalHealth sees it).
+            net.loop.after(op.seconds, net.handle, self.index, net.config.cpu_wake_s,
+                           self._resume, (resume, None))
         elif isinstance(op, Request):
             self.request(op.peer, op.message, op.timeout, resume)
         elif isinstance(op, Gather):
@@ -371,12 +382,16 @@ class SimNode:
                               encode({"kind": "delta", "entries": [envelope]}))
                 world.evictions_signed(self.index, peer_id)
         self.probe.evicted(peer_id, sessions, world.mono())
+        if self.news.broadcasts:  # a refused eviction's corroboration (the news task's job)
+            self.publish_news()
 
     # -- anti-entropy (otela/replication/replicator.py) ------------------------------------
 
-    def sync_with(self, peer: int) -> None:
-        """One anti-entropy exchange with ``peer``: our ``initiate`` steps against its
-        ``respond`` steps, each message sized by its encoding."""
+    def sync_with(self, peer: int, rounds: int = AE_MAX_ROUNDS) -> None:
+        """Anti-entropy with ``peer``: our ``initiate`` steps against its ``respond``
+        steps, each message sized by its encoding, repeated while an exchange comes back
+        full (``ReplicaCore.exchange_again``; ``Replicator.sync_with``), up to ``rounds``."""
+        self._ae_rounds[peer] = rounds
         world = self.world
         if not world.connected(self.index, peer) or not world.nodes[peer].alive:
             return
@@ -393,11 +408,18 @@ class SimNode:
         world = self.world
         while True:
             if isinstance(step, Ingest):
-                world.net.charge(self.index, world.net.config.cpu_verify_s * len(step.envelopes))
+                # Verifying and merging a batch takes its CPU before the exchange goes on
+                # (a joiner's 10,000 records: seconds).
+                ready = world.net.charge(self.index,
+                                         world.net.config.cpu_verify_s * len(step.envelopes))
+                if ready > world.loop.now:
+                    world.loop.at(ready, self._ae_ingest, mine, step, other, theirs)
+                    return
                 self.replica.ingest(step.envelopes, "ae")
                 try:
                     step = mine.send(None)
-                except StopIteration:
+                except StopIteration as done:
+                    self._ae_done(other.index, done.value)
                     return
                 continue
             assert isinstance(step, Send)
@@ -405,8 +427,27 @@ class SimNode:
                 data = encode(step.message)
                 world.net.send(self.index, other.index, len(data) + 4, "ae",
                                other._ae_receive, theirs, step.message, self, mine, step.reply)
-                return
+                if step.reply:
+                    return  # the other side's answer resumes us
+                try:  # our last message: the exchange ends here on our side
+                    step = mine.send(None)
+                except StopIteration as done:
+                    self._ae_done(other.index, done.value)
+                    return
+                continue
             return  # waiting for the other side's message
+
+    def _ae_ingest(self, mine: Any, step: Ingest, other: SimNode, theirs: Any) -> None:
+        """An anti-entropy batch whose CPU is spent: apply it and go on."""
+        if not self.alive:
+            return
+        self.replica.ingest(step.envelopes, "ae")
+        try:
+            following = mine.send(None)
+        except StopIteration as done:
+            self._ae_done(other.index, done.value)
+            return
+        self._ae_step(mine, following, other, theirs)
 
     def _ae_receive(self, mine: Any, message: dict[str, Any], other: SimNode, theirs: Any,
                     they_wait: bool) -> None:
@@ -414,9 +455,19 @@ class SimNode:
             return
         try:
             step = mine.send(message)
-        except StopIteration:
+        except StopIteration as done:
+            self._ae_done(other.index, done.value)
             return
         self._ae_step(mine, step, other, theirs)
+
+    def _ae_done(self, peer: int, received: Any) -> None:
+        """Our side of an exchange with ``peer`` ended having received ``received``
+        entries (None on the responder's side): another round if it came back full."""
+        if not isinstance(received, int):
+            return
+        left = self._ae_rounds.pop(peer, 0) - 1
+        if left > 0 and self.replica.exchange_again(received):
+            self.sync_with(peer, left)
 
     def ae_backstop(self) -> Task:
         while self.alive:

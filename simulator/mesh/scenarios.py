@@ -20,6 +20,8 @@ from otela.routing.load import NodeLoad
 from simulator.mesh.world import Watched, World
 
 SETTLE_S = 20.0
+ENGINE_S = 3.0  # a joiner's engine loading before it announces SERVING
+THIN = {"memory", "thin_joiner", "thin_change"}  # scenarios that need only World.seed_thin
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -49,25 +51,65 @@ def idle(world: World, window: float = 60.0) -> dict[str, Any]:
     ingresses = [n.index for n in world.nodes if n.ingress]
     if ingresses:
         out["ingress_Bps"] = _bytes(world, window, ingresses)["max_Bps"]
+    relays = range(world.net.config.relays if any(world.net.nat) else 0)
+    if relays:  # its own traffic plus what it carries for the nodes behind NAT
+        stats = world.net.stats
+        out["relay_Bps"] = max((stats.moved(r) + stats.relayed[r]) / window for r in relays)
     out["cpu_per_node_pct"] = 100 * statistics.median(
         world.net.stats.busy[i] for i in world.alive_nodes()) / window
     return out
 
 
 def change(world: World, count: int = 3, gap: float = 10.0) -> dict[str, Any]:
-    """A node changes its state and model list; every replica's arrival time."""
+    """A node changes its state and model list; every replica's arrival time (pooled
+    over ``count`` changes, as ``benchmarks/convergence.py`` pools them)."""
     world.loop.run_until(world.loop.now + SETTLE_S)
-    delays: list[dict[str, float]] = []
+    delays: list[float] = []
+    reached = 1.0
     for k in range(count):
         node = world.nodes[world.rng.choice(world.alive_nodes())]
         node.announce(models=(ModelInfo(f"model-{k}"), ModelInfo("model-a")))
         watched = world.watch_change(node.index)
         world.loop.run_until(world.loop.now + gap)
-        delays.append(_convergence(watched, world.alive_nodes()))
-    return {"p50_s": statistics.median(d["p50_s"] for d in delays),
-            "p99_s": max(d["p99_s"] for d in delays),
-            "max_s": max(d["max_s"] for d in delays),
-            "reached": min(d["reached"] for d in delays)}
+        reached = min(reached, _arrivals(watched, world.alive_nodes(), delays))
+    return _pooled(delays, reached)
+
+
+def change_join(world: World, count: int = 3, engine_s: float = 3.0,
+                gap: float = 20.0) -> dict[str, Any]:
+    """``benchmarks/convergence.py``'s change: a new node joins through the bootstrap
+    node (node 0) and announces SERVING once its engine loaded (``engine_s``); every
+    other replica's arrival time of that version, pooled over ``count`` joiners."""
+    world.loop.run_until(world.loop.now + SETTLE_S)
+    delays: list[float] = []
+    reached = 1.0
+    for k in range(count):
+        node = world.join(0, models=(f"model-{k}",), serve_after=engine_s)
+        world.loop.run_until(world.loop.now + engine_s + 1e-6)
+        watched = world.watch_change(node.index)
+        world.loop.run_until(world.loop.now + gap)
+        reached = min(reached, _arrivals(watched, world.alive_nodes(), delays))
+    return _pooled(delays, reached)
+
+
+def _arrivals(watched: Watched, alive: list[int], into: list[float]) -> float:
+    """Add each other replica's delay to ``into``; the share of replicas reached."""
+    others = [i for i in alive if i != watched_origin(watched)]
+    got = [watched.applied[i] - watched.at for i in others if i in watched.applied]
+    into.extend(got)
+    return len(got) / max(1, len(others))
+
+
+def watched_origin(watched: Watched) -> int:
+    """The node whose change is watched: the one that applied it at the moment it was
+    made."""
+    return next((i for i, t in watched.applied.items() if t == watched.at), -1)
+
+
+def _pooled(delays: list[float], reached: float) -> dict[str, Any]:
+    return {"p50_s": percentile(delays, 0.5), "p95_s": percentile(delays, 0.95),
+            "p99_s": percentile(delays, 0.99), "max_s": max(delays, default=float("inf")),
+            "reached": reached}
 
 
 def rechurn(world: World, churners: int = 10, every: float = 3.0,
@@ -105,7 +147,7 @@ def churn(world: World, minutes: float = 3.0, rate: float = 0.01) -> dict[str, A
         alive = world.alive_nodes()
         leaver = world.rng.choice([i for i in alive if not world.nodes[i].ingress])
         world.leave(leaver)
-        joiner = world.join(world.rng.choice(alive))
+        joiner = world.join(world.rng.choice(alive), serve_after=ENGINE_S)
         joins.append(world.watch_change(joiner.index))
         world.loop.after(gap, step)
 
@@ -117,7 +159,7 @@ def churn(world: World, minutes: float = 3.0, rate: float = 0.01) -> dict[str, A
     out = _bytes(world, window)
     settled = [j for j in joins if world.loop.now - j.at > 10]
     alive = world.alive_nodes()
-    conv = [_convergence(j, alive) for j in settled]
+    conv = [_convergence(j, [i for i in alive if i < j.population]) for j in settled]
     out["join_p99_s"] = max((c["p99_s"] for c in conv), default=0.0)
     out["join_reached"] = min((c["reached"] for c in conv), default=1.0)
     out["false_evictions"] = world.false_evictions
@@ -134,8 +176,21 @@ def kill(world: World) -> dict[str, Any]:
     world.loop.run_until(world.loop.now + 60.0)
     alive = world.alive_nodes()
     conv = _convergence(left, alive)
-    return {"left_p50_s": conv["p50_s"], "left_max_s": conv["max_s"],
-            "reached": conv["reached"]}
+    # As benchmarks/failure_detection.py reads it: a survivor's first "suspected" or
+    # "confirmed" event for the victim (its routing drops it then), or LEFT if earlier.
+    name = world.nodes[victim].peer_id
+    excluded = []
+    for i in alive:
+        times = [e["at"] for e in world.nodes[i].events.events if e["peer_id"] == name
+                 and e["event"] in ("suspected", "confirmed") and e["at"] >= left.at]
+        if i in left.applied:
+            times.append(left.applied[i])
+        if times:
+            excluded.append(min(times) - left.at)
+    return {"excluded_p50_s": percentile(excluded, 0.5),
+            "excluded_max_s": max(excluded, default=float("inf")),
+            "left_p50_s": conv["p50_s"], "left_p99_s": conv["p99_s"],
+            "left_max_s": conv["max_s"], "reached": conv["reached"]}
 
 
 def agreement(world: World) -> bool:
@@ -164,11 +219,12 @@ def partition(world: World, share: float = 0.1, cut_for: float = 60.0,
             "agree_after_heal_s": world.loop.now - healed if agreement(world) else None}
 
 
-def joiner(world: World) -> dict[str, Any]:
+def joiner(world: World, bootstrap: int | None = None) -> dict[str, Any]:
     """A new node joins through one peer: time and bytes to a full replica."""
     world.loop.run_until(world.loop.now + SETTLE_S)
-    target = len(world.nodes[0].registry.map)
-    node = world.join(world.rng.choice(world.alive_nodes()))
+    chosen = world.rng.choice(world.alive_nodes()) if bootstrap is None else bootstrap
+    target = len(world.nodes[chosen].registry.map)
+    node = world.join(chosen)
     start = world.loop.now
     world.net.stats.reset()
     while len(node.registry.map) < target and world.loop.now - start < 60:
@@ -211,6 +267,19 @@ def load_reports(world: World, window: float = 60.0) -> dict[str, Any]:
     return {"ingress_report_Bps": max(world.report_bytes.values(), default=0) / window}
 
 
+def thin_joiner(world: World) -> dict[str, Any]:
+    """``joiner`` in a ``World.seed_thin`` federation: only its bootstrap peer (node 0)
+    holds the full replica, so it runs at sizes whose full replicas do not fit."""
+    return joiner(world, bootstrap=0)
+
+
+def thin_change(world: World) -> dict[str, Any]:
+    """``change`` in a ``World.seed_thin`` federation: a record change's spread through
+    the GossipSub mesh, each replica holding little else (no probes running). Checked
+    against ``change`` at 1,000 nodes (docs/scale.md)."""
+    return change(world)
+
+
 def replica_memory(world: World) -> dict[str, Any]:
     """Bytes a replica of this federation's registry holds (Python's own allocations)."""
     envelopes = [e.proof for e in world.nodes[0].registry.map]
@@ -227,9 +296,10 @@ def replica_memory(world: World) -> dict[str, Any]:
 
 
 SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
-    "idle": idle, "change": change, "rechurn": rechurn, "churn": churn, "kill": kill,
+    "idle": idle, "change": change, "change_join": change_join, "rechurn": rechurn,
+    "churn": churn, "kill": kill,
     "partition": partition, "joiner": joiner, "flaky": flaky, "load": load_reports,
-    "memory": replica_memory,
+    "memory": replica_memory, "thin_joiner": thin_joiner, "thin_change": thin_change,
 }
 
 __all__ = ["SCENARIOS", "Lifecycle"]

@@ -17,7 +17,7 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 
 from otela.liveness.prober import DetectorConfig
-from otela.load.reports import ReportSchedule
+from otela.load.reports import ReportSchedule, interval_for
 from otela.load.reports import encode as encode_report
 from otela.registry.crdt import Entry
 from otela.registry.records import Lifecycle
@@ -43,6 +43,7 @@ class Watched:
     state: Lifecycle | None
     at: float
     applied: dict[int, float] = field(default_factory=dict)
+    population: int = 0  # nodes that existed when it was made (later joiners sync it)
 
 
 class World:
@@ -124,17 +125,42 @@ class World:
         envelopes = [e.proof for n in self.nodes for e in n.registry.map]
         for node in self.nodes:
             node.replica.ingest(envelopes, "ae")
-        order = list(range(len(self.nodes)))
-        for index in order:
-            others = [j for j in self.rng.sample(order, min(len(order), 12)) if j != index]
-            for peer in others:
-                if len(self.conns[index]) >= 6:
-                    break
-                if len(self.conns[peer]) < 16:
-                    self._link(index, peer, quiet=True)
+        self._seed_links()
         self.net.stats.reset()
         for node in self.nodes:
             self.run_loops(node)
+
+    def _seed_links(self) -> None:
+        """Each node dials ~6 peers of its own as it joins (peering's target) and is
+        dialled by later joiners, so connections settle near a mean degree of 12
+        (docs/mesh.md), each end capped at 16."""
+        order = list(range(len(self.nodes)))
+        for index in order:
+            others = [j for j in self.rng.sample(order, min(len(order), 24)) if j != index]
+            dialled = 0
+            for peer in others:
+                if dialled >= 6 or len(self.conns[index]) >= 16:
+                    break
+                if peer not in self.conns[index] and len(self.conns[peer]) < 16:
+                    self._link(index, peer, quiet=True)
+                    dialled += 1
+
+    def seed_thin(self, full: int = 1, models: tuple[str, ...] = ("model-a",)) -> None:
+        """A federation too large for every node to hold a full replica in one process
+        (10,000 nodes: 10^8 entries): every node signs its record and is connected as
+        peering leaves it, only the first ``full`` nodes hold every entry and nobody runs
+        its loops. Enough for what depends on one replica (a joiner's transfer from one
+        peer, a replica's memory) and for a change's spread through GossipSub without the
+        probes' background load (``thin_change``), not for federation-wide liveness."""
+        self.seeding = True
+        for node in self.nodes:
+            node.start(models)
+        self.seeding = False
+        envelopes = [e.proof for n in self.nodes for e in n.registry.map]
+        for node in self.nodes[:full]:
+            node.replica.ingest(envelopes, "ae")
+        self._seed_links()
+        self.net.stats.reset()
 
     def run_loops(self, node: SimNode) -> None:
         node.spawn(node.probe_loop())
@@ -142,12 +168,17 @@ class World:
         node.spawn(node.reconcile_loop())
         node.spawn(node.ae_backstop())
 
-    def join(self, bootstrap: int, models: tuple[str, ...] = ("model-a",)) -> SimNode:
-        """A new node joins through ``bootstrap``: connects, syncs, announces."""
+    def join(self, bootstrap: int, models: tuple[str, ...] = ("model-a",),
+             serve_after: float | None = None) -> SimNode:
+        """A new node joins through ``bootstrap``: announces JOIN (to nobody yet, as the
+        daemon does), connects, syncs; SERVING at once or ``serve_after`` seconds later
+        (an engine loading), by then over its gossip mesh."""
         index = len(self.nodes)
         self.net.add_node(index)
         node = self._make(index)
-        node.start(models)
+        node.start(models, serve=serve_after is None)
+        if serve_after is not None:
+            self.loop.after(serve_after, node.serve_now, models)
 
         def connected(ok: bool) -> None:
             if ok:
@@ -286,7 +317,8 @@ class World:
         """Time the arrival of ``index``'s latest record version at every replica."""
         record = self.nodes[index].record
         assert record is not None
-        watched = Watched(record.session_id, record.version, None, self.loop.now)
+        watched = Watched(record.session_id, record.version, None, self.loop.now,
+                          population=len(self.nodes))
         watched.applied[index] = self.loop.now
         self.watched.append(watched)
         return watched
@@ -331,6 +363,11 @@ class World:
 
     def _reporter(self, node: SimNode, load: Callable[[int, float], NodeLoad]) -> Task:
         schedule = ReportSchedule()
+        # Nodes started at different times report at random phases of their interval
+        # (members x 0.5 s: 500 s at 1,000 nodes), not all at once as a shared start would.
+        interval = interval_for(len(node.registry), schedule.min_interval,
+                                schedule.per_member_s)
+        schedule.last_at = self.mono() - node.rng.uniform(0, interval)
         yield Sleep(node.rng.uniform(0, schedule.min_interval))
         while node.alive:
             yield Sleep(schedule.min_interval)

@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from otela.liveness.table import LivenessTable
+from otela.registry import antientropy
 from otela.registry.records import Lifecycle, ModelInfo
 from simulator.mesh import scenarios
 from simulator.mesh.network import NetConfig
@@ -82,7 +83,48 @@ def test_a_joiner_gets_a_full_replica_from_one_peer():
     assert figures["entries"] >= 31 and figures["full_replica_s"] < 2.0
 
 
+def test_a_joiner_larger_than_one_batch_gets_it_in_successive_exchanges(monkeypatch):
+    """As ``Replicator.sync_with`` does, an exchange that came back full is run again at
+    once rather than waiting for the next periodic one (30 s)."""
+    monkeypatch.setattr(antientropy, "MAX_ENTRIES_PER_MESSAGE", 8)
+    world = _world(30)
+    figures = scenarios.joiner(world)
+    assert figures["entries"] >= 31 and figures["full_replica_s"] < 2.0
+
+
 def test_loss_delays_messages_but_nobody_is_suspected_for_it():
     world = _world(16, loss=0.05)
     figures = scenarios.flaky(world, minutes=1.0, pause_s=0.2, pauses_per_node_min=2.0)
     assert figures["false_evictions_per_node_hour"] == 0
+
+
+def test_an_eviction_refused_for_want_of_a_second_signer_publishes_our_suspicion():
+    """The simulated nodes run the prober's core, so they too ask the chosen verifiers
+    to look when their lone suspicion cannot evict (``ProbeCore.evicted``)."""
+    world = _world(8)
+    world.loop.run_until(world.loop.now + 10)
+    node, target = world.nodes[0], world.nodes[7]
+    world.kill(7)
+    assert node.table.probe_failed(target.peer_id, world.mono())  # our suspicion alone
+    node.evict(target.peer_id)
+    assert node.stats["evicted"] == 0  # one signer of the two every replica requires
+    assert "corroborating" in {e["event"] for e in node.events.events
+                               if e["peer_id"] == target.peer_id}
+    world.loop.run_until(world.loop.now + 1)
+    heard = [i for i in world.alive_nodes() if i != 0 and any(
+        e["peer_id"] == target.peer_id and e["event"] == "suspected"
+        and "reported by" in e["detail"] for e in world.nodes[i].events.events)]
+    assert len(heard) == len(world.alive_nodes()) - 1  # published to every node
+
+
+def test_a_thin_federation_spreads_a_change_and_fills_a_joiner_from_its_one_full_peer():
+    """Thin federations stand in for sizes whose full replicas do not fit: a change must
+    still reach every node by gossip, and a joiner get every record from node 0."""
+    world = World(40, seed=3)
+    world.seed_thin()
+    assert len(world.nodes[0].registry.map) == 40 and len(world.nodes[1].registry.map) == 1
+    assert scenarios.thin_change(world)["reached"] == 1.0
+    world = World(40, seed=3)
+    world.seed_thin()
+    figures = scenarios.thin_joiner(world)
+    assert figures["entries"] == 41 and figures["full_replica_s"] < 2.0
