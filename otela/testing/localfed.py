@@ -71,7 +71,7 @@ def echo_engine_command(port: int, models: list[str], *extra: str) -> str:
 
 
 # The vLLM CPU build lives in its own virtual environment (scripts/setup-vllm).
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout (otela/testing/ is two down)
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
 
 
