@@ -8,13 +8,14 @@ second; once idle the deployment goes back to zero, and the next request starts 
 
 from __future__ import annotations
 
-import threading
 import time
 
 import httpx
 import pytest
+import trio
 
 from otela.testing.localfed import wait_for
+from otela.testing.steady_load import SteadyLoad
 
 from .fleet_helpers import (
     FleetCli,
@@ -75,28 +76,23 @@ def test_scale_to_zero_holds_the_first_request_scales_with_load_and_back_to_zero
             assert 'otela_held_requests_total{model="cold-echo",outcome="served"} 1' in metrics
             assert 'otela_held_requests{model="cold-echo"} 0' in metrics
 
-            # ~8 req/s: two replicas' worth of a 4 req/s target
-            stop = threading.Event()
-            errors: list[str] = []
+            # 8 req/s, open loop (a fixed rate however slow answers get on a busy
+            # machine): two replicas' worth of a 4 req/s target
+            load = SteadyLoad(ingress.http_url, "cold-echo", rate=8.0, stream_share=0.0)
 
-            def load() -> None:
-                with httpx.Client(trust_env=False, timeout=30) as client:
-                    while not stop.is_set():
-                        body = {"model": "cold-echo",
-                                "messages": [{"role": "user", "content": "busy"}]}
-                        r = client.post(f"{ingress.http_url}/v1/chat/completions", json=body)
-                        if r.status_code != 200:
-                            errors.append(r.text[:200])
-                        stop.wait(0.12)
+            async def under_load() -> None:
+                stop = trio.Event()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(load.run, stop)
+                    try:
+                        await trio.to_thread.run_sync(lambda: wait_for(
+                            lambda: serving_count(ingress, name) == 2, 90,
+                            "a second replica under load", interval=0.5))
+                    finally:
+                        stop.set()
 
-            worker = threading.Thread(target=load)
-            worker.start()
-            try:
-                wait_for(lambda: serving_count(ingress, name) == 2, 90,
-                         "a second replica under load", interval=0.5)
-            finally:
-                stop.set()
-                worker.join(30)
+            trio.run(under_load)
+            errors = [f"{o.result}" for o in load.errors()] + list(load.messages)
             assert errors == []
 
             # idle: back to zero, each replica drained
