@@ -88,6 +88,35 @@ def live_session(registry: Registry, peer_id: str) -> str | None:
     return None if record is None or record.state is Lifecycle.LEFT else session
 
 
+def suspicion_signer(sign: Callable[[bytes], bytes], self_id: str, registry: Registry,
+                     clock: Callable[[], float]) -> Callable[[str, int], bytes | None]:
+    """The table's ``sign_suspicion``: our signed suspicion of a peer's live session at an
+    incarnation (``otela.registry.evidence``), or None when it has no live session here.
+    Shared with the mesh simulator's nodes."""
+
+    def sign_suspicion(peer_id: str, incarnation: int) -> bytes | None:
+        session = live_session(registry, peer_id)
+        if session is None:
+            return None
+        return evidence.sign(sign, self_id, peer_id, session, incarnation,
+                             clock()).pack_proof()
+
+    return sign_suspicion
+
+
+def held_statements(held: Iterable[tuple[str, int, bytes]],
+                    peer_id: str) -> list[evidence.Suspicion]:
+    """The signed suspicions of ``peer_id`` we hold (``LivenessTable.evidence_of``), as the
+    statements an eviction carries (those that no longer decode are left out)."""
+    statements = []
+    for by, incarnation, proof in held:
+        try:
+            statements.append(evidence.from_proof(by, peer_id, incarnation, proof))
+        except evidence.EvidenceError:
+            continue
+    return statements
+
+
 class _SwimTransport:
     """Probes over SWIM channels. A probed peer we hold no connection to is dialled from
     the peerstore, where its addresses expire: ``host.connect`` stores a dialled peer's
@@ -192,12 +221,7 @@ class _NodeMembership:
         session = live_session(self.replica.registry, peer_id)
         if session is None:
             return []
-        statements = []
-        for by, incarnation, proof in self.evidence_of(peer_id):
-            try:
-                statements.append(evidence.from_proof(by, peer_id, incarnation, proof))
-            except evidence.EvidenceError:
-                continue
+        statements = held_statements(self.evidence_of(peer_id), peer_id)
         return [session] if await self.replica.evict(session, reason, statements) else []
 
 
@@ -230,15 +254,8 @@ class FailureDetector:
         self.round_trips = RoundTrips(floor=config.probe_timeout, ceiling=config.stale_window)
         sign = identity.key_pair.private_key.sign
         registry = replica.registry
-
-        def sign_suspicion(peer_id: str, incarnation: int) -> bytes | None:
-            session = live_session(registry, peer_id)
-            if session is None:
-                return None
-            return evidence.sign(sign, self.self_id, peer_id, session, incarnation,
-                                 replica.clock()).pack_proof()
-
-        self.table.sign_suspicion = sign_suspicion
+        self.table.sign_suspicion = suspicion_signer(sign, self.self_id, registry,
+                                                     replica.clock)
         self.news = News(self.self_id, self.table, self.watch, self.health, self.events,
                          sign, self.stats, lambda peer_id: live_session(registry, peer_id))
         self.members = MemberList(self.self_id, self.table, self.round_trips, self.events)

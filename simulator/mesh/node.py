@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from otela.liveness.detector import live_session, stamp, take
+from otela.liveness.detector import (
+    held_statements,
+    live_session,
+    stamp,
+    suspicion_signer,
+    take,
+)
 from otela.liveness.events import EventLog
 from otela.liveness.health import LocalHealth
 from otela.liveness.members import MemberList
@@ -30,7 +36,6 @@ from otela.liveness.table import LivenessTable
 from otela.liveness.watch import NeighbourWatch
 from otela.membership.admission import Admission
 from otela.mesh.peering import dialable, plan_step, reconcile_choice
-from otela.registry import evidence
 from otela.registry.crdt import Entry
 from otela.registry.records import Lifecycle, ModelInfo, NodeRecord
 from otela.registry.session import session_id_for
@@ -80,15 +85,7 @@ class SimNode:
         self.round_trips = RoundTrips(floor=config.probe_timeout, ceiling=config.stale_window)
         sign = self.key.private_key.sign
         registry = self.registry
-
-        def sign_suspicion(peer_id: str, incarnation: int) -> bytes | None:
-            session = live_session(registry, peer_id)
-            if session is None:
-                return None
-            return evidence.sign(sign, self.peer_id, peer_id, session, incarnation,
-                                 clock()).pack_proof()
-
-        self.table.sign_suspicion = sign_suspicion
+        self.table.sign_suspicion = suspicion_signer(sign, self.peer_id, registry, clock)
         self.news = News(self.peer_id, self.table, self.watch, self.health, self.events, sign,
                          self.stats, lambda peer_id: live_session(registry, peer_id))
         self.members = MemberList(self.peer_id, self.table, self.round_trips, self.events)
@@ -365,12 +362,7 @@ class SimNode:
         session = live_session(self.registry, peer_id)
         sessions: list[str] = []
         if session is not None:
-            statements = []
-            for by, incarnation, proof in self.table.evidence_of(peer_id):
-                try:
-                    statements.append(evidence.from_proof(by, peer_id, incarnation, proof))
-                except evidence.EvidenceError:
-                    continue
+            statements = held_statements(self.table.evidence_of(peer_id), peer_id)
             envelope = eviction_envelope(
                 self.registry, session, self.probe.eviction_reason(), statements,
                 self.replica.admission.trust(self.registry), self.key.private_key,
