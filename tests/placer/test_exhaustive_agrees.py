@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from simulator.placer.cpsat import ClassSpec, Option, PlanError, Problem, solve
@@ -72,8 +72,29 @@ def problems(draw: st.DrawFn) -> Problem:
     return Problem(rates, tuple(options), tuple(classes), objective)
 
 
+# Found in CI: a lone CP-SAT worker on the default LP stalled at FEASIBLE (1.21 s, optimum
+# 1.03 s) for the whole time limit; solve() now gives a lone worker the full relaxation.
+STALLED_ALONE = Problem(
+    rates={"m0": 6.46, "m1": 0.5},
+    options=(
+        Option("m0", "A", 1, ((0.0, 1.0184654684345695), (-4.511234647973062, 3.01847546843457),
+                              (-42.11384511946891, 7.236944828372559),
+                              (-90.80772204687959, 12.699639336093092),
+                              (-240.3327673772061, 21.449094633890972)), 6.46, 1.25),
+        Option("m0", "A", 2, ((0.0, 1.2068741015861137), (-8.6507750370901, 3.1068741015861137),
+                              (-15.618683040712034, 4.106874101586113),
+                              (-26.520131268914184, 5.106874101586113)),
+               4.577390941927915, 2.5),
+        Option("m1", "A", 2, ((0.0, 1.0), (-0.40612619817811774, 2.0)), 1.624504792712471, 2.5),
+    ),
+    classes=(ClassSpec("A", 3, 2), ClassSpec("B", 3, 1, one_group=True)),
+    objective=Objective.LATENCY,
+)
+
+
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(problems())
+@example(STALLED_ALONE)
 def test_cpsat_matches_the_enumerator(problem: Problem) -> None:
     best = enumerate_best(problem) if problem.options else None
     try:
