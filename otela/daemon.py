@@ -20,14 +20,13 @@ import logging
 import os
 import signal
 import time
-from collections import Counter
 from typing import Any
 
 import httpx
 import trio
 from libp2p.tools.anyio_service import background_trio_service
 
-from otela import __version__, hardware
+from otela import hardware
 from otela.api import load_reports as load_report_routes
 from otela.api import node_metrics
 from otela.api.app import create_app
@@ -45,7 +44,6 @@ from otela.engine.command import EngineCommand, attached_engine, parse_engine_co
 from otela.engine.metadata import split_overrides
 from otela.engine.supervisor import Supervisor
 from otela.failures import os_error_in
-from otela.hostload import cpu_pressure
 from otela.identity import Identity, load_or_create
 from otela.liveness.detector import DetectorConfig, FailureDetector
 from otela.load.capacity import capacity_of
@@ -65,11 +63,12 @@ from otela.mesh.nat import NatTraversal, known_relays
 from otela.mesh.netlog import NetLog
 from otela.mesh.peer_cache import PeerCache
 from otela.mesh.peering import Peering
-from otela.mesh.quota import quotas_of
 from otela.metrics import Registry as MetricsRegistry
-from otela.netreport import network_report
+from otela.node.metrics_source import NodeMetricsSource
+from otela.node.routing_status import RoutingStatus
+from otela.node.view import AssembledParts, NodeInspection, RunFacts
 from otela.registry.crdt import GCPolicy
-from otela.registry.records import Lifecycle, ModelInfo, NodeRecord, display_state
+from otela.registry.records import Lifecycle, ModelInfo, NodeRecord, SlurmJob
 from otela.replication import (
     LocalReplica,
     MembershipConfigError,
@@ -78,12 +77,11 @@ from otela.replication import (
 )
 from otela.routing.hold import ModelFirstByte
 from otela.routing.load import NodeLoad
-from otela.routing.trust import TrustSet
 from otela.services import ingress_plugin, require_ingress_plugin
 from otela.slurm import fleet_tag_from_env, job_from_env, watch_wall_time, with_end_time
 from otela.tracing.recorder import TraceRecorder
 from otela.workers.control import InternalRoutes, WorkerPool
-from otela.workers.view import snapshot_of
+from otela.workers.state import WorkerState
 
 log = logging.getLogger("otela.node")
 
@@ -107,14 +105,15 @@ class Node:
         self.provider_id = (
             cert.provider_id if cert else config.provider_id or self.identity.default_provider_id
         )
-        self.engine_command: EngineCommand | None = None
+        # What the node learns as it runs (addresses, engine, Slurm job), read by its view.
+        self.facts = RunFacts(self.identity.peer_id.to_base58(), self.provider_id,
+                              slurm_job=job_from_env(os.environ))
         if config.process:
-            self.engine_command = parse_engine_command(config.process, config.engine_url)
+            self.facts.engine_command = parse_engine_command(config.process, config.engine_url)
         elif config.engine_url:
-            self.engine_command = attached_engine(config.engine_url)
+            self.facts.engine_command = attached_engine(config.engine_url)
         split_overrides(config.model_meta)  # reject bad --model-meta before starting
         self.hardware = hardware.discover(config.hw_cpus, config.hw_memory_gb, config.hw_gpus)
-        self.slurm_job = job_from_env(os.environ)
         self.bootstrap_peers = [parse_bootstrap(a) for a in config.bootstrap if not is_url(a)]
         self.bootstrap_urls = [a for a in config.bootstrap if is_url(a)]
         # Peers remembered from the last run: how a node restarted without a bootstrap
@@ -164,8 +163,8 @@ class Node:
         self.exit_code = EXIT_OK
         self._stop = trio.Event()
         self._stopping = False
-        self.supervisor = None if self.engine_command is None else \
-            self._supervisor_for(self.engine_command)
+        if self.engine_command is not None:
+            self.facts.supervisor = self._supervisor_for(self.engine_command)
         # Engines a planner may start here (``--accept-assignments``; refused otherwise).
         self._nursery: trio.Nursery | None = None
         self.assignments = Acceptor(
@@ -190,11 +189,8 @@ class Node:
         self.load = LoadSource(
             config.capacity if config.capacity is not None else plausible,
             others=lambda: self.workers.total("engine_in_flight") if self.workers else 0)
-        self.api = create_app(self)
-        assignment_routes.install(self.api, self.assignments)
         # What watches the request path: metrics always; access log and trace on demand.
         self.metrics = MetricsRegistry()
-        self.lag = LagSampler(node_metrics.install(self.metrics, self))
         self.slow_steps = SlowSteps()  # installed by whoever runs the loop (trio.run)
         observers: list[Observer] = [RequestMetrics(self.metrics), ModelFirstByte(self.metrics)]
         self.access_log = AccessLog(config.access_log) if config.access_log else None
@@ -212,6 +208,12 @@ class Node:
             require_ingress_plugin().open(config, peer_id))
         if self.ingress_service is not None:
             observers += self.ingress_service.observers(self.metrics)
+        # What the HTTP API shows (its request-path parts are attached once assembled).
+        self.view = NodeInspection(config, self.facts, self.replica, lambda: self.session_id,
+                                   self.mesh, self.detector, self.nat, self.netlog,
+                                   self.slow_steps, self.ingress_service)
+        self.api = create_app(self.view)
+        assignment_routes.install(self.api, self.assignments)
         plugin = ingress_plugin()
         if plugin is not None and (config.ingress or self.ingress_service is not None):
             plugin.install(self.api, self.ingress_service)
@@ -233,43 +235,50 @@ class Node:
             min_interval=config.load_interval)
         load_report_routes.install(self.api, self.load_reports)
         # With --workers N the port is served by N data-path processes instead.
+        worker_state = WorkerState(self.registry, self.avoided, lambda: self.session_id,
+                                   self.serving_engine_url, self.served_models, self.load,
+                                   self.router, self.recorder)
         self.workers = None if config.workers <= 1 else WorkerPool(
-            config, config.workers, self._worker_state_key, self._worker_snapshot,
-            self._record_worker_traces, self._worker_load_state)
-        self.addrs: list[str] = []
-        self.http_url = ""
+            config, config.workers, worker_state.key, worker_state.snapshot,
+            worker_state.record_traces, worker_state.load_state)
+        self.routing = RoutingStatus(self.router, lambda: self.registry, self.load,
+                                     self.load_reports, self.workers)
+        self.metrics_source = NodeMetricsSource(
+            registry=self.registry, replicator=self.replicator, detector=self.detector,
+            inflight=self.inflight, pool=self.pool, routing=self.routing,
+            hop_verifier=self.hop_verifier, engine_streams=self.engine_streams,
+            workers=self.workers)
+        self.lag = LagSampler(node_metrics.install(self.metrics, self.metrics_source))
+        self.view.attach(AssembledParts(self.routing, self.metrics_source, self.p2p, self.lag),
+                         self.workers)
 
-    # -- what the node's metrics read (otela.api.node_metrics) -----------------------
+    # -- the facts the node's parts read (``self.facts``) -----------------------------
 
-    def replication_stats(self) -> Counter[str]:
-        return self.replicator.stats
+    @property
+    def addrs(self) -> list[str]:
+        return self.facts.addrs
 
-    def liveness_stats(self) -> dict[str, int]:
-        return self.detector.stats
+    @property
+    def http_url(self) -> str:
+        return self.facts.http_url
+
+    @property
+    def engine_command(self) -> EngineCommand | None:
+        return self.facts.engine_command
+
+    @property
+    def supervisor(self) -> Supervisor | None:
+        return self.facts.supervisor
+
+    @property
+    def slurm_job(self) -> SlurmJob | None:
+        return self.facts.slurm_job
 
     def in_flight(self) -> int:
         """Requests being relayed by this node, data-path workers included."""
-        return self.inflight.count + (self.workers.in_flight() if self.workers else 0)
+        return self.metrics_source.in_flight()
 
-    def data_path_totals(self) -> dict[str, int]:
-        totals = {"retries": self.router.retries, "resent": self.router.resent,
-                  "abandoned": self.router.watch.abandoned, "connects": self.pool.connects,
-                  "connect_failures": self.pool.connect_failures}
-        if self.workers is not None:
-            for key in totals:
-                totals[key] += self.workers.total(key)
-        return totals
-
-    def worker_metric_states(self) -> list[dict[str, Any]]:
-        return self.workers.metric_states() if self.workers else []
-
-    def suspected_count(self) -> int:
-        return len(self.detector.suspected())
-
-    def hop_refusals(self) -> dict[str, int]:
-        return {**self.hop_verifier.refusals, "not_a_member_libp2p": self.engine_streams.refused}
-
-    # -- NodeView (read by the HTTP layer) --------------------------------------------
+    # -- what the request path reads of the node -------------------------------------
 
     @property
     def record(self) -> NodeRecord | None:
@@ -287,66 +296,6 @@ class Node:
         suspected = self.detector.suspected()
         excluded = self.replicator.excluded()
         return suspected | excluded if excluded else suspected
-
-    def health(self) -> dict[str, Any]:
-        record = self.record
-        return {
-            "status": "ok",
-            "version": __version__,
-            "peer_id": self.identity.peer_id.to_base58(),
-            "session_id": self.session_id,
-            "provider_id": self.provider_id,
-            "state": record.state.name if record else Lifecycle.JOIN.name,
-            "display_state": display_state(record) if record else Lifecycle.JOIN.name,
-            "addrs": self.addrs,
-            "http_url": self.http_url,
-            "ingress": self.config.ingress,
-            "engine": self.engine_command.kind if self.engine_command else None,
-            "models": [m.id for m in record.models] if record else [],
-            "in_flight": self.in_flight(),
-            "workers": None if self.workers is None else {
-                "count": self.workers.count, "restarts": self.workers.restarts},
-            "slurm": self.slurm_job.to_dict() if self.slurm_job else None,
-            "engine_failure": self.supervisor.failure if self.supervisor else None,
-            "connected_peers": len(self.replicator.connected_peers()),
-            "registry_size": len(self.registry),
-            "replication": {**self.replicator.stats,
-                            "sessions_superseded": self.registry.superseded},
-            "membership": "open" if self.replica.admission.open else "authority",
-            "suspected_peers": sorted(self.detector.suspected()),
-            "misbehaving_peers": self.replicator.misconduct.snapshot(time.time()),
-            "reachability": self.nat.state,
-            "liveness": {**self.detector.stats, "local_health": self.detector.local_health,
-                         "health_multiplier": self.detector.health.multiplier,
-                         "host_cpu_pressure": cpu_pressure()},
-            "event_loop": {"lag_worst_ms": round(self.lag.worst * 1e3, 2),
-                           "lag_p99_bucket_ms": _ms(self.lag.lag.quantile_bound(
-                               0.99, self.lag.label)),
-                           **self.slow_steps.report()},
-            "hop_refusals": self.hop_refusals(),
-            "inbound_streams": quotas_of(self.mesh.host).report(),
-            "ingress_service": None if self.ingress_service is None
-            else self.ingress_service.report(),
-            "refused_peers": {
-                peer: refusal.reason for peer, refusal in self.replica.admission.refusals.items()
-            },
-        }
-
-    def network(self, peer: str | None = None) -> dict[str, Any]:
-        connected = {p.to_base58() for p in self.mesh.host.get_connected_peers()}
-        return network_report(
-            peer_id=self.identity.peer_id.to_base58(),
-            addrs=self.addrs,
-            nat=self.nat,
-            netlog=self.netlog,
-            registry=self.registry,
-            suspected=self.detector.suspected(),
-            bootstrap=self.netlog.bootstrap_report(connected),
-            connected=len(connected),
-            data_path={"served": self.engine_streams.served, "streams": self.p2p.stats()},
-            liveness=self.detector.report(),
-            peer=peer,
-        ) | {"routing": self.routing_report()}
 
     async def _publish_reachability(self, reachability: str, circuits: tuple[str, ...]) -> None:
         if not self._stopping:
@@ -403,7 +352,7 @@ class Node:
                 await nursery.start(self.replica.run, self.mesh.host)
                 await nursery.start(self.load_reports.run)
                 hosts = advertised_hosts(config.listen_host, config.public_host)
-                self.addrs = expand([str(a) for a in self.mesh.host.get_addrs()],
+                self.facts.addrs = expand([str(a) for a in self.mesh.host.get_addrs()],
                                     config.listen_host, hosts)
                 if not self.addrs:  # py-libp2p logs a failed listen and carries on
                     raise OSError(f"cannot listen for libp2p on {config.listen_host} port "
@@ -416,9 +365,9 @@ class Node:
                         raise
                     raise OSError(f"cannot listen for HTTP on {config.listen_host} port "
                                   f"{config.http_port}: {cause.strerror or cause}") from None
-                self.http_url = f"http://{hosts[0]}:{port}"
+                self.facts.http_url = f"http://{hosts[0]}:{port}"
                 if self.slurm_job is not None:
-                    self.slurm_job = await with_end_time(self.slurm_job)
+                    self.facts.slurm_job = await with_end_time(self.slurm_job)
                 await self.replica.start(NodeRecord(
                     session_id=self._first_session_id,
                     peer_id=self.identity.peer_id.to_base58(),
@@ -488,8 +437,8 @@ class Node:
         """Run an accepted assignment's engine exactly as ``--process`` runs one: the node
         stops being idle at once, and announces SERVING when the engine answers."""
         assert self._nursery is not None
-        self.engine_command = command
-        self.supervisor = self._supervisor_for(command)
+        self.facts.engine_command = command
+        self.facts.supervisor = self._supervisor_for(command)
         print(f"otela: assignment {assignment.id} from {assignment.issuer}: launching "
               f"{' '.join(command.argv)}", flush=True)
         self._nursery.start_soon(self._run_assigned, self._nursery, self.supervisor)
@@ -543,21 +492,6 @@ class Node:
                                   self.config.response_timeout)
         return int(await nursery.start(self.workers.run, internal))
 
-    # -- data-path workers (``--workers``) -------------------------------------------
-
-    def _worker_state_key(self) -> tuple[Any, ...]:
-        return (self.registry.generation, self.avoided(), self.session_id,
-                self.serving_engine_url(), self.served_models())
-
-    def _worker_snapshot(self) -> dict[str, Any]:
-        return snapshot_of(self.registry.snapshot(), self.avoided(),
-                           self.session_id, self.serving_engine_url(), self.served_models())
-
-    def _record_worker_traces(self, records: list[dict[str, Any]]) -> None:
-        if self.recorder is not None:
-            for record in records:
-                self.recorder.record(**record)
-
     async def _engine_ready(self, models: list[ModelInfo]) -> None:
         if self._stopping:
             return
@@ -594,64 +528,8 @@ class Node:
 
     # -- load (otela.load, otela.routing.load) ----------------------------------------
 
-    def ejected_nodes(self) -> dict[str, dict[str, float]]:
-        """Nodes ejected now by any of this node's data-path processes (the longest
-        remaining ejection of each)."""
-        now = trio.current_time()
-        merged = dict(self.router.ejections.report(now))
-        for report in self.workers.reports() if self.workers else ():
-            for session, ejection in report.get("ejected", {}).items():
-                if session not in merged or \
-                        ejection["remaining_s"] > merged[session]["remaining_s"]:
-                    merged[session] = ejection
-        return merged
-
-    def routing_stats(self) -> dict[str, int]:
-        ejections = self.router.ejections.total + (
-            self.workers.total("ejections") if self.workers else 0)
-        return {"ejections": ejections, "ejected": len(self.ejected_nodes()),
-                **self.load_reports.stats}
-
-    def routing_report(self) -> dict[str, Any]:
-        """For /v1/network: how this node routes, whom it keeps out, what loads it sees."""
-        now = trio.current_time()
-        router = self.router
-        return {"policy": router.policies.default.name,
-                "trusted_providers": None if router.trust.providers is None
-                else sorted(router.trust.providers),
-                "ejected": self.ejected_nodes(),
-                "loads": router.loads.snapshot(now),
-                # Capacity claims as checked (``otela.routing.speed``): the share of its
-                # claimed weight each node keeps for how fast it answers here.
-                "speed_factors": {r.session_id: f for r in self.registry
-                                  if (f := router.speeds.report(r.session_id))},
-                "own_load": self.load.current().to_dict(),
-                "engine_metrics": self.load.engine_source,
-                "load_reports": dict(self.load_reports.stats)}
-
-    def catalog_scope(self, authorization: str | None) -> tuple[TrustSet, frozenset[str] | None]:
-        """What ``/v1/models`` may list for this caller: with the ingress service and a
-        key, its trusted providers and models (a wrong key: 401); otherwise everything."""
-        if self.ingress_service is None or authorization is None:
-            return self.router.base_trust(), None
-        key = self.ingress_service.authenticate(authorization.encode("latin-1"))
-        return self.router.base_trust(key.providers), key.models
-
-    def _own_load(self) -> NodeLoad | None:
-        """Our own load, for routing to our own engine (no hop, so no report header)."""
-        return self.load.current() if self.serving_engine_url() else None
-
     def _take_load_report(self, session: str, load: NodeLoad, ttl: float) -> None:
         self.router.loads.report(session, load, trio.current_time(), ttl)
-
-    def _worker_load_state(self) -> dict[str, Any]:
-        """For data-path workers: the node's engine figures and in-flight total, and the
-        load reports serving nodes sent here (workers see only their own answers' reports)."""
-        engine = self.load.engine
-        return {"engine": {"running": engine.running, "waiting": engine.waiting,
-                           "kv_usage": engine.kv_usage}, "capacity": self.load.capacity,
-                "engine_in_flight": self.load.in_flight + self.load.others_in_flight(),
-                "reports": self.router.loads.snapshot(trio.current_time())}
 
     def _report_started(self) -> None:
         peer_id = self.identity.peer_id.to_base58()
@@ -676,6 +554,3 @@ class Node:
             tmp.write_text(json.dumps(status, indent=2))
             tmp.replace(self.config.status_file)
 
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1e3
