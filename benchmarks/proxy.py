@@ -336,6 +336,10 @@ events {{ worker_connections 8192; }}
 http {{
     access_log off;
     upstream engine {{ server 127.0.0.1:{upstream}; keepalive 128; }}
+    # bodies up to 1 MiB stay in memory (the default, 16 KiB, sends a long prompt through
+    # a temporary file: +7 ms at 200 KB, not what a tuned proxy pays)
+    client_body_buffer_size 1m;
+    client_max_body_size 64m;
     server {{
         listen 127.0.0.1:{port};
         location / {{

@@ -27,7 +27,8 @@ from otela.dataplane.errors import RequestError
 from otela.dataplane.exchange import Exchange, UsageTap, prompt_text
 from otela.dataplane.headers import Headers
 from otela.dataplane.http import Request, Response
-from otela.dataplane.jsonbody import BodyError, parse_json_object
+from otela.dataplane.jsonbody import BodyError
+from otela.dataplane.jsonfields import materialized, read_fields
 from otela.dataplane.relay import relay, send_error
 from otela.dataplane.sse_usage import UsageChunkFilter, ask_for_usage
 from otela.routing.ask import AskError, read_ask
@@ -109,8 +110,8 @@ class InferenceRoutes:
             if self.keys is not None:  # before anything else: strangers learn nothing
                 key = self.keys.authenticate(header_rules.credential(request.headers))
                 exchange.api_key = None if key is None else key.id
-            try:
-                body = parse_json_object(request.body)
+            try:  # a long body's prompt is not parsed (otela.dataplane.jsonfields)
+                body = read_fields(request.body)
             except BodyError as exc:
                 raise RequestError(400, str(exc), code=exc.code) from None
             model = body.get("model")
@@ -124,7 +125,7 @@ class InferenceRoutes:
                 assert self.keys is not None
                 grant = self.keys.admit(key, model)
                 if ask_for_usage(body, exchange.route):
-                    hide_usage, raw = UsageChunkFilter(), orjson.dumps(body)
+                    hide_usage, raw = UsageChunkFilter(), orjson.dumps(materialized(body))
             if self.keep_prompts:
                 exchange.prompt = prompt_text(body)
             exchange.stream = body.get("stream") is True
@@ -148,7 +149,10 @@ class InferenceRoutes:
             routed = await route_or_hold(self.hold, model, lambda: self.router.route(
                 model, path, header_rules.forwarded(request.headers, request_id), ask,
                 affinity_key, self.router.settings.timeouts.for_body(body)))
-        except RequestError as error:
+        except (RequestError, BodyError) as caught:
+            # BodyError: a long body's prompt, parsed in full to rewrite the body
+            error = caught if isinstance(caught, RequestError) else RequestError(
+                400, str(caught), code=caught.code)
             exchange.status, exchange.error = error.status, error.code
             if grant is not None and self.keys is not None:
                 self.keys.finished(grant, 0)

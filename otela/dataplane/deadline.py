@@ -19,6 +19,7 @@ compute the same value from the same body.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +42,12 @@ class FirstByteTimeouts:
         return max(self.stream_s, min(self.ceiling_s,
                                       self.stream_s + self.per_token_s * max_tokens))
 
-    def for_body(self, body: dict[str, Any]) -> float:
+    def for_body(self, body: Mapping[str, Any]) -> float:
         """The timeout for a request whose JSON body is ``body``."""
         return self.for_request(body.get("stream") is True, requested_tokens(body))
 
 
-def requested_tokens(body: dict[str, Any]) -> int | None:
+def requested_tokens(body: Mapping[str, Any]) -> int | None:
     """The output tokens a request asks for at most, if it says."""
     for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(key)

@@ -27,6 +27,7 @@ same branch as ever.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,7 +211,7 @@ class Exchange:
         return None if self.head_at is None else self.head_at - self.started
 
 
-def prompt_text(body: dict[str, Any]) -> str | None:
+def prompt_text(body: Mapping[str, Any]) -> str | None:
     """The prompt of a request body, as text (for prefix affinity and recorded traces): a
     completion's ``prompt``, the Responses API's ``instructions`` and ``input``, an
     embedding's ``input``, Anthropic's ``system``, and the messages' text contents, joined

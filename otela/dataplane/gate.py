@@ -34,7 +34,8 @@ from urllib.parse import unquote_to_bytes
 
 from otela.dataplane.deadline import FirstByteTimeouts
 from otela.dataplane.errors import clip
-from otela.dataplane.jsonbody import BodyError, parse_json_object
+from otela.dataplane.jsonbody import BodyError
+from otela.dataplane.jsonfields import read_fields
 from otela.names import route_problem
 
 # OpenAI's inference routes and those vLLM, SGLang and TGI add beside them (Anthropic's
@@ -152,7 +153,7 @@ class EngineGate:
             return Refusal(413, "request_too_large",
                            f"request body exceeds the {self.max_body_bytes} byte limit")
         try:
-            fields = parse_json_object(body)
+            fields = read_fields(body)  # a long prompt is not parsed
         except BodyError as exc:
             return Refusal(400, exc.code, str(exc))
         model = fields.get("model")

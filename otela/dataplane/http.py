@@ -212,7 +212,9 @@ class _Parsing:
         self._target = bytearray()
         self._headers: Headers = []
         self._header_bytes = 0
-        self._body = bytearray()
+        # the body as the parser hands it over: joined once at the end (one chunk: as is)
+        self._body: list[bytes] = []
+        self._body_bytes = 0
         self.parser: Any = None
 
     def on_message_begin(self) -> None:
@@ -221,7 +223,8 @@ class _Parsing:
         self._target = bytearray()
         self._headers = []
         self._header_bytes = 0
-        self._body = bytearray()
+        self._body = []
+        self._body_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self._target += url
@@ -265,8 +268,9 @@ class _Parsing:
     def on_body(self, body: bytes) -> None:
         if self.problem is not None:
             return  # refused: nothing more is kept
-        self._body += body
-        if len(self._body) > self.limits.max_body_bytes and self.problem is None:
+        self._body.append(body)
+        self._body_bytes += len(body)
+        if self._body_bytes > self.limits.max_body_bytes and self.problem is None:
             self.problem = self._too_large()
 
     def on_message_complete(self) -> None:
@@ -275,7 +279,9 @@ class _Parsing:
         self.expect_continue = False
         if self.problem is not None:
             return  # the request that broke a limit is refused, not answered
-        self.done.append((bytes(self._target), self._headers, bytes(self._body),
+        chunks = self._body
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.done.append((bytes(self._target), self._headers, body,
                           self.parser.should_keep_alive(), self.parser.get_method().decode(),
                           self.parser.get_http_version()))
 

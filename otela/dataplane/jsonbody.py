@@ -2,9 +2,13 @@
 
 ``orjson`` parses in C and refuses nesting beyond 1024 levels (where Python's ``json``
 raised ``RecursionError``: a 500 from the ingress). Requests rarely nest deeper than a few
-dozen levels (a tool's JSON schema), so ``MAX_DEPTH`` is lower still; checking it costs a
-``bytes.count`` in the common case, and a walk of the parsed value only for bodies with
-more brackets than the limit. Messages never quote the body back.
+dozen levels (a tool's JSON schema), so ``MAX_DEPTH`` is lower still. Checking it walks
+the parsed value's containers, at most ``WALK_BUDGET`` of them: a chat request has a few
+dozen, so the check costs microseconds whatever the prompt's length (it used to count the
+body's brackets, two passes over every byte: ~150 us of a 200 KB prompt's ~400 us at a
+hop). A body with more containers than the budget is checked by counting its brackets
+(C speed), and walked in full only when there are more than the limit. Messages never
+quote the body back.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 import orjson
 
 MAX_DEPTH = 128
+WALK_BUDGET = 256  # containers walked before the check falls back to counting brackets
 
 
 class BodyError(ValueError):
@@ -38,17 +43,25 @@ def parse_json_object(raw: bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
         raise BodyError(f"request body is not valid JSON: {str(exc)[:120]}") from None
     if not isinstance(value, dict):
         raise BodyError("request body must be a JSON object")
-    if raw.count(b"[") + raw.count(b"{") > max_depth and _depth(value) > max_depth:
+    depth = _depth(value, WALK_BUDGET)
+    if depth is None and raw.count(b"[") + raw.count(b"{") > max_depth:
+        depth = _depth(value)
+    if depth is not None and depth > max_depth:
         raise BodyError(f"request body nests deeper than {max_depth} levels",
                         code="json_too_deep")
     return value
 
 
-def _depth(value: Any) -> int:
-    """How deeply ``value`` nests (objects and arrays), iteratively: no recursion limit."""
+def _depth(value: Any, budget: int | None = None) -> int | None:
+    """How deeply ``value`` nests (objects and arrays), iteratively: no recursion limit;
+    ``None`` once more than ``budget`` containers were seen without an answer."""
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
+        if budget is not None:
+            budget -= 1
+            if budget < 0:
+                return None
         item, level = stack.pop()
         if isinstance(item, dict):
             children: Any = item.values()

@@ -15,10 +15,12 @@ the Responses API in its last event (``response.completed``, or ``response.incom
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
+from otela.dataplane.jsonfields import materialized
 from otela.dataplane.sse import split_events
 from otela.dataplane.sse_events import WholeEvents
 
@@ -26,7 +28,7 @@ from otela.dataplane.sse_events import WholeEvents
 ASKED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
-def ask_for_usage(body: dict[str, Any], route: str) -> bool:
+def ask_for_usage(body: Mapping[str, Any], route: str) -> bool:
     """Set ``stream_options.include_usage`` in a streaming request ``body`` to ``route``
     (its path, without the query); whether the client had not asked for it itself (so its
     usage chunk must be hidden). Other routes' bodies are left alone (module docstring)."""
@@ -37,7 +39,7 @@ def ask_for_usage(body: dict[str, Any], route: str) -> bool:
         return False
     if options is not None and not isinstance(options, dict):
         return False  # malformed: leave it for the engine to refuse
-    body["stream_options"] = {**(options or {}), "include_usage": True}
+    materialized(body)["stream_options"] = {**(options or {}), "include_usage": True}
     return True
 
 

@@ -19,11 +19,13 @@ requirements add up, and two different policies are an error. Pure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from otela.dataplane.jsonfields import materialized
 from otela.routing.constraints import Clause, ConstraintError, parse
 from otela.routing.trust import TrustError, TrustSet, parse_providers
 
@@ -52,7 +54,7 @@ class Ask:
     stream: bool = False  # the client asked for a stream (never re-sent once delivered)
 
 
-def read_ask(headers: list[tuple[bytes, bytes]], body: dict[str, Any], raw: bytes,
+def read_ask(headers: list[tuple[bytes, bytes]], body: Mapping[str, Any], raw: bytes,
              base: TrustSet) -> Ask:
     """The routing statement of one request; ``AskError`` (400) naming a bad part."""
     trust, policy = base, None
@@ -75,13 +77,14 @@ def read_ask(headers: list[tuple[bytes, bytes]], body: dict[str, Any], raw: byte
         policy = wanted[POLICY_HEADER].decode("latin-1").strip() or None
     if EXTENSION not in body:
         return Ask(trust, clauses, policy, raw, stream=body.get("stream") is True)
-    extension = body.pop(EXTENSION)
+    rewritten = materialized(body)  # the extension is cut out: the body is re-encoded
+    extension = rewritten.pop(EXTENSION)
     trust, extra_clauses, body_policy = _read_extension(extension, trust)
     if policy is not None and body_policy is not None and policy != body_policy:
         raise AskError(f"X-Otela-Policy says {policy!r} and the body's otela.policy "
                        f"{body_policy!r}; give one", "otela.policy")
-    return Ask(trust, clauses + extra_clauses, policy or body_policy, orjson.dumps(body),
-               extension, stream=body.get("stream") is True)
+    return Ask(trust, clauses + extra_clauses, policy or body_policy, orjson.dumps(rewritten),
+               extension, stream=rewritten.get("stream") is True)
 
 
 def _read_extension(extension: Any, trust: TrustSet
