@@ -68,6 +68,7 @@ class Access:
         self._others_seen: dict[str, float] = {}
         self.refreshes = 0
         self.refresh_failures = 0
+        self.last_refresh_ok = True  # /v1/health's database_status
 
     # -- the request path --------------------------------------------------------------
 
@@ -145,6 +146,7 @@ class Access:
                 await self.db.in_thread(self.refresh)
             except Exception as exc:  # the database is away: keep serving from the copy
                 self.refresh_failures += 1
+                self.last_refresh_ok = False
                 log.warning("ingress: could not refresh keys and usage (%s)", exc)
 
     def refresh(self) -> None:
@@ -158,6 +160,7 @@ class Access:
         self._keys_seen_at = started
         self._take_others(others, db_now)
         self.refreshes += 1
+        self.last_refresh_ok = True
 
     def remember(self, changed: list[ApiKey]) -> None:
         """Take these keys as they now are (a refresh, or a change made through this node)."""

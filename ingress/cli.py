@@ -22,7 +22,7 @@ from rich.text import Text
 
 from ingress import admin_input, keystore, usage
 from ingress.database import Database, DatabaseError, DatabaseUrl
-from ingress.migrations import migrate
+from ingress.migrations import migrate, open_existing
 from otela.config import resolve
 from otela.config.values import parse_duration
 from otela.console import make_console
@@ -45,15 +45,22 @@ class _Way:
     ``[ingress]`` table > defaults), so ``otela keys`` finds the database and admin token
     the node's config file names."""
 
-    def __init__(self, db: str | None, url: str | None, config_file: Path | None = None
-                 ) -> None:
+    def __init__(self, db: str | None, url: str | None, config_file: Path | None = None,
+                 *, reads_only: bool = False) -> None:
         self.url = url.rstrip("/") if url else None
         self.db: Database | None = None
         config = resolve({"ingress_db": db} if db else {}, None, config_file).config
         self.admin_token = config.admin_token
         if self.url is None:
-            self.db = Database.connect(DatabaseUrl.parse(config.ingress_db or "", config.home))
-            migrate(self.db)
+            # A command that only reads never creates a database: a mistyped --db is an
+            # error naming the path, not an empty database that lists no keys.
+            self.db = Database.connect(DatabaseUrl.parse(config.ingress_db or "", config.home),
+                                       create=not reads_only)
+            try:
+                open_existing(self.db) if reads_only else migrate(self.db)
+            except BaseException:
+                self.db.close()
+                raise
 
     def _api(self, method: str, path: str, **kwargs: Any) -> Any:
         token = self.admin_token
@@ -227,7 +234,7 @@ def create(
 def list_keys(db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
               config_file: Path | None = _CONFIG) -> None:
     """Every key (revoked and expired ones too), with the tokens each has used."""
-    keys = _run(lambda: _Way(db, url, config_file).all_keys())
+    keys = _run(lambda: _Way(db, url, config_file, reads_only=True).all_keys())
     if as_json:
         typer.echo(json.dumps(keys, indent=2))
     else:
@@ -239,7 +246,8 @@ def show(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _
          url: str | None = _URL, as_json: bool = _JSON,
          config_file: Path | None = _CONFIG) -> None:
     """One key's settings and use."""
-    _print_keys([_run(lambda: _Way(db, url, config_file).show(key_id))], as_json)
+    _print_keys([_run(lambda: _Way(db, url, config_file, reads_only=True).show(key_id))],
+                as_json)
 
 
 @keys_app.command("revoke")
@@ -283,8 +291,8 @@ def usage_command(
     if output not in ("table", "csv", "json"):
         typer.echo("otela: --format must be table, csv or json", err=True)
         raise typer.Exit(2)
-    rows = _run(lambda: _Way(db, url, config_file).usage(admin_input.group_by(by),
-                                            _when(since, "since"), _when(until, "until")))
+    rows = _run(lambda: _Way(db, url, config_file, reads_only=True).usage(
+        admin_input.group_by(by), _when(since, "since"), _when(until, "until")))
     columns = ["group", "requests", "prompt_tokens", "completion_tokens", "errors",
                "mean_latency_ms", "mean_ttft_ms"]
     if output == "json":

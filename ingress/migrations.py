@@ -74,6 +74,26 @@ class SchemaTooNew(DatabaseError):
     """The database was written by a newer otela."""
 
 
+def has_schema(db: Database) -> bool:
+    """Whether ``db`` is an ingress database (migrated at least once): read only."""
+    if db.dialect == "postgresql":
+        rows = db.query_sync("SELECT to_regclass('otela_schema') IS NOT NULL")
+    else:
+        rows = db.query_sync("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND "
+                             "name = 'otela_schema'")
+    return bool(rows and rows[0][0])
+
+
+def open_existing(db: Database) -> None:
+    """For commands that only read: refuse a database otela never set up (a mistyped
+    ``--db`` naming another file or database) instead of creating tables in it; bring an
+    older schema up to date."""
+    if not has_schema(db):
+        raise DatabaseError(f"{db.url.display()} is not an otela ingress database (no "
+                            "otela_schema table): check --db")
+    migrate(db)
+
+
 def current_version(db: Database) -> int:
     db.run_sync("CREATE TABLE IF NOT EXISTS otela_schema (version INTEGER NOT NULL)")
     rows = db.query_sync("SELECT MAX(version) FROM otela_schema")

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -198,3 +199,24 @@ def test_a_dropped_connection_is_opened_again_and_no_usage_is_lost(postgres_db):
     rows = db.query_sync("SELECT request_id FROM usage ORDER BY request_id")
     assert [r[0] for r in rows] == ["after", "before"] and writer.pending() == 0
     db.close()
+
+
+def test_health_names_the_backend_not_the_server(tmp_path: Path, postgres_db: str) -> None:
+    """``/v1/health`` said ``postgresql://user:***@host:port/db``: now the kind only, to
+    the admin too, and whether the database answers."""
+    from urllib.parse import urlsplit
+
+    where = urlsplit(postgres_db)
+    with LocalFederation(tmp_path) as fed:
+        node = fed.start_node("ingress", ingress=True, extra_args=["--ingress-db", postgres_db],
+                              extra_env={"OTELA_ADMIN_TOKEN": ADMIN})
+        answer = httpx.get(f"{node.http_url}/v1/health", trust_env=False, timeout=10,
+                           headers={"authorization": f"Bearer {ADMIN}"})
+    service = answer.json()["ingress_service"]
+    assert service["database"] == "postgresql" and service["database_status"] == "ok"
+    text = answer.text
+    assert "postgresql://" not in text and where.path.strip("/") not in text
+    if where.hostname and where.port:
+        assert f"{where.hostname}:{where.port}" not in text
+    if where.username:
+        assert f"{where.username}@" not in text and f"{where.username}:" not in text
