@@ -164,7 +164,7 @@ class Database:
             cursor = self._live().cursor()
             cursor.execute("BEGIN IMMEDIATE" if self.dialect == "sqlite" else "BEGIN")
             try:
-                yield _Translating(cursor, self._sql)
+                yield _Translating(cursor, self._sql, self.dialect)
             except BaseException:
                 cursor.execute("ROLLBACK")
                 raise
@@ -239,9 +239,10 @@ class Database:
 class _Translating:
     """A cursor that takes ``?`` placeholders in either dialect."""
 
-    def __init__(self, cursor: Any, translate: Any) -> None:
+    def __init__(self, cursor: Any, translate: Any, dialect: str = "sqlite") -> None:
         self._cursor = cursor
         self._translate = translate
+        self.dialect = dialect
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self._cursor.execute(self._translate(sql), tuple(params))

@@ -65,6 +65,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "DROP INDEX usage_recorded",
         "CREATE INDEX usage_recorded_by ON usage (recorded_at, ingress)",
     ),
+    (
+        # Every change of a key: who, when, what (``ingress.keystore``: create, update,
+        # revoke, rotate; ``changes`` is JSON, field -> [old, new]). Keys made before this
+        # version have no history before it.
+        """CREATE TABLE api_key_audit (
+            id TEXT PRIMARY KEY,
+            key_id TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            changes TEXT NOT NULL
+        )""",
+        "CREATE INDEX api_key_audit_key ON api_key_audit (key_id, at)",
+    ),
 )
 LATEST = len(MIGRATIONS)
 _LOCK_ID = 0x6F74656C61  # "otela": the advisory lock migrating PostgreSQL databases

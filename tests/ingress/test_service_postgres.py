@@ -42,6 +42,10 @@ def test_schema_keys_and_usage_in_postgresql(postgres_db):
     made, secret = keystore.create(db, KeySpec(owner="a", models=frozenset({"m"}), tpm=10**12,
                                                 rpm=2**61, budget_tokens=2**61))
     assert keystore.get(db, made.id) == made
+    changed = keystore.update(db, made.id, {"rpm": 5, "models": None}, actor="t")
+    assert keystore.get(db, made.id) == changed and changed.models is None
+    assert [(c.action, c.changes) for c in keystore.history(db, made.id)][1] == (
+        "update", {"rpm": [2**61, 5], "models": [["m"], None]})
     writer = usage.UsageWriter(db, "ingress-1")
     done = Exchange(route="/v1/chat/completions", request_id="r", model="m", status=200,
                     api_key=made.id)
@@ -56,6 +60,9 @@ def test_schema_keys_and_usage_in_postgresql(postgres_db):
     service = IngressService(db, "ingress-1")
     service.access.load()
     assert service.authenticate(f"Bearer {secret}".encode()).id == made.id
+    keystore.revoke(db, made.id)
+    with pytest.raises(keystore.KeyRevoked):
+        keystore.rotate(db, made.id)
     db.run_sync("INSERT INTO otela_schema (version) VALUES (?)", (LATEST + 1,))
     with pytest.raises(SchemaTooNew):
         migrate(db)
