@@ -177,9 +177,15 @@ class Totals:
                 "mean_latency_ms": self.mean_latency_ms, "mean_ttft_ms": self.mean_ttft_ms}
 
 
+# Mean latency and time to first token are over the requests that were served (or failed
+# upstream): a request the ingress refused (401, 403, 429: key, model, budget, rate) took
+# microseconds, and counting it made a throttled key's latency look better the more it was
+# refused. Refusals still count as requests and errors.
+_SERVED = "status NOT IN (401, 403, 429)"
 _SUMS = ("COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), "
-         "COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0), AVG(latency_ms), "
-         "AVG(ttft_ms)")
+         "COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0), "
+         f"AVG(CASE WHEN {_SERVED} THEN latency_ms END), "
+         f"AVG(CASE WHEN {_SERVED} THEN ttft_ms END)")
 
 
 def _window(since: float | None, until: float | None,

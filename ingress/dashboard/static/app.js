@@ -494,7 +494,12 @@
 
   const account = { key: null, info: null };
 
+  const STATUS_TONE = { active: "ok", revoked: "bad", expired: "warn", "over budget": "warn" };
+
+  /** The key's status as the API states it (the CLI shows the same word); computed here
+   * only for an answer that carries none. */
   function keyStatus(key) {
+    if (key.status) return [key.status, STATUS_TONE[key.status] || "neutral"];
     if (key.revoked_at) return ["revoked", "bad"];
     if (key.expires_at && key.expires_at < Date.now() / 1000) return ["expired", "warn"];
     if (key.budget_tokens && key.used_tokens >= key.budget_tokens) return ["over budget", "warn"];
