@@ -4,7 +4,20 @@ from an in-memory copy of the keys that a background task keeps fresh.
 The request path never waits for the database: ``admit`` looks the key's hash up in a
 dict, checks it (``ingress.keys.check``), takes a slot from its limits
 (``ingress.limits``) and returns a ``Grant``; ``finished`` gives the slot back and charges
-the tokens used. ``run`` refreshes the copy every ``refresh_interval`` (1 s): keys changed
+the tokens used.
+
+**Budgets are reserved, then settled.** A request of a key with a token budget reserves,
+at admission, what it may use at most: its ``max_tokens`` (``DEFAULT_RESERVE`` when it
+sets none) plus its body's length in bytes (a bound on its prompt's tokens: a token covers
+at least a byte of text). A request is admitted only while the key's used plus reserved
+tokens are below its budget; on completion the reservation is replaced by the tokens the
+engine reported. Requests in flight at once therefore cannot each spend the same
+remainder: on one ingress process a budget is overshot by at most the last admitted
+request's own tokens (its prompt and, when it set ``max_tokens``, at most that many
+generated); a remainder held by requests in flight is a 429 ``budget_reserved`` until
+they finish.
+
+``run`` refreshes the copy every ``refresh_interval`` (1 s): keys changed
 since the last refresh (so a revocation anywhere takes effect here within about a second;
 the promise is 5 s), the tokens each key has used (budgets), and the keyed requests other
 ingress nodes sharing the database served (charged to the buckets here, so a key's limits
@@ -24,6 +37,7 @@ from ingress import keystore, usage
 from ingress.database import Database
 from ingress.keys import ApiKey, bearer, check, hash_secret
 from ingress.limits import KeyLimits, limits_for
+from otela.dataplane.errors import RequestError
 
 log = logging.getLogger("otela.ingress.access")
 
@@ -33,6 +47,9 @@ log = logging.getLogger("otela.ingress.access")
 _LOOKBACK_S = 5.0
 _NOT_ADMITTED = frozenset({401, 403, 429})  # refused where they were: took no slot
 _HEADER_MEMO_MAX = 4096  # Authorization headers whose secret hash is remembered
+# Tokens a request that sets no max_tokens reserves against its key's budget until it is
+# over (docs/ingress.md#limits).
+DEFAULT_RESERVE = 1024
 
 
 @dataclass
@@ -41,6 +58,7 @@ class Grant:
 
     key: ApiKey
     limits: KeyLimits
+    reserved: int = 0  # budget tokens held for this request (budgeted keys only)
 
     @property
     def providers(self) -> frozenset[str] | None:
@@ -63,11 +81,13 @@ class Access:
         self.limits: dict[str, KeyLimits] = {}
         self.used_tokens: dict[str, int] = {}  # at load, plus what others wrote since
         self.used_here: dict[str, int] = {}  # by this process since load
+        self.reserved: dict[str, int] = {}  # budget tokens held by requests in flight here
         self._keys_seen_at = 0.0
         self._others_after = 0.0  # database clock; set by ``load``
         self._others_seen: dict[str, float] = {}
         self.refreshes = 0
         self.refresh_failures = 0
+        self.last_refresh_ok = True  # /v1/health's database_status
 
     # -- the request path --------------------------------------------------------------
 
@@ -95,18 +115,42 @@ class Access:
         (403) and its limits (429); raises the error, takes nothing."""
         key = self.authenticate(authorization)
         if key.budget_tokens is not None:
-            check(key, None, time.time(),
-                  self.used_tokens.get(key.id, 0) + self.used_here.get(key.id, 0))
+            check(key, None, time.time(), self.used(key.id))
+            self._check_reserved(key)
         limits = self.limits.get(key.id)
         if limits is not None:
             limits.check(time.monotonic())
 
-    def admit(self, key: ApiKey, model: str) -> Grant:
-        """``key`` may ask for ``model`` now (raises 403/429 otherwise); takes a slot."""
+    def _check_reserved(self, key: ApiKey) -> None:
+        """The rest of the budget is held by this key's requests in flight: 429, as for a
+        rate (it comes back when they finish, unlike a budget used up, 403)."""
+        assert key.budget_tokens is not None
+        if self.committed(key.id) >= key.budget_tokens:
+            raise RequestError(
+                429, f"The rest of this API key's token budget ({key.budget_tokens}) is "
+                "reserved by its requests in flight; retry when they have finished.",
+                code="budget_reserved", headers={"Retry-After": "1"})
+
+    def committed(self, key_id: str) -> int:
+        """A key's tokens used (everywhere, as last read) and reserved (in flight here)."""
+        return self.used_tokens.get(key_id, 0) + self.used_here.get(key_id, 0) + \
+            self.reserved.get(key_id, 0)
+
+    def used(self, key_id: str) -> int:
+        """A key's tokens used, as this process knows now (``/v1/me``): the database's
+        total at the last refresh plus what this process served since."""
+        return self.used_tokens.get(key_id, 0) + self.used_here.get(key_id, 0)
+
+    def admit(self, key: ApiKey, model: str, max_tokens: int | None = None,
+              prompt_bound: int = 0) -> Grant:
+        """``key`` may ask for ``model`` now (raises 403/429 otherwise); takes a slot and,
+        for a key with a budget, reserves ``max_tokens`` (``DEFAULT_RESERVE``) plus
+        ``prompt_bound`` of it."""
         key_id = key.id
         if key.models is not None or key.budget_tokens is not None:
-            check(key, model, time.time(),
-                  self.used_tokens.get(key_id, 0) + self.used_here.get(key_id, 0))
+            check(key, model, time.time(), self.used(key_id))
+            if key.budget_tokens is not None:
+                self._check_reserved(key)
         grant = self._grants.get(key_id)
         if grant is None or grant.key is not key:
             limits = self.limits.get(key_id)
@@ -114,10 +158,22 @@ class Access:
                 limits = self.limits[key_id] = limits_for(key.rpm, key.tpm, key.max_concurrent)
             grant = self._grants[key_id] = Grant(key, limits)
         grant.limits.admit(time.monotonic())
-        return grant
+        if key.budget_tokens is None:
+            return grant
+        reserve = max(0, prompt_bound) + (
+            max_tokens if max_tokens is not None and max_tokens > 0 else DEFAULT_RESERVE)
+        self.reserved[key_id] = self.reserved.get(key_id, 0) + reserve
+        return Grant(key, grant.limits, reserve)  # its own: it carries the reservation
 
     def finished(self, grant: Grant, tokens: int) -> None:
         grant.limits.finished(tokens, time.monotonic())
+        if grant.reserved:
+            key_id = grant.key.id
+            left = self.reserved.get(key_id, 0) - grant.reserved
+            if left > 0:
+                self.reserved[key_id] = left
+            else:
+                self.reserved.pop(key_id, None)
         if tokens:
             key_id = grant.key.id
             self.used_here[key_id] = self.used_here.get(key_id, 0) + tokens
@@ -145,6 +201,7 @@ class Access:
                 await self.db.in_thread(self.refresh)
             except Exception as exc:  # the database is away: keep serving from the copy
                 self.refresh_failures += 1
+                self.last_refresh_ok = False
                 log.warning("ingress: could not refresh keys and usage (%s)", exc)
 
     def refresh(self) -> None:
@@ -158,6 +215,7 @@ class Access:
         self._keys_seen_at = started
         self._take_others(others, db_now)
         self.refreshes += 1
+        self.last_refresh_ok = True
 
     def remember(self, changed: list[ApiKey]) -> None:
         """Take these keys as they now are (a refresh, or a change made through this node)."""

@@ -6,8 +6,10 @@ Key holders (``Authorization: Bearer <API key>``):
 
 Admins (``Authorization: Bearer <admin token>``, ``OTELA_ADMIN_TOKEN``):
 - ``GET /v1/admin/keys``, ``POST /v1/admin/keys`` (the secret is in the answer, once),
-  ``GET /v1/admin/keys/{id}``, ``POST /v1/admin/keys/{id}/revoke`` (or ``DELETE``),
-  ``POST /v1/admin/keys/{id}/rotate``;
+  ``GET /v1/admin/keys/{id}``, ``PATCH /v1/admin/keys/{id}`` (change settings, checked
+  as at creation), ``POST /v1/admin/keys/{id}/revoke`` (or ``DELETE``),
+  ``POST /v1/admin/keys/{id}/rotate``, ``GET /v1/admin/keys/{id}/history`` (who changed
+  what, when);
 - ``GET /v1/admin/usage?since&until&by=key|model|provider|node|ingress|status``.
 
 Every error is an OpenAI-style JSON error; nothing is written unless the whole request was
@@ -23,7 +25,7 @@ from fastapi import FastAPI, Request
 
 from ingress import admin_input, keystore, usage
 from ingress.keys import ApiKey, bearer, same_secret
-from ingress.keystore import KeyNotFound
+from ingress.keystore import KeyNotFound, KeyRevoked
 from ingress.service import IngressService
 from otela.api.errors import read_json_object
 from otela.dataplane.errors import RequestError
@@ -42,6 +44,18 @@ def _admin(service: IngressService, request: Request) -> None:
 
 def _not_found() -> RequestError:
     return RequestError(404, "No such API key.", code="key_not_found", param="id")
+
+
+def _revoked(doing: str) -> RequestError:
+    return RequestError(409, f"This API key is revoked, for good: it cannot be {doing}. "
+                        "Create a new key instead.", code="key_revoked", param="id")
+
+
+def _actor(service: IngressService, request: Request) -> str:
+    """Who made a change through the admin API, for the key's history: the admin token is
+    one shared secret, so the history says where it came from and through which node."""
+    client = request.client.host if request.client is not None else "unknown"
+    return f"admin API from {client} via {service.ingress_id}"
 
 
 def install(app: FastAPI, service: IngressService) -> None:
@@ -92,24 +106,45 @@ def install(app: FastAPI, service: IngressService) -> None:
     async def create_key(request: Request) -> dict[str, Any]:
         _admin(service, request)
         spec = admin_input.key_spec(await read_json_object(request))
-        key, secret = await db.in_thread(keystore.create, db, spec)
+        key, secret = await db.in_thread(keystore.create, db, spec, None,
+                                         _actor(service, request))
         service.access.remember([key])
         return {**key.to_dict(time.time(), 0), "key": secret}
 
-    async def on_key(request: Request, key_id: str, change: Any) -> Any:
-        """``change(db, key_id)`` for an admin, in a worker thread; 404 for no such key."""
+    async def on_key(request: Request, key_id: str, change: Any, *args: Any,
+                     doing: str = "changed") -> Any:
+        """``change(db, key_id, *args)`` for an admin, in a worker thread; 404 for no such
+        key, 409 for a revoked one."""
         _admin(service, request)
         try:
-            return await db.in_thread(change, db, admin_input.key_id(key_id))
+            return await db.in_thread(change, db, admin_input.key_id(key_id), *args)
         except KeyNotFound:
             raise _not_found() from None
+        except KeyRevoked:
+            raise _revoked(doing) from None
 
     @app.get("/v1/admin/keys/{key_id}")
     async def show_key(request: Request, key_id: str) -> dict[str, Any]:
         return await key_object(await on_key(request, key_id, keystore.get))
 
+    @app.patch("/v1/admin/keys/{key_id}")
+    async def update_key(request: Request, key_id: str) -> dict[str, Any]:
+        """Change a key's settings: the fields of creation, checked the same way; ``null``
+        puts one back to its default. Its id, secret and usage stay."""
+        _admin(service, request)
+        change = admin_input.key_change(await read_json_object(request))
+        key = await on_key(request, key_id, keystore.update, change, None,
+                           _actor(service, request))
+        service.access.remember([key])
+        return await key_object(key)
+
+    @app.get("/v1/admin/keys/{key_id}/history")
+    async def key_history(request: Request, key_id: str) -> dict[str, Any]:
+        changes = await on_key(request, key_id, keystore.history)
+        return {"object": "list", "data": [c.to_dict() for c in changes]}
+
     async def revoke(request: Request, key_id: str) -> dict[str, Any]:
-        key = await on_key(request, key_id, keystore.revoke)
+        key = await on_key(request, key_id, keystore.revoke, None, _actor(service, request))
         service.access.remember([key])
         return await key_object(key)
 
@@ -118,7 +153,8 @@ def install(app: FastAPI, service: IngressService) -> None:
 
     @app.post("/v1/admin/keys/{key_id}/rotate")
     async def rotate(request: Request, key_id: str) -> dict[str, Any]:
-        key, secret = await on_key(request, key_id, keystore.rotate)  # revoked: 404 too
+        key, secret = await on_key(request, key_id, keystore.rotate, None,
+                                   _actor(service, request), doing="rotated")
         service.access.remember([key])
         return {**(await key_object(key)), "key": secret}
 

@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from ingress.keystore import KeySpec
+from ingress.keystore import KEY_FIELDS, KeySpec
 from ingress.usage import GROUPS
 from otela.dataplane.errors import RequestError
 
@@ -59,39 +59,75 @@ def _names(value: Any, param: str) -> frozenset[str] | None:
     return frozenset(_text(item, param, required=True) for item in value)
 
 
-def key_spec(body: dict[str, Any], now: float | None = None) -> KeySpec:
-    """A new key's settings from an admin API body (or the CLI's options as a dict)."""
+def _known(body: dict[str, Any]) -> None:
     unknown = sorted(set(body) - _FIELDS)
     if unknown:
         raise _bad(f"unknown field '{unknown[0][:40]}' (expected: "
                    f"{', '.join(sorted(_FIELDS))})", unknown[0][:40])
-    now = time.time() if now is None else now
-    expires_at = None
+
+
+def _expiry(body: dict[str, Any], now: float) -> float | None:
+    """``expires_in`` (seconds from now) or ``expires_at`` (a unix time or an ISO 8601
+    date/time, as everywhere the API takes a time), in the future and before year 10000."""
     if body.get("expires_in") is not None and body.get("expires_at") is not None:
         raise _bad("give 'expires_in' or 'expires_at', not both", "expires_in")
+    expires_at = None
     if body.get("expires_in") is not None:
         expires_at = now + float(_positive(body["expires_in"], "expires_in") or 0)
     elif body.get("expires_at") is not None:
         value = body["expires_at"]
+        future = _bad("'expires_at' must be a unix time or an ISO 8601 date/time in the "
+                      "future", "expires_at")
+        if isinstance(value, str):
+            value = time_param(value, "expires_at")
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= now:
-            raise _bad("'expires_at' must be a unix time in the future", "expires_at")
+            raise future
         expires_at = float(value)
     if expires_at is not None and expires_at > LATEST:
         # 1e308 was taken, and every `otela keys list` then died formatting it
         # (OverflowError in time.gmtime): found by fuzzing the admin API.
         raise _bad("a key must expire before the year 10000",
                    "expires_in" if body.get("expires_in") is not None else "expires_at")
-    return KeySpec(
-        owner=_text(body.get("owner"), "owner", required=True),
-        name=_text(body.get("name"), "name"),
-        expires_at=expires_at,
-        models=_names(body.get("models"), "models"),
-        providers=_names(body.get("providers"), "providers"),
-        rpm=_positive(body.get("rpm"), "rpm"),
-        tpm=_positive(body.get("tpm"), "tpm"),
-        max_concurrent=_positive(body.get("max_concurrent"), "max_concurrent"),
-        budget_tokens=_positive(body.get("budget_tokens"), "budget_tokens"),
-    )
+    return expires_at
+
+
+def _value(field: str, body: dict[str, Any]) -> Any:
+    """One key field read from ``body`` by the rule both creation and change apply."""
+    value = body.get(field)
+    if field == "owner":
+        return _text(value, "owner", required=True)
+    if field == "name":
+        return _text(value, "name")
+    if field in ("models", "providers"):
+        return _names(value, field)
+    return _positive(value, field)
+
+
+def key_spec(body: dict[str, Any], now: float | None = None) -> KeySpec:
+    """A new key's settings from an admin API body (or the CLI's options as a dict)."""
+    _known(body)
+    now = time.time() if now is None else now
+    return KeySpec(expires_at=_expiry(body, now),
+                   **{field: _value(field, body) for field in KEY_FIELDS
+                      if field != "expires_at"})
+
+
+def key_change(body: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """The fields of a key to change, from an admin API ``PATCH`` body (or the CLI's
+    options): checked exactly as at creation. A field given as ``null`` goes back to its
+    default (no limit, every model, the ingress's providers, no expiry, no name); the
+    owner cannot be removed. Raises 400 for an empty change."""
+    _known(body)
+    if not body:
+        raise _bad(f"nothing to change: give one of {', '.join(sorted(_FIELDS))}", "body")
+    now = time.time() if now is None else now
+    change: dict[str, Any] = {}
+    if "expires_in" in body or "expires_at" in body:
+        change["expires_at"] = _expiry(body, now)
+    for field in KEY_FIELDS:
+        if field in body and field != "expires_at":
+            change[field] = _value(field, body)
+    return change
 
 
 def key_id(value: str) -> str:

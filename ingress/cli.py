@@ -9,8 +9,10 @@ same objects, so ``--json`` output does not depend on the way in.
 from __future__ import annotations
 
 import csv
+import getpass
 import io
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from rich.text import Text
 
 from ingress import admin_input, keystore, usage
 from ingress.database import Database, DatabaseError, DatabaseUrl
-from ingress.migrations import migrate
+from ingress.migrations import migrate, open_existing
 from otela.config import resolve
 from otela.config.values import parse_duration
 from otela.console import make_console
@@ -30,13 +32,22 @@ from otela.dataplane.errors import RequestError
 
 keys_app = typer.Typer(no_args_is_help=True, help=(
     "API keys of the public ingress service: create (the secret is printed once), list, "
-    "show, revoke, rotate. On the database (--db) or through an ingress (--url and "
-    "OTELA_ADMIN_TOKEN)."))
+    "show, update, history, revoke, rotate. On the database (--db) or through an ingress "
+    "(--url and OTELA_ADMIN_TOKEN)."))
 
 DB_HELP = ("The ingress database: a SQLite file or postgresql://... [env: OTELA_INGRESS_DB; "
            "config: [ingress] db; default: ingress.db in the node home]")
 URL_HELP = ("An ingress node's HTTP URL: use its admin API (token from OTELA_ADMIN_TOKEN) "
             "instead of the database.")
+
+
+def _actor() -> str:
+    """Who changes keys straight on the database, for the key's history."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"otela keys on the database by {user}@{socket.gethostname()}"
 
 
 class _Way:
@@ -45,15 +56,22 @@ class _Way:
     ``[ingress]`` table > defaults), so ``otela keys`` finds the database and admin token
     the node's config file names."""
 
-    def __init__(self, db: str | None, url: str | None, config_file: Path | None = None
-                 ) -> None:
+    def __init__(self, db: str | None, url: str | None, config_file: Path | None = None,
+                 *, reads_only: bool = False) -> None:
         self.url = url.rstrip("/") if url else None
         self.db: Database | None = None
         config = resolve({"ingress_db": db} if db else {}, None, config_file).config
         self.admin_token = config.admin_token
         if self.url is None:
-            self.db = Database.connect(DatabaseUrl.parse(config.ingress_db or "", config.home))
-            migrate(self.db)
+            # A command that only reads never creates a database: a mistyped --db is an
+            # error naming the path, not an empty database that lists no keys.
+            self.db = Database.connect(DatabaseUrl.parse(config.ingress_db or "", config.home),
+                                       create=not reads_only)
+            try:
+                open_existing(self.db) if reads_only else migrate(self.db)
+            except BaseException:
+                self.db.close()
+                raise
 
     def _api(self, method: str, path: str, **kwargs: Any) -> Any:
         token = self.admin_token
@@ -76,8 +94,20 @@ class _Way:
     def create(self, spec: dict[str, Any]) -> dict[str, Any]:
         if self.db is None:
             return dict(self._api("POST", "/keys", json=spec))
-        key, secret = keystore.create(self.db, admin_input.key_spec(spec))
+        key, secret = keystore.create(self.db, admin_input.key_spec(spec), actor=_actor())
         return {**key.to_dict(time.time(), 0), "key": secret}
+
+    def update(self, key_id: str, change: dict[str, Any]) -> dict[str, Any]:
+        if self.db is None:
+            return dict(self._api("PATCH", f"/keys/{key_id}", json=change))
+        key = keystore.update(self.db, admin_input.key_id(key_id),
+                              admin_input.key_change(change), actor=_actor())
+        return key.to_dict(time.time(), keystore.used_tokens(self.db, [key.id])[key.id])
+
+    def history(self, key_id: str) -> list[dict[str, Any]]:
+        if self.db is None:
+            return list(self._api("GET", f"/keys/{key_id}/history")["data"])
+        return [c.to_dict() for c in keystore.history(self.db, admin_input.key_id(key_id))]
 
     def all_keys(self) -> list[dict[str, Any]]:
         if self.db is None:
@@ -95,12 +125,13 @@ class _Way:
     def revoke(self, key_id: str) -> dict[str, Any]:
         if self.db is None:
             return dict(self._api("POST", f"/keys/{key_id}/revoke"))
-        return keystore.revoke(self.db, admin_input.key_id(key_id)).to_dict(time.time())
+        return keystore.revoke(self.db, admin_input.key_id(key_id),
+                               actor=_actor()).to_dict(time.time())
 
     def rotate(self, key_id: str) -> dict[str, Any]:
         if self.db is None:
             return dict(self._api("POST", f"/keys/{key_id}/rotate"))
-        key, secret = keystore.rotate(self.db, admin_input.key_id(key_id))
+        key, secret = keystore.rotate(self.db, admin_input.key_id(key_id), actor=_actor())
         return {**key.to_dict(time.time()), "key": secret}
 
     def usage(self, by: str, since: float | None, until: float | None) -> list[dict[str, Any]]:
@@ -124,6 +155,10 @@ def _run(work: Any) -> Any:
         raise typer.Exit(1 if getattr(exc, "status", 400) == 404 else 2) from None
     except keystore.KeyNotFound as exc:
         typer.echo(f"otela: no such API key: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except keystore.KeyRevoked as exc:
+        typer.echo(f"otela: the API key {exc} is revoked, for good: create a new one",
+                   err=True)
         raise typer.Exit(1) from None
     except (_Failure, DatabaseError) as exc:
         typer.echo(f"otela: {exc}", err=True)
@@ -227,7 +262,7 @@ def create(
 def list_keys(db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
               config_file: Path | None = _CONFIG) -> None:
     """Every key (revoked and expired ones too), with the tokens each has used."""
-    keys = _run(lambda: _Way(db, url, config_file).all_keys())
+    keys = _run(lambda: _Way(db, url, config_file, reads_only=True).all_keys())
     if as_json:
         typer.echo(json.dumps(keys, indent=2))
     else:
@@ -239,7 +274,77 @@ def show(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _
          url: str | None = _URL, as_json: bool = _JSON,
          config_file: Path | None = _CONFIG) -> None:
     """One key's settings and use."""
-    _print_keys([_run(lambda: _Way(db, url, config_file).show(key_id))], as_json)
+    _print_keys([_run(lambda: _Way(db, url, config_file, reads_only=True).show(key_id))],
+                as_json)
+
+
+_CLEARABLE = ("name", "expires", "models", "providers", "rpm", "tpm", "max_concurrent",
+              "budget_tokens")
+
+
+@keys_app.command("update")
+def update(
+    key_id: str = typer.Argument(..., metavar="KEY_ID"),
+    owner: str | None = typer.Option(None, "--owner", help="Who the key is for."),
+    name: str | None = typer.Option(None, "--name", help="A label for the key."),
+    expires_in: str | None = typer.Option(None, "--expires-in", metavar="DURATION",
+                                          help="Expire this long from now (e.g. 30d)."),
+    model: list[str] = typer.Option([], "--model", metavar="ID",
+                                    help="The models the key may use (repeat: the new list)."),
+    provider: list[str] = typer.Option([], "--provider", metavar="NAME",
+                                       help="The providers its requests may run on "
+                                       "(repeat: the new list)."),
+    rpm: int | None = typer.Option(None, "--rpm", help="Requests per minute."),
+    tpm: int | None = typer.Option(None, "--tpm", help="Tokens per minute."),
+    max_concurrent: int | None = typer.Option(None, "--max-concurrent",
+                                              help="Requests in flight at once."),
+    budget_tokens: int | None = typer.Option(None, "--budget-tokens",
+                                             help="Tokens over the key's whole life."),
+    clear: list[str] = typer.Option(
+        [], "--clear", metavar="FIELD",
+        help=f"Put a setting back to its default (no limit, any model, no expiry...): "
+        f"{', '.join(_CLEARABLE)}. Repeatable."),
+    db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
+    config_file: Path | None = _CONFIG,
+) -> None:
+    """Change a key's settings (checked as at creation; recorded in its history). Its id,
+    secret and usage stay; a revoked key cannot be changed."""
+    def work() -> dict[str, Any]:
+        change: dict[str, Any] = {}
+        for field in clear:
+            if field not in _CLEARABLE:
+                raise ValueError(f"--clear takes one of {', '.join(_CLEARABLE)}, not "
+                                 f"{field!r}")
+            change["expires_in" if field == "expires" else field] = None
+        if expires_in:
+            change["expires_in"] = max(1, round(parse_duration(expires_in)))
+        for field, value in (("owner", owner), ("name", name), ("models", model or None),
+                             ("providers", provider or None), ("rpm", rpm), ("tpm", tpm),
+                             ("max_concurrent", max_concurrent),
+                             ("budget_tokens", budget_tokens)):
+            if value is not None:
+                change[field] = value
+        return _Way(db, url, config_file).update(key_id, change)
+    _print_keys([_run(work)], as_json)
+
+
+@keys_app.command("history")
+def history(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _DB,
+            url: str | None = _URL, as_json: bool = _JSON,
+            config_file: Path | None = _CONFIG) -> None:
+    """Every change of a key: when, by whom, what (old -> new)."""
+    changes = _run(lambda: _Way(db, url, config_file, reads_only=True).history(key_id))
+    if as_json:
+        typer.echo(json.dumps(changes, indent=2))
+        return
+    table = Table(show_edge=False)
+    for column in ("when (UTC)", "action", "by", "changes"):
+        table.add_column(column)
+    for change in changes:
+        what = "; ".join(f"{field}: {json.dumps(old)} -> {json.dumps(new)}"
+                         for field, (old, new) in change["changes"].items())
+        table.add_row(*_plain(_expiry(change["at"]), change["action"], change["actor"], what))
+    make_console().print(table)
 
 
 @keys_app.command("revoke")
@@ -283,8 +388,8 @@ def usage_command(
     if output not in ("table", "csv", "json"):
         typer.echo("otela: --format must be table, csv or json", err=True)
         raise typer.Exit(2)
-    rows = _run(lambda: _Way(db, url, config_file).usage(admin_input.group_by(by),
-                                            _when(since, "since"), _when(until, "until")))
+    rows = _run(lambda: _Way(db, url, config_file, reads_only=True).usage(
+        admin_input.group_by(by), _when(since, "since"), _when(until, "until")))
     columns = ["group", "requests", "prompt_tokens", "completion_tokens", "errors",
                "mean_latency_ms", "mean_ttft_ms"]
     if output == "json":

@@ -13,6 +13,7 @@ same file. PostgreSQL is for several ingress nodes sharing one database.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -91,17 +92,28 @@ class Database:
     # -- connecting --------------------------------------------------------------------
 
     @classmethod
-    def connect(cls, url: DatabaseUrl) -> Database:
+    def connect(cls, url: DatabaseUrl, create: bool = True) -> Database:
+        """Open the database; ``create=False`` (read-only commands) refuses a SQLite file
+        that does not exist rather than making an empty one where a path was mistyped.
+
+        A new SQLite file is created readable by its owner only (0600) before SQLite opens
+        it: it holds every key's hash and every request's metadata, and SQLite makes its
+        ``-wal`` and ``-shm`` files with the database file's own permissions."""
         if url.dialect == "sqlite":
             path = Path(url.target)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if not create and not path.is_file():
+                raise DatabaseError(f"no ingress database at {path}: check --db (or "
+                                    "OTELA_INGRESS_DB, or [ingress] db in the config file)")
             try:
+                if create and not path.exists():
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
                 connection: Any = sqlite3.connect(path, timeout=10.0, isolation_level=None,
                                              check_same_thread=False)
                 connection.execute("PRAGMA journal_mode=WAL")
                 connection.execute("PRAGMA synchronous=NORMAL")
                 connection.execute("PRAGMA busy_timeout=10000")
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:
                 raise DatabaseError(f"cannot open the SQLite database {path}: {exc}") from None
             return cls(url, connection)
         try:
@@ -152,7 +164,7 @@ class Database:
             cursor = self._live().cursor()
             cursor.execute("BEGIN IMMEDIATE" if self.dialect == "sqlite" else "BEGIN")
             try:
-                yield _Translating(cursor, self._sql)
+                yield _Translating(cursor, self._sql, self.dialect)
             except BaseException:
                 cursor.execute("ROLLBACK")
                 raise
@@ -227,9 +239,10 @@ class Database:
 class _Translating:
     """A cursor that takes ``?`` placeholders in either dialect."""
 
-    def __init__(self, cursor: Any, translate: Any) -> None:
+    def __init__(self, cursor: Any, translate: Any, dialect: str = "sqlite") -> None:
         self._cursor = cursor
         self._translate = translate
+        self.dialect = dialect
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self._cursor.execute(self._translate(sql), tuple(params))

@@ -19,6 +19,7 @@ from typing import Any
 from otela.dataplane.errors import RequestError
 
 SECRET_PREFIX = "otela-"
+OVER_BUDGET = "over budget"
 
 
 def new_secret() -> str:
@@ -59,11 +60,17 @@ class ApiKey:
     def usable(self, now: float) -> bool:
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
 
-    def status(self, now: float) -> str:
+    def status(self, now: float, used_tokens: int | None = None) -> str:
+        """``revoked``, ``expired``, ``over budget`` (given the tokens used: requests are
+        refused, 403 ``budget_exceeded``) or ``active``: the one status ``/v1/me``, the
+        admin API, ``otela keys`` and the dashboard all show."""
         if self.revoked_at is not None:
             return "revoked"
         if self.expires_at is not None and now >= self.expires_at:
             return "expired"
+        if self.budget_tokens is not None and used_tokens is not None and \
+                used_tokens >= self.budget_tokens:
+            return OVER_BUDGET
         return "active"
 
     def revoked(self, now: float) -> ApiKey:
@@ -76,7 +83,7 @@ class ApiKey:
             "id": self.id,
             "name": self.name,
             "owner": self.owner,
-            "status": self.status(now),
+            "status": self.status(now, used_tokens),
             "created_at": self.created_at,
             "expires_at": self.expires_at,
             "revoked_at": self.revoked_at,

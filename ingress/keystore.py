@@ -1,13 +1,17 @@
-"""API keys in the database: create, read, revoke, rotate, and what changed since when.
+"""API keys in the database: create, read, change, revoke, rotate, and what changed
+since when.
 
 Blocking calls (``Database.*_sync``): the command line calls them directly, the node in a
 worker thread. Every change sets ``updated_at``, which is how each ingress's key cache
-(``ingress.access``) picks up revocations made anywhere.
+(``ingress.access``) picks up changes made anywhere, and writes a row of the key's
+history (``api_key_audit``: who, when, what, old and new values) in the same transaction:
+a change is never made without its record, nor recorded without being made.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,8 +23,18 @@ _COLUMNS = ("id, secret_hash, owner, name, created_at, expires_at, revoked_at, m
             "providers, rpm, tpm, max_concurrent, budget_tokens, updated_at")
 
 
+# Every setting of a key, as ``KeySpec`` names them (and the api_keys columns).
+KEY_FIELDS = ("owner", "name", "expires_at", "models", "providers", "rpm", "tpm",
+              "max_concurrent", "budget_tokens")
+
+
 class KeyNotFound(LookupError):
     pass
+
+
+class KeyRevoked(Exception):
+    """The key exists but is revoked: revocation is for good, so it cannot be changed or
+    given a new secret."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +70,8 @@ def key_from_row(row: Row) -> ApiKey:
                   updated_at=float(updated))
 
 
-def create(db: Database, spec: KeySpec, now: float | None = None) -> tuple[ApiKey, str]:
+def create(db: Database, spec: KeySpec, now: float | None = None, actor: str = ""
+           ) -> tuple[ApiKey, str]:
     """A new key and its secret (the only time the secret exists outside the caller)."""
     now = time.time() if now is None else now
     secret = new_secret()
@@ -65,8 +80,12 @@ def create(db: Database, spec: KeySpec, now: float | None = None) -> tuple[ApiKe
                  models=spec.models, providers=spec.providers, rpm=spec.rpm, tpm=spec.tpm,
                  max_concurrent=spec.max_concurrent, budget_tokens=spec.budget_tokens,
                  updated_at=now)
-    db.run_sync(f"INSERT INTO api_keys ({_COLUMNS}) VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _row(key))
+    with db.transaction() as cursor:
+        cursor.execute(f"INSERT INTO api_keys ({_COLUMNS}) VALUES "
+                       "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _row(key))
+        _audit(cursor, key.id, now, actor, "create",
+               {f: [None, _shown(getattr(key, f))] for f in KEY_FIELDS
+                if getattr(key, f) not in (None, "")})
     return key, secret
 
 
@@ -94,28 +113,115 @@ def changed_since(db: Database, since: float) -> list[ApiKey]:
         f"SELECT {_COLUMNS} FROM api_keys WHERE updated_at >= ?", (since,))]
 
 
-def revoke(db: Database, key_id: str, now: float | None = None) -> ApiKey:
+def _locked(cursor: Any, key_id: str) -> ApiKey:
+    """The key, read inside a write transaction (PostgreSQL: its row locked until the
+    commit, so two concurrent changes record each other's values correctly)."""
+    cursor.execute(f"SELECT {_COLUMNS} FROM api_keys WHERE id = ?"
+                   + ("" if _is_sqlite(cursor) else " FOR UPDATE"), (key_id,))
+    rows = cursor.fetchall()
+    if not rows:
+        raise KeyNotFound(key_id)
+    return key_from_row(rows[0])
+
+
+def _is_sqlite(cursor: Any) -> bool:
+    return getattr(cursor, "dialect", "sqlite") == "sqlite"
+
+
+def revoke(db: Database, key_id: str, now: float | None = None, actor: str = "") -> ApiKey:
     """Revoke for good (revoking twice keeps the first time)."""
     now = time.time() if now is None else now
-    key = get(db, key_id)
-    if key.revoked_at is not None:
-        return key
-    db.run_sync("UPDATE api_keys SET revoked_at = ?, updated_at = ? WHERE id = ?",
-                (now, now, key_id))
+    with db.transaction() as cursor:
+        key = _locked(cursor, key_id)
+        if key.revoked_at is not None:
+            return key
+        cursor.execute("UPDATE api_keys SET revoked_at = ?, updated_at = ? WHERE id = ?",
+                       (now, now, key_id))
+        _audit(cursor, key_id, now, actor, "revoke", {})
     return replace(key, revoked_at=now, updated_at=now)
 
 
-def rotate(db: Database, key_id: str, now: float | None = None) -> tuple[ApiKey, str]:
+def rotate(db: Database, key_id: str, now: float | None = None, actor: str = ""
+           ) -> tuple[ApiKey, str]:
     """A new secret for the same key (same id, limits and usage); the old one stops
-    working. A revoked key cannot be rotated back to life."""
+    working. A revoked key cannot be rotated back to life (``KeyRevoked``)."""
     now = time.time() if now is None else now
-    key = get(db, key_id)
-    if key.revoked_at is not None:
-        raise KeyNotFound(key_id)
     secret = new_secret()
-    db.run_sync("UPDATE api_keys SET secret_hash = ?, updated_at = ? WHERE id = ?",
-                (hash_secret(secret), now, key_id))
+    with db.transaction() as cursor:
+        key = _locked(cursor, key_id)
+        if key.revoked_at is not None:
+            raise KeyRevoked(key_id)
+        cursor.execute("UPDATE api_keys SET secret_hash = ?, updated_at = ? WHERE id = ?",
+                       (hash_secret(secret), now, key_id))
+        _audit(cursor, key_id, now, actor, "rotate", {})
     return replace(key, secret_hash=hash_secret(secret), updated_at=now), secret
+
+
+def update(db: Database, key_id: str, change: dict[str, Any], now: float | None = None,
+           actor: str = "") -> ApiKey:
+    """Change some of a key's settings (``change``: ``KEY_FIELDS`` names to values, checked
+    by ``ingress.admin_input.key_change``); its id, secret and usage stay. Fields set to
+    what they already are are not recorded; a change that changes nothing writes nothing.
+    ``KeyRevoked`` for a revoked key."""
+    now = time.time() if now is None else now
+    unknown = set(change) - set(KEY_FIELDS)
+    if unknown:
+        raise ValueError(f"not a key field: {sorted(unknown)[0]}")
+    with db.transaction() as cursor:
+        key = _locked(cursor, key_id)
+        if key.revoked_at is not None:
+            raise KeyRevoked(key_id)
+        changed = {f: v for f, v in change.items() if getattr(key, f) != v}
+        if not changed:
+            return key
+        new = replace(key, **changed, updated_at=now)
+        row = dict(zip(_COLUMNS.split(", "), _row(new), strict=True))
+        cursor.execute(f"UPDATE api_keys SET {', '.join(f'{f} = ?' for f in changed)}, "
+                       "updated_at = ? WHERE id = ?",
+                       (*(row[f] for f in changed), now, key_id))
+        _audit(cursor, key_id, now, actor, "update",
+               {f: [_shown(getattr(key, f)), _shown(v)] for f, v in changed.items()})
+    return new
+
+
+# -- a key's history ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Change:
+    """One row of a key's history: ``changes`` maps a field to ``[old, new]``."""
+
+    key_id: str
+    at: float
+    actor: str
+    action: str  # create, update, revoke, rotate
+    changes: dict[str, list[Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"object": "api_key.change", "key_id": self.key_id, "at": self.at,
+                "actor": self.actor, "action": self.action, "changes": self.changes}
+
+
+def _shown(value: Any) -> Any:
+    """A field's value as the history keeps it (JSON: sets as sorted lists)."""
+    return sorted(value) if isinstance(value, frozenset) else value
+
+
+def _audit(cursor: Any, key_id: str, now: float, actor: str, action: str,
+           changes: dict[str, list[Any]]) -> None:
+    cursor.execute("INSERT INTO api_key_audit (id, key_id, at, actor, action, changes) "
+                   "VALUES (?, ?, ?, ?, ?, ?)",
+                   (f"{round(now * 1e6):017d}{secrets.token_hex(4)}", key_id, now,
+                    actor[:200] or "unknown", action,
+                    json.dumps(changes)))
+
+
+def history(db: Database, key_id: str) -> list[Change]:
+    """Every recorded change of a key, oldest first (``KeyNotFound`` for no such key)."""
+    get(db, key_id)
+    rows = db.query_sync("SELECT key_id, at, actor, action, changes FROM api_key_audit "
+                         "WHERE key_id = ? ORDER BY at, id", (key_id,))
+    return [Change(str(k), float(at), str(actor), str(action), json.loads(changes))
+            for k, at, actor, action, changes in rows]
 
 
 def used_tokens(db: Database, key_ids: list[str] | None = None) -> dict[str, int]:

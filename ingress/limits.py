@@ -1,10 +1,16 @@
-"""Per-key rate limits: token buckets for requests and tokens per minute, and a count of
-requests in flight. Pure: the caller passes the time.
+"""Per-key rate limits: token buckets for requests and tokens per minute, a count of
+requests in flight, and a sliding minute for requests. Pure: the caller passes the time.
 
 A bucket refills continuously at the per-minute rate and holds up to ``BURST_S`` seconds
 of it (at least one request), so a key cannot spend a whole minute's allowance in one
 instant: what it gets over any window of ``t`` seconds is at most the burst plus
 ``rate * t / 60``, which is what lets several ingress nodes hold a shared limit closely.
+
+A bucket alone lets ``rpm`` plus its burst through in some minutes (7/6 of the limit).
+Requests therefore also pass a **sliding minute** (``MinuteWindow``): requests admitted are
+counted per second, and a request is admitted only while the current second and the 60
+before it hold fewer than ``rpm``. Any 60-second interval lies within 61 such seconds, so
+a limit of N per minute admits at most N in any minute, as it says.
 
 A request takes one request token on arrival, and waits for nothing else: the tokens it
 used are known only when its answer is over, so they are charged then (``charge``), from
@@ -21,7 +27,8 @@ in one refresh interval; docs/ingress.md works the bound out.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from otela.dataplane.errors import RequestError
 
@@ -65,6 +72,46 @@ class TokenBucket:
 
 
 @dataclass
+class MinuteWindow:
+    """At most ``limit`` units in any 60 s: counts per whole second of the clock, the
+    current second and the 60 before it (a running total; expired seconds drop off the
+    front, so each call is O(1) amortised)."""
+
+    limit: int
+    total: int = 0
+    seconds: deque[list[int]] = field(default_factory=deque)  # [second, count], in order
+
+    def _expire(self, now: float) -> None:
+        horizon = math.floor(now) - 60
+        seconds = self.seconds
+        while seconds and seconds[0][0] < horizon:
+            self.total -= seconds.popleft()[1]
+
+    def room(self, now: float) -> bool:
+        self._expire(now)
+        return self.total < self.limit
+
+    def take(self, amount: int, now: float) -> None:
+        self._expire(now)
+        second = math.floor(now)
+        if self.seconds and self.seconds[-1][0] >= second:
+            self.seconds[-1][1] += amount
+        else:
+            self.seconds.append([second, amount])
+        self.total += amount
+
+    def wait_for(self, now: float) -> float:
+        """Seconds until one more unit fits."""
+        self._expire(now)
+        excess = self.total - self.limit + 1
+        for second, count in self.seconds:
+            excess -= count
+            if excess <= 0:
+                return max(0.0, second + 61 - now)
+        return 61.0
+
+
+@dataclass
 class KeyLimits:
     """One key's state on this ingress node."""
 
@@ -72,12 +119,15 @@ class KeyLimits:
     tokens: TokenBucket | None
     max_concurrent: int | None
     in_flight: int = 0
+    minute: MinuteWindow | None = None  # requests in any 60 s (with ``requests``)
 
     def admit(self, now: float) -> None:
         """Take a request slot, or raise the 429 the caller gets (with ``Retry-After``)."""
         self.check(now)
         if self.requests is not None:
             self.requests.take(1.0, now)
+        if self.minute is not None:
+            self.minute.take(1, now)
         self.in_flight += 1
 
     def check(self, now: float) -> None:
@@ -90,6 +140,10 @@ class KeyLimits:
         if self.requests is not None and self.requests.available(now) < 1.0:
             raise _too_many(f"This API key's limit of {self.requests.rate:g} requests per "
                             "minute is reached.", self.requests.wait_for(1.0, now),
+                            "rate_limit_exceeded")
+        if self.minute is not None and not self.minute.room(now):
+            raise _too_many(f"This API key's limit of {self.minute.limit} requests per "
+                            "minute is reached.", self.minute.wait_for(now),
                             "rate_limit_exceeded")
         if self.tokens is not None and self.tokens.available(now) <= 0.0:
             raise _too_many(f"This API key's limit of {self.tokens.rate:g} tokens per minute "
@@ -105,6 +159,8 @@ class KeyLimits:
         """Use made elsewhere (another ingress node) counts against this key here too."""
         if requests and self.requests is not None:
             self.requests.take(requests, now)
+        if requests and self.minute is not None:
+            self.minute.take(requests, now)
         if tokens and self.tokens is not None:
             self.tokens.take(tokens, now)
 
@@ -113,6 +169,12 @@ class KeyLimits:
         self.requests = _resized(self.requests, rpm)
         self.tokens = _resized(self.tokens, tpm)
         self.max_concurrent = max_concurrent
+        if rpm is None:
+            self.minute = None
+        elif self.minute is None:
+            self.minute = MinuteWindow(rpm)
+        else:
+            self.minute.limit = rpm  # what was admitted in the last minute still counts
 
 
 def _resized(bucket: TokenBucket | None, rate: int | None) -> TokenBucket | None:
@@ -130,7 +192,8 @@ def _resized(bucket: TokenBucket | None, rate: int | None) -> TokenBucket | None
 
 def limits_for(rpm: int | None, tpm: int | None, max_concurrent: int | None) -> KeyLimits:
     return KeyLimits(None if rpm is None else TokenBucket(float(rpm)),
-                     None if tpm is None else TokenBucket(float(tpm)), max_concurrent)
+                     None if tpm is None else TokenBucket(float(tpm)), max_concurrent,
+                     minute=None if rpm is None else MinuteWindow(rpm))
 
 
 def _too_many(message: str, retry_after: float, code: str) -> RequestError:

@@ -12,14 +12,20 @@ the request path a finished request is only remembered.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from otela.api.visibility import Audience, series_filter
 from otela.dataplane.exchange import Exchange
-from otela.metrics import Registry
+from otela.metrics import LabelValues, Registry
 
 _BATCH = 256
 
 
 class KeyMetrics:
-    def __init__(self, registry: Registry) -> None:
+    """Per-key series, shown on ``/metrics`` only to whom ``[ingress] visibility``'s
+    ``key_metrics`` allows (default: the admin; at ``key``, a key holder sees its own)."""
+
+    def __init__(self, registry: Registry, audience: Audience | None = None) -> None:
         self.requests = registry.counter(
             "otela_api_key_requests_total", "Requests by API key id and status (the "
             "ingress service; 'anonymous' with --open).", ("key", "status"))
@@ -28,6 +34,10 @@ class KeyMetrics:
             "kind (prompt, completion).", ("key", "kind"))
         self._pending: list[Exchange] = []
         registry.collect(self.count)
+        if audience is not None:
+            def viewer(authorization: str | None) -> Callable[[LabelValues], bool] | None:
+                return series_filter(audience, "key_metrics", 0, authorization)
+            self.requests.viewer = self.tokens.viewer = viewer
 
     def finished(self, exchange: Exchange) -> None:
         self._pending.append(exchange)

@@ -65,6 +65,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "DROP INDEX usage_recorded",
         "CREATE INDEX usage_recorded_by ON usage (recorded_at, ingress)",
     ),
+    (
+        # Every change of a key: who, when, what (``ingress.keystore``: create, update,
+        # revoke, rotate; ``changes`` is JSON, field -> [old, new]). Keys made before this
+        # version have no history before it.
+        """CREATE TABLE api_key_audit (
+            id TEXT PRIMARY KEY,
+            key_id TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            changes TEXT NOT NULL
+        )""",
+        "CREATE INDEX api_key_audit_key ON api_key_audit (key_id, at)",
+    ),
 )
 LATEST = len(MIGRATIONS)
 _LOCK_ID = 0x6F74656C61  # "otela": the advisory lock migrating PostgreSQL databases
@@ -72,6 +86,26 @@ _LOCK_ID = 0x6F74656C61  # "otela": the advisory lock migrating PostgreSQL datab
 
 class SchemaTooNew(DatabaseError):
     """The database was written by a newer otela."""
+
+
+def has_schema(db: Database) -> bool:
+    """Whether ``db`` is an ingress database (migrated at least once): read only."""
+    if db.dialect == "postgresql":
+        rows = db.query_sync("SELECT to_regclass('otela_schema') IS NOT NULL")
+    else:
+        rows = db.query_sync("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND "
+                             "name = 'otela_schema'")
+    return bool(rows and rows[0][0])
+
+
+def open_existing(db: Database) -> None:
+    """For commands that only read: refuse a database otela never set up (a mistyped
+    ``--db`` naming another file or database) instead of creating tables in it; bring an
+    older schema up to date."""
+    if not has_schema(db):
+        raise DatabaseError(f"{db.url.display()} is not an otela ingress database (no "
+                            "otela_schema table): check --db")
+    migrate(db)
 
 
 def current_version(db: Database) -> int:

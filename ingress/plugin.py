@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ingress import admin_api
 from ingress.dashboard import install as install_dashboard
 from ingress.service import IngressService
+from otela.api import visibility
 from otela.services import as_command
 
 if TYPE_CHECKING:
@@ -20,12 +21,14 @@ class Plugin:
     def open(self, config: NodeConfig, ingress_id: str) -> IngressService:
         return IngressService.open(config.ingress_db or "default", config.home, ingress_id,
                                    open_access=config.open_access,
-                                   admin_token=config.admin_token)
+                                   admin_token=config.admin_token,
+                                   visibility=config.visibility)
 
     def install(self, api: FastAPI, service: Any) -> None:
         install_dashboard(api)
         if isinstance(service, IngressService):
             admin_api.install(api, service)
+            visibility.install(api, service.audience)
 
 
 SERVICE = Plugin()

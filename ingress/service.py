@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from ingress.access import Access
+from ingress.audience import IngressAudience
 from ingress.database import Database, DatabaseUrl
 from ingress.keys import ApiKey
 from ingress.metrics import KeyMetrics
@@ -29,13 +30,16 @@ from otela.metrics import Registry
 class IngressService:
     def __init__(self, db: Database, ingress_id: str, *, open_access: bool = False,
                  admin_token: str | None = None, refresh_interval: float = 1.0,
-                 flush_interval: float = 0.025) -> None:
+                 flush_interval: float = 0.025,
+                 visibility: dict[str, str] | None = None) -> None:
         self.db = db
         self.ingress_id = ingress_id
         self.open_access = open_access
         self.admin_token = admin_token
         self.access = Access(db, ingress_id, refresh_interval)
         self.usage = UsageWriter(db, ingress_id, flush_interval)
+        # Who sees which inspection endpoint (``otela.api.visibility``).
+        self.audience = IngressAudience(self.access, admin_token, visibility)
         # The request path calls these (``otela.api.inference.KeyGate``): bound straight
         # to ``Access`` where nothing is added, one call less per request.
         self.admit: Callable[[ApiKey, str], Any] = self.access.admit
@@ -74,7 +78,7 @@ class IngressService:
 
     def observers(self, metrics: Registry) -> list[Observer]:
         """What watches the request path for the service: usage rows and per-key metrics."""
-        return [self.usage, KeyMetrics(metrics)]
+        return [self.usage, KeyMetrics(metrics, self.audience)]
 
     # -- background ---------------------------------------------------------------------
 
@@ -88,8 +92,12 @@ class IngressService:
             self.db.close()
 
     def report(self) -> dict[str, Any]:
-        """For ``/v1/health``: is accounting keeping up?"""
-        return {"database": self.db.url.display(), "dialect": self.db.dialect,
+        """For ``/v1/health``: is accounting keeping up? The database by its kind only
+        (``sqlite``/``postgresql``): its path, host, port and user are nobody's business
+        over HTTP, not even the admin's (the operator has them in the config)."""
+        healthy = self.access.last_refresh_ok and self.usage.last_write_ok
+        return {"database": self.db.dialect,
+                "database_status": "ok" if healthy else "failing",
                 "keys": len(self.access.by_id), "usage_written": self.usage.written,
                 "usage_pending": self.usage.pending(),
                 "usage_write_failures": self.usage.failures,

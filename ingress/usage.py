@@ -73,6 +73,7 @@ class UsageWriter:
         self.written = 0
         self.failures = 0
         self.dropped = 0
+        self.last_write_ok = True  # /v1/health's database_status
 
     def finished(self, exchange: Exchange) -> None:
         """On the request path: keep the exchange; its row is built at the next flush
@@ -124,15 +125,18 @@ class UsageWriter:
         try:
             await self.db.in_thread(self._write, rows)
             self.written += len(rows)
+            self.last_write_ok = True
             return
         except Exception as exc:
             self.failures += 1
+            self.last_write_ok = False
             log.warning("usage: could not write %d rows (%s)", len(rows), exc)
         # One row the database refuses must not hold the others back forever: write them
         # one by one; keep those that failed only if none went in (the database is away).
         kept = await self.db.in_thread(self._write_each, rows)
         self.written += len(rows) - len(kept)
         if len(kept) < len(rows):
+            self.last_write_ok = True  # the database is there; it refused some rows
             self.dropped += len(kept)
             for row in kept:
                 log.error("usage: the database refused row %s (request %s); dropped",
@@ -173,9 +177,15 @@ class Totals:
                 "mean_latency_ms": self.mean_latency_ms, "mean_ttft_ms": self.mean_ttft_ms}
 
 
+# Mean latency and time to first token are over the requests that were served (or failed
+# upstream): a request the ingress refused (401, 403, 429: key, model, budget, rate) took
+# microseconds, and counting it made a throttled key's latency look better the more it was
+# refused. Refusals still count as requests and errors.
+_SERVED = "status NOT IN (401, 403, 429)"
 _SUMS = ("COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), "
-         "COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0), AVG(latency_ms), "
-         "AVG(ttft_ms)")
+         "COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0), "
+         f"AVG(CASE WHEN {_SERVED} THEN latency_ms END), "
+         f"AVG(CASE WHEN {_SERVED} THEN ttft_ms END)")
 
 
 def _window(since: float | None, until: float | None,

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LabelValues = tuple[str, ...]
+# Who sees which series of a metric: given the scraper's ``Authorization``, a filter over
+# label values (``None``: every series). Set on metrics whose labels say something about
+# someone (the ingress service's per-key series); ``None``: public.
+Viewer = Callable[[str | None], Callable[[LabelValues], bool] | None]
 
 # Seconds, for request latency and time to first byte: 0.5 ms to 2 minutes.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -49,6 +53,7 @@ class Counter:
     labels: tuple[str, ...] = ()
     values: dict[LabelValues, float] = field(default_factory=dict)
     kind: str = "counter"
+    viewer: Viewer | None = None
 
     def inc(self, *label_values: str, by: float = 1.0) -> None:
         self.values[label_values] = self.values.get(label_values, 0.0) + by
@@ -56,8 +61,10 @@ class Counter:
     def set(self, *label_values: str, value: float) -> None:
         self.values[label_values] = value
 
-    def lines(self) -> Iterable[str]:
+    def lines(self, shown: Callable[[LabelValues], bool] | None = None) -> Iterable[str]:
         for values, number in self.values.items():
+            if shown is not None and not shown(values):
+                continue
             yield f"{self.name}{_labels(self.labels, values)} {_number(number)}"
 
 
@@ -74,6 +81,7 @@ class Histogram:
     labels: tuple[str, ...] = ()
     series: dict[LabelValues, list[float]] = field(default_factory=dict)  # counts.., sum
     kind: str = "histogram"
+    viewer: Viewer | None = None
 
     def observe(self, value: float, *label_values: str) -> None:
         counts = self.series.get(label_values)
@@ -104,8 +112,10 @@ class Histogram:
                 return bound
         return math.inf
 
-    def lines(self) -> Iterable[str]:
+    def lines(self, shown: Callable[[LabelValues], bool] | None = None) -> Iterable[str]:
         for values, counts in self.series.items():
+            if shown is not None and not shown(values):
+                continue
             running = 0.0
             for bound, count in zip((*self.buckets, math.inf), counts, strict=False):
                 running += count
@@ -186,14 +196,17 @@ class Registry:
             assert isinstance(histogram, Histogram)
             histogram.series[labels] = counts
 
-    def render(self) -> bytes:
+    def render(self, authorization: str | None = None) -> bytes:
+        """The exposition text for a scraper sending ``authorization``: series of metrics
+        with a ``viewer`` only as far as it shows them to this scraper."""
         for callback in self._collectors:
             callback()
         out: list[str] = []
         for metric in self.metrics.values():
             out.append(f"# HELP {metric.name} {metric.help}")
             out.append(f"# TYPE {metric.name} {metric.kind}")
-            out.extend(metric.lines())
+            shown = None if metric.viewer is None else metric.viewer(authorization)
+            out.extend(metric.lines(shown))
         return ("\n".join(out) + "\n").encode()
 
 

@@ -7,6 +7,11 @@ natively, ``inference.py`` and ``hop.py``).
   ``/v1/registry/models``. No endpoint writes registry state: records change only through
   signed gossip.
 
+Who may read each is chosen, not accidental: the ingress service installs an audience
+(``visibility.py``) that tells strangers, key holders and the admin apart, and each
+endpoint asks it (``[ingress] visibility``, docs/security.md); ``/v1/health`` answers its
+liveness part to anyone. Without the ingress service everything is public, as before.
+
 Listings are paged (``limit``, ``after``: the last id of the previous page) and
 ``/v1/models`` is computed once per registry change and caller scope: no request, keyed or
 not, costs more than a page of bounded entries (records are at most 16 KiB, model objects
@@ -21,9 +26,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 
 from otela import __version__
+from otela.api import visibility
 from otela.api.errors import install_error_handlers
 from otela.dataplane.errors import RequestError, clip
 from otela.registry.records import NodeRecord, display_state
@@ -41,6 +47,8 @@ CATALOG_PAGE = 1000  # /v1/models entries per page by default (clients expect on
 SESSIONS_LISTED = 100  # sessions per model in /v1/registry/models
 _CATALOGS_KEPT = 64  # /v1/models results kept per registry generation (caller scopes)
 CATALOG_FRESH_S = 1.0  # /v1/models may be this stale
+# What /v1/health tells a caller who may not see the rest: is the node up, and serving.
+LIVENESS_FIELDS = ("status", "version", "state", "display_state")
 
 
 def _page(items: Sequence[Any], key: Callable[[Any], str], after: str | None, limit: int
@@ -132,6 +140,14 @@ def _session_summary(record: NodeRecord, model_id: str) -> dict[str, Any]:
     }
 
 
+def _gate(endpoint: str) -> Callable[[Request], None]:
+    """A dependency refusing callers who may not see ``endpoint`` (``visibility``)."""
+    def check(request: Request) -> None:
+        visibility.require(visibility.audience_of(request.app), endpoint,
+                           request.headers.get("authorization"))
+    return check
+
+
 def create_app(node: NodeView) -> FastAPI:
     app = FastAPI(
         title="otela node",
@@ -141,10 +157,15 @@ def create_app(node: NodeView) -> FastAPI:
     install_error_handlers(app)
 
     @app.get("/v1/health")
-    async def health() -> dict[str, Any]:
-        return node.health()
+    async def health(request: Request) -> dict[str, Any]:
+        """Everything to those who may see it; liveness (``LIVENESS_FIELDS``) to anyone."""
+        report = node.health()
+        if visibility.allowed(visibility.audience_of(request.app), "health",
+                              request.headers.get("authorization")):
+            return report
+        return {name: report.get(name) for name in LIVENESS_FIELDS}
 
-    @app.get("/v1/network")
+    @app.get("/v1/network", dependencies=[Depends(_gate("network"))])
     async def network(peer: str | None = None) -> dict[str, Any]:
         """Read-only: addresses, reachability, relays, contacts, dial errors, verdicts."""
         if peer is not None and not _PEER_ID.match(peer):
@@ -161,7 +182,7 @@ def create_app(node: NodeView) -> FastAPI:
             "received_at": node.registry.received_at.get(record.session_id),
         }
 
-    @app.get("/v1/registry/nodes")
+    @app.get("/v1/registry/nodes", dependencies=[Depends(_gate("registry"))])
     async def registry_nodes(limit: int = Query(NODES_PAGE, ge=1, le=MAX_PAGE),
                              after: str | None = None) -> dict[str, Any]:
         """A page of the registry's sessions, by session id; ``next_after`` names the next
@@ -171,7 +192,7 @@ def create_app(node: NodeView) -> FastAPI:
         return {"nodes": nodes, "count": len(nodes), "total": len(node.registry),
                 "next_after": nodes[-1]["session_id"] if more else None}
 
-    @app.get("/v1/registry/nodes/{session_id}")
+    @app.get("/v1/registry/nodes/{session_id}", dependencies=[Depends(_gate("registry"))])
     async def registry_node(session_id: str) -> dict[str, Any]:
         """One session's entry: what a script waiting for one node asks, without the
         whole registry (a 128-entry listing costs its node ~20 ms of CPU to build and
@@ -182,7 +203,7 @@ def create_app(node: NodeView) -> FastAPI:
                                "registry", code="session_not_found", param="session_id")
         return listed(record)
 
-    @app.get("/v1/registry/models")
+    @app.get("/v1/registry/models", dependencies=[Depends(_gate("registry"))])
     async def registry_models(limit: int = Query(MODELS_PAGE, ge=1, le=MAX_PAGE),
                               after: str | None = None) -> dict[str, Any]:
         """A page of model ids with the sessions listing them (at most ``SESSIONS_LISTED``
@@ -204,7 +225,7 @@ def create_app(node: NodeView) -> FastAPI:
 
     catalogs = _CatalogCache()
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=[Depends(_gate("models"))])
     async def models(request: Request, limit: int = Query(CATALOG_PAGE, ge=1, le=MAX_PAGE),
                      after: str | None = None) -> dict[str, Any]:
         """Models the caller could use now; ``?providers=a,b`` and ``?require=...`` (or
@@ -224,7 +245,7 @@ def create_app(node: NodeView) -> FastAPI:
                 "first_id": page[0]["id"] if page else None,
                 "last_id": page[-1]["id"] if page else None}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1/models/{model_id:path}", dependencies=[Depends(_gate("models"))])
     async def model(model_id: str, request: Request) -> dict[str, Any]:
         base, allowed = node.catalog_scope(request.headers.get("authorization"))
         trust, clauses = _catalog_filter(request, base)

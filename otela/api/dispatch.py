@@ -78,6 +78,9 @@ class Dispatch:
                 return
         if (self.metrics is not None and request.path == "/metrics"
                 and request.method in ("GET", "HEAD")):
-            await response.send(200, [(b"content-type", CONTENT_TYPE)], self.metrics.render())
+            # Per-key series only for whom the ingress service shows them (``viewer``).
+            credential = header_rules.credential(request.headers)
+            await response.send(200, [(b"content-type", CONTENT_TYPE)], self.metrics.render(
+                None if credential is None else credential.decode("latin-1")))
             return
         await self.fallback(request, response)

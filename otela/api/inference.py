@@ -61,8 +61,12 @@ class KeyGate(Protocol):
         ``x-api-key`` comes as ``Bearer <key>``)."""
         ...
 
-    def admit(self, key: Any, model: str) -> Any:
-        """A grant for ``model`` (403 not allowed or over budget, 429 over a limit)."""
+    def admit(self, key: Any, model: str, max_tokens: int | None = None,
+              prompt_bound: int = 0) -> Any:
+        """A grant for ``model`` (403 not allowed or over budget, 429 over a limit).
+        ``max_tokens`` (what the request may generate) and ``prompt_bound`` (at most its
+        prompt's tokens: its body's length in bytes) are reserved against a token budget
+        until ``finished`` settles it with what it used."""
         ...
 
     def screen(self, authorization: bytes | None) -> None:
@@ -119,18 +123,20 @@ class InferenceRoutes:
                 raise RequestError(400, "'model' is required and must be a string",
                                    param="model")
             exchange.model = model
+            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or \
+                body.get("max_output_tokens")
+            exchange.max_tokens = max_tokens if isinstance(max_tokens, int) and \
+                not isinstance(max_tokens, bool) else None
             raw = request.body
             hide_usage = None
             if key is not None:
                 assert self.keys is not None
-                grant = self.keys.admit(key, model)
+                grant = self.keys.admit(key, model, exchange.max_tokens, len(raw))
                 if ask_for_usage(body, exchange.route):
                     hide_usage, raw = UsageChunkFilter(), orjson.dumps(materialized(body))
             if self.keep_prompts:
                 exchange.prompt = prompt_text(body)
             exchange.stream = body.get("stream") is True
-            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-            exchange.max_tokens = max_tokens if isinstance(max_tokens, int) else None
             try:
                 ask = read_ask(request.headers, body, raw, self.router.base_trust(
                     None if grant is None else grant.providers))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from otela.config import values as v
+from otela.config.visibility import parse_visibility
 from otela.paths import default_home
 
 DEFAULT_HTTP_PORT = 8092
@@ -460,6 +461,15 @@ class NodeConfig:
         help="The bearer token of the ingress's admin API (/v1/admin/...: keys and usage "
         "across the federation). Environment or config file only, never a flag (flags are "
         "visible to every user of the host). Unset: the admin API is off.")
+    visibility: dict[str, str] = setting(
+        "ingress", factory=dict, parse=parse_visibility, example="network=public",
+        metavar="ENDPOINT=WHO", shown_default="models=public, health=key, registry=key, "
+        "network=key, key_metrics=admin",
+        help="With --ingress-db: who may read each inspection endpoint (public, key: API "
+        "key holders, admin: the admin token). Endpoints: models (/v1/models), health "
+        "(/v1/health beyond liveness), registry (/v1/registry/...), network (/v1/network), "
+        "key_metrics (/metrics series per API key). Repeatable; env: comma separated; "
+        "docs/security.md.")
 
     # -- [trace]: recording served requests as an otela trace (docs/traces.md) --------
     record_trace: Path | None = setting(

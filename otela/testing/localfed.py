@@ -147,6 +147,13 @@ class LocalNode:
     home: Path
     process: subprocess.Popen[bytes]
     status: dict[str, Any] = field(default_factory=dict)
+    # Sent with the inspection calls below: a node running the ingress service shows its
+    # registry, network and full health to key holders and the admin only
+    # (docs/security.md); ``start_node`` sets the admin token it gave the node.
+    authorization: str | None = None
+
+    def _headers(self) -> dict[str, str]:
+        return {} if self.authorization is None else {"authorization": self.authorization}
 
     @property
     def http_url(self) -> str:
@@ -171,14 +178,15 @@ class LocalNode:
         return self.home / "node.log"
 
     def get(self, path: str, timeout: float = 5.0) -> Any:
-        response = http_client().get(f"{self.http_url}{path}", timeout=timeout)
+        response = http_client().get(f"{self.http_url}{path}", timeout=timeout,
+                                     headers=self._headers())
         response.raise_for_status()
         return response.json()
 
     def nodes(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Every entry of this node's registry replica (``/v1/registry/nodes``, page by
         page)."""
-        return registry_nodes(self.http_url, timeout)
+        return registry_nodes(self.http_url, timeout, self.authorization)
 
     def states(self) -> dict[str, str]:
         """session id -> lifecycle state, as this node's registry replica says."""
@@ -188,7 +196,7 @@ class LocalNode:
         """One session's registry entry as this node's replica holds it, or None if it
         does not know the session (yet): cheaper to poll than the whole listing."""
         response = http_client().get(f"{self.http_url}/v1/registry/nodes/{session_id}",
-                                     timeout=timeout)
+                                     timeout=timeout, headers=self._headers())
         if response.status_code == 404:
             return None
         response.raise_for_status()
@@ -210,9 +218,11 @@ class LocalNode:
             return "(no log)"
 
 
-def registry_nodes(base_url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+def registry_nodes(base_url: str, timeout: float = 5.0, authorization: str | None = None
+                   ) -> list[dict[str, Any]]:
     """Every entry of the registry replica at ``base_url``, following
-    ``/v1/registry/nodes``' pages."""
+    ``/v1/registry/nodes``' pages (sending ``authorization``, where given)."""
+    headers = {} if authorization is None else {"authorization": authorization}
     nodes: list[dict[str, Any]] = []
     after: str | None = None
     while True:
@@ -220,7 +230,7 @@ def registry_nodes(base_url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
         if after:
             params["after"] = after
         response = http_client().get(f"{base_url.rstrip('/')}/v1/registry/nodes",
-                                     timeout=timeout, params=params)
+                                     timeout=timeout, params=params, headers=headers)
         response.raise_for_status()
         page = response.json()
         nodes += page["nodes"]
@@ -360,7 +370,9 @@ class LocalFederation:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        node = LocalNode(name=name, home=home, process=proc)
+        admin = env.get("OTELA_ADMIN_TOKEN")
+        node = LocalNode(name=name, home=home, process=proc,
+                         authorization=None if not admin else f"Bearer {admin}")
         self.nodes.append(node)
         if self._starting is not None:
             self._starting.append((node, timeout))

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -41,6 +42,10 @@ def test_schema_keys_and_usage_in_postgresql(postgres_db):
     made, secret = keystore.create(db, KeySpec(owner="a", models=frozenset({"m"}), tpm=10**12,
                                                 rpm=2**61, budget_tokens=2**61))
     assert keystore.get(db, made.id) == made
+    changed = keystore.update(db, made.id, {"rpm": 5, "models": None}, actor="t")
+    assert keystore.get(db, made.id) == changed and changed.models is None
+    assert [(c.action, c.changes) for c in keystore.history(db, made.id)][1] == (
+        "update", {"rpm": [2**61, 5], "models": [["m"], None]})
     writer = usage.UsageWriter(db, "ingress-1")
     done = Exchange(route="/v1/chat/completions", request_id="r", model="m", status=200,
                     api_key=made.id)
@@ -55,6 +60,9 @@ def test_schema_keys_and_usage_in_postgresql(postgres_db):
     service = IngressService(db, "ingress-1")
     service.access.load()
     assert service.authenticate(f"Bearer {secret}".encode()).id == made.id
+    keystore.revoke(db, made.id)
+    with pytest.raises(keystore.KeyRevoked):
+        keystore.rotate(db, made.id)
     db.run_sync("INSERT INTO otela_schema (version) VALUES (?)", (LATEST + 1,))
     with pytest.raises(SchemaTooNew):
         migrate(db)
@@ -198,3 +206,24 @@ def test_a_dropped_connection_is_opened_again_and_no_usage_is_lost(postgres_db):
     rows = db.query_sync("SELECT request_id FROM usage ORDER BY request_id")
     assert [r[0] for r in rows] == ["after", "before"] and writer.pending() == 0
     db.close()
+
+
+def test_health_names_the_backend_not_the_server(tmp_path: Path, postgres_db: str) -> None:
+    """``/v1/health`` said ``postgresql://user:***@host:port/db``: now the kind only, to
+    the admin too, and whether the database answers."""
+    from urllib.parse import urlsplit
+
+    where = urlsplit(postgres_db)
+    with LocalFederation(tmp_path) as fed:
+        node = fed.start_node("ingress", ingress=True, extra_args=["--ingress-db", postgres_db],
+                              extra_env={"OTELA_ADMIN_TOKEN": ADMIN})
+        answer = httpx.get(f"{node.http_url}/v1/health", trust_env=False, timeout=10,
+                           headers={"authorization": f"Bearer {ADMIN}"})
+    service = answer.json()["ingress_service"]
+    assert service["database"] == "postgresql" and service["database_status"] == "ok"
+    text = answer.text
+    assert "postgresql://" not in text and where.path.strip("/") not in text
+    if where.hostname and where.port:
+        assert f"{where.hostname}:{where.port}" not in text
+    if where.username:
+        assert f"{where.username}@" not in text and f"{where.username}:" not in text

@@ -233,7 +233,8 @@ def test_usage_report_and_me(fed):
     assert by_key[key["id"]]["requests"] == 3
     by_model = admin(ingress, "GET", "/usage?by=model").json()["data"]
     assert MODEL in {row["group"] for row in by_model}
-    metrics = httpx.get(f"{ingress.http_url}/metrics", trust_env=False).text
+    metrics = httpx.get(f"{ingress.http_url}/metrics", trust_env=False,  # per-key: admin's
+                        headers={"authorization": f"Bearer {ADMIN}"}).text
     assert f'otela_api_key_requests_total{{key="{key["id"]}",status="200"}} 3' in metrics
     assert f'otela_api_key_tokens_total{{key="{key["id"]}",kind="completion"}}' in metrics
     assert key["key"] not in metrics

@@ -66,7 +66,9 @@ def test_a_keyed_ingress_and_a_serving_node_work_without_extras(
         lean_federation: LocalFederation, lean_python: Path, tmp_path: Path) -> None:
     db = tmp_path / "keys.db"
     ingress = lean_federation.start_node(
-        "ingress", ingress=True, extra_args=["--ingress-db", str(db)])
+        "ingress", ingress=True, extra_args=["--ingress-db", str(db)],
+        # the registry is for key holders and the admin on a keyed ingress (states())
+        extra_env={"OTELA_ADMIN_TOKEN": "lean-admin-token-0123456789"})
     engine = (f"{lean_python} -m otela.engine.demo.echo --port {free_port()} "
               "--model lean-model")
     node = lean_federation.start_node("node", bootstrap=[ingress], process=engine)

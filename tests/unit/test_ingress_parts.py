@@ -246,8 +246,10 @@ def test_keys_round_trip_rotate_and_revoke(tmp_path):
     assert new != secret and rotated.secret_hash == hash_secret(new)
     revoked = keystore.revoke(db, made.id)
     assert revoked.revoked_at is not None and keystore.revoke(db, made.id) == revoked
-    with pytest.raises(keystore.KeyNotFound):
+    with pytest.raises(keystore.KeyRevoked):  # it exists: "revoked", not "no such key"
         keystore.rotate(db, made.id)
+    with pytest.raises(keystore.KeyNotFound):
+        keystore.rotate(db, "key_000000000000")
 
 
 def test_access_sees_revocations_made_by_another_connection(tmp_path):

@@ -411,6 +411,11 @@
   }
 
   function renderSummary(health) {
+    if (health.peer_id === undefined) {  // liveness only: sign in to see the rest
+      $("node-summary").textContent = [health.display_state || health.state, `v${health.version}`,
+        "sign in to see this node's details"].join(" · ");
+      return;
+    }
     const parts = [`node ${shortId(health.peer_id)}`, `provider ${health.provider_id}`,
       health.display_state || health.state, `${fmt(health.connected_peers)} ${health.connected_peers === 1 ? "peer" : "peers"}`,
       `v${health.version}`];
@@ -422,27 +427,35 @@
     fed.busy = true;
     try {
       const token = sessionStorage.getItem(STORE.key);
+      // A keyed ingress shows its registry, network and full health to key holders and
+      // the admin only (docs/security.md): ask with whichever credential this tab holds.
+      const seeing = token || sessionStorage.getItem(STORE.admin);
       const [health, nodesDoc, network, modelsDoc] = await Promise.allSettled([
-        api("/v1/health"), api("/v1/registry/nodes?limit=1000"), api("/v1/network"),
-        api("/v1/models", { token }),
+        api("/v1/health", { token: seeing }), api("/v1/registry/nodes?limit=1000", { token: seeing }),
+        api("/v1/network", { token: seeing }), api("/v1/models", { token }),
       ]);
       const errors = [];
+      let note = "";
+      const refused = (doc) => doc.status === "rejected" && doc.reason instanceof ApiError
+        && (doc.reason.status === 401 || doc.reason.status === 403);
+      if (refused(nodesDoc) || refused(network)) {
+        note = " · sign in to see the federation's nodes";  // not shown to strangers here
+      }
       const nodes = nodesDoc.status === "fulfilled" ? nodesDoc.value.nodes || [] : [];
-      if (nodesDoc.status === "rejected") errors.push(`nodes: ${nodesDoc.reason}`);
+      if (nodesDoc.status === "rejected" && !refused(nodesDoc)) errors.push(`nodes: ${nodesDoc.reason}`);
       const net = network.status === "fulfilled" ? network.value : null;
-      if (network.status === "rejected") errors.push(`network: ${network.reason}`);
+      if (network.status === "rejected" && !refused(network)) errors.push(`network: ${network.reason}`);
       const me = health.status === "fulfilled" ? health.value : null;
       if (me) renderSummary(me);
       else errors.push(`health: ${health.reason}`);
       let models;
-      let note = "";
       if (modelsDoc.status === "fulfilled") {
         models = modelsDoc.value.data || [];
       } else if (modelsDoc.reason instanceof ApiError
                  && (modelsDoc.reason.status === 401 || modelsDoc.reason.status === 403)) {
         // A keyed ingress lists models to key holders only: show the registry's instead.
         models = modelsFromRegistry(nodes);
-        note = " · every model in the registry (sign in with a key to see those you may use)";
+        note += " · every model in the registry (sign in with a key to see those you may use)";
       } else {
         models = modelsFromRegistry(nodes);
         errors.push(`models: ${modelsDoc.reason}`);
@@ -481,7 +494,12 @@
 
   const account = { key: null, info: null };
 
+  const STATUS_TONE = { active: "ok", revoked: "bad", expired: "warn", "over budget": "warn" };
+
+  /** The key's status as the API states it (the CLI shows the same word); computed here
+   * only for an answer that carries none. */
   function keyStatus(key) {
+    if (key.status) return [key.status, STATUS_TONE[key.status] || "neutral"];
     if (key.revoked_at) return ["revoked", "bad"];
     if (key.expires_at && key.expires_at < Date.now() / 1000) return ["expired", "warn"];
     if (key.budget_tokens && key.used_tokens >= key.budget_tokens) return ["over budget", "warn"];

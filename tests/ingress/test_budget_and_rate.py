@@ -1,0 +1,160 @@
+"""Budgets and rates that mean what they say: concurrent requests cannot each spend a
+key's last tokens (reserved at admission, settled on completion); ``/v1/me``, the admin
+API and ``otela keys`` say "over budget" alike; a limit of N requests per minute admits at
+most N in any minute; ``otela usage``'s mean latency is over served requests only."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ingress.limits import limits_for
+from otela.dataplane.errors import RequestError
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
+
+MODEL = "echo-budget"
+ADMIN = "budget-admin-token-0123456789abcdef"
+DELAY_S = 1.0  # the engine's work per request: concurrent requests overlap
+Fed = tuple[LocalNode, Path]
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fed]:
+    root = tmp_path_factory.mktemp("budget")
+    db = root / "budget.db"
+    with LocalFederation(root) as federation:
+        node = federation.start_node(
+            "ingress", ingress=True, provider_id="prov-b",
+            process=echo_engine_command(free_port(), [MODEL], "--request-delay",
+                                        str(DELAY_S)),
+            extra_args=["--ingress-db", str(db)], extra_env={"OTELA_ADMIN_TOKEN": ADMIN})
+        wait_for(lambda: node.states().get(node.session_id) == "SERVING", 30, "serving")
+        yield node, db
+
+
+def chat(node: LocalNode, key: str) -> httpx.Response:
+    return httpx.post(f"{node.http_url}/v1/chat/completions", trust_env=False, timeout=20,
+                      headers={"authorization": f"Bearer {key}"},
+                      json={"model": MODEL, "max_tokens": 2,
+                            "messages": [{"role": "user", "content": "x"}]})
+
+
+def otela(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTELA_")}
+    env["XDG_CONFIG_HOME"] = str(cwd / "xdg")
+    return subprocess.run([sys.executable, "-m", "otela", *args], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=cwd)
+
+
+@pytest.mark.slow
+def test_concurrent_requests_cannot_overspend_a_budget(fed: Fed, tmp_path: Path) -> None:
+    node, db = fed
+    budget = 10
+    made = httpx.post(f"{node.http_url}/v1/admin/keys", trust_env=False, timeout=10,
+                      headers={"authorization": f"Bearer {ADMIN}"},
+                      json={"owner": "gina", "budget_tokens": budget,
+                            "expires_at": "2099-12-31T00:00:00+00:00"}).json()
+    assert made["expires_at"] == 4102358400.0  # ISO 8601 accepted at creation too
+    start = threading.Barrier(8)
+
+    def together(_: int) -> httpx.Response:
+        with httpx.Client(trust_env=False, timeout=20) as http:
+            http.get(f"{node.http_url}/v1/health")  # connected before the barrier
+            start.wait()
+            return http.post(f"{node.http_url}/v1/chat/completions",
+                             headers={"authorization": f"Bearer {made['key']}"},
+                             json={"model": MODEL, "max_tokens": 2,
+                                   "messages": [{"role": "user", "content": "x"}]})
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        burst = list(pool.map(together, range(8)))
+    served = [a for a in burst if a.status_code == 200]
+    held = [a for a in burst if a.status_code == 429]
+    assert served and len(served) + len(held) == 8, [a.status_code for a in burst]
+    assert {a.json()["error"]["code"] for a in held} == {"budget_reserved"}
+    one = served[0].json()["usage"]["total_tokens"]
+    # Without reservations all 8 ran (each saw nothing used yet): 3 tokens each, 24 of 10.
+    assert held and sum(a.json()["usage"]["total_tokens"] for a in served) <= budget + one
+    answers = [chat(node, made["key"]) for _ in range(budget)]
+    refused = next(i for i, a in enumerate(answers) if a.status_code == 403)
+    assert answers[refused].json()["error"]["code"] == "budget_exceeded"
+    assert all(a.status_code == 200 for a in answers[:refused])
+    headers = {"authorization": f"Bearer {made['key']}"}
+
+    def me() -> dict[str, Any]:
+        return dict(httpx.get(f"{node.http_url}/v1/me", headers=headers, trust_env=False,
+                              timeout=10).json())
+    used = wait_for(lambda: me()["used_tokens"] if me()["status"] == "over budget" else 0,
+                    5, "/v1/me to say over budget")
+    assert budget <= used <= budget + one  # overshot by one request at most
+    assert httpx.get(f"{node.http_url}/v1/admin/keys/{made['id']}", trust_env=False,
+                     headers={"authorization": f"Bearer {ADMIN}"}).json()["status"] \
+        == "over budget"
+    listed = otela("keys", "show", made["id"], "--db", str(db), "--json", cwd=tmp_path)
+    assert json.loads(listed.stdout)["status"] == "over budget", listed.stderr
+    table = otela("keys", "show", made["id"], "--db", str(db), cwd=tmp_path)
+    assert "over budget" in table.stdout
+
+
+@pytest.mark.slow
+def test_mean_latency_is_over_served_requests(fed: Fed, tmp_path: Path) -> None:
+    """Requests refused after their body was read (here: a model the key may not use) are
+    usage rows of ~0 ms; they count as requests and errors, not in the mean latency."""
+    node, db = fed
+    made = httpx.post(f"{node.http_url}/v1/admin/keys", trust_env=False, timeout=10,
+                      headers={"authorization": f"Bearer {ADMIN}"},
+                      json={"owner": "hal", "models": [MODEL]}).json()
+    assert all(chat(node, made["key"]).status_code == 200 for _ in range(2))
+    for _ in range(6):
+        refused = httpx.post(f"{node.http_url}/v1/chat/completions", trust_env=False,
+                             headers={"authorization": f"Bearer {made['key']}"}, timeout=10,
+                             json={"model": "not-allowed", "messages": []})
+        assert refused.status_code == 403
+
+    def row() -> dict[str, Any] | None:
+        report = otela("usage", "--by", "key", "--db", str(db), "--format", "json",
+                       cwd=tmp_path)
+        found = [r for r in json.loads(report.stdout)["data"] if r["group"] == made["id"]]
+        return found[0] if found and found[0]["requests"] == 8 else None
+    totals = wait_for(row, 5, "eight usage rows")
+    assert totals["errors"] == 6
+    assert totals["mean_latency_ms"] >= DELAY_S * 1000  # was (2 x 1000 + 6 x ~0) / 8
+
+
+def _admitted(limits: Any, at: float) -> bool:
+    try:
+        limits.admit(at)
+    except RequestError as refused:
+        assert refused.status == 429 and int(refused.headers["Retry-After"]) >= 1
+        return False
+    limits.finished(0, at)
+    return True
+
+
+@pytest.mark.parametrize("rpm", [1, 6, 12, 60, 600])
+def test_a_limit_of_n_per_minute_admits_at_most_n_in_any_minute(rpm: int) -> None:
+    """A client retrying every 50 ms for five minutes: every 60-second interval holds at
+    most ``rpm`` admissions (the bucket alone let through rpm plus its 10-second burst, 7/6
+    of the limit), and the long-run rate is the limit, not less."""
+    limits = limits_for(rpm, None, None)
+    times = [i * 0.05 for i in range(int(300 / 0.05))]
+    admitted = [t for t in times if _admitted(limits, t)]
+    starts = sorted({a for a in admitted} | {a - 60 + 1e-9 for a in admitted})
+    worst = max(sum(1 for a in admitted if s <= a < s + 60) for s in starts)
+    assert worst <= rpm
+    assert len(admitted) >= rpm * 5 * 0.95  # five minutes: about five minutes' worth
