@@ -163,7 +163,13 @@ def create_app(node: NodeView) -> FastAPI:
         if visibility.allowed(visibility.audience_of(request.app), "health",
                               request.headers.get("authorization")):
             return report
-        return {name: report.get(name) for name in LIVENESS_FIELDS}
+        audience = visibility.audience_of(request.app)
+        assert audience is not None  # allowed() says yes to everyone without one
+        # Which views need a credential here, so that a page (the dashboard) asks for
+        # what it may see instead of collecting refusals.
+        return {**{name: report.get(name) for name in LIVENESS_FIELDS},
+                "visibility": {name: audience.required(name)
+                               for name in ("health", "registry", "network")}}
 
     @app.get("/v1/network", dependencies=[Depends(_gate("network"))])
     async def network(peer: str | None = None) -> dict[str, Any]:

@@ -77,7 +77,8 @@ def test_strangers_get_liveness_and_models_key_holders_the_rest(fed: Fed) -> Non
     key = new_key(ingress)["key"]
     health = get(ingress, "/v1/health")
     assert health.status_code == 200
-    assert set(health.json()) == {"status", "version", "state", "display_state"}
+    assert set(health.json()) == {"status", "version", "state", "display_state", "visibility"}
+    assert health.json()["visibility"] == {"health": "key", "registry": "key", "network": "key"}
     assert health.json()["status"] == "ok"
     for token in ("otela-wrong", "nonsense"):  # a wrong credential: a stranger, not an error
         assert set(get(ingress, "/v1/health", token).json()) == set(health.json())

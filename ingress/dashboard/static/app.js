@@ -430,9 +430,17 @@
       // A keyed ingress shows its registry, network and full health to key holders and
       // the admin only (docs/security.md): ask with whichever credential this tab holds.
       const seeing = token || sessionStorage.getItem(STORE.admin);
-      const [health, nodesDoc, network, modelsDoc] = await Promise.allSettled([
-        api("/v1/health", { token: seeing }), api("/v1/registry/nodes?limit=1000", { token: seeing }),
-        api("/v1/network", { token: seeing }), api("/v1/models", { token }),
+      // Without a credential, ask only for what this node shows strangers (its public
+      // health says which views need one): a refusal is not an error to collect.
+      const health = await api("/v1/health", { token: seeing }).then(
+        (value) => ({ status: "fulfilled", value }), (reason) => ({ status: "rejected", reason }));
+      const hidden = (view) => !seeing && health.status === "fulfilled" && health.value.visibility
+        && health.value.visibility[view] && health.value.visibility[view] !== "public";
+      const withheld = new ApiError(401, "sign in to see this");
+      const [nodesDoc, network, modelsDoc] = await Promise.allSettled([
+        hidden("registry") ? Promise.reject(withheld) : api("/v1/registry/nodes?limit=1000", { token: seeing }),
+        hidden("network") ? Promise.reject(withheld) : api("/v1/network", { token: seeing }),
+        api("/v1/models", { token }),
       ]);
       const errors = [];
       let note = "";
@@ -453,8 +461,10 @@
         models = modelsDoc.value.data || [];
       } else if (modelsDoc.reason instanceof ApiError
                  && (modelsDoc.reason.status === 401 || modelsDoc.reason.status === 403)) {
-        // A keyed ingress lists models to key holders only: show the registry's instead.
-        models = modelsFromRegistry(nodes);
+        // This key is refused (revoked, expired): show what anyone may see, the public
+        // catalog where there is one, else the registry's models.
+        const open = token ? await api("/v1/models").catch(() => null) : null;
+        models = open ? open.data || [] : modelsFromRegistry(nodes);
         note += " · every model in the registry (sign in with a key to see those you may use)";
       } else {
         models = modelsFromRegistry(nodes);
