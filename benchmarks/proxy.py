@@ -6,7 +6,13 @@ microseconds) and the load generator on core 1, every otela process on core 0. P
 - ``direct``: the load generator talks to the mock engine (the baseline);
 - ``one-hop``: one node, ``otela start --ingress --engine-url <mock>``;
 - ``two-hop``: an ingress node and a serving node fronting the mock engine (the
-  federation's normal path: ingress -> node's engine hop -> engine), both on core 0.
+  federation's normal path: ingress -> node's engine hop -> engine), both on core 0;
+- ``nginx`` and ``sglang-router``: references on the same core (when installed).
+
+Every row shows its req/s at the highest concurrency as a share of direct's ("of direct"):
+a router cannot pass more than the engine behind it answers, so a row near 100 % measures
+the engine, not the router. ``--engine nginx`` puts a mock engine behind them that is
+faster than anything measured through it (fixed answers at ~20 us of CPU each).
 
 For each path: latency p50/p99 and req/s at c=1/16/64 (wrk, keep-alive, non-streaming chat
 completions), otela's CPU time per request (from /proc, all otela processes), p99 at a
@@ -288,16 +294,20 @@ def measure(name: str, url: str, pids: list[int], args: argparse.Namespace,
 
 def report(results: list[PathResult], concurrency: list[int]) -> None:
     direct = next((r for r in results if r.name == "direct"), None)
+    top = max(concurrency)
     print(f"\n{'path':<10} {'added p50 c=1':>14} " + " ".join(
         f"{'req/s c=' + str(c):>12}" for c in concurrency)
-        + f" {'CPU/req':>9} {'p99@50/s':>9} {'TTFT c=1':>9} {'TTFT c=16':>10}")
+        + f" {'of direct':>9} {'CPU/req':>9} {'p99@50/s':>9} {'TTFT c=1':>9} {'TTFT c=16':>10}")
     for r in results:
         base = direct.by_concurrency[1].p50_ms if direct and 1 in r.by_concurrency else 0.0
         added = r.by_concurrency[1].p50_ms - base if 1 in r.by_concurrency else float("nan")
         cpu = f"{r.cpu_us:.0f} us" if r.cpu_us is not None else "-"
+        # direct's ceiling beside every row: a router's req/s is bounded by the engine's
+        share = (f"{r.by_concurrency[top].rps / direct.by_concurrency[top].rps:>9.0%}"
+                 if direct is not None and top in direct.by_concurrency else f"{'-':>9}")
         print(f"{r.name:<10} {added:>11.3f} ms " + " ".join(
             f"{r.by_concurrency[c].rps:>12,.0f}" for c in concurrency)
-            + f" {cpu:>9} {r.steady_p99_ms:>6.2f} ms {r.ttft_ms[1]:>6.3f} ms"
+            + f" {share} {cpu:>9} {r.steady_p99_ms:>6.2f} ms {r.ttft_ms[1]:>6.3f} ms"
             f" {r.ttft_ms[16]:>7.3f} ms")
 
 
@@ -354,6 +364,29 @@ http {{
 
 
 @contextlib.contextmanager
+def sglang_router(binary: str, upstream: int
+                  ) -> Iterator[tuple[str, Callable[[], list[int]]]]:
+    """sglang-router (SGLang's Rust router, PyPI ``sglang-router``) in front of the engine,
+    on the router's core: a second reference, a router built for LLM serving."""
+    port = free_port()
+    process = subprocess.Popen(
+        pinned(ROUTER_CORE, [binary, "launch", "--host", "127.0.0.1", "--port", str(port),
+                             "--worker-urls", f"http://127.0.0.1:{upstream}",
+                             "--policy", "round_robin", "--log-level", "error"]),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: subprocess.run(
+            ["curl", "-sf", "-X", "POST", "-H", "content-type: application/json", "-d",
+             json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+             f"http://127.0.0.1:{port}/v1/chat/completions"],
+            capture_output=True).returncode == 0, 30, "sglang-router")
+        yield f"http://127.0.0.1:{port}", lambda: _with_children([process.pid])
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@contextlib.contextmanager
 def nginx_proxy(workdir: Path, upstream: int) -> Iterator[tuple[str, Callable[[], list[int]]]]:
     """nginx as a reverse proxy in front of the engine, on the router's core: the baseline
     for what a proxy hop costs."""
@@ -378,8 +411,9 @@ def main() -> None:
     parser.add_argument("--steady-seconds", type=float, default=20.0)
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1, 16, 64])
-    parser.add_argument("--paths", default="direct,nginx,one-hop,two-hop",
+    parser.add_argument("--paths", default="direct,nginx,sglang-router,one-hop,two-hop",
                         help="direct, nginx (a reverse proxy baseline, if installed), "
+                        "sglang-router (SGLang's Rust router, if installed: --sglang-router), "
                         "one-hop, two-hop")
     parser.add_argument("--engine", choices=["python", "nginx"], default="python",
                         help="the mock engine: python (mock_engine.py, streams real SSE) or "
@@ -399,6 +433,11 @@ def main() -> None:
     parser.add_argument("--otela-src", type=Path, default=None,
                         help="run the otela nodes from this source tree (e.g. a worktree of "
                         "an older commit, to compare)")
+    parser.add_argument("--sglang-router", default=os.environ.get(
+                            "OTELA_BENCH_SGLANG_ROUTER", shutil.which("sglang-router")),
+                        help="the sglang-router executable (pip install sglang-router, "
+                        "best in a venv of its own); default: $OTELA_BENCH_SGLANG_ROUTER or "
+                        "the PATH's")
     args = parser.parse_args()
     set_prompt(args.prompt_bytes)
     if not shutil.which("wrk"):
@@ -436,6 +475,9 @@ def main() -> None:
         if "nginx" in paths and shutil.which("nginx"):
             with nginx_proxy(workdir, port) as (nginx_url, nginx_pids):
                 results.append(measure("nginx", nginx_url, nginx_pids(), args, script))
+        if "sglang-router" in paths and args.sglang_router:
+            with sglang_router(args.sglang_router, port) as (router_url, router_pids):
+                results.append(measure("sglang-rtr", router_url, router_pids(), args, script))
         for name, keys in [(n, k) for k in args.keys.split(",") for n in ("one-hop", "two-hop")]:
             if name not in paths:
                 continue

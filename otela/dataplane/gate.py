@@ -35,7 +35,7 @@ from urllib.parse import unquote_to_bytes
 from otela.dataplane.deadline import FirstByteTimeouts
 from otela.dataplane.errors import clip
 from otela.dataplane.jsonbody import BodyError
-from otela.dataplane.jsonfields import read_fields
+from otela.dataplane.jsonfields import BodyReader
 from otela.names import route_problem
 
 # OpenAI's inference routes and those vLLM, SGLang and TGI add beside them (Anthropic's
@@ -139,6 +139,7 @@ class EngineGate:
         self.max_body_bytes = max_body_bytes
         self.routes = routes
         self.timeouts = timeouts
+        self.bodies = BodyReader()
 
     def check(self, target: str, body: bytes) -> Pass | Refusal:
         """Where to send ``target`` (path and query, as the caller asked), or why not."""
@@ -153,7 +154,7 @@ class EngineGate:
             return Refusal(413, "request_too_large",
                            f"request body exceeds the {self.max_body_bytes} byte limit")
         try:
-            fields = read_fields(body)  # a long prompt is not parsed
+            fields = self.bodies.read(body)  # a long prompt is not parsed
         except BodyError as exc:
             return Refusal(400, exc.code, str(exc))
         model = fields.get("model")

@@ -14,6 +14,7 @@ from otela.dataplane.jsonbody import MAX_DEPTH, BodyError
 from otela.dataplane.jsonfields import (
     LAZY_FROM,
     MAX_ESCAPED_QUOTES,
+    BodyReader,
     LazyObject,
     materialized,
     read_fields,
@@ -85,3 +86,21 @@ def test_a_bad_escape_deep_in_a_long_prompt_is_left_to_the_engine() -> None:
     assert read.get("messages") is None  # reads as absent here
     with pytest.raises(BodyError):
         materialized(read)
+
+
+def test_a_reader_stops_scanning_where_scans_do_not_pay_and_resumes_where_they_do() -> None:
+    conversation = orjson.dumps({"model": "m", "messages": [
+        {"role": "user", "content": f"message {i} " * 40} for i in range(400)]})
+    long_prompt = orjson.dumps({"model": "m", "messages": [{"content": LONG}]})
+    reader = BodyReader()
+    tried = []
+    for _ in range(8):  # give-ups: 1 tried, then 1, 2, 4 skipped between tries
+        before = reader.skip
+        assert reader.read(conversation)["model"] == "m"
+        tried.append(before == 0)
+    assert tried == [True, False, True, False, False, True, False, False]
+    assert reader.scanned == 0
+    while reader.skip:  # still backing off: long prompts are parsed in full meanwhile
+        assert type(reader.read(long_prompt)) is dict
+    assert isinstance(reader.read(long_prompt), LazyObject)  # a scan that pays...
+    assert reader.backoff == 1 and reader.scanned == 1  # ...resets the backoff
