@@ -75,7 +75,7 @@ from otela.replication import (
     load_authority,
     load_own_certificate,
 )
-from otela.routing.hold import ModelFirstByte
+from otela.routing.hold import ModelFirstByte, Warmup
 from otela.routing.load import NodeLoad
 from otela.services import ingress_plugin, require_ingress_plugin
 from otela.slurm import fleet_tag_from_env, job_from_env, watch_wall_time, with_end_time
@@ -208,10 +208,16 @@ class Node:
             require_ingress_plugin().open(config, peer_id))
         if self.ingress_service is not None:
             observers += self.ingress_service.observers(self.metrics)
+        # After a start, a model we do not know yet may be served: no 404 until the replica
+        # has caught up with a peer (there is one to catch up with) or the warm-up passed.
+        someone = bool(self.bootstrap_peers or self.bootstrap_urls or self.peer_cache.remembered)
+        self.warmup = Warmup(lambda: bool(self.replicator.stats["ae_completed"]
+                                          or self.replicator.stats["ae_answered"]),
+                             config.registry_warmup if someone else 0.0)
         # What the HTTP API shows (its request-path parts are attached once assembled).
         self.view = NodeInspection(config, self.facts, self.replica, lambda: self.session_id,
                                    self.mesh, self.detector, self.nat, self.netlog,
-                                   self.slow_steps, self.ingress_service)
+                                   self.slow_steps, self.ingress_service, self.warmup.warming)
         self.api = create_app(self.view)
         assignment_routes.install(self.api, self.assignments)
         plugin = ingress_plugin()
@@ -222,7 +228,8 @@ class Node:
             engine_url=self.serving_engine_url, served_models=self.served_models,
             avoided=self.avoided, relayed=self.p2p, signer=self.hop_signer,
             verifier=self.hop_verifier, load=self.load, fallback=AsgiHandler(self.api),
-            observers=observers, metrics=self.metrics, keys=self.ingress_service))
+            observers=observers, metrics=self.metrics, keys=self.ingress_service,
+            warming=self.warmup.warming))
         self.pool, self.upstreams, self.router = path.pool, path.upstreams, path.router
         self.dispatch, self.http, self.inflight = path.dispatch, path.server, path.inflight
         self.engine_streams = EngineStreamServer(path.hop_core, path.inflight,
@@ -237,7 +244,7 @@ class Node:
         # With --workers N the port is served by N data-path processes instead.
         worker_state = WorkerState(self.registry, self.avoided, lambda: self.session_id,
                                    self.serving_engine_url, self.served_models, self.load,
-                                   self.router, self.recorder)
+                                   self.router, self.recorder, self.warmup.warming)
         self.workers = None if config.workers <= 1 else WorkerPool(
             config, config.workers, worker_state.key, worker_state.snapshot,
             worker_state.record_traces, worker_state.load_state)

@@ -48,7 +48,7 @@ SESSIONS_LISTED = 100  # sessions per model in /v1/registry/models
 _CATALOGS_KEPT = 64  # /v1/models results kept per registry generation (caller scopes)
 CATALOG_FRESH_S = 1.0  # /v1/models may be this stale
 # What /v1/health tells a caller who may not see the rest: is the node up, and serving.
-LIVENESS_FIELDS = ("status", "version", "state", "display_state")
+LIVENESS_FIELDS = ("status", "version", "state", "display_state", "registry_warming")
 
 
 def _page(items: Sequence[Any], key: Callable[[Any], str], after: str | None, limit: int
@@ -93,6 +93,10 @@ class NodeView(Protocol):
     registry: Registry
 
     def health(self) -> dict[str, Any]: ...
+
+    def registry_warming(self) -> bool:
+        """The replica is still catching up after the node's start (``routing.hold``)."""
+        ...
 
     def network(self, peer: str | None = None) -> dict[str, Any]:
         """Connectivity facts and verdicts (``otela.netreport``), optionally for one peer."""
@@ -146,6 +150,17 @@ def _gate(endpoint: str) -> Callable[[Request], None]:
         visibility.require(visibility.audience_of(request.app), endpoint,
                            request.headers.get("authorization"))
     return check
+
+
+def _catalog_credential(request: Request) -> str | None:
+    """The credential that narrows ``/v1/models``: the caller's API key; none for the
+    admin, who sees the whole catalog (the admin token is not an API key)."""
+    authorization = request.headers.get("authorization")
+    audience = visibility.audience_of(request.app)
+    if authorization is not None and audience is not None \
+            and audience.caller(authorization)[0] == visibility.ADMIN:
+        return None
+    return authorization
 
 
 def create_app(node: NodeView) -> FastAPI:
@@ -237,7 +252,7 @@ def create_app(node: NodeView) -> FastAPI:
         """Models the caller could use now; ``?providers=a,b`` and ``?require=...`` (or
         the routing headers) narrow it as they would a request. OpenAI's list shape, with
         its paging fields (``has_more``, ``first_id``, ``last_id``)."""
-        base, allowed = node.catalog_scope(request.headers.get("authorization"))
+        base, allowed = node.catalog_scope(_catalog_credential(request))
         trust, clauses = _catalog_filter(request, base)
 
         def compute() -> list[dict[str, Any]]:
@@ -247,13 +262,16 @@ def create_app(node: NodeView) -> FastAPI:
         scope = (trust.providers, tuple(c.text for c in clauses), allowed)
         everything = catalogs.get(node.registry.generation, scope, compute)
         page, more = _page(everything, lambda m: m["id"], after, limit)
-        return {"object": "list", "data": page, "has_more": more,
-                "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None}
+        listing = {"object": "list", "data": page, "has_more": more,
+                   "first_id": page[0]["id"] if page else None,
+                   "last_id": page[-1]["id"] if page else None}
+        if node.registry_warming():  # just started: models may be missing for a moment
+            listing["registry_warming"] = True
+        return listing
 
     @app.get("/v1/models/{model_id:path}", dependencies=[Depends(_gate("models"))])
     async def model(model_id: str, request: Request) -> dict[str, Any]:
-        base, allowed = node.catalog_scope(request.headers.get("authorization"))
+        base, allowed = node.catalog_scope(_catalog_credential(request))
         trust, clauses = _catalog_filter(request, base)
         entry = node.registry.model(model_id)
         nodes = usable_nodes(entry, trust, clauses) if entry is not None else ()

@@ -56,6 +56,7 @@ class Surroundings:
     metrics: MetricsRegistry
     keys: KeyGate | None = None  # the ingress service, with --ingress-db
     serve_metrics: bool = True  # ``/metrics`` here (a worker's are served by its control)
+    warming: Callable[[], bool] | None = None  # the replica is catching up after a start
     reuse_port: bool = False  # several processes share the port (--workers)
 
 
@@ -104,7 +105,8 @@ def assemble(config: NodeConfig, around: Surroundings) -> RequestPath:
     hop = EngineHop(around.verifier, hop_core)
     inference = InferenceRoutes(router, around.observers, config.record_prompts,
                                 config.affinity_prefix, keys=around.keys,
-                                hold=hold_room(config, replica, around.metrics))
+                                hold=hold_room(config, replica, around.metrics),
+                                warming=around.warming)
     inflight = Inflight()
     dispatch = Dispatch(inference, hop, around.fallback, inflight,
                         around.metrics if around.serve_metrics else None, routes)

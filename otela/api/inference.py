@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -28,7 +28,7 @@ from otela.dataplane.exchange import Exchange, UsageTap, prompt_text
 from otela.dataplane.headers import Headers
 from otela.dataplane.http import Request, Response
 from otela.dataplane.jsonbody import BodyError
-from otela.dataplane.jsonfields import materialized, read_fields
+from otela.dataplane.jsonfields import BodyReader, materialized
 from otela.dataplane.relay import relay, send_error
 from otela.dataplane.sse_usage import UsageChunkFilter, ask_for_usage
 from otela.routing.ask import AskError, read_ask
@@ -81,9 +81,12 @@ class InferenceRoutes:
     def __init__(self, router: Router, observers: Sequence[Observer] = (),
                  keep_prompts: bool = False,
                  affinity_chars: int = default_of("affinity_prefix"),
-                 keys: KeyGate | None = None, hold: HoldRoom | None = None) -> None:
+                 keys: KeyGate | None = None, hold: HoldRoom | None = None,
+                 warming: Callable[[], bool] | None = None) -> None:
         self.router = router
         self.hold = hold  # --hold-models: wait for a first serving node (scale to zero)
+        self.warming = warming  # a replica catching up after a start: no 404 yet
+        self.bodies = BodyReader()  # a long body's fields without parsing its prompt
         self.observers = list(observers)
         self.keep_prompts = keep_prompts  # for trace recording with --record-prompts
         self.affinity_chars = affinity_chars  # prefix_affinity: the prompt's first N
@@ -115,7 +118,7 @@ class InferenceRoutes:
                 key = self.keys.authenticate(header_rules.credential(request.headers))
                 exchange.api_key = None if key is None else key.id
             try:  # a long body's prompt is not parsed (otela.dataplane.jsonfields)
-                body = read_fields(request.body)
+                body = self.bodies.read(request.body)
             except BodyError as exc:
                 raise RequestError(400, str(exc), code=exc.code) from None
             model = body.get("model")
@@ -154,7 +157,7 @@ class InferenceRoutes:
             before = time.perf_counter()
             routed = await route_or_hold(self.hold, model, lambda: self.router.route(
                 model, path, header_rules.forwarded(request.headers, request_id), ask,
-                affinity_key, self.router.settings.timeouts.for_body(body)))
+                affinity_key, self.router.settings.timeouts.for_body(body)), self.warming)
         except (RequestError, BodyError) as caught:
             # BodyError: a long body's prompt, parsed in full to rewrite the body
             error = caught if isinstance(caught, RequestError) else RequestError(

@@ -397,6 +397,12 @@ class NodeConfig:
         "routing", 120.0, parse=v.as_duration, example="5m", metavar="DURATION",
         help="--hold-models: how long a request waits for a first serving node before a "
         "503 with Retry-After.")
+    registry_warmup: float = setting(
+        "routing", 10.0, parse=v.as_duration_or_off, example="30s", metavar="DURATION",
+        help="After a start, how long a request for a model this node does not know may "
+        "wait for its registry replica to catch up with a peer (then 503 registry_warming "
+        "with Retry-After, never a 404 while it may still learn of the model); 0 or off: "
+        "no warm-up.")
     hold_queue: int = setting(
         "routing", 256, parse=v.as_positive_int, example="64", metavar="N",
         help="--hold-models: requests that may wait at once (per data-path process); more "
@@ -406,7 +412,7 @@ class NodeConfig:
         help="Consecutive failures (no connection, 5xx, no first byte) after which this "
         "ingress stops sending a node requests for a while.")
     eject_time: float = setting(
-        "routing", 10.0, parse=v.as_duration, example="30s", metavar="DURATION",
+        "routing", 10.0, parse=v.as_duration_or_off, example="30s", metavar="DURATION",
         help="How long a first ejection lasts; each further one of the same node lasts "
         "twice as long.")
     eject_max_time: float = setting(

@@ -263,6 +263,15 @@ def as_duration(value: Any) -> float:
     return parse_duration(as_str(value))
 
 
+def as_duration_or_off(value: Any) -> float:
+    """A duration, or ``0`` / ``off`` for none (the feature is off)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    if isinstance(value, str) and value.strip().lower() in ("0", "0s", "off"):
+        return 0.0
+    return as_duration(value)
+
+
 def as_log_level(value: Any) -> str:
     level = as_str(value).upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:

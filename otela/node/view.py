@@ -64,7 +64,8 @@ class NodeInspection:
     def __init__(self, config: NodeConfig, facts: RunFacts, replica: LocalReplica,
                  session_id: Callable[[], str], mesh: MeshHost, detector: FailureDetector,
                  nat: NatTraversal, netlog: NetLog, slow_steps: SlowSteps,
-                 ingress_service: IngressService | None) -> None:
+                 ingress_service: IngressService | None,
+                 warming: Callable[[], bool] = lambda: False) -> None:
         self.config = config
         self.facts = facts
         self.replica = replica
@@ -76,6 +77,7 @@ class NodeInspection:
         self.netlog = netlog
         self.slow_steps = slow_steps
         self.ingress_service = ingress_service
+        self.registry_warming = warming
         self.workers: WorkerPool | None = None
         self._parts: AssembledParts | None = None
 
@@ -100,6 +102,7 @@ class NodeInspection:
             "provider_id": facts.provider_id,
             "state": record.state.name if record else Lifecycle.JOIN.name,
             "display_state": display_state(record) if record else Lifecycle.JOIN.name,
+            "registry_warming": self.registry_warming(),
             "addrs": facts.addrs,
             "http_url": facts.http_url,
             "ingress": self.config.ingress,

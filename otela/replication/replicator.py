@@ -539,6 +539,7 @@ class Replicator(ReplicaCore):
                     self.stats["ae_unadmitted"] += 1
                     return
                 await self._drive(stream, self.respond(peer.to_base58()))
+                self.stats["ae_answered"] += 1
             except Exception as exc:  # a misbehaving peer must never take the handler down
                 self.stats["ae_failed"] += 1
                 log.debug("inbound anti-entropy from %s failed: %s", peer, exc)

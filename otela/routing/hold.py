@@ -13,12 +13,20 @@ A held request polls the local registry replica (one dictionary lookup every
 ``POLL_S``), so it is answered within that of the node's SERVING reaching this ingress.
 The module sits beside the router rather than in it: routing stays the pure question of
 who serves now, and only ``InferenceRoutes`` calls ``route_or_hold``.
+
+**A warming replica.** An ingress that has just (re)started knows no model until its
+replica has caught up with a peer; until then a model it does not know may well be served,
+so "does not exist" (404) would be a lie. While the node is warming (``Warmup``), such a
+request waits for the replica to catch up, at most ``WARM_WAIT_S``, and is then routed as
+usual; if the replica is still warming it gets 503 ``registry_warming`` with
+``Retry-After``, never a 404.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -34,6 +42,7 @@ if TYPE_CHECKING:
 
 POLL_S = 0.1
 HOLDABLE = frozenset({"model_not_found", "no_serving_node"})
+WARM_WAIT_S = 5.0  # a request for an unknown model waits this long for a warming replica
 
 T = TypeVar("T")
 
@@ -90,16 +99,56 @@ class HoldRoom:
             self.held.inc(model, by=-1)
 
 
+class Warmup:
+    """Whether this node's replica is still catching up after its start: until it has
+    completed an exchange with a peer (``caught_up``), for at most ``deadline_s`` from its
+    start (a node whose peers are all gone is warm once that has passed)."""
+
+    def __init__(self, caught_up: Callable[[], bool], deadline_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.caught_up = caught_up
+        self.clock = clock
+        self._ends = clock() + deadline_s
+        self._warm = deadline_s <= 0
+
+    def warming(self) -> bool:
+        if not self._warm and (self.caught_up() or self.clock() >= self._ends):
+            self._warm = True  # once warm, warm for good: a later partition is not a start
+        return not self._warm
+
+
 async def route_or_hold(hold: HoldRoom | None, model: str,
-                        route: Callable[[], Awaitable[T]]) -> T:
+                        route: Callable[[], Awaitable[T]],
+                        warming: Callable[[], bool] | None = None) -> T:
     """``route()``, or, when no node serves a model ``hold`` holds, ``route()`` again once
-    one does."""
+    one does; a model unknown while the replica is ``warming``: ``route()`` again once it
+    is warm (module docstring)."""
     try:
         return await route()
     except RequestError as error:
+        if error.code == "model_not_found" and warming is not None and warming():
+            return await _after_warmup(model, route, warming)
         if hold is None or error.code not in HOLDABLE or not hold.holds(model):
             raise
     await hold.wait(model)
+    return await route()
+
+
+async def _after_warmup(model: str, route: Callable[[], Awaitable[T]],
+                        warming: Callable[[], bool]) -> T:
+    with trio.move_on_after(WARM_WAIT_S):
+        while warming():
+            await trio.sleep(POLL_S)
+            try:
+                return await route()
+            except RequestError as error:
+                if error.code != "model_not_found":
+                    raise
+    if warming():
+        raise RequestError(
+            503, f"This ingress has just started and is still learning the federation's "
+            f"models; `{clip(model)}` may be served: retry shortly.",
+            code="registry_warming", headers={"Retry-After": "2"})
     return await route()
 
 

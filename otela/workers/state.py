@@ -21,7 +21,8 @@ class WorkerState:
     def __init__(self, registry: Registry, avoided: Callable[[], frozenset[str]],
                  session_id: Callable[[], str], engine_url: Callable[[], str | None],
                  served_models: Callable[[], Collection[str]], load: LoadSource,
-                 router: Router, recorder: TraceRecorder | None) -> None:
+                 router: Router, recorder: TraceRecorder | None,
+                 warming: Callable[[], bool] = lambda: False) -> None:
         self.registry = registry
         self.avoided = avoided
         self.session_id = session_id
@@ -30,15 +31,17 @@ class WorkerState:
         self.load = load
         self.router = router
         self.recorder = recorder
+        self.warming = warming
 
     def key(self) -> tuple[Any, ...]:
         """Changes whenever ``snapshot`` would (checked every push interval)."""
         return (self.registry.generation, self.avoided(), self.session_id(),
-                self.engine_url(), frozenset(self.served_models()))
+                self.engine_url(), frozenset(self.served_models()), self.warming())
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot_of(self.registry.snapshot(), self.avoided(), self.session_id(),
-                           self.engine_url(), frozenset(self.served_models()))
+                           self.engine_url(), frozenset(self.served_models()),
+                           self.warming())
 
     def record_traces(self, records: list[dict[str, Any]]) -> None:
         if self.recorder is not None:

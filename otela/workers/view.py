@@ -14,10 +14,12 @@ from otela.registry.store import Registry
 
 
 def snapshot_of(records: list[NodeRecord], suspected: frozenset[str], session_id: str,
-                engine_url: str | None, models: frozenset[str]) -> dict[str, Any]:
+                engine_url: str | None, models: frozenset[str], warming: bool = False
+                ) -> dict[str, Any]:
     """The control process's side: everything a worker routes with."""
     return {"records": [r.to_dict() for r in records], "suspected": sorted(suspected),
-            "session_id": session_id, "engine_url": engine_url, "models": sorted(models)}
+            "session_id": session_id, "engine_url": engine_url, "models": sorted(models),
+            "warming": warming}
 
 
 @dataclass
@@ -27,6 +29,7 @@ class WorkerView:
     session_id: str = ""
     engine_url: str | None = None  # this node's engine, while SERVING
     models: frozenset[str] = frozenset()
+    warming: bool = False  # the node's replica is catching up after its start
     busy: dict[str, int] = field(default_factory=dict)  # federation-wide per session
     load: dict[str, Any] = field(default_factory=dict)  # the node's, and others' reports
 
@@ -49,3 +52,4 @@ class WorkerView:
         self.session_id = str(snapshot.get("session_id", ""))
         self.engine_url = snapshot.get("engine_url")
         self.models = frozenset(snapshot.get("models", ()))
+        self.warming = bool(snapshot.get("warming", False))

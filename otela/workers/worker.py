@@ -150,7 +150,7 @@ class Worker:
                                  lambda peer: self.view.registry.is_member(peer)),
             load=self.load, fallback=self.control.api, observers=observers,
             metrics=self.metrics, keys=self.ingress_service, serve_metrics=False,
-            reuse_port=True))
+            reuse_port=True, warming=lambda: self.view.warming))
         self.pool, self.upstreams, self.router = path.pool, path.upstreams, path.router
         self.inflight, self.server = path.inflight, path.server
 

@@ -77,12 +77,16 @@ def test_strangers_get_liveness_and_models_key_holders_the_rest(fed: Fed) -> Non
     key = new_key(ingress)["key"]
     health = get(ingress, "/v1/health")
     assert health.status_code == 200
-    assert set(health.json()) == {"status", "version", "state", "display_state", "visibility"}
+    assert set(health.json()) == {"status", "version", "state", "display_state",
+                                  "registry_warming", "visibility"}
     assert health.json()["visibility"] == {"health": "key", "registry": "key", "network": "key"}
     assert health.json()["status"] == "ok"
     for token in ("otela-wrong", "nonsense"):  # a wrong credential: a stranger, not an error
         assert set(get(ingress, "/v1/health", token).json()) == set(health.json())
-    assert MODEL in {m["id"] for m in get(ingress, "/v1/models").json()["data"]}
+    for caller in (None, key, ADMIN):  # the admin token is not a key: the whole catalog
+        listed = get(ingress, "/v1/models", caller)
+        assert listed.status_code == 200, (caller, listed.text)
+        assert MODEL in {m["id"] for m in listed.json()["data"]}
     for path in INSPECTION:
         refused = get(ingress, path)
         assert refused.status_code == 401, path
