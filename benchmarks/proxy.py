@@ -311,6 +311,17 @@ def report(results: list[PathResult], concurrency: list[int]) -> None:
             f" {r.ttft_ms[16]:>7.3f} ms")
 
 
+def _catalog(url: str) -> list[dict[str, object]]:
+    """``/v1/models`` as anyone sees it (no credential: an older otela, run with
+    ``--otela-src``, took the admin token for a wrong API key there)."""
+    answer = subprocess.run(["curl", "-sf", f"{url}/v1/models"], capture_output=True,
+                            text=True)
+    if answer.returncode != 0:
+        return []
+    data: list[dict[str, object]] = json.loads(answer.stdout).get("data", [])
+    return data
+
+
 def _with_children(pids: list[int]) -> list[int]:
     """The processes and their direct children (data-path workers; not engines here)."""
     out = list(pids)
@@ -504,7 +515,7 @@ def main() -> None:
                     fed.start_node(f"idle{i}", bootstrap=[ingress], extra_args=QUIET,
                                    launcher=pinned(LOAD_CORE, [sys.executable, "-m", "otela"]))
                 wait_for(lambda ingress=ingress: any(
-                    m["id"] == MODEL for m in ingress.get("/v1/models")["data"]), 60,
+                    m["id"] == MODEL for m in _catalog(ingress.http_url)), 60,
                     "the model to be served")
                 label = name if args.workers == 1 else f"{name} x{args.workers}"
                 AUTH.clear()
