@@ -67,7 +67,7 @@ def start(fed: LocalFederation, args: argparse.Namespace, lan: Lan | None = None
         fed, MODEL, args.nodes, args.boot_port, place=place,
         engine_args=["--request-delay", str(args.request_delay),
                      "--token-delay", str(args.token_delay)],
-        ingress_args=["--retry-broken"] if args.retry_broken else [])
+        ingress_args=["--retry-broken" if args.retry_broken else "--no-retry-broken"])
 
 
 def run_scenario(name: str, args: argparse.Namespace, root: Path) -> dict[str, object]:
@@ -225,8 +225,9 @@ def main() -> None:
     parser.add_argument("--warm", type=float, default=5.0)
     parser.add_argument("--observe", type=float, default=45.0)
     parser.add_argument("--stop-seconds", type=float, default=30.0)
-    parser.add_argument("--retry-broken", action="store_true",
-                        help="run the ingress with --retry-broken")
+    parser.add_argument("--retry-broken", action=argparse.BooleanOptionalAction,
+                        default=True, help="run the ingress with --retry-broken (otela's "
+                        "default) or --no-retry-broken")
     parser.add_argument("--json", action="store_true", help="one JSON object per scenario")
     parser.add_argument("--keep", metavar="DIR", help="keep the nodes' homes and logs here")
     args = parser.parse_args()

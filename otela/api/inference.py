@@ -12,7 +12,9 @@ upstream first byte, total).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -29,11 +31,16 @@ from otela.dataplane.headers import Headers
 from otela.dataplane.http import Request, Response
 from otela.dataplane.jsonbody import BodyError
 from otela.dataplane.jsonfields import BodyReader, materialized
-from otela.dataplane.relay import relay, send_error
+from otela.dataplane.migration import CHAT_ROUTE, Splice, continuation_body, partial_of
+from otela.dataplane.relay import Continuation, Resume, relay, send_error
 from otela.dataplane.sse_usage import UsageChunkFilter, ask_for_usage
-from otela.routing.ask import AskError, read_ask
+from otela.routing.ask import Ask, AskError, read_ask
 from otela.routing.hold import HoldRoom, route_or_hold
-from otela.routing.router import Router
+from otela.routing.router import Routed, Router
+
+log = logging.getLogger("otela.api")
+
+MIGRATIONS_HEADER = b"x-otela-migrations"
 
 _ID_PREFIX = os.urandom(6).hex()  # this process; ids are unique across a federation
 _ID_COUNTER = itertools.count()
@@ -44,6 +51,18 @@ def request_id_of(request: Request) -> bytes:
     given = header_rules.value(request.headers, header_rules.REQUEST_ID) or header_rules.value(
         request.headers, header_rules.ENGINE_REQUEST_ID)
     return given[:128] if given else b"%s%012x" % (_ID_PREFIX.encode(), next(_ID_COUNTER))
+
+
+def _migrations_asked(headers: Headers, allowed: int) -> int:
+    """``X-Otela-Migrations: N``: at most N continuations of this request's stream (never
+    more than the node allows)."""
+    for name, value in headers:
+        if name == MIGRATIONS_HEADER:
+            try:
+                return max(0, min(allowed, int(value)))
+            except ValueError:
+                return allowed
+    return allowed
 
 
 def _timing(lookup: float, upstream: float, total: float) -> bytes:
@@ -182,9 +201,58 @@ class InferenceRoutes:
         if routed.path_kind == "libp2p":
             extra.append((b"x-otela-path", b"libp2p"))
         exchange.tap = tap = UsageTap(exchange.stream)
+        continued: list[Routed] = []  # nodes that continued the stream (migration)
+        resume = self._resume(request, exchange, ask, path, request_id, continued,
+                              affinity_key) if exchange.stream else None
         try:
-            exchange.bytes_out = await relay(routed.reply, response, extra, tap, hide_usage)
+            exchange.bytes_out = await relay(routed.reply, response, extra, tap, hide_usage,
+                                             resume=resume)
         finally:
             self.router.release(routed)
+            for later in continued:
+                self.router.release(later)
             if grant is not None and self.keys is not None:
                 self.keys.finished(grant, (tap.prompt_tokens or 0) + tap.output_tokens)
+
+    def _resume(self, request: Request, exchange: Exchange, ask: Ask, path: str,
+                request_id: bytes, continued: list[Routed],
+                affinity_key: Callable[[], str | None]) -> Resume | None:
+        """How this request's chat stream is continued on another node if its node breaks
+        off mid-answer (request migration, ``otela.dataplane.migration``), as many times
+        as allowed; ``None`` where it never is (other routes, migrations off)."""
+        if exchange.route != CHAT_ROUTE:
+            return None
+        left = _migrations_asked(request.headers, self.router.settings.stream_migrations)
+        if left <= 0:
+            return None
+        model, broken = exchange.model or "", {exchange.node_session}
+        headers = header_rules.forwarded(request.headers, request_id)
+
+        async def resume(relayed: bytes) -> Continuation | None:
+            nonlocal left
+            partial = partial_of(relayed) if left > 0 else None
+            body = None if partial is None else continuation_body(ask.body, partial)
+            if partial is None or body is None:
+                return None
+            left -= 1
+            try:
+                routed = await self.router.route(
+                    model, path, headers, dataclasses.replace(ask, body=body), affinity_key,
+                    self.router.settings.timeouts.for_request(True, None),
+                    avoid=frozenset(s for s in broken if s))
+            except RequestError as error:
+                log.info("stream %s: no node could continue it (%s)", request_id.decode(),
+                         error.code)
+                return None
+            continued.append(routed)
+            broken.add(routed.node.session_id)
+            if routed.reply.status != 200:  # e.g. an engine without continue_final_message
+                await routed.reply.aclose()
+                return None
+            self.router.migrated += 1
+            exchange.migrations += 1
+            log.info("stream %s: continued on %s after %d content chunks",
+                     request_id.decode(), routed.node.session_id[:12], partial.tokens)
+            return Continuation(routed.reply, Splice(partial))
+
+        return resume

@@ -23,7 +23,8 @@ class NodeParts(Protocol):
     def in_flight(self) -> int: ...
 
     def data_path_totals(self) -> dict[str, int]:
-        """``retries``, ``resent``, ``abandoned``, ``connects``, ``connect_failures``, over
+        """``retries``, ``resent``, ``migrated``, ``abandoned``, ``connects``,
+        ``connect_failures``, over
         every data-path process."""
         ...
 
@@ -58,6 +59,9 @@ def install(metrics: Registry, node: NodeParts) -> Histogram:
                              "the one they reached broke off, or failed while they waited "
                              "for its answer (--retry-broken: each may have run twice).",
                              ("reason",))
+    migrated = metrics.counter("otela_stream_migrations_total", "Chat streams continued on "
+                               "another node after theirs broke off mid-answer (request "
+                               "migration: --stream-migrations).")
     connects = metrics.counter("otela_upstream_connections_opened_total",
                                "Connections opened to engines and other nodes.")
     failures = metrics.counter("otela_upstream_connect_failures_total",
@@ -95,6 +99,7 @@ def install(metrics: Registry, node: NodeParts) -> Histogram:
         retries.set(value=totals["retries"])
         resent.set("broke_off", value=totals["resent"] - totals["abandoned"])
         resent.set("node_failed", value=totals["abandoned"])
+        migrated.set(value=totals["migrated"])
         connects.set(value=totals["connects"])
         failures.set(value=totals["connect_failures"])
         states = Counter(record.state.name for record in node.registry)

@@ -373,12 +373,19 @@ class NodeConfig:
         "nodes. A provider with many nodes then gets no more than an equal share "
         "(default: every node, whoever runs it, gets an equal share).")
     retry_broken: bool = setting(
-        "routing", False, parse=v.as_bool, example="true",
+        "routing", True, parse=v.as_bool, example="false",
         help="Also send a non-streaming request to another node when its node broke the "
         "connection before answering (it died, most likely), or was suspected by the "
         "failure detector while the request waited (it froze, or was cut off). Clients then "
         "see no error and no long wait while another node serves the model, but a request "
-        "may run twice. Streams never are.")
+        "may run twice (--no-retry-broken: a 502 instead). Streams never are.")
+    stream_migrations: int = setting(
+        "routing", 2, parse=v.as_int, example="0", metavar="N",
+        help="How many times a chat stream whose node breaks off mid-answer may be "
+        "continued on another node (the client sees one uninterrupted stream; the new "
+        "node continues the partial answer: vLLM's continue_final_message); 0: never, the "
+        "stream ends with an error event. A request may ask for fewer with the "
+        "X-Otela-Migrations header.")
     affinity_prefix: int = setting(
         "routing", 512, parse=v.as_positive_int, example="2048", metavar="CHARS",
         help="prefix_affinity: how many leading characters of the prompt form a request's "

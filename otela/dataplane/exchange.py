@@ -87,6 +87,10 @@ class UsageTap:
             else:
                 self._body, self._too_large = bytearray(), True  # not worth parsing
 
+    def drop_partial(self) -> None:
+        """Forget an unfinished event (its stream broke off; another continues it)."""
+        self._splitter.partial = b""
+
     def _scan_events(self, data: bytes) -> None:
         for event in self._splitter.feed(data):
             self._read_event(event)
@@ -192,6 +196,7 @@ class Exchange:
     node_provider: str = ""
     path_kind: str = ""
     attempts: int = 0
+    migrations: int = 0  # times its stream was continued on another node
     head_at: float | None = None  # the upstream's response head arrived (perf counter)
     finished_at: float | None = None
     bytes_out: int = 0

@@ -80,6 +80,12 @@ class WholeEvents:
         self.at_boundary = True
         return whole
 
+    def drop_partial(self) -> None:
+        """Forget an unfinished event: its stream broke off before it was complete, so
+        the client never had it (a continuation starts at an event boundary)."""
+        self._partial = b""
+        self.at_boundary = True
+
     def end(self) -> bytes:
         """What is held when the stream ends properly (its last, unterminated event)."""
         rest, self._partial = self._partial, b""

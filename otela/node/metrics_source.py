@@ -40,6 +40,7 @@ class NodeMetricsSource:
     def data_path_totals(self) -> dict[str, int]:
         router = self.routing.router
         totals = {"retries": router.retries, "resent": router.resent,
+                  "migrated": router.migrated,
                   "abandoned": router.watch.abandoned, "connects": self.pool.connects,
                   "connect_failures": self.pool.connect_failures}
         if self.workers is not None:

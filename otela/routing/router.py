@@ -28,7 +28,7 @@ import enum
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -94,6 +94,7 @@ class RoutingSettings:
     affinity_balance: float
     balance_providers: bool  # an equal share per provider, then per node
     retry_broken: bool  # re-send a non-streaming request whose node broke off
+    stream_migrations: int  # continuations of a chat stream whose node broke off
     failover_connect_timeout: float  # a connection attempt while others remain
     # Time a request may spend on connections nobody answers before they use up attempts
     # (--connect-timeout): nothing was sent, so only the client's wait bounds them.
@@ -116,6 +117,7 @@ def routing_settings(config: NodeConfig | None = None, **overrides: Any) -> Rout
         eject_max_time=config.eject_max_time, eject_max_share=config.eject_max_share,
         load_ttl=max(LOAD_TTL_FLOOR_S, 3 * config.load_interval),
         affinity_balance=config.affinity_balance, retry_broken=config.retry_broken,
+        stream_migrations=max(0, config.stream_migrations),
         balance_providers=config.balance_providers,
         failover_connect_timeout=config.failover_connect_timeout,
         unanswered_budget=config.connect_timeout)
@@ -215,6 +217,7 @@ class Router:
         self.loads = LoadBoard(settings.load_ttl)
         self.retries = 0  # attempts after a first one that was not delivered
         self.resent = 0  # of those, after a node broke off before answering (retry_broken)
+        self.migrated = 0  # chat streams continued on another node after theirs broke off
         # Requests this router has running on each session (load-aware policies read it;
         # with data-path workers the control process adds up every worker's).
         self.busy: Counter[str] = Counter()
@@ -254,18 +257,20 @@ class Router:
 
     async def route(self, model_id: str, path: str, headers: Headers, ask: Ask,
                     affinity_key: Callable[[], str | None] | None = None,
-                    first_byte_timeout: float | None = None) -> Routed:
+                    first_byte_timeout: float | None = None,
+                    avoid: Collection[str] = ()) -> Routed:
         """Send ``ask.body`` to ``path`` on a node serving ``model_id`` that ``ask``
         allows, waiting ``first_byte_timeout`` for its first byte (default: the longest,
-        ``otela.dataplane.deadline``); raises ``RequestError`` (400 bad policy, 404/503 no
-        node, 502 unreachable or failed, 504 timed out)."""
+        ``otela.dataplane.deadline``), never one of the sessions in ``avoid``; raises
+        ``RequestError`` (400 bad policy, 404/503 no node, 502 unreachable or failed, 504
+        timed out)."""
         timeout = first_byte_timeout or self.settings.timeouts.ceiling_s
         policy = self.policies.get(ask.policy)
         now = self.clock()
         nodes = self._eligible(model_id, ask, now)
         pick = Pick(model_id, affinity_key() if policy.uses_affinity_key and affinity_key
                     else None, ask.stream)
-        tried: set[str] = set()
+        tried: set[str] = set(avoid)
         declined: set[str] = set()  # did not know us yet: worth asking again
         attempts = 0  # nodes asked
         # Of those, the ones that use up --route-attempts: a refused connection (nothing

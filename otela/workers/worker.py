@@ -206,6 +206,7 @@ class Worker:
                 "ejections": self.router.ejections.total,
                 "ejected": self.router.ejections.report(trio.current_time()),
                 "retries": self.router.retries, "resent": self.router.resent,
+                "migrated": self.router.migrated,
                 "abandoned": self.router.watch.abandoned, "connects": self.pool.connects,
                 "connect_failures": self.pool.connect_failures,
                 "metrics": self.metrics.state(), "traces": traces})

@@ -34,6 +34,9 @@ class View:
     def catalog_scope(self, authorization: str | None) -> tuple[TrustSet, frozenset[str] | None]:
         return ANY, None
 
+    def registry_warming(self) -> bool:
+        return False
+
 
 def get(view: View, path: str, **params: Any) -> Any:
     async def go() -> Any:

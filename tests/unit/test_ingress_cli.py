@@ -45,7 +45,9 @@ def test_create_list_show_rotate_revoke(run, tmp_path):
     assert "cannot be shown again" in err
     code, out, _ = run("keys", "revoke", made["id"], "--json")
     assert json.loads(out)["status"] == "revoked"
-    code, out, err = run("keys", "rotate", made["id"])
+    code, out, err = run("keys", "rotate", made["id"])  # a revoked key is said to be so
+    assert code == 1 and "is revoked" in err.lower()
+    code, out, err = run("keys", "rotate", "key_0000000000ff")
     assert code == 1 and "no such api key" in err.lower()
 
 
@@ -133,8 +135,10 @@ def test_keys_and_usage_read_the_config_files_ingress_table(run, tmp_path, monke
     # the environment beats the file, the flag beats both
     other = tmp_path / "other.db"
     monkeypatch.setenv("OTELA_INGRESS_DB", str(other))
-    assert json.loads(run("keys", "list", "--json")[1]) == []
-    assert other.exists()
+    code, _, err = run("keys", "list", "--json")  # read-only: names the missing database
+    assert code == 1 and str(other) in err and not other.exists()
+    assert run("keys", "create", "--owner", "dan")[0] == 0  # where the environment says
+    assert [k["owner"] for k in json.loads(run("keys", "list", "--json")[1])] == ["dan"]
     code, out, _ = run("keys", "list", "--json", "--db", str(shared))
     assert [k["id"] for k in json.loads(out)] == [made["id"]]
 

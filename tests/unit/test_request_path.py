@@ -52,7 +52,8 @@ class Keys:
             raise RequestError(401, "Invalid API key.", code="invalid_api_key")
         return SimpleNamespace(id="k1")
 
-    def admit(self, key: Any, model: str) -> Any:
+    def admit(self, key: Any, model: str, max_tokens: int | None = None,
+              prompt_bound: int = 0) -> Any:
         return SimpleNamespace(providers=None)
 
     def finished(self, grant: Any, tokens: int) -> None:

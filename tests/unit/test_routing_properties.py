@@ -6,7 +6,8 @@ sequence of failures,
   trusted provider, meets every requirement and is not suspected (unless every trusted
   candidate is);
 - a request is sent again only after a node provably did not take it (``NotDelivered``);
-  after any other outcome there is no further send;
+  after any other outcome there is no further send (with ``--no-retry-broken``: the
+  default re-sends a non-streaming request whose node broke off, ``test_forward_failures``);
 - once every request is over, the router's in-flight counts are back to zero.
 """
 
@@ -135,7 +136,8 @@ def test_routing_never_leaves_what_the_request_allows(nodes, trusted, clauses, p
     clock = [0.0]
     router = Router(registry, upstreams,  # type: ignore[arg-type]
                     routing_settings(policy=policy, max_attempts=attempts,
-                                    eject_after=eject_after, eject_time=1.0),
+                                    eject_after=eject_after, eject_time=1.0,
+                                    retry_broken=False),
                     rng=random.Random(seed), suspected=lambda: suspected,
                     clock=lambda: clock[0])
     trust = ANY.narrowed(None if trusted is None else frozenset(trusted), "test")

@@ -137,11 +137,27 @@ def _limit(body: dict[str, Any], kind: str) -> int | None:
     return limit if isinstance(limit, int) else None
 
 
-def _answer(prompt: str, limit: int | None) -> tuple[list[str], str]:
+def _answer(prompt: str, limit: int | None, after: str = "") -> tuple[list[str], str]:
+    """The answer's tokens and finish reason; ``after``: the part of it already given
+    (a continued final assistant message), which the answer then goes on from."""
     tokens = tokenize(f"echo: {prompt}")
+    if after:
+        given = next((k for k in range(len(tokens) + 1) if "".join(tokens[:k]) == after), 0)
+        tokens = tokens[given:]
     if limit is not None and 0 < limit < len(tokens):
         return tokens[:limit], "length"
     return tokens, "stop"
+
+
+def _continued(body: dict[str, Any]) -> str:
+    """With ``continue_final_message`` (vLLM's chat extension), the final assistant
+    message's text, which the answer continues; else ``""``."""
+    messages = body.get("messages")
+    if body.get("continue_final_message") is not True or not isinstance(messages, list) \
+            or not messages or not isinstance(messages[-1], dict) \
+            or messages[-1].get("role") != "assistant":
+        return ""
+    return _content_text(messages[-1].get("content"))
 
 
 # The routes, by the API shape they speak.
@@ -305,7 +321,8 @@ def create_app(settings: EchoSettings) -> FastAPI:
     async def _respond(body: dict[str, Any], model: str, chat: bool,
                        prompt: tuple[str, int]) -> Response:
         text_prompt, prompt_tokens = prompt
-        tokens, finish = _answer(text_prompt, _limit(body, "chat"))
+        tokens, finish = _answer(text_prompt, _limit(body, "chat"),
+                                 _continued(body) if chat else "")
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": len(tokens),

@@ -1,0 +1,91 @@
+"""A serving node killed mid-stream: the client's chat stream goes on from another node,
+as one uninterrupted stream (request migration, issue 36). Real processes: an ingress,
+two echo engines behind their nodes, SIGKILL to the node and engine serving the stream."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import orjson
+import pytest
+
+from otela.engine.demo.echo import _answer
+from otela.testing.steady_load import machine_pids, signal_machine
+
+from .helpers import serving_node, wait_state
+
+pytestmark = pytest.mark.slow
+
+MODEL = "migrating-model"
+PROMPT = " ".join(f"word{i}" for i in range(40))  # a 41-token answer, 50 ms a token
+
+
+def events_of(lines: list[str]) -> list[dict]:
+    return [orjson.loads(line[6:]) for line in lines
+            if line.startswith("data: {")]
+
+
+def test_a_stream_whose_node_is_killed_goes_on_from_another_node(federation):
+    ingress = federation.start_node("ingress", ingress=True)
+    nodes = {}
+    for name in ("a", "b"):
+        node = serving_node(federation, name, ingress, MODEL, "--token-delay", "0.05")
+        nodes[node.status["peer_id"]] = node
+    for node in nodes.values():
+        wait_state(ingress, node, "SERVING")
+    expected = "".join(_answer(PROMPT, None)[0])
+    body = {"model": MODEL, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": PROMPT}]}
+    lines: list[str] = []
+    with httpx.Client(timeout=60, trust_env=False) as client, client.stream(
+            "POST", f"{ingress.http_url}/v1/chat/completions", json=body) as answer:
+        assert answer.status_code == 200
+        first = nodes[answer.headers["x-otela-peer-id"]]
+        killed = False
+        for line in answer.iter_lines():
+            lines.append(line)
+            if not killed and sum('"content": "' in seen or '"content":"' in seen
+                                  for seen in lines) >= 6:
+                signal_machine(machine_pids(first), signal.SIGKILL)  # mid-answer
+                killed = True
+    assert killed
+    chunks = events_of(lines)
+    assert not [c for c in chunks if "error" in c], lines  # no error event
+    assert lines[-1] == "data: [DONE]" or lines[-2:] == ["data: [DONE]", ""]
+    content = "".join((c["choices"][0]["delta"].get("content") or "")
+                      for c in chunks if c.get("choices"))
+    assert content == expected  # the same text, nothing duplicated or missing
+    assert len({c["id"] for c in chunks}) == 1  # one stream, one id
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")]
+    assert finishes[-1] == "stop" and finishes.count("stop") == 1
+    roles = [c for c in chunks if c.get("choices") and "role" in c["choices"][0]["delta"]]
+    assert len(roles) == 1  # the second node's opening chunk was dropped
+    usage = chunks[-1]["usage"]
+    assert usage["completion_tokens"] == len(_answer(PROMPT, None)[0])
+    metrics = httpx.get(f"{ingress.http_url}/metrics", trust_env=False).text
+    assert "otela_stream_migrations_total 1" in metrics
+
+
+def test_with_migrations_off_a_broken_stream_still_ends_with_an_error_event(federation):
+    ingress = federation.start_node("ingress", ingress=True)
+    nodes = {}
+    for name in ("a", "b"):
+        node = serving_node(federation, name, ingress, MODEL, "--token-delay", "0.05")
+        nodes[node.status["peer_id"]] = node
+    for node in nodes.values():
+        wait_state(ingress, node, "SERVING")
+    body = {"model": MODEL, "stream": True,
+            "messages": [{"role": "user", "content": PROMPT}]}
+    lines: list[str] = []
+    with httpx.Client(timeout=60, trust_env=False) as client, client.stream(
+            "POST", f"{ingress.http_url}/v1/chat/completions", json=body,
+            headers={"x-otela-migrations": "0"}) as answer:
+        first = nodes[answer.headers["x-otela-peer-id"]]
+        for line in answer.iter_lines():
+            lines.append(line)
+            if len(lines) == 8:
+                signal_machine(machine_pids(first), signal.SIGKILL)
+    errors = [c for c in events_of(lines) if "error" in c]
+    assert errors and errors[0]["error"]["code"] == "upstream_failed", lines
