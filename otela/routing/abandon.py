@@ -11,6 +11,10 @@ for its first byte is given up there and sent to another node.
 Requests register the node they wait on; whoever holds the node's state (the daemon's
 failure detector, a data-path worker's copy of it) calls ``notice`` with the suspects, and
 the daemon polls only while someone waits, so an idle node does no work for this.
+
+The router waits in ``NodeWatch.guard``: a cancel scope that ``notice`` cancels, so a
+request pays a registration and a scope, not a nursery and a task (``--retry-broken`` is
+on by default: every non-streaming request waits this way).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class NodeWatch:
 
     def __init__(self) -> None:
         self._failed: dict[str, trio.Event] = {}  # session id -> set once it fails
+        self._guards: dict[str, list[Guard]] = {}  # session id -> requests waiting in scopes
         self._waiting: Counter[str] = Counter()
         self.someone_waits = trio.Event()
         self.abandoned = 0  # requests given up on a failed node (each then sent elsewhere)
@@ -62,12 +67,39 @@ class NodeWatch:
                 if not self._waiting:
                     self.someone_waits = trio.Event()
 
+    def guard(self, session_id: str, give_up: Callable[[], bool]) -> Guard:
+        """``with watch.guard(session, give_up) as guard: await send()``: the send is
+        cancelled if ``session`` fails meanwhile and ``give_up()`` then agrees (another
+        node could take the request); ``guard.failed`` says so afterwards."""
+        return Guard(self, session_id, give_up)
+
+    def _enter(self, guard: Guard) -> None:
+        self._guards.setdefault(guard.session_id, []).append(guard)
+        self._waiting[guard.session_id] += 1
+        self.someone_waits.set()
+
+    def _leave(self, guard: Guard) -> None:
+        session_id = guard.session_id
+        guards = self._guards.get(session_id)
+        if guards is not None:
+            guards.remove(guard)
+            if not guards:
+                del self._guards[session_id]
+        self._waiting[session_id] -= 1
+        if self._waiting[session_id] <= 0:
+            del self._waiting[session_id]
+            self._failed.pop(session_id, None)
+            if not self._waiting:
+                self.someone_waits = trio.Event()
+
     def notice(self, failed: Collection[str]) -> None:
         """Wake the requests waiting on any session in ``failed``."""
         for session_id in [p for p in self._waiting if p in failed]:
             event = self._failed.get(session_id)
             if event is not None:
                 event.set()
+            for guard in list(self._guards.get(session_id, ())):
+                guard.session_failed()
 
     def waited_on(self) -> list[str]:
         return list(self._waiting)
@@ -80,6 +112,41 @@ class NodeWatch:
             while self._waiting:
                 self.notice(failed(self.waited_on()))
                 await trio.sleep(POLL_S)
+
+
+class Guard:
+    """One request waiting on a node (``NodeWatch.guard``); a class, not a generator
+    context manager: it is on every non-streaming request's path."""
+
+    __slots__ = ("give_up", "noticed", "scope", "session_id", "watch")
+
+    def __init__(self, watch: NodeWatch, session_id: str, give_up: Callable[[], bool]) -> None:
+        self.watch = watch
+        self.session_id = session_id
+        self.give_up = give_up
+        self.scope = trio.CancelScope()
+        self.noticed = False  # the node failed while we waited (and we gave up on it)
+
+    def session_failed(self) -> None:
+        if not self.noticed and self.give_up():
+            self.noticed = True
+            self.scope.cancel()
+
+    @property
+    def failed(self) -> bool:
+        """The wait was given up because the node failed."""
+        return self.noticed and self.scope.cancelled_caught
+
+    def __enter__(self) -> Guard:
+        self.watch._enter(self)
+        self.scope.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        try:
+            return bool(self.scope.__exit__(*exc))  # type: ignore[arg-type]
+        finally:
+            self.watch._leave(self)
 
 
 async def unless_failed(event: trio.Event, send: Callable[[], Awaitable[T]],

@@ -49,7 +49,7 @@ from otela.dataplane.headers import Headers
 from otela.dataplane.upstream import Reply, Upstreams
 from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
-from otela.routing.abandon import FailedWhileWaiting, NodeWatch, failed_sessions, unless_failed
+from otela.routing.abandon import FailedWhileWaiting, NodeWatch, failed_sessions
 from otela.routing.ask import Ask
 from otela.routing.candidates import eligible
 from otela.routing.ejection import Ejections
@@ -398,10 +398,11 @@ class Router:
         sent_at = self.clock()
         try:
             if resend:  # a node that fails while we wait is given up, and another asked
-                with self.watch.waiting_on(session) as failed:
-                    reply = await unless_failed(failed, lambda: self.upstreams.send(
-                        node, path, body, headers, timeout, connect_timeout),
-                        give_up=another_serves)
+                with self.watch.guard(session, another_serves) as guard:
+                    reply = await self.upstreams.send(node, path, body, headers, timeout,
+                                                      connect_timeout)
+                if guard.failed:
+                    raise FailedWhileWaiting
             else:
                 reply = await self.upstreams.send(node, path, body, headers, timeout,
                                                   connect_timeout)

@@ -9,6 +9,7 @@ drain. vLLM runs with runtime LoRA updating on, so the administration is really 
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import time
@@ -99,6 +100,59 @@ def check_admin_is_out_of_reach(ingress: LocalNode, member: LocalNode, server: L
     assert status == 200 and b"added successfully" in answer, answer
 
 
+def _content(lines: list[str]) -> str:
+    return "".join((json.loads(ln[6:])["choices"] or [{}])[0].get("delta", {}).get("content")
+                   or "" for ln in lines if ln.startswith("data: {"))
+
+
+def _content_chunks(lines: list[str]) -> int:
+    return sum(1 for ln in lines if ln.startswith("data: {")
+               and ((json.loads(ln[6:])["choices"] or [{}])[0].get("delta", {}).get("content")))
+
+
+def check_a_stream_continues_on_another_node(federation, ingress: LocalNode,
+                                             server: LocalNode, port: int) -> None:
+    """Request migration with vLLM's continue_final_message: a second node fronts the same
+    vLLM (``--engine-url``); a stream that lands on it is cut by SIGKILLing that node, and
+    the client's stream goes on from the first node's engine, as one stream."""
+    attached = federation.start_node("attached", bootstrap=[ingress],
+                                     extra_args=["--engine-url", f"http://127.0.0.1:{port}"])
+    wait_state(ingress, attached, "SERVING")
+    body = {"model": MODEL, "max_tokens": 40, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "Tell me a story about a ship."}]}
+    for _ in range(20):  # until the routing policy picks the attached node
+        lines: list[str] = []
+        before: str | None = None
+        with httpx.stream("POST", f"{ingress.http_url}/v1/chat/completions", json=body,
+                          trust_env=False, timeout=120) as stream:
+            assert stream.status_code == 200
+            ours = stream.headers["x-otela-session-id"] == attached.session_id
+            for line in stream.iter_lines():
+                lines.append(line)
+                if ours and before is None and _content_chunks(lines) >= 4:
+                    attached.process.send_signal(signal.SIGKILL)  # mid-answer
+                    before = _content(lines)
+        if ours:
+            break
+    else:
+        pytest.fail("no stream was routed to the attached node")
+    chunks = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: {")]
+    assert not [c for c in chunks if "error" in c], lines
+    assert "data: [DONE]" in lines
+    assert len({c["id"] for c in chunks}) == 1
+    with_choices = [c for c in chunks if c["choices"]]
+    assert sum("role" in c["choices"][0]["delta"] for c in with_choices) == 1
+    assert before is not None
+    after = _content(lines)[len(before):]
+    print(f"migrated stream: {before!r} | {after!r}")
+    assert before and after  # the second node went on from the partial answer
+    assert with_choices[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert chunks[-1]["usage"]["completion_tokens"] <= 40 + 4  # the limit held (chunk counts)
+    assert "otela_stream_migrations_total 1" in httpx.get(
+        f"{ingress.http_url}/metrics", trust_env=False).text
+
+
 def test_real_vllm_behind_otela(federation, vllm_python, tiny_model, tmp_path):
     ingress = federation.start_node("ingress", ingress=True)
     other = federation.start_node("other", bootstrap=[ingress])
@@ -164,6 +218,8 @@ def test_real_vllm_behind_otela(federation, vllm_python, tiny_model, tmp_path):
              "the serving node to know the other member")
     check_admin_is_out_of_reach(ingress, other, server, f"http://127.0.0.1:{port}",
                                 str(adapter))
+
+    check_a_stream_continues_on_another_node(federation, ingress, server, port)
 
     assert federation.stop_node(server, timeout=60) == 0
     wait_state(ingress, server, "LEFT")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from otela.registry.records import Lifecycle
 from otela.registry.store import Registry
@@ -94,3 +95,28 @@ async def _polls_only_while_someone_waits() -> None:
         await trio.sleep(3 * POLL_S)
         assert len(asked) <= polls + 1 and asked[0] == ["x"]
         nursery.cancel_scope.cancel()
+
+
+def test_a_guarded_wait_is_cancelled_when_its_node_fails_and_another_could_take_it() -> None:
+    async def main() -> None:
+        watch = NodeWatch()
+        answered = []
+
+        async def wait_on(session: str, give_up: bool, answer_after: float) -> None:
+            with watch.guard(session, lambda: give_up) as guard:
+                await trio.sleep(answer_after)
+                answered.append(session)
+            assert guard.failed == (session == "failing"), session
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_on, "failing", True, 10.0)
+            nursery.start_soon(wait_on, "kept", False, 2.0)  # nobody else: it waits on
+            nursery.start_soon(wait_on, "fine", True, 1.0)
+            await trio.sleep(0.5)
+            assert sorted(watch.waited_on()) == ["failing", "fine", "kept"]
+            watch.notice({"failing", "kept"})
+        assert sorted(answered) == ["fine", "kept"]
+        assert watch.waited_on() == [] and not watch.someone_waits.is_set()
+        assert trio.current_time() == pytest.approx(2.0)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
