@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import orjson
@@ -206,7 +207,8 @@ class InferenceRoutes:
                               affinity_key) if exchange.stream else None
         try:
             exchange.bytes_out = await relay(routed.reply, response, extra, tap, hide_usage,
-                                             resume=resume)
+                                             resume=resume, watched=self._watched(routed)
+                                             if resume is not None else None)
         finally:
             self.router.release(routed)
             for later in continued:
@@ -253,6 +255,14 @@ class InferenceRoutes:
             exchange.migrations += 1
             log.info("stream %s: continued on %s after %d content chunks",
                      request_id.decode(), routed.node.session_id[:12], partial.tokens)
-            return Continuation(routed.reply, Splice(partial))
+            return Continuation(routed.reply, Splice(partial), self._watched(routed))
 
         return resume
+
+    def _watched(self, routed: Routed) -> AbstractContextManager[Any] | None:
+        """While a stream that may be continued is relayed: if its node is suspected or
+        stops serving, close the connection (the stream breaks off, and is continued)."""
+        abort = getattr(routed.reply, "abort", None)  # HTTP replies (not libp2p streams)
+        if abort is None:
+            return None
+        return self.router.watch.watching(routed.node.session_id, abort)

@@ -144,6 +144,12 @@ class Reply:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
+    def abort(self) -> None:
+        """Give up on this reply now (its node failed): its connection is closed, and a
+        task reading it gets ``UpstreamFailed``."""
+        if self._conn is not None:
+            sockio.close(self._conn.sock)
+
     async def aclose(self) -> None:
         """Done with this reply: a complete one returns its connection to the pool, an
         incomplete one closes it (that is how the upstream learns we left)."""
@@ -168,6 +174,9 @@ async def _recv(conn: _Conn) -> bytes:
         return await sockio.recv(conn.sock)
     except sockio.Closed as exc:
         raise UpstreamFailed(f"connection broke: {exc}") from None
+    except trio.ClosedResourceError:  # closed under us: we gave up on the node (abort)
+        raise UpstreamFailed("the node failed mid-response; its connection was closed") \
+            from None
 
 
 @dataclass

@@ -22,7 +22,9 @@ stream. Only when no node can continue it does the error event end it.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 from otela.dataplane import headers as header_rules
 from otela.dataplane.errors import RequestError, UpstreamFailed, clip, error_json
@@ -42,6 +44,7 @@ class Continuation:
 
     reply: Reply
     splice: Splice
+    watched: AbstractContextManager[Any] | None = None  # as ``relay``'s
 
 
 # Given the events the client has had, another node's continuation of them, or None.
@@ -50,7 +53,8 @@ Resume = Callable[[bytes], Awaitable[Continuation | None]]
 
 async def relay(reply: Reply, response: Response, extra: Headers,
                 tap: UsageTap | None = None, hide_usage: UsageChunkFilter | None = None,
-                *, end_client_streams: bool = True, resume: Resume | None = None) -> int:
+                *, end_client_streams: bool = True, resume: Resume | None = None,
+                watched: AbstractContextManager[Any] | None = None) -> int:
     """Send ``reply`` to the client with ``extra`` headers; the body bytes relayed. ``tap``
     sees every chunk as it goes (timing, usage), without changing it; ``hide_usage``
     removes the usage chunk the ingress asked a stream for (``sse_usage``).
@@ -58,7 +62,9 @@ async def relay(reply: Reply, response: Response, extra: Headers,
     client should see); an engine hop passes False and cuts it short instead, as over
     libp2p, so the ingress learns that it broke and ends its client's stream itself.
     ``resume``: how a broken event stream may be continued on another node (module
-    docstring)."""
+    docstring); ``watched``: held while the body is read (the ingress's watch on the
+    node, which aborts the reply if the node is suspected meanwhile: a node that froze
+    mid-stream then breaks it off, and the stream is continued)."""
     out = header_rules.relayed(reply.headers, extra)
     rewrite = hide_usage is not None and reply.status == 200
     try:
@@ -87,8 +93,9 @@ async def relay(reply: Reply, response: Response, extra: Headers,
         if buffered:
             sent += await _forward(buffered, response, tap, events, relayed)
         try:
-            async for chunk in reply.chunks():
-                sent += await _forward(chunk, response, tap, events, relayed)
+            with watched or nullcontext():
+                async for chunk in reply.chunks():
+                    sent += await _forward(chunk, response, tap, events, relayed)
         except UpstreamFailed as failure:
             if events is not None:
                 if resume is not None and relayed is not None:
@@ -160,8 +167,10 @@ async def _continued(resume: Resume, relayed: list[bytes], response: Response,
             try:
                 for chunk in chunks:
                     added += await _spliced(chunk, splice, response, tap, events, relayed)
-                async for chunk in reply.chunks():
-                    added += await _spliced(chunk, splice, response, tap, events, relayed)
+                with continuation.watched or nullcontext():
+                    async for chunk in reply.chunks():
+                        added += await _spliced(chunk, splice, response, tap, events,
+                                                relayed)
             except UpstreamFailed:
                 events.drop_partial()
                 continue

@@ -14,7 +14,10 @@ surplus: pending first, then starting, then the serving ones with least time lef
 stale and expiring replicas that serve are drained only while enough others serve to keep
 the desired count, so a roll or a wall-time handover never drops capacity below it (the
 old ones drain once the new ones serve, or at their own hard margin). Failures are
-replaced with exponential backoff and steered to other clusters; a job pending past the
+replaced with exponential backoff and steered to other clusters (a replica whose node went
+DOWN without a drain counts as failed at once, before Slurm reports its job's end: else
+its replacement went out without backoff in the seconds Slurm takes to say FAILED, and a
+broken engine was resubmitted at the pass interval); a job pending past the
 cluster's limit is cancelled and tried on another cluster; jobs on a cluster that does
 not answer are counted from their nodes in the registry and otherwise replaced
 elsewhere, never acted on.
@@ -22,6 +25,7 @@ elsewhere, never acted on.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -109,6 +113,7 @@ def reconcile(wants: Sequence[Want], observed: Observed, policy: Policy) -> Deci
     deployments not in ``wants`` are wound down (a deployment removed from the file)."""
     decision = Decision()
     nodes = nodes_by_job(observed.nodes)
+    observed = _with_engine_failures(observed, nodes)
     by_deployment: dict[str, list[Replica]] = {}
     for job in observed.jobs:
         if job.state.active:
@@ -122,6 +127,24 @@ def reconcile(wants: Sequence[Want], observed: Observed, policy: Policy) -> Deci
         _deployment(gone, by_deployment[name], observed, policy, decision,
                     why="not in the fleet file")
     return decision
+
+
+def _with_engine_failures(observed: Observed,
+                          nodes: dict[tuple[str, str], list[Node]]) -> Observed:
+    """``observed`` with a failure for each job whose node went DOWN though nobody asked it
+    to drain (its engine failed; otela then exits and the job ends FAILED), counted now
+    rather than once Slurm reports the end (module docstring)."""
+    known = {f.job_id for f in observed.failures if f.job_id}
+    fresh = tuple(
+        Failure(job.deployment, job.cluster, observed.now, "engine failed (node DOWN)",
+                "failed", job.job_id)
+        for job in observed.jobs
+        if job.state in (JobState.RUNNING, JobState.ENDING) and not job.draining
+        and job.job_id not in known
+        and any(n.state == "DOWN" for n in nodes.get(job.key, ())))
+    if not fresh:
+        return observed
+    return dataclasses.replace(observed, failures=(*observed.failures, *fresh))
 
 
 def _deployment(want: Want, replicas: list[Replica], observed: Observed, policy: Policy,

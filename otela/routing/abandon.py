@@ -43,7 +43,8 @@ class NodeWatch:
 
     def __init__(self) -> None:
         self._failed: dict[str, trio.Event] = {}  # session id -> set once it fails
-        self._guards: dict[str, list[Guard]] = {}  # session id -> requests waiting in scopes
+        # session id -> requests waiting in scopes, streams watched
+        self._guards: dict[str, list[Guard | Watcher]] = {}
         self._waiting: Counter[str] = Counter()
         self.someone_waits = trio.Event()
         self.abandoned = 0  # requests given up on a failed node (each then sent elsewhere)
@@ -73,12 +74,19 @@ class NodeWatch:
         node could take the request); ``guard.failed`` says so afterwards."""
         return Guard(self, session_id, give_up)
 
-    def _enter(self, guard: Guard) -> None:
+    def watching(self, session_id: str, on_failure: Callable[[], None]) -> Watcher:
+        """``with watch.watching(session, on_failure):`` calls ``on_failure()`` once if
+        ``session`` fails while in the block (a stream being relayed: the ingress closes
+        its connection to a node that froze mid-answer, and continues the stream
+        elsewhere, ``otela.dataplane.migration``)."""
+        return Watcher(self, session_id, on_failure)
+
+    def _enter(self, guard: Guard | Watcher) -> None:
         self._guards.setdefault(guard.session_id, []).append(guard)
         self._waiting[guard.session_id] += 1
         self.someone_waits.set()
 
-    def _leave(self, guard: Guard) -> None:
+    def _leave(self, guard: Guard | Watcher) -> None:
         session_id = guard.session_id
         guards = self._guards.get(session_id)
         if guards is not None:
@@ -147,6 +155,31 @@ class Guard:
             return bool(self.scope.__exit__(*exc))  # type: ignore[arg-type]
         finally:
             self.watch._leave(self)
+
+
+class Watcher:
+    """One stream watched on a node (``NodeWatch.watching``)."""
+
+    __slots__ = ("on_failure", "session_id", "triggered", "watch")
+
+    def __init__(self, watch: NodeWatch, session_id: str,
+                 on_failure: Callable[[], None]) -> None:
+        self.watch = watch
+        self.session_id = session_id
+        self.on_failure = on_failure
+        self.triggered = False
+
+    def session_failed(self) -> None:
+        if not self.triggered:
+            self.triggered = True
+            self.on_failure()
+
+    def __enter__(self) -> Watcher:
+        self.watch._enter(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.watch._leave(self)
 
 
 async def unless_failed(event: trio.Event, send: Callable[[], Awaitable[T]],

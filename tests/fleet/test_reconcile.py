@@ -126,7 +126,16 @@ def test_a_replica_near_its_wall_time_gets_a_successor_and_drains_only_once_it_s
 def test_draining_and_down_replicas_are_left_alone_and_not_counted():
     jobs = [job("1", marks=frozenset({"drain"})), job("2"), job("3")]
     nodes = [node("1"), node("2", "DOWN"), node("3")]
+    # The DOWN node was not asked to drain: its engine failed. That is a failure at once,
+    # before Slurm reports the job FAILED: its replacement waits out the backoff.
     decision = reconcile([want(2)], observed(jobs, nodes), POLICY)
+    assert kinds(decision) == [] and decision.notes[0].what == "backoff"
+    already = [Failure("d", "a", NOW - 31, "job FAILED", "failed", "2")]  # once known
+    decision = reconcile([want(2)], observed(jobs, nodes, failures=already), POLICY)
+    assert kinds(decision) == [("Submit", "a")]  # counted once: the backoff has passed
+    drained = [job("1", marks=frozenset({"drain"})), job("3")]  # a drain is no failure
+    decision = reconcile([want(2)], observed(drained, [node("1", "DOWN"), node("3")]),
+                         POLICY)
     assert kinds(decision) == [("Submit", "a")]
 
 
@@ -211,8 +220,11 @@ def test_whole_node_partitions_pack_replicas_into_one_job():
 def test_a_packed_job_with_a_failed_node_is_ending_and_replaced_whole():
     jobs = [packed("1", 2)]
     nodes = [node("1", version=1), node("1", "DOWN", version=2)]
-    decision = reconcile([Want("d", "s1", 2, ("a",), {"a": 2})], observed(jobs, nodes),
-                         POLICY)
+    want = Want("d", "s1", 2, ("a",), {"a": 2})
+    decision = reconcile([want], observed(jobs, nodes), POLICY)  # a failure: backoff first
+    assert decision.actions == [] and decision.notes[0].what == "backoff"
+    known = [Failure("d", "a", NOW - 31, "job FAILED", "failed", "1")]
+    decision = reconcile([want], observed(jobs, nodes, failures=known), POLICY)
     assert [(type(a).__name__, getattr(a, "size", 0)) for a in decision.actions] == [
         ("Submit", 2)]
 

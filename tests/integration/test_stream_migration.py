@@ -89,3 +89,42 @@ def test_with_migrations_off_a_broken_stream_still_ends_with_an_error_event(fede
                 signal_machine(machine_pids(first), signal.SIGKILL)
     errors = [c for c in events_of(lines) if "error" in c]
     assert errors and errors[0]["error"]["code"] == "upstream_failed", lines
+
+
+def test_a_stream_whose_node_freezes_goes_on_once_the_node_is_suspected(federation):
+    ingress = federation.start_node("ingress", ingress=True)
+    nodes = {}
+    for name in ("a", "b"):
+        node = serving_node(federation, name, ingress, MODEL, "--token-delay", "0.05")
+        nodes[node.status["peer_id"]] = node
+    for node in nodes.values():
+        wait_state(ingress, node, "SERVING")
+    expected = "".join(_answer(PROMPT, None)[0])
+    body = {"model": MODEL, "stream": True,
+            "messages": [{"role": "user", "content": PROMPT}]}
+    lines: list[str] = []
+    frozen: list[int] = []
+    try:
+        with httpx.Client(timeout=90, trust_env=False) as client, client.stream(
+                "POST", f"{ingress.http_url}/v1/chat/completions", json=body) as answer:
+            first = nodes[answer.headers["x-otela-peer-id"]]
+            for line in answer.iter_lines():
+                lines.append(line)
+                if not frozen and len(lines) >= 12:
+                    frozen = machine_pids(first)
+                    signal_machine(frozen, signal.SIGSTOP)  # mid-answer: silent, not gone
+        # the stream ended while the node was still frozen: it was not waited for
+        assert all(_stopped(pid) for pid in frozen)
+    finally:
+        signal_machine(frozen, signal.SIGCONT)
+    chunks = events_of(lines)
+    assert not [c for c in chunks if "error" in c], lines
+    content = "".join((c["choices"][0]["delta"].get("content") or "")
+                      for c in chunks if c.get("choices"))
+    assert content == expected
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"

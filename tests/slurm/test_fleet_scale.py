@@ -51,7 +51,7 @@ def ask(url: str, model: str, content: str = "wake up") -> tuple[httpx.Response,
     return response, time.monotonic() - started
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(500)
 def test_scale_to_zero_holds_the_first_request_scales_with_load_and_back_to_zero(
         federation, tmp_path):
     ingress = federation.start_node("ingress", ingress=True, extra_args=[
@@ -80,18 +80,23 @@ def test_scale_to_zero_holds_the_first_request_scales_with_load_and_back_to_zero
             # machine): two replicas' worth of a 4 req/s target
             load = SteadyLoad(ingress.http_url, "cold-echo", rate=8.0, stream_share=0.0)
 
+            # The bound covers two controller passes of 5 s and the up cooldown, then a
+            # Slurm job's start, a node's join and an engine's start: ~40-70 s alone,
+            # and in full-suite runs on 2 busy cores it passed 90 s twice (printed below).
             async def under_load() -> None:
                 stop = trio.Event()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(load.run, stop)
                     try:
                         await trio.to_thread.run_sync(lambda: wait_for(
-                            lambda: serving_count(ingress, name) == 2, 90,
+                            lambda: serving_count(ingress, name) == 2, 180,
                             "a second replica under load", interval=0.5))
                     finally:
                         stop.set()
 
+            loaded = time.monotonic()
             trio.run(under_load)
+            print(f"a second replica served {time.monotonic() - loaded:.1f}s into the load")
             errors = [f"{o.result}" for o in load.errors()] + list(load.messages)
             assert errors == []
 
