@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
-from otela.api.inference import KeyGate
+from otela.api.keygate import KeyGate
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

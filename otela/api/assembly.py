@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from otela.api.dispatch import Dispatch
 from otela.api.hop import EngineHop
-from otela.api.inference import InferenceRoutes, KeyGate
+from otela.api.inference import InferenceRoutes
+from otela.api.keygate import KeyGate
 from otela.api.observe import Observer
 from otela.config import NodeConfig
 from otela.dataplane.gate import EngineGate, Routes

@@ -19,10 +19,11 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
+from otela.api.keygate import KeyGate
 from otela.api.observe import Observer
 from otela.config.schema import default_of
 from otela.dataplane import headers as header_rules
@@ -69,32 +70,6 @@ def _migrations_asked(headers: Headers, allowed: int) -> int:
 def _timing(lookup: float, upstream: float, total: float) -> bytes:
     return (b"route;dur=%.3f, upstream;dur=%.3f, total;dur=%.3f"
             % (lookup * 1e3, upstream * 1e3, total * 1e3))
-
-
-class KeyGate(Protocol):
-    """API keys, limits and budgets (the ingress service, ``ingress.access``): who may
-    send this request. Never waits: it decides from memory."""
-
-    def authenticate(self, authorization: bytes | None) -> Any:
-        """The caller's key (``None``: anonymous, where allowed), or ``RequestError``
-        401. ``authorization``: ``headers.credential``, an ``Authorization`` value (an
-        ``x-api-key`` comes as ``Bearer <key>``)."""
-        ...
-
-    def admit(self, key: Any, model: str, max_tokens: int | None = None,
-              prompt_bound: int = 0) -> Any:
-        """A grant for ``model`` (403 not allowed or over budget, 429 over a limit).
-        ``max_tokens`` (what the request may generate) and ``prompt_bound`` (at most its
-        prompt's tokens: its body's length in bytes) are reserved against a token budget
-        until ``finished`` settles it with what it used."""
-        ...
-
-    def screen(self, authorization: bytes | None) -> None:
-        """Raise what ``authenticate`` and ``admit`` would, from the headers alone (before
-        the body is read); takes nothing."""
-        ...
-
-    def finished(self, grant: Any, tokens: int) -> None: ...
 
 
 class InferenceRoutes:
