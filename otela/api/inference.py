@@ -240,4 +240,6 @@ class InferenceRoutes:
         abort = getattr(routed.reply, "abort", None)  # HTTP replies (not libp2p streams)
         if abort is None:
             return None
-        return self.router.watch.watching(routed.node.session_id, abort)
+        session = routed.node.session_id
+        return self.router.watch.watching(session, abort,
+                                          lambda: self.router.node_gone(session))

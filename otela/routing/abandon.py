@@ -74,12 +74,14 @@ class NodeWatch:
         node could take the request); ``guard.failed`` says so afterwards."""
         return Guard(self, session_id, give_up)
 
-    def watching(self, session_id: str, on_failure: Callable[[], None]) -> Watcher:
-        """``with watch.watching(session, on_failure):`` calls ``on_failure()`` once if
-        ``session`` fails while in the block (a stream being relayed: the ingress closes
-        its connection to a node that froze mid-answer, and continues the stream
-        elsewhere, ``otela.dataplane.migration``)."""
-        return Watcher(self, session_id, on_failure)
+    def watching(self, session_id: str, on_failure: Callable[[], None],
+                 confirm: Callable[[], bool] = lambda: True) -> Watcher:
+        """``with watch.watching(session, on_failure, confirm):`` calls ``on_failure()``
+        once if ``session`` fails while in the block and ``confirm()`` agrees (a stream
+        being relayed: the ingress closes its connection to a node that froze mid-answer,
+        and continues the stream elsewhere, ``otela.dataplane.migration``; ``confirm``
+        tells a node that is gone from one that is draining, whose streams finish)."""
+        return Watcher(self, session_id, on_failure, confirm)
 
     def _enter(self, guard: Guard | Watcher) -> None:
         self._guards.setdefault(guard.session_id, []).append(guard)
@@ -160,17 +162,18 @@ class Guard:
 class Watcher:
     """One stream watched on a node (``NodeWatch.watching``)."""
 
-    __slots__ = ("on_failure", "session_id", "triggered", "watch")
+    __slots__ = ("confirm", "on_failure", "session_id", "triggered", "watch")
 
-    def __init__(self, watch: NodeWatch, session_id: str,
-                 on_failure: Callable[[], None]) -> None:
+    def __init__(self, watch: NodeWatch, session_id: str, on_failure: Callable[[], None],
+                 confirm: Callable[[], bool]) -> None:
         self.watch = watch
         self.session_id = session_id
         self.on_failure = on_failure
+        self.confirm = confirm
         self.triggered = False
 
     def session_failed(self) -> None:
-        if not self.triggered:
+        if not self.triggered and self.confirm():  # unconfirmed: asked again next poll
             self.triggered = True
             self.on_failure()
 

@@ -47,7 +47,7 @@ from otela.dataplane.errors import (
 )
 from otela.dataplane.headers import Headers
 from otela.dataplane.upstream import Reply, Upstreams
-from otela.registry.records import NodeRecord
+from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.store import Registry
 from otela.routing.abandon import FailedWhileWaiting, NodeWatch, failed_sessions
 from otela.routing.ask import Ask
@@ -233,6 +233,13 @@ class Router:
         self.plausible = plausible
         self._plausible: dict[str, tuple[int, float]] = {}
         self.speeds = Speeds()
+
+    def node_gone(self, session_id: str) -> bool:
+        """The node is suspected, evicted or gone: not merely draining (DOWN), whose
+        requests in flight still finish."""
+        record = self.registry.get(session_id)
+        return record is None or record.state is Lifecycle.LEFT or \
+            record.peer_id in self.suspected()
 
     async def watch_failures(self) -> None:
         """Give up waiting on nodes that fail (``--retry-broken``); run as one task. It

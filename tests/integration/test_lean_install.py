@@ -82,7 +82,13 @@ def test_a_keyed_ingress_and_a_serving_node_work_without_extras(
     url = f"{ingress.http_url}/v1/chat/completions"
     refused = httpx.post(url, json=body, timeout=30)
     assert refused.status_code == 401
-    answer = httpx.post(url, json=body, headers={"authorization": f"Bearer {key}"},
-                        timeout=30)
+    # the ingress reads new keys every second (ingress.access): wait for it
+
+    def with_key() -> httpx.Response:
+        return httpx.post(url, json=body, headers={"authorization": f"Bearer {key}"},
+                          timeout=30)
+
+    wait_for(lambda: with_key().status_code == 200, 10, "the new key to reach the ingress")
+    answer = with_key()
     assert answer.status_code == 200, answer.text
     assert answer.headers["x-otela-session-id"] == node.session_id
