@@ -95,7 +95,17 @@ def test_scale_to_zero_holds_the_first_request_scales_with_load_and_back_to_zero
                         stop.set()
 
             loaded = time.monotonic()
-            trio.run(under_load)
+            try:
+                trio.run(under_load)
+            except BaseException:
+                # what the controller saw and did, for whoever reads this failure (it has
+                # happened in full-suite runs on a 2-core VM only, never alone)
+                print("fleet events:", *cli.events()[-30:], sep="\n  ")
+                print("jobs:", *fleet_jobs(name), sep="\n  ")
+                print("ingress metrics:", *[line for line in httpx.get(
+                    f"{ingress.http_url}/metrics", trust_env=False).text.splitlines()
+                    if "cold-echo" in line and not line.startswith("#")][:20], sep="\n  ")
+                raise
             print(f"a second replica served {time.monotonic() - loaded:.1f}s into the load")
             errors = [f"{o.result}" for o in load.errors()] + list(load.messages)
             assert errors == []
