@@ -39,6 +39,10 @@ def test_vllm_template_serves_and_leaves_cleanly(federation, tmp_path, vllm_pyth
     with StateWatcher(ingress, node["session_id"]) as watcher:
         subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True, timeout=30)
         wait_for(lambda: watcher.seen[-1:] == ["LEFT"], 60, "the vLLM job's node to leave")
-    assert watcher.seen[-2:] == ["DOWN", "LEFT"]
+    assert watcher.seen[-1] == "LEFT"
     wait_for(lambda: job_state(job) == "COMPLETED", 60,
              f"the job to complete:\n{job_output(tmp_path, job)[-2000:]}")
+    # DOWN came first (the drain): as the node announced it. A poller can miss a short
+    # DOWN on a busy machine (it saw SERVING then LEFT once in a full-suite run).
+    output = job_output(tmp_path, job)
+    assert output.index("announced DOWN") < output.index("announced LEFT"), output[-2000:]
