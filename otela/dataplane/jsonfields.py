@@ -57,13 +57,10 @@ class _Unscanned(Exception):
 
 def read_fields(raw: bytes, max_depth: int = MAX_DEPTH) -> Mapping[str, Any]:
     """The body's top-level object: a ``dict`` for a short body, a ``LazyObject`` for a
-    long one; ``BodyError`` if it is not an acceptable JSON object (module docstring)."""
-    if len(raw) < LAZY_FROM:
-        return parse_json_object(raw, max_depth)
-    try:
-        return LazyObject(raw, _scan(raw, max_depth))
-    except (_Unscanned, orjson.JSONDecodeError):
-        return parse_json_object(raw, max_depth)
+    long one; ``BodyError`` if it is not an acceptable JSON object (module docstring). A
+    one-off read: the request path keeps a ``BodyReader``, which remembers scans that did
+    not pay."""
+    return BodyReader(max_depth).read(raw)
 
 
 class BodyReader:

@@ -26,7 +26,8 @@ def events_of(lines: list[str]) -> list[dict]:
             if line.startswith("data: {")]
 
 
-def test_a_stream_whose_node_is_killed_goes_on_from_another_node(federation):
+def ingress_and_two_nodes(federation):
+    """An ingress and two echo nodes serving MODEL at 50 ms a token, by peer id."""
     ingress = federation.start_node("ingress", ingress=True)
     nodes = {}
     for name in ("a", "b"):
@@ -34,6 +35,11 @@ def test_a_stream_whose_node_is_killed_goes_on_from_another_node(federation):
         nodes[node.status["peer_id"]] = node
     for node in nodes.values():
         wait_state(ingress, node, "SERVING")
+    return ingress, nodes
+
+
+def test_a_stream_whose_node_is_killed_goes_on_from_another_node(federation):
+    ingress, nodes = ingress_and_two_nodes(federation)
     expected = "".join(_answer(PROMPT, None)[0])
     body = {"model": MODEL, "stream": True,
             "stream_options": {"include_usage": True},
@@ -69,13 +75,7 @@ def test_a_stream_whose_node_is_killed_goes_on_from_another_node(federation):
 
 
 def test_with_migrations_off_a_broken_stream_still_ends_with_an_error_event(federation):
-    ingress = federation.start_node("ingress", ingress=True)
-    nodes = {}
-    for name in ("a", "b"):
-        node = serving_node(federation, name, ingress, MODEL, "--token-delay", "0.05")
-        nodes[node.status["peer_id"]] = node
-    for node in nodes.values():
-        wait_state(ingress, node, "SERVING")
+    ingress, nodes = ingress_and_two_nodes(federation)
     body = {"model": MODEL, "stream": True,
             "messages": [{"role": "user", "content": PROMPT}]}
     lines: list[str] = []
@@ -92,13 +92,7 @@ def test_with_migrations_off_a_broken_stream_still_ends_with_an_error_event(fede
 
 
 def test_a_stream_whose_node_freezes_goes_on_once_the_node_is_suspected(federation):
-    ingress = federation.start_node("ingress", ingress=True)
-    nodes = {}
-    for name in ("a", "b"):
-        node = serving_node(federation, name, ingress, MODEL, "--token-delay", "0.05")
-        nodes[node.status["peer_id"]] = node
-    for node in nodes.values():
-        wait_state(ingress, node, "SERVING")
+    ingress, nodes = ingress_and_two_nodes(federation)
     expected = "".join(_answer(PROMPT, None)[0])
     body = {"model": MODEL, "stream": True,
             "messages": [{"role": "user", "content": PROMPT}]}
