@@ -16,6 +16,28 @@ settings.register_profile("otela", deadline=None)
 settings.load_profile("otela")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse ``--dist loadgroup`` where it silently ignores ``xdist_group``.
+
+    Tests that share machine-wide state (the Slurm cluster, the vLLM engine, the test LAN)
+    stay on one worker only because pytest-xdist appends their group to their ids. With
+    pytest 9.2 and pytest-xdist 3.8 that append is a no-op: those tests ran side by side
+    and failed in ways that looked like timing (a fleet job pending behind another test's
+    8-CPU job for three minutes). Stop at once with the reason instead.
+    """
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") != "loadgroup":
+        return
+    import xdist  # type: ignore[import-untyped]
+
+    xdist_version = tuple(int(part) for part in xdist.__version__.split(".")[:2])
+    if pytest.version_tuple[:2] >= (9, 2) and xdist_version <= (3, 8):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} ignores "
+            "xdist_group under --dist loadgroup, so tests sharing the Slurm cluster or the "
+            "vLLM engine would run side by side: install the pinned versions "
+            "(pip install -e '.[dev]')")
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     report = yield

@@ -162,6 +162,15 @@ def fleet_jobs(fleet: str) -> list[SlurmJob]:
     return jobs
 
 
+def cluster_picture() -> str:
+    """Every job on the test cluster with why it waits, and the node's state: what a
+    failure needs when a job of this test stays PENDING behind something else."""
+    commands = [["squeue", "-h", "-t", "all", "-o", "%i %T %r %C %M %l %k"],
+                ["sinfo", "-N", "-h", "-o", "%N %T %C %E"]]
+    return "\n".join(subprocess.run(c, capture_output=True, text=True, timeout=30).stdout
+                     for c in commands)
+
+
 def active(jobs: list[SlurmJob]) -> list[SlurmJob]:
     return [j for j in jobs if j.state in ("PENDING", "RUNNING", "CONFIGURING")]
 

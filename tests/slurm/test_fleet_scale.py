@@ -21,6 +21,7 @@ from .fleet_helpers import (
     FleetCli,
     active,
     cancel_fleet_jobs,
+    cluster_picture,
     cluster_toml,
     deployment_toml,
     fleet_jobs,
@@ -102,6 +103,7 @@ def test_scale_to_zero_holds_the_first_request_scales_with_load_and_back_to_zero
                 # happened in full-suite runs on a 2-core VM only, never alone)
                 print("fleet events:", *cli.events()[-30:], sep="\n  ")
                 print("jobs:", *fleet_jobs(name), sep="\n  ")
+                print("cluster:", cluster_picture(), sep="\n")
                 print("ingress metrics:", *[line for line in httpx.get(
                     f"{ingress.http_url}/metrics", trust_env=False).text.splitlines()
                     if "cold-echo" in line and not line.startswith("#")][:20], sep="\n  ")
