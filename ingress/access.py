@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import trio
@@ -78,6 +78,7 @@ class Access:
         self._key_of: dict[bytes | None, ApiKey] = {}
         self._grants: dict[str, Grant] = {}  # one per key (it holds no per-request state)
         self.by_id: dict[str, ApiKey] = {}
+        self.team_weights: dict[str, float] = {}  # fair sharing: a team not listed weighs 1
         self.limits: dict[str, KeyLimits] = {}
         self.used_tokens: dict[str, int] = {}  # at load, plus what others wrote since
         self.used_here: dict[str, int] = {}  # by this process since load
@@ -184,6 +185,7 @@ class Access:
         """The first full read (blocking; at start, before the port opens): every key, and
         the tokens each has used, from one consistent read of the usage table."""
         started = time.time()
+        self.team_weights = keystore.team_weights(self.db)
         self.remember(keystore.changed_since(self.db, 0.0))
         self._keys_seen_at = started
         after = self.db.now() - _LOOKBACK_S
@@ -209,6 +211,10 @@ class Access:
         wrote (O(new rows), never a scan of the whole usage table)."""
         started = time.time()
         changed = keystore.changed_since(self.db, self._keys_seen_at - 1.0)
+        weights = keystore.team_weights(self.db)
+        if weights != self.team_weights:  # every key of a team whose weight changed
+            self.team_weights = weights
+            changed = [*self.by_id.values(), *changed]
         db_now = self.db.now()
         others = usage.recent_by_others(self.db, self.ingress_id, self._others_after)
         self.remember(changed)
@@ -222,6 +228,8 @@ class Access:
         if changed:
             self._key_of.clear()
         for key in changed:
+            if key.team:  # the team's weight, as the teams table says now
+                key = replace(key, team_weight=self.team_weights.get(key.team, 1.0))
             old = self.by_id.get(key.id)
             if old is not None:
                 self.by_hash.pop(old.secret_hash, None)

@@ -58,6 +58,14 @@ def _actor(service: IngressService, request: Request) -> str:
     return f"admin API from {client} via {service.ingress_id}"
 
 
+def _teams(db: Any) -> list[dict[str, Any]]:
+    weights = keystore.team_weights(db)
+    named = {k.team for k in keystore.all_keys(db) if k.team}
+    return [{"object": "team", "name": name, "weight": weights.get(name, 1.0),
+             "keys": sum(1 for k in keystore.all_keys(db) if k.team == name)}
+            for name in sorted(named | set(weights))]
+
+
 def install(app: FastAPI, service: IngressService) -> None:
     db = service.db
 
@@ -150,6 +158,20 @@ def install(app: FastAPI, service: IngressService) -> None:
 
     app.post("/v1/admin/keys/{key_id}/revoke")(revoke)
     app.delete("/v1/admin/keys/{key_id}")(revoke)
+
+    @app.get("/v1/admin/teams")
+    async def list_teams(request: Request) -> dict[str, Any]:
+        """Every team with a weight, and every team keys name (weight 1 unless set)."""
+        _admin(service, request)
+        return {"object": "list", "data": await db.in_thread(_teams, db)}
+
+    @app.put("/v1/admin/teams/{team}")
+    async def set_team(request: Request, team: str) -> dict[str, Any]:
+        """A team's weight in fair sharing: ``{"weight": 3}``."""
+        _admin(service, request)
+        name, weight = admin_input.team_weight(team, await read_json_object(request))
+        await db.in_thread(keystore.set_team_weight, db, name, weight)
+        return {"object": "team", "name": name, "weight": weight}
 
     @app.post("/v1/admin/keys/{key_id}/rotate")
     async def rotate(request: Request, key_id: str) -> dict[str, Any]:

@@ -24,7 +24,9 @@ _KEY_ID = re.compile(r"^key_[0-9a-f]{12}$")
 EARLIEST = datetime(1, 1, 1, tzinfo=UTC).timestamp()
 LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 _FIELDS = {"owner", "name", "expires_in", "expires_at", "models", "providers", "rpm", "tpm",
-           "max_concurrent", "budget_tokens"}
+           "max_concurrent", "budget_tokens", "team", "weight", "priority", "queue_wait"}
+MAX_WEIGHT = 1000.0
+_CLASS = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 def _bad(message: str, param: str) -> RequestError:
@@ -47,6 +49,34 @@ def _positive(value: Any, param: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**62:
         raise _bad(f"'{param}' must be a positive integer", param)
     return value
+
+
+def weight(value: Any, param: str = "weight") -> float | None:
+    """A fair-share weight: a number above 0, at most ``MAX_WEIGHT``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or \
+            not 0 < value <= MAX_WEIGHT:
+        raise _bad(f"'{param}' must be a number above 0 and at most {MAX_WEIGHT:g}", param)
+    return float(value)
+
+
+def _seconds(value: Any, param: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or \
+            not 0 <= value <= 86_400 * 365:
+        raise _bad(f"'{param}' must be a number of seconds (0 to a year)", param)
+    return float(value)
+
+
+def _class(value: Any, param: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _CLASS.match(value.strip().lower()):
+        raise _bad(f"'{param}' must be a priority class name (a short lowercase word, as "
+                   "in the ingress's priority_classes)", param)
+    return value.strip().lower()
 
 
 def _names(value: Any, param: str) -> frozenset[str] | None:
@@ -100,6 +130,14 @@ def _value(field: str, body: dict[str, Any]) -> Any:
         return _text(value, "name")
     if field in ("models", "providers"):
         return _names(value, field)
+    if field == "team":
+        return _text(value, "team") or None
+    if field == "weight":
+        return weight(value)
+    if field == "priority":
+        return _class(value, field)
+    if field == "queue_wait":
+        return _seconds(value, field)
     return _positive(value, field)
 
 
@@ -128,6 +166,17 @@ def key_change(body: dict[str, Any], now: float | None = None) -> dict[str, Any]
         if field in body and field != "expires_at":
             change[field] = _value(field, body)
     return change
+
+
+def team_weight(team: str, body: dict[str, Any]) -> tuple[str, float]:
+    """A team's name and new weight (``PUT /v1/admin/teams/{team}``, ``otela keys team``)."""
+    unknown = sorted(set(body) - {"weight"})
+    if unknown:
+        raise _bad(f"unknown field '{unknown[0][:40]}' (expected: weight)", unknown[0][:40])
+    value = weight(body.get("weight"))
+    if value is None:
+        raise _bad("'weight' is required", "weight")
+    return _text(team, "team", required=True), value
 
 
 def key_id(value: str) -> str:

@@ -122,6 +122,13 @@ class _Way:
         key = keystore.get(self.db, admin_input.key_id(key_id))
         return key.to_dict(time.time(), keystore.used_tokens(self.db, [key.id])[key.id])
 
+    def set_team(self, name: str, weight: float) -> dict[str, Any]:
+        if self.db is None:
+            return dict(self._api("PUT", f"/teams/{name}", json={"weight": weight}))
+        name, weight = admin_input.team_weight(name, {"weight": weight})
+        keystore.set_team_weight(self.db, name, weight)
+        return {"object": "team", "name": name, "weight": weight}
+
     def revoke(self, key_id: str) -> dict[str, Any]:
         if self.db is None:
             return dict(self._api("POST", f"/keys/{key_id}/revoke"))
@@ -241,6 +248,16 @@ def create(
                                               help="Requests in flight at once."),
     budget_tokens: int | None = typer.Option(None, "--budget-tokens",
                                              help="Tokens over the key's whole life."),
+    team: str | None = typer.Option(None, "--team", help="The team whose fair share the "
+                                    "key's requests are charged to (docs/scheduling.md)."),
+    weight: float | None = typer.Option(None, "--weight", help="The key's weight within "
+                                        "its team's share (default 1)."),
+    priority: str | None = typer.Option(None, "--priority", metavar="CLASS",
+                                        help="The best priority class the key may use "
+                                        "(default: any the ingress has)."),
+    queue_wait: str | None = typer.Option(None, "--queue-wait", metavar="DURATION",
+                                          help="The longest its requests may wait in the "
+                                          "ingress queue."),
     db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
     config_file: Path | None = _CONFIG,
 ) -> None:
@@ -251,7 +268,8 @@ def create(
             spec["expires_in"] = max(1, round(parse_duration(expires_in)))
         for field, value in (("models", model or None), ("providers", provider or None),
                              ("rpm", rpm), ("tpm", tpm), ("max_concurrent", max_concurrent),
-                             ("budget_tokens", budget_tokens)):
+                             ("budget_tokens", budget_tokens),
+                             *_scheduling(team, weight, priority, queue_wait)):
             if value is not None:
                 spec[field] = value
         return _Way(db, url, config_file).create({k: v for k, v in spec.items() if v is not None})
@@ -279,7 +297,30 @@ def show(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _
 
 
 _CLEARABLE = ("name", "expires", "models", "providers", "rpm", "tpm", "max_concurrent",
-              "budget_tokens")
+              "budget_tokens", "team", "weight", "priority", "queue_wait")
+
+
+def _scheduling(team: str | None, weight: float | None, priority: str | None,
+                queue_wait: str | None) -> list[tuple[str, Any]]:
+    return [("team", team), ("weight", weight), ("priority", priority),
+            ("queue_wait", None if queue_wait is None else parse_duration(queue_wait))]
+
+
+@keys_app.command("team")
+def team(
+    name: str = typer.Argument(..., metavar="TEAM"),
+    weight: float = typer.Option(..., "--weight", help="The team's weight: its share of a "
+                                 "busy model against other teams' (default 1)."),
+    db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
+    config_file: Path | None = _CONFIG,
+) -> None:
+    """Set a team's weight in fair sharing (docs/scheduling.md): two teams flooding one
+    model get tokens in the ratio of their weights."""
+    result = _run(lambda: _Way(db, url, config_file).set_team(name, weight))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        typer.echo(f"team {result['name']}: weight {result['weight']:g}")
 
 
 @keys_app.command("update")
@@ -300,6 +341,16 @@ def update(
                                               help="Requests in flight at once."),
     budget_tokens: int | None = typer.Option(None, "--budget-tokens",
                                              help="Tokens over the key's whole life."),
+    team: str | None = typer.Option(None, "--team", help="The team whose fair share the "
+                                    "key's requests are charged to (docs/scheduling.md)."),
+    weight: float | None = typer.Option(None, "--weight", help="The key's weight within "
+                                        "its team's share (default 1)."),
+    priority: str | None = typer.Option(None, "--priority", metavar="CLASS",
+                                        help="The best priority class the key may use "
+                                        "(default: any the ingress has)."),
+    queue_wait: str | None = typer.Option(None, "--queue-wait", metavar="DURATION",
+                                          help="The longest its requests may wait in the "
+                                          "ingress queue."),
     clear: list[str] = typer.Option(
         [], "--clear", metavar="FIELD",
         help=f"Put a setting back to its default (no limit, any model, no expiry...): "
@@ -321,7 +372,8 @@ def update(
         for field, value in (("owner", owner), ("name", name), ("models", model or None),
                              ("providers", provider or None), ("rpm", rpm), ("tpm", tpm),
                              ("max_concurrent", max_concurrent),
-                             ("budget_tokens", budget_tokens)):
+                             ("budget_tokens", budget_tokens),
+                             *_scheduling(team, weight, priority, queue_wait)):
             if value is not None:
                 change[field] = value
         return _Way(db, url, config_file).update(key_id, change)

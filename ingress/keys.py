@@ -56,6 +56,13 @@ class ApiKey:
     max_concurrent: int | None = None  # requests in flight at once, per ingress node
     budget_tokens: int | None = None  # tokens over the key's life
     updated_at: float = 0.0
+    # Fair sharing (otela.routing.admission): its team (None: a team of its own), its
+    # weight within the team, the best class it may use, its longest wait in the queue.
+    team: str | None = None
+    weight: float | None = None
+    priority: str | None = None
+    queue_wait: float | None = None
+    team_weight: float = 1.0  # the team's, from the teams table (not a key column)
 
     def usable(self, now: float) -> bool:
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
@@ -92,6 +99,8 @@ class ApiKey:
             "limits": {"rpm": self.rpm, "tpm": self.tpm,
                        "max_concurrent": self.max_concurrent},
             "budget_tokens": self.budget_tokens,
+            "scheduling": {"team": self.team, "weight": self.weight,
+                           "priority": self.priority, "queue_wait": self.queue_wait},
         }
         if used_tokens is not None:
             out["used_tokens"] = used_tokens

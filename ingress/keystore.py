@@ -20,12 +20,13 @@ from ingress.database import Database, Row
 from ingress.keys import ApiKey, hash_secret, new_id, new_secret
 
 _COLUMNS = ("id, secret_hash, owner, name, created_at, expires_at, revoked_at, models, "
-            "providers, rpm, tpm, max_concurrent, budget_tokens, updated_at")
+            "providers, rpm, tpm, max_concurrent, budget_tokens, updated_at, team, weight, "
+            "priority, queue_wait")
 
 
 # Every setting of a key, as ``KeySpec`` names them (and the api_keys columns).
 KEY_FIELDS = ("owner", "name", "expires_at", "models", "providers", "rpm", "tpm",
-              "max_concurrent", "budget_tokens")
+              "max_concurrent", "budget_tokens", "team", "weight", "priority", "queue_wait")
 
 
 class KeyNotFound(LookupError):
@@ -50,6 +51,10 @@ class KeySpec:
     tpm: int | None = None
     max_concurrent: int | None = None
     budget_tokens: int | None = None
+    team: str | None = None
+    weight: float | None = None
+    priority: str | None = None
+    queue_wait: float | None = None
 
 
 def _names(values: frozenset[str] | None) -> str | None:
@@ -62,12 +67,14 @@ def _from_names(text: str | None) -> frozenset[str] | None:
 
 def key_from_row(row: Row) -> ApiKey:
     (id_, secret_hash, owner, name, created, expires, revoked, models, providers, rpm, tpm,
-     concurrent, budget, updated) = row
+     concurrent, budget, updated, team, weight, priority, queue_wait) = row
     return ApiKey(id=id_, secret_hash=secret_hash, owner=owner, name=name,
                   created_at=float(created), expires_at=expires, revoked_at=revoked,
                   models=_from_names(models), providers=_from_names(providers), rpm=rpm,
                   tpm=tpm, max_concurrent=concurrent, budget_tokens=budget,
-                  updated_at=float(updated))
+                  updated_at=float(updated), team=team,
+                  weight=None if weight is None else float(weight), priority=priority,
+                  queue_wait=None if queue_wait is None else float(queue_wait))
 
 
 def create(db: Database, spec: KeySpec, now: float | None = None, actor: str = ""
@@ -79,10 +86,11 @@ def create(db: Database, spec: KeySpec, now: float | None = None, actor: str = "
                  name=spec.name, created_at=now, expires_at=spec.expires_at,
                  models=spec.models, providers=spec.providers, rpm=spec.rpm, tpm=spec.tpm,
                  max_concurrent=spec.max_concurrent, budget_tokens=spec.budget_tokens,
-                 updated_at=now)
+                 updated_at=now, team=spec.team, weight=spec.weight, priority=spec.priority,
+                 queue_wait=spec.queue_wait)
     with db.transaction() as cursor:
         cursor.execute(f"INSERT INTO api_keys ({_COLUMNS}) VALUES "
-                       "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _row(key))
+                       f"({', '.join('?' * len(_COLUMNS.split(', ')))})", _row(key))
         _audit(cursor, key.id, now, actor, "create",
                {f: [None, _shown(getattr(key, f))] for f in KEY_FIELDS
                 if getattr(key, f) not in (None, "")})
@@ -92,7 +100,8 @@ def create(db: Database, spec: KeySpec, now: float | None = None, actor: str = "
 def _row(key: ApiKey) -> tuple[Any, ...]:
     return (key.id, key.secret_hash, key.owner, key.name, key.created_at, key.expires_at,
             key.revoked_at, _names(key.models), _names(key.providers), key.rpm, key.tpm,
-            key.max_concurrent, key.budget_tokens, key.updated_at)
+            key.max_concurrent, key.budget_tokens, key.updated_at, key.team, key.weight,
+            key.priority, key.queue_wait)
 
 
 def get(db: Database, key_id: str) -> ApiKey:
@@ -182,6 +191,24 @@ def update(db: Database, key_id: str, change: dict[str, Any], now: float | None 
         _audit(cursor, key_id, now, actor, "update",
                {f: [_shown(getattr(key, f)), _shown(v)] for f, v in changed.items()})
     return new
+
+
+# -- teams -----------------------------------------------------------------------------
+
+def set_team_weight(db: Database, team: str, weight: float, now: float | None = None
+                    ) -> None:
+    """A team's weight in fair sharing (teams are named by their keys; one never given a
+    weight weighs 1)."""
+    now = time.time() if now is None else now
+    with db.transaction() as cursor:
+        cursor.execute("DELETE FROM teams WHERE name = ?", (team,))
+        cursor.execute("INSERT INTO teams (name, weight, updated_at) VALUES (?, ?, ?)",
+                       (team, weight, now))
+
+
+def team_weights(db: Database) -> dict[str, float]:
+    return {str(name): float(weight) for name, weight in
+            db.query_sync("SELECT name, weight FROM teams ORDER BY name")}
 
 
 # -- a key's history ---------------------------------------------------------------------

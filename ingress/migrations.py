@@ -79,6 +79,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX api_key_audit_key ON api_key_audit (key_id, at)",
     ),
+    (
+        # Fair sharing (docs/scheduling.md): a key's team and weight, the best priority
+        # class it may use and the longest it may wait in the ingress queue; each team's
+        # weight (a team not listed weighs 1).
+        "ALTER TABLE api_keys ADD COLUMN team TEXT",
+        "ALTER TABLE api_keys ADD COLUMN weight DOUBLE PRECISION",
+        "ALTER TABLE api_keys ADD COLUMN priority TEXT",
+        "ALTER TABLE api_keys ADD COLUMN queue_wait DOUBLE PRECISION",
+        """CREATE TABLE teams (
+            name TEXT PRIMARY KEY,
+            weight DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL
+        )""",
+    ),
 )
 LATEST = len(MIGRATIONS)
 _LOCK_ID = 0x6F74656C61  # "otela": the advisory lock migrating PostgreSQL databases

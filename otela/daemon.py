@@ -40,7 +40,12 @@ from otela.dataplane.asgi import AsgiHandler
 from otela.dataplane.hop_auth import HopSigner, HopVerifier
 from otela.dataplane.p2p_client import EngineStreamClient
 from otela.dataplane.p2p_server import EngineStreamServer
-from otela.engine.command import EngineCommand, attached_engine, parse_engine_command
+from otela.engine.command import (
+    EngineCommand,
+    attached_engine,
+    command_concurrency,
+    parse_engine_command,
+)
 from otela.engine.metadata import split_overrides
 from otela.engine.supervisor import Supervisor
 from otela.failures import os_error_in
@@ -188,7 +193,8 @@ class Node:
                         plausible)
         self.load = LoadSource(
             config.capacity if config.capacity is not None else plausible,
-            others=lambda: self.workers.total("engine_in_flight") if self.workers else 0)
+            others=lambda: self.workers.total("engine_in_flight") if self.workers else 0,
+            slots=config.max_concurrency or command_concurrency(config.process))
         # What watches the request path: metrics always; access log and trace on demand.
         self.metrics = MetricsRegistry()
         self.slow_steps = SlowSteps()  # installed by whoever runs the loop (trio.run)

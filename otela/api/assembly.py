@@ -34,6 +34,7 @@ from otela.load.capacity import capacity_of
 from otela.load.source import LoadSource
 from otela.metrics import Registry as MetricsRegistry
 from otela.registry.store import Registry
+from otela.routing.admission import admission_queue
 from otela.routing.hold import hold_room
 from otela.routing.load import NodeLoad
 from otela.routing.router import Router, first_byte_timeouts, routing_settings
@@ -107,7 +108,8 @@ def assemble(config: NodeConfig, around: Surroundings) -> RequestPath:
     inference = InferenceRoutes(router, around.observers, config.record_prompts,
                                 config.affinity_prefix, keys=around.keys,
                                 hold=hold_room(config, replica, around.metrics),
-                                warming=around.warming)
+                                warming=around.warming,
+                                queue=admission_queue(config, around.metrics))
     inflight = Inflight()
     dispatch = Dispatch(inference, hop, around.fallback, inflight,
                         around.metrics if around.serve_metrics else None, routes)

@@ -36,7 +36,9 @@ from otela.dataplane.jsonfields import BodyReader, materialized
 from otela.dataplane.migration import CHAT_ROUTE, Splice, continuation_body, partial_of
 from otela.dataplane.relay import Continuation, Resume, relay, send_error
 from otela.dataplane.sse_usage import UsageChunkFilter, ask_for_usage
+from otela.routing.admission import AdmissionQueue, estimate_cost, flow_of
 from otela.routing.ask import Ask, AskError, read_ask
+from otela.routing.fairshare import Waiter
 from otela.routing.hold import HoldRoom, route_or_hold
 from otela.routing.router import Routed, Router
 
@@ -67,9 +69,10 @@ def _migrations_asked(headers: Headers, allowed: int) -> int:
     return allowed
 
 
-def _timing(lookup: float, upstream: float, total: float) -> bytes:
-    return (b"route;dur=%.3f, upstream;dur=%.3f, total;dur=%.3f"
-            % (lookup * 1e3, upstream * 1e3, total * 1e3))
+def _timing(lookup: float, upstream: float, total: float, queued: float = 0.0) -> bytes:
+    timing = (b"route;dur=%.3f, upstream;dur=%.3f, total;dur=%.3f"
+              % (lookup * 1e3, upstream * 1e3, total * 1e3))
+    return timing + b", queue;dur=%.3f" % (queued * 1e3) if queued else timing
 
 
 class InferenceRoutes:
@@ -77,8 +80,11 @@ class InferenceRoutes:
                  keep_prompts: bool = False,
                  affinity_chars: int = default_of("affinity_prefix"),
                  keys: KeyGate | None = None, hold: HoldRoom | None = None,
-                 warming: Callable[[], bool] | None = None) -> None:
+                 warming: Callable[[], bool] | None = None,
+                 queue: AdmissionQueue | None = None) -> None:
         self.router = router
+        # Requests wait here for room on a node, in priority and fair-share order.
+        self.queue = queue
         self.hold = hold  # --hold-models: wait for a first serving node (scale to zero)
         self.warming = warming  # a replica catching up after a start: no 404 yet
         self.bodies = BodyReader()  # a long body's fields without parsing its prompt
@@ -107,6 +113,7 @@ class InferenceRoutes:
                       request_id: bytes, path: str) -> None:
         extra: Headers = [(header_rules.REQUEST_ID, request_id)]
         grant: Any = None
+        waiter: Waiter | None = None
         try:
             key = None
             if self.keys is not None:  # before anything else: strangers learn nothing
@@ -149,6 +156,8 @@ class InferenceRoutes:
                 prompt = exchange.prompt or prompt_text(body)
                 return prompt[:self.affinity_chars] if prompt else None
 
+            if self.queue is not None:
+                waiter = await self._turn(self.queue, model, ask, key, exchange, len(raw))
             before = time.perf_counter()
             routed = await route_or_hold(self.hold, model, lambda: self.router.route(
                 model, path, header_rules.forwarded(request.headers, request_id), ask,
@@ -160,6 +169,8 @@ class InferenceRoutes:
             exchange.status, exchange.error = error.status, error.code
             if grant is not None and self.keys is not None:
                 self.keys.finished(grant, 0)
+            if waiter is not None:
+                self._ended(exchange, waiter, 0)
             await send_error(response, error, extra)
             return
         exchange.head_at = time.perf_counter()
@@ -171,9 +182,12 @@ class InferenceRoutes:
         extra += [(b"x-otela-session-id", node.session_id.encode()),
                   (b"x-otela-peer-id", node.peer_id.encode()),
                   (b"x-otela-provider-id", node.provider_id.encode()),
-                  (b"server-timing", _timing(before - exchange.started,
+                  (b"server-timing", _timing(before - exchange.started - exchange.queued_s,
                                              exchange.head_at - before,
-                                             exchange.head_at - exchange.started))]
+                                             exchange.head_at - exchange.started,
+                                             exchange.queued_s))]
+        if exchange.priority is not None:
+            extra.append((b"x-otela-priority", exchange.priority.encode()))
         if routed.path_kind == "libp2p":
             extra.append((b"x-otela-path", b"libp2p"))
         exchange.tap = tap = UsageTap(exchange.stream)
@@ -190,6 +204,35 @@ class InferenceRoutes:
                 self.router.release(later)
             if grant is not None and self.keys is not None:
                 self.keys.finished(grant, (tap.prompt_tokens or 0) + tap.output_tokens)
+            if self.queue is not None:
+                self._ended(exchange, waiter, (tap.prompt_tokens or 0) + tap.output_tokens)
+
+    async def _turn(self, queue: AdmissionQueue, model: str, ask: Ask, key: Any,
+                    exchange: Exchange, body_bytes: int) -> Waiter | None:
+        """Wait for room on a node, in the request's class and fair share (at once,
+        without waiting, when nothing waits for the model and a node has room); the
+        charged waiter when it waited, to be settled when it ends."""
+        klass = queue.class_of(ask.priority, getattr(key, "priority", None))
+        if ask.priority is not None:
+            exchange.priority = queue.settings.classes[klass]
+        if queue.idle(model) and self.router.room(model, ask, queue.reserved.get(model, 0)):
+            return None
+        exchange.priority = queue.settings.classes[klass]
+        queued = time.perf_counter()
+        waiter = await queue.wait_turn(
+            model, klass, flow_of(key), estimate_cost(body_bytes, exchange.max_tokens),
+            queue.timeout_of(ask.queue_timeout, getattr(key, "queue_wait", None)),
+            lambda reserved: self.router.room(model, ask, reserved))
+        exchange.queued_s = time.perf_counter() - queued
+        return waiter
+
+    def _ended(self, exchange: Exchange, waiter: Waiter | None, used_tokens: int) -> None:
+        """A request ended: its share is charged what it used, and whoever waits for the
+        room it held may go."""
+        assert self.queue is not None
+        if waiter is not None:
+            self.queue.settle(exchange.model, waiter, used_tokens)
+        self.queue.released()
 
     def _resume(self, request: Request, exchange: Exchange, ask: Ask, path: str,
                 request_id: bytes, continued: list[Routed],

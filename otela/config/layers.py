@@ -117,4 +117,9 @@ def resolve(
                 ) from None
             setattr(config, attr, value)
             sources[attr] = source
+    if config.default_priority not in config.priority_classes:
+        raise ConfigError(
+            f"default_priority {config.default_priority!r} ({sources['default_priority']}) "
+            f"is not one of priority_classes ({', '.join(config.priority_classes)}, "
+            f"{sources['priority_classes']})")
     return Resolved(config, sources, path)

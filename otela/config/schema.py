@@ -414,6 +414,33 @@ class NodeConfig:
         "routing", 256, parse=v.as_positive_int, example="64", metavar="N",
         help="--hold-models: requests that may wait at once (per data-path process); more "
         "get a 503 with Retry-After at once.")
+    queue_timeout: float = setting(
+        "routing", 30.0, parse=v.as_duration, example="10s", metavar="DURATION",
+        help="How long a request waits at this ingress for room on a node serving its "
+        "model (nodes declare room with --max-concurrency) before a 429 with Retry-After; "
+        "a request may ask for another wait with X-Otela-Queue-Timeout (docs/scheduling.md)."
+        )
+    queue_max_timeout: float = setting(
+        "routing", 3600.0, parse=v.as_duration, example="10m", metavar="DURATION",
+        help="The longest wait a request may ask for with X-Otela-Queue-Timeout (an API "
+        "key's own maximum may be lower).")
+    queue_depth: int = setting(
+        "routing", 10_000, parse=v.as_positive_int, example="1000", metavar="N",
+        help="Requests that may wait per model (per data-path process); more get a 429 "
+        "with Retry-After at once.")
+    priority_classes: list[str] = setting(
+        "routing", factory=lambda: ["interactive", "default", "batch"],
+        parse=v.as_class_names, example="realtime,default,bulk,batch", metavar="NAMES",
+        help="Priority classes, best first: a request chooses one with X-Otela-Priority "
+        "(within what its API key allows); waiting requests of a better class are "
+        "dispatched first.")
+    default_priority: str = setting(
+        "routing", "default", parse=v.as_class_name, example="interactive", metavar="NAME",
+        help="The class of a request that names none (one of --priority-classes).")
+    starvation_after: float = setting(
+        "routing", 10.0, parse=v.as_duration, example="30s", metavar="DURATION",
+        help="A lower class whose oldest waiting request has waited this long gets one "
+        "dispatch in ten until it no longer starves (docs/scheduling.md).")
     eject_after: int = setting(
         "routing", 5, parse=v.as_positive_int, example="3", metavar="N",
         help="Consecutive failures (no connection, 5xx, no first byte) after which this "
@@ -435,6 +462,13 @@ class NodeConfig:
         "between two load reports it sends the ingresses (which grows with the federation: "
         "0.5 s per member, so an ingress hears at most ~2 reports a second whatever the "
         "federation's size).")
+    max_concurrency: int | None = setting(
+        "routing", parse=v.as_opt_int, example="64", metavar="N",
+        shown_default="the engine command's --max-num-seqs or --max-running-requests, "
+        "else unbounded",
+        help="Requests this node's engine takes at once: ingresses queue requests (in "
+        "priority and fair-share order) rather than send it more. Unbounded: ingresses "
+        "never hold a request back for this node.")
     capacity: float | None = setting(
         "routing", parse=v.as_opt_float, example="2.5", metavar="WEIGHT",
         shown_default="from the GPUs' memory bandwidth (1 = 2 TB/s)",

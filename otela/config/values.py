@@ -192,6 +192,29 @@ def as_globs(value: Any) -> list[str]:
     return globs
 
 
+def as_class_names(value: Any) -> list[str]:
+    """Priority class names, best first: distinct lowercase words, comma separated."""
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str) for v in items):
+        raise ValueError("expected class names such as interactive,default,batch")
+    names_ = [n.strip().lower() for item in items for n in item.split(",") if n.strip()]
+    if not names_:
+        raise ValueError("at least one class is needed")
+    for name in names_:
+        if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name):
+            raise ValueError(f"not a class name (a short lowercase word): {name!r}")
+    if len(set(names_)) != len(names_):
+        raise ValueError(f"class names repeat: {', '.join(names_)}")
+    return names_
+
+
+def as_class_name(value: Any) -> str:
+    name = as_str(value).strip().lower()
+    if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name):
+        raise ValueError(f"not a class name (a short lowercase word): {name!r}")
+    return name
+
+
 def as_patterns(value: Any) -> list[str]:
     # From env or a flag a value is one regex (alternation with | covers several).
     patterns = [value] if isinstance(value, str) else value

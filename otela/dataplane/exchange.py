@@ -197,6 +197,8 @@ class Exchange:
     path_kind: str = ""
     attempts: int = 0
     migrations: int = 0  # times its stream was continued on another node
+    priority: str | None = None  # its class in the ingress queue, where it named one
+    queued_s: float = 0.0  # time it waited in the ingress queue
     head_at: float | None = None  # the upstream's response head arrived (perf counter)
     finished_at: float | None = None
     bytes_out: int = 0

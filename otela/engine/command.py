@@ -53,6 +53,26 @@ def option_value(argv: list[str], names: tuple[str, ...]) -> str | None:
     return found
 
 
+# The options with which engines cap the requests they run at once.
+CONCURRENCY_OPTIONS = ("--max-num-seqs", "--max-running-requests", "--parallel",
+                       "--max-concurrency")
+
+
+def command_concurrency(command: str | None) -> int | None:
+    """The requests an engine command runs at once, where it says (vLLM's
+    ``--max-num-seqs``, SGLang's ``--max-running-requests``, llama.cpp's ``--parallel``,
+    otela's echo engine's ``--max-concurrency``);
+    ``None`` when it does not (or cannot be read)."""
+    if not command:
+        return None
+    try:
+        value = option_value(shlex.split(command), CONCURRENCY_OPTIONS)
+        number = int(value) if value is not None else None
+    except ValueError:
+        return None
+    return number if number is not None and number > 0 else None
+
+
 def parse_engine_command(command: str, engine_url: str | None = None) -> EngineCommand:
     """Split ``command`` and find the engine's base URL (``engine_url`` wins if given)."""
     try:

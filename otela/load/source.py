@@ -27,8 +27,10 @@ MAX_METRICS_BYTES = 4 * 1024 * 1024
 
 
 class LoadSource:
-    def __init__(self, capacity: float, others: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, capacity: float, others: Callable[[], int] = lambda: 0,
+                 slots: int | None = None) -> None:
         self.capacity = capacity
+        self.slots = slots  # --max-concurrency: requests the engine takes at once
         self.in_flight = 0  # engine requests open through this process
         # ...and through the node's other processes (data-path workers; for a worker, the
         # rest of the node, as the control process last said)
@@ -49,7 +51,7 @@ class LoadSource:
         engine = self.engine
         in_flight = max(0, self.in_flight + self.others_in_flight() - answering)
         return NodeLoad(in_flight=in_flight, running=engine.running, waiting=engine.waiting,
-                        kv_usage=engine.kv_usage, capacity=self.capacity)
+                        kv_usage=engine.kv_usage, capacity=self.capacity, slots=self.slots)
 
     def header(self) -> bytes:
         """The ``x-otela-load`` value for an answer (rebuilt only when it changed). It

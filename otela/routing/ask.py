@@ -5,12 +5,15 @@ Headers, for clients that can set them::
     X-Otela-Providers: cscs,epfl          (trust: only these providers' nodes)
     X-Otela-Require: gpu=H100|A100, min_context=32768
     X-Otela-Policy: least_in_flight
+    X-Otela-Priority: batch               (the ingress queue: otela.routing.admission)
+    X-Otela-Queue-Timeout: 600
 
 and the same as a body extension, for clients that cannot (an OpenAI SDK's
 ``extra_body``)::
 
     {"model": "...", "messages": [...],
-     "otela": {"providers": ["cscs", "epfl"], "require": "gpu=H100", "policy": "random"}}
+     "otela": {"providers": ["cscs", "epfl"], "require": "gpu=H100", "policy": "random",
+               "priority": "batch", "queue_timeout": 600}}
 
 The extension is removed before the body goes on (engines reject unknown fields); only
 then is the body re-encoded. Both ways may be used at once: trust sets intersect,
@@ -32,8 +35,12 @@ from otela.routing.trust import TrustError, TrustSet, parse_providers
 PROVIDERS_HEADER = b"x-otela-providers"
 REQUIRE_HEADER = b"x-otela-require"
 POLICY_HEADER = b"x-otela-policy"
+PRIORITY_HEADER = b"x-otela-priority"
+QUEUE_TIMEOUT_HEADER = b"x-otela-queue-timeout"
 EXTENSION = "otela"
-_EXTENSION_KEYS = ("providers", "require", "policy")
+_EXTENSION_KEYS = ("providers", "require", "policy", "priority", "queue_timeout")
+_WANTED = (PROVIDERS_HEADER, REQUIRE_HEADER, POLICY_HEADER, PRIORITY_HEADER,
+           QUEUE_TIMEOUT_HEADER)
 
 
 class AskError(ValueError):
@@ -52,6 +59,8 @@ class Ask:
     body: bytes = b""  # what the engine gets: the client's bytes unless the extension was cut
     extension: dict[str, Any] = field(default_factory=dict)
     stream: bool = False  # the client asked for a stream (never re-sent once delivered)
+    priority: str | None = None  # the class asked for (None: the ingress's default)
+    queue_timeout: str | None = None  # seconds it may wait in the queue, as written
 
 
 def read_ask(headers: list[tuple[bytes, bytes]], body: Mapping[str, Any], raw: bytes,
@@ -59,8 +68,7 @@ def read_ask(headers: list[tuple[bytes, bytes]], body: Mapping[str, Any], raw: b
     """The routing statement of one request; ``AskError`` (400) naming a bad part."""
     trust, policy = base, None
     clauses: tuple[Clause, ...] = ()
-    wanted = {k: v for k, v in headers if k in (PROVIDERS_HEADER, REQUIRE_HEADER,
-                                                 POLICY_HEADER)}
+    wanted = {k: v for k, v in headers if k in _WANTED}
     try:
         if PROVIDERS_HEADER in wanted:
             text = wanted[PROVIDERS_HEADER].decode("utf-8", "replace")
@@ -75,23 +83,42 @@ def read_ask(headers: list[tuple[bytes, bytes]], body: Mapping[str, Any], raw: b
         raise AskError(f"X-Otela-Require: {exc}", "X-Otela-Require") from None
     if POLICY_HEADER in wanted:
         policy = wanted[POLICY_HEADER].decode("latin-1").strip() or None
+    priority = _header_text(wanted, PRIORITY_HEADER)
+    queue_timeout = _header_text(wanted, QUEUE_TIMEOUT_HEADER)
     if EXTENSION not in body:
-        return Ask(trust, clauses, policy, raw, stream=body.get("stream") is True)
+        return Ask(trust, clauses, policy, raw, stream=body.get("stream") is True,
+                   priority=priority, queue_timeout=queue_timeout)
     rewritten = materialized(body)  # the extension is cut out: the body is re-encoded
     extension = rewritten.pop(EXTENSION)
     trust, extra_clauses, body_policy = _read_extension(extension, trust)
     if policy is not None and body_policy is not None and policy != body_policy:
         raise AskError(f"X-Otela-Policy says {policy!r} and the body's otela.policy "
                        f"{body_policy!r}; give one", "otela.policy")
+    if priority is None and "priority" in extension:
+        if not isinstance(extension["priority"], str):
+            raise AskError("otela.priority is a class name", "otela.priority")
+        priority = extension["priority"]
+    if queue_timeout is None and "queue_timeout" in extension:
+        value = extension["queue_timeout"]
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise AskError("otela.queue_timeout is a number of seconds",
+                           "otela.queue_timeout")
+        queue_timeout = str(value)
     return Ask(trust, clauses + extra_clauses, policy or body_policy, orjson.dumps(rewritten),
-               extension, stream=rewritten.get("stream") is True)
+               extension, stream=rewritten.get("stream") is True, priority=priority,
+               queue_timeout=queue_timeout)
+
+
+def _header_text(wanted: Mapping[bytes, bytes], name: bytes) -> str | None:
+    value = wanted.get(name)
+    return None if value is None else value.decode("latin-1").strip() or None
 
 
 def _read_extension(extension: Any, trust: TrustSet
                     ) -> tuple[TrustSet, tuple[Clause, ...], str | None]:
     if not isinstance(extension, dict):
-        raise AskError("'otela' must be an object with providers, require and/or policy",
-                       EXTENSION)
+        raise AskError("'otela' must be an object with providers, require, policy, "
+                       "priority and/or queue_timeout", EXTENSION)
     unknown = sorted(set(extension) - set(_EXTENSION_KEYS))
     if unknown:
         raise AskError(f"otela.{unknown[0][:40]} is not a routing field (expected "

@@ -29,7 +29,8 @@ from otela.dataplane.headers import LOAD
 
 LOAD_HEADER = LOAD
 _FIELDS = {"f": "in_flight", "r": "running", "w": "waiting", "kv": "kv_usage",
-           "c": "capacity"}
+           "c": "capacity", "m": "slots"}
+KV_FULL = 0.98  # an engine whose KV cache is this full has no room for another request
 MAX_REPORTED = 1_000_000  # a node cannot claim absurd numbers to distort others' math
 MAX_CAPACITY = 1_000.0
 
@@ -43,6 +44,7 @@ class NodeLoad:
     waiting: int | None = None
     kv_usage: float | None = None  # 0..1
     capacity: float = 1.0  # relative serving capacity (1 = one mid-range GPU)
+    slots: int | None = None  # requests its engine takes at once (--max-concurrency)
 
     @property
     def outstanding(self) -> int:
@@ -61,12 +63,23 @@ class NodeLoad:
         if self.kv_usage is not None:
             parts.append(b"kv=%.3f" % self.kv_usage)
         parts.append(b"c=%.3g" % self.capacity)
+        if self.slots is not None:
+            parts.append(b"m=%d" % self.slots)
         return b";".join(parts)
+
+    def room(self, outstanding: float) -> float:
+        """Requests the node can take beyond ``outstanding`` (infinite: it declares no
+        limit; 0: its engine's KV cache is full)."""
+        if self.slots is None:
+            return math.inf
+        if self.kv_usage is not None and self.kv_usage >= KV_FULL:
+            return 0.0
+        return max(0.0, self.slots - outstanding)
 
     def to_dict(self) -> dict[str, float | int | None]:
         return {"in_flight": self.in_flight, "running": self.running,
                 "waiting": self.waiting, "kv_usage": self.kv_usage,
-                "capacity": self.capacity}
+                "capacity": self.capacity, "slots": self.slots}
 
 
 def parse_load(raw: bytes | str) -> NodeLoad | None:
@@ -96,7 +109,8 @@ def parse_load(raw: bytes | str) -> NodeLoad | None:
         in_flight=min(int(values["in_flight"]), MAX_REPORTED),
         running=count("running"), waiting=count("waiting"),
         kv_usage=None if kv is None else min(kv, 1.0),
-        capacity=min(max(values.get("capacity", 1.0), 1e-3), MAX_CAPACITY))
+        capacity=min(max(values.get("capacity", 1.0), 1e-3), MAX_CAPACITY),
+        slots=count("slots"))
 
 
 @dataclass
@@ -116,6 +130,9 @@ class LoadBoard:
 
     ttl: float = 15.0
     _reports: dict[str, _Report] = field(default_factory=dict)
+    # Sessions whose latest report declares a concurrency: where none does, every node has
+    # room and the ingress queue is never consulted (one set lookup per request).
+    limited: set[str] = field(default_factory=set)
 
     def report(self, session: str, load: NodeLoad, now: float, ttl: float | None = None
                ) -> None:
@@ -123,6 +140,10 @@ class LoadBoard:
         current = self._reports.get(session)
         if current is None or now >= current.at:
             self._reports[session] = _Report(load, now, self.ttl if ttl is None else ttl)
+            if load.slots is None:
+                self.limited.discard(session)
+            else:
+                self.limited.add(session)
 
     def sent(self, session: str) -> None:
         report = self._reports.get(session)
@@ -160,7 +181,7 @@ class LoadBoard:
                     in_flight=int(fields["in_flight"]), running=_opt_int(fields["running"]),
                     waiting=_opt_int(fields["waiting"]),
                     kv_usage=None if fields["kv_usage"] is None else float(fields["kv_usage"]),
-                    capacity=float(fields["capacity"]))
+                    capacity=float(fields["capacity"]), slots=_opt_int(fields.get("slots")))
                 self.report(session, load, now - float(fields["age_s"]),
                             float(fields["ttl_s"]) + float(fields["age_s"]))
             except (KeyError, TypeError, ValueError):
@@ -168,6 +189,7 @@ class LoadBoard:
 
     def forget_except(self, sessions: set[str] | frozenset[str]) -> None:
         self._reports = {s: r for s, r in self._reports.items() if s in sessions}
+        self.limited &= set(sessions)
 
 
 def _opt_int(value: Any) -> int | None:

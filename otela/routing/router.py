@@ -338,6 +338,34 @@ class Router:
             502, f"All {len(tried)} candidate node(s) for `{clip(model_id)}` were "
             f"unreachable{why}.", code="all_nodes_unreachable")
 
+    def room(self, model_id: str, ask: Ask, reserved: int = 0) -> bool:
+        """Whether a node ``ask`` may use has room for one more request beyond
+        ``reserved`` already granted (``otela.routing.admission``). True at once where no
+        node declares a concurrency, and where none serves (routing then says why)."""
+        own = self.own_load()  # None unless this node serves
+        if not self.loads.limited and (own is None or own.slots is None):
+            return True
+        now = self.clock()
+        try:
+            nodes = self._eligible(model_id, ask, now)
+        except RequestError:
+            return True
+        free = 0.0
+        own_session = self.upstreams.self_session()
+        for record in nodes:
+            session = record.session_id
+            ours = max(self.busy.get(session, 0), self.shared_busy.get(session, 0))
+            if session == own_session and own is not None:
+                free += own.room(max(ours, own.outstanding))
+            else:
+                load = self.loads.latest(session, now)
+                if load is None:
+                    return True  # no report yet: nothing says it is full
+                free += load.room(self.loads.estimate(session, ours, now))
+            if free > reserved:
+                return True
+        return False
+
     def _refreshed(self, nodes: tuple[NodeRecord, ...], model_id: str, ask: Ask
                    ) -> tuple[NodeRecord, ...]:
         """The candidates now, after a pause (right after a heal, nodes rejoin under new

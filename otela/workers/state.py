@@ -54,5 +54,6 @@ class WorkerState:
         engine = self.load.engine
         return {"engine": {"running": engine.running, "waiting": engine.waiting,
                            "kv_usage": engine.kv_usage}, "capacity": self.load.capacity,
+                "slots": self.load.slots,
                 "engine_in_flight": self.load.in_flight + self.load.others_in_flight(),
                 "reports": self.router.loads.snapshot(trio.current_time())}

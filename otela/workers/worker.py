@@ -190,6 +190,8 @@ class Worker:
             self.load.engine = EngineLoad(engine.get("running"), engine.get("waiting"),
                                           engine.get("kv_usage"))
             self.load.capacity = float(load.get("capacity", self.load.capacity))
+            slots = load.get("slots")
+            self.load.slots = None if slots is None else int(slots)
 
     def _others_in_flight(self) -> int:
         """The node's engine requests through its other processes, as last reported."""

@@ -1,0 +1,157 @@
+"""The ingress queue (``otela.routing.admission``) on trio's virtual clock: waiting for
+room, priority order on release, deadlines with Retry-After, clients that leave, a full
+queue, and the class and wait a request may ask for."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import trio
+import trio.testing
+
+from otela.dataplane.errors import RequestError
+from otela.metrics import Registry
+from otela.routing.admission import AdmissionQueue, Flow, QueueSettings, flow_of
+
+SETTINGS = QueueSettings(("interactive", "default", "batch"), "default", timeout=30,
+                         max_timeout=600, depth=100, starvation_s=10)
+
+
+class Slots:
+    """A model's room: ``total`` requests at once; ``running`` now."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.running = 0
+
+    def fits(self, reserved: int) -> bool:
+        return self.running + reserved < self.total
+
+
+def test_requests_wait_for_room_and_go_in_class_order() -> None:
+    queue = AdmissionQueue(SETTINGS, Registry())
+    slots = Slots(1)
+    slots.running = 1
+    order: list[str] = []
+
+    async def client(name: str, klass: int, delay: float) -> None:
+        await trio.sleep(delay)
+        await queue.wait_turn("m", klass, Flow(name, 1, name, 1), 10, 30, slots.fits)
+        slots.running += 1
+        order.append(name)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client, "bulk", 2, 0)
+            nursery.start_soon(client, "normal", 1, 0.01)
+            nursery.start_soon(client, "urgent", 0, 0.02)
+            await trio.sleep(1)
+            assert order == [] and queue.waiting() == {
+                "m": {"interactive": 1, "default": 1, "batch": 1}}
+            for _ in range(3):  # one request ends at a time
+                slots.running -= 1
+                queue.released()
+                await trio.sleep(0.5)
+        assert order == ["urgent", "normal", "bulk"]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_deadline_gives_429_with_retry_after_and_a_leaving_client_is_dropped() -> None:
+    metrics = Registry()
+    queue = AdmissionQueue(SETTINGS, metrics)
+    full = Slots(0)
+
+    async def main() -> None:
+        with pytest.raises(RequestError) as caught:
+            await queue.wait_turn("m", 1, Flow(), 10, 5, full.fits)
+        assert caught.value.status == 429 and caught.value.code == "queue_timeout"
+        assert int((caught.value.headers or {})["Retry-After"]) >= 1
+        with trio.move_on_after(1):  # the client hangs up: the handler is cancelled
+            await queue.wait_turn("m", 1, Flow(), 10, 30, full.fits)
+        assert queue.waiting() == {}
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    text = metrics.render().decode()
+    assert 'otela_queue_requests_total{model="m",priority="default",outcome="timeout"} 1' \
+        in text
+    assert 'otela_queue_requests_total{model="m",priority="default",outcome="left"} 1' in text
+    assert 'otela_queue_requests{model="m",priority="default"} 0' in text
+
+
+def test_a_full_queue_refuses_at_once() -> None:
+    queue = AdmissionQueue(QueueSettings(("default",), "default", 30, 600, 2, 10), Registry())
+    full = Slots(0)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(lambda: queue.wait_turn("m", 0, Flow(), 1, 30, full.fits))
+            await trio.sleep(0.1)
+            with pytest.raises(RequestError) as caught:
+                await queue.wait_turn("m", 0, Flow(), 1, 30, full.fits)
+            assert caught.value.status == 429 and caught.value.code == "queue_full"
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_granted_request_that_leaves_before_it_is_sent_frees_its_place() -> None:
+    queue = AdmissionQueue(SETTINGS, Registry())
+    slots = Slots(1)
+    slots.running = 1
+
+    async def main() -> None:
+        got: list[str] = []
+
+        async def client(name: str) -> None:
+            await queue.wait_turn("m", 1, Flow(name, 1, name, 1), 10, 30, slots.fits)
+            got.append(name)
+
+        async with trio.open_nursery() as nursery:
+            first = trio.CancelScope()
+
+            async def leaver() -> None:
+                with first:
+                    await client("first")
+
+            nursery.start_soon(leaver)
+            await trio.sleep(0.01)
+            nursery.start_soon(client, "second")
+            await trio.sleep(0.01)
+            slots.running = 0
+            first.cancel()  # the client of "first" hangs up, and before its handler
+            queue.dispatch("m")  # runs again "first" is granted (reserved): its place
+            # must go to "second" rather than stay reserved for nobody
+        assert got == ["second"]
+        assert queue.reserved == {}
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_the_class_and_wait_a_request_may_ask_for() -> None:
+    queue = AdmissionQueue(SETTINGS, Registry())
+    assert queue.class_of(None) == 1
+    assert queue.class_of("Interactive") == 0
+    assert queue.class_of("interactive", best_allowed="default") == 1  # the key's best
+    assert queue.class_of("batch", best_allowed="default") == 2
+    with pytest.raises(RequestError) as caught:
+        queue.class_of("vip")
+    assert caught.value.status == 400 and caught.value.code == "invalid_priority"
+    assert queue.timeout_of(None) == 30
+    assert queue.timeout_of("5") == 5
+    assert queue.timeout_of("99999") == 600
+    assert queue.timeout_of("100", key_max=60) == 60
+    with pytest.raises(RequestError):
+        queue.timeout_of("soon")
+    with pytest.raises(ValueError):
+        QueueSettings(("a", "b"), "c", 1, 1, 1, 1)
+
+
+def test_keys_map_to_team_and_key_shares() -> None:
+    assert flow_of(None) == Flow()
+    assert flow_of(SimpleNamespace(id="k1", team=None, weight=2.0)) == \
+        Flow("key:k1", 2.0, "k1", 1.0)
+    assert flow_of(SimpleNamespace(id="k1", team="lab", team_weight=3.0, weight=2.0)) == \
+        Flow("team:lab", 3.0, "k1", 2.0)
