@@ -36,7 +36,7 @@ from otela.dataplane.jsonfields import BodyReader, materialized
 from otela.dataplane.migration import CHAT_ROUTE, Splice, continuation_body, partial_of
 from otela.dataplane.relay import Continuation, Resume, relay, send_error
 from otela.dataplane.sse_usage import UsageChunkFilter, ask_for_usage
-from otela.routing.admission import AdmissionQueue, estimate_cost, flow_of
+from otela.routing.admission import AdmissionQueue, flow_of
 from otela.routing.ask import Ask, AskError, read_ask
 from otela.routing.fairshare import Waiter
 from otela.routing.hold import HoldRoom, route_or_hold
@@ -220,7 +220,7 @@ class InferenceRoutes:
         exchange.priority = queue.settings.classes[klass]
         queued = time.perf_counter()
         waiter = await queue.wait_turn(
-            model, klass, flow_of(key), estimate_cost(body_bytes, exchange.max_tokens),
+            model, klass, flow_of(key), queue.estimate(model, body_bytes, exchange.max_tokens),
             queue.timeout_of(ask.queue_timeout, getattr(key, "queue_wait", None)),
             lambda reserved: self.router.room(model, ask, reserved))
         exchange.queued_s = time.perf_counter() - queued

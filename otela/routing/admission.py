@@ -42,6 +42,7 @@ WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
                 300.0, 3600.0)
 OUTPUT_ESTIMATE = 256  # tokens a request without max_tokens is assumed to generate
 BYTES_PER_TOKEN = 4  # a prompt's tokens, estimated from its body's length
+TYPICAL_WEIGHT = 0.2  # of a request's tokens in its model's moving average
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class AdmissionQueue:
         self.reserved: dict[str, int] = {}  # granted, not yet sent, per model
         self._wake: dict[str, trio.Event] = {}
         self.waits: list[float] = []  # recent waits, for Retry-After
+        self.typical: dict[str, float] = {}  # tokens a request of the model uses, lately
         metrics = metrics or Registry()
         self.waiting_gauge = metrics.gauge(
             "otela_queue_requests", "Requests waiting at this ingress for room on a node "
@@ -236,10 +238,27 @@ class AdmissionQueue:
             if len(share):
                 self.dispatch(model)
 
+    def estimate(self, model: str, prompt_bytes: int, max_tokens: int | None) -> float:
+        """A request's tokens before it runs, charged to its share when it is dispatched
+        and corrected when it ends: what the model's requests have used lately (at least
+        its prompt, estimated from its body's length), at most its prompt and its
+        ``max_tokens``. Close estimates matter: a share carries each running request's
+        charge until it ends, and a charge far above what requests use keeps a heavier
+        team's running requests looking expensive for as long as they run."""
+        prompt = prompt_bytes / BYTES_PER_TOKEN
+        typical = self.typical.get(model)
+        cost = max(prompt, typical) if typical is not None else prompt + OUTPUT_ESTIMATE
+        return min(cost, prompt + max_tokens) if max_tokens else cost
+
     def settle(self, model: str, waiter: Waiter, used_tokens: int) -> None:
+        """Charge ``waiter``'s share what it used instead of its estimate."""
         share = self.shares.get(model)
         if share is not None:
             share.settle(waiter, used_tokens)
+        if used_tokens > 0:
+            typical = self.typical.get(model)
+            self.typical[model] = used_tokens if typical is None else \
+                typical + TYPICAL_WEIGHT * (used_tokens - typical)
 
     def waiting(self) -> dict[str, dict[str, int]]:
         """Waiting requests per model and class (for ``/v1/network`` and the dashboard)."""
@@ -265,12 +284,6 @@ class AdmissionQueue:
             return "1"
         ordered = sorted(self.waits)
         return str(max(1, min(60, math.ceil(ordered[len(ordered) // 2]))))
-
-
-def estimate_cost(prompt_bytes: int, max_tokens: int | None) -> float:
-    """A request's tokens before it runs: its prompt from its body's length, and what it
-    may generate (its ``max_tokens``, else ``OUTPUT_ESTIMATE``)."""
-    return prompt_bytes / BYTES_PER_TOKEN + (max_tokens if max_tokens else OUTPUT_ESTIMATE)
 
 
 def admission_queue(config: NodeConfig, metrics: Registry) -> AdmissionQueue:

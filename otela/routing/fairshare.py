@@ -127,10 +127,10 @@ class _ClassQueue:
         team = self.teams.get(team_name)
         if team is None:
             return
-        team.vtime = max(0.0, team.vtime + extra_tokens / team.weight)
+        team.vtime += extra_tokens / team.weight  # (virtual times are only compared)
         key = team.keys.get(key_name)
         if key is not None:
-            key.vtime = max(0.0, key.vtime + extra_tokens / key.weight)
+            key.vtime += extra_tokens / key.weight
 
     def forget_idle(self) -> None:
         """Drop flows with nothing waiting whose virtual time no longer matters: at or

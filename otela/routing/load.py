@@ -163,6 +163,16 @@ class LoadBoard:
             return float(ours)
         return float(max(ours, report.load.outstanding + report.sent_since))
 
+    def in_flight(self, session: str, ours: int, now: float) -> float:
+        """Requests open at the node through otela, as well as this ingress can tell: the
+        room a node has is counted in these (its engine's own running and waiting counts
+        are read every few seconds, and a busy engine's last reading would keep a slot
+        that just freed looking taken until the next)."""
+        report = self._reports.get(session)
+        if report is None or not report.live(now):
+            return float(ours)
+        return float(max(ours, report.load.in_flight + report.sent_since))
+
     def capacity(self, session: str, now: float) -> float:
         load = self.latest(session, now)
         return 1.0 if load is None else load.capacity

@@ -356,12 +356,12 @@ class Router:
             session = record.session_id
             ours = max(self.busy.get(session, 0), self.shared_busy.get(session, 0))
             if session == own_session and own is not None:
-                free += own.room(max(ours, own.outstanding))
+                free += own.room(max(ours, own.in_flight))
             else:
                 load = self.loads.latest(session, now)
                 if load is None:
                     return True  # no report yet: nothing says it is full
-                free += load.room(self.loads.estimate(session, ours, now))
+                free += load.room(self.loads.in_flight(session, ours, now))
             if free > reserved:
                 return True
         return False
