@@ -34,6 +34,7 @@ class Signals:
     requests: float | None  # requests answered so far at the ingresses (a counter)
     in_flight: float = 0.0  # concurrent requests on the deployment's serving nodes
     held: float = 0.0  # requests held at ingresses for a first replica
+    queued: float = 0.0  # requests waiting at ingresses for room on a replica
     ttft_sum: float | None = None  # first-byte seconds so far at the ingresses (a counter)
     ttft_count: float | None = None  # and how many requests they are
     serving: int = 0  # replicas serving now
@@ -122,8 +123,8 @@ def load_wish(spec: Autoscale, rate: float, signals: Signals, margin: float | No
     loads = [0.0]
     if spec.target_rps:
         loads.append(rate / spec.target_rps)
-    if spec.target_in_flight:
-        loads.append(signals.in_flight / spec.target_in_flight)
+    if spec.target_in_flight:  # a queued request is one more the replicas should hold
+        loads.append((signals.in_flight + signals.queued) / spec.target_in_flight)
     load = max(loads)
     if load <= 0:
         return 0
@@ -141,10 +142,12 @@ def step(spec: Autoscale, low: int, high: int, state: ScaleState, signals: Signa
          now: float, current: int, forecast: float | None = None) -> Step:
     """The deployment's target now. ``current``: replicas it has (the target a restarted
     controller starts from, so it never scales just because it restarted)."""
-    arrived = None if signals.requests is None else signals.requests + signals.in_flight
+    # (queued: requests the replicas have no room for yet have arrived too)
+    arrived = None if signals.requests is None else \
+        signals.requests + signals.in_flight + signals.queued
     rate = update_rate(state, arrived, now)
     ttft = update_ttft(state, signals.ttft_sum, signals.ttft_count, now)
-    if rate > 0 or signals.in_flight > 0 or signals.held > 0:
+    if rate > 0 or signals.in_flight > 0 or signals.held > 0 or signals.queued > 0:
         state.last_request = now
     effective = max(rate, forecast or 0.0)
     by_load = load_wish(spec, effective, signals)

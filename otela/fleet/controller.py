@@ -285,6 +285,7 @@ class Controller:
             requests=None if load is None else load.requests,
             in_flight=0.0 if load is None else load.in_flight,
             held=0.0 if load is None else load.held,
+            queued=0.0 if load is None else load.queued,
             ttft_sum=None if load is None else load.ttft_sum,
             ttft_count=None if load is None else load.ttft_count, serving=serving)
         forecast = None

@@ -59,6 +59,7 @@ class ModelLoad:
     requests: float = 0.0  # answered so far (a counter; the rate comes from two reads)
     held: float = 0.0  # requests waiting at an ingress for a first replica (scale to zero)
     in_flight: float = 0.0  # on its serving nodes
+    queued: float = 0.0  # waiting at an ingress for room on a serving node (fair sharing)
     ttft_sum: float = 0.0  # first-byte seconds so far, and how many (for a mean)
     ttft_count: float = 0.0
 
@@ -151,8 +152,8 @@ class Federation:
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-_WANTED = ("otela_requests_total", "otela_held_requests", "otela_model_first_byte_seconds_sum",
-           "otela_model_first_byte_seconds_count")
+_WANTED = ("otela_requests_total", "otela_held_requests", "otela_queue_requests",
+           "otela_model_first_byte_seconds_sum", "otela_model_first_byte_seconds_count")
 
 
 def samples(text: str, names: Sequence[str]) -> Iterable[tuple[str, dict[str, str], float]]:
@@ -176,8 +177,9 @@ def samples(text: str, names: Sequence[str]) -> Iterable[tuple[str, dict[str, st
 def add_ingress_metrics(text: str, loads: dict[str, ModelLoad]) -> None:
     """Add one ingress's per-model counters to ``loads``: requests answered
     (``otela_requests_total``), requests held for a first replica
-    (``otela_held_requests``), and first-byte time (``otela_model_first_byte_seconds``).
-    Pure."""
+    (``otela_held_requests``), requests queued for room on a node
+    (``otela_queue_requests``, every class), and first-byte time
+    (``otela_model_first_byte_seconds``). Pure."""
     for name, labels, value in samples(text, _WANTED):
         model = labels.get("model")
         load = loads.get(model) if model is not None else None
@@ -187,6 +189,8 @@ def add_ingress_metrics(text: str, loads: dict[str, ModelLoad]) -> None:
             load.requests += value
         elif name == "otela_held_requests":
             load.held += value
+        elif name == "otela_queue_requests":
+            load.queued += value
         elif name == "otela_model_first_byte_seconds_sum":
             load.ttft_sum += value
         else:
