@@ -35,6 +35,7 @@ import trio
 
 from ingress import keystore, usage
 from ingress.database import Database
+from ingress.internal_auth import InternalCredentials
 from ingress.keys import ApiKey, bearer, check, hash_secret
 from ingress.limits import KeyLimits, limits_for
 from otela.dataplane.errors import RequestError
@@ -89,6 +90,8 @@ class Access:
         self.refreshes = 0
         self.refresh_failures = 0
         self.last_refresh_ok = True  # /v1/health's database_status
+        # The batch runner's tokens (``ingress.internal_auth``); None: none accepted.
+        self.internal: InternalCredentials | None = None
 
     # -- the request path --------------------------------------------------------------
 
@@ -104,12 +107,22 @@ class Access:
             return key
         token = bearer(authorization)
         key = None if token is None else self.by_hash.get(hash_secret(token))
+        if key is None and token is not None and self.internal is not None:
+            key = self._acting_for(token)
         check(key, None, time.time(), 0)
         assert key is not None
         if len(self._key_of) >= _HEADER_MEMO_MAX:
             self._key_of.clear()
         self._key_of[authorization] = key
         return key
+
+    def _acting_for(self, token: bytes) -> ApiKey | None:
+        """The key a batch runner's token acts for (``ingress.internal_auth``), unless
+        revoked: as with its own secret, a revoked key is unknown."""
+        assert self.internal is not None
+        key_id = self.internal.key_id(token)
+        key = None if key_id is None else self.by_id.get(key_id)
+        return key if key is not None and key.revoked_at is None else None
 
     def screen(self, authorization: bytes | None) -> None:
         """What can be refused before a request's body is read: the key (401), its budget

@@ -93,6 +93,64 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             updated_at DOUBLE PRECISION NOT NULL
         )""",
     ),
+    (
+        # The OpenAI Batch API (``ingress.files``, ``ingress.batch_store``). An uploaded
+        # file's content is in the row (TEXT: JSONL is UTF-8); a batch's output and error
+        # files have none: they are the results in ``batch_lines``, read in line order.
+        """CREATE TABLE batch_files (
+            id TEXT PRIMARY KEY,
+            key_id TEXT NOT NULL,
+            purpose TEXT NOT NULL,
+            filename TEXT NOT NULL,
+            bytes BIGINT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            content TEXT,
+            batch_id TEXT,
+            outcome TEXT
+        )""",
+        "CREATE INDEX batch_files_key ON batch_files (key_id, created_at, id)",
+        """CREATE TABLE batches (
+            id TEXT PRIMARY KEY,
+            key_id TEXT NOT NULL,
+            endpoint TEXT NOT NULL,
+            input_file_id TEXT NOT NULL,
+            completion_window TEXT NOT NULL,
+            status TEXT NOT NULL,
+            metadata TEXT,
+            errors TEXT,
+            output_file_id TEXT,
+            error_file_id TEXT,
+            total BIGINT NOT NULL DEFAULT 0,
+            completed BIGINT NOT NULL DEFAULT 0,
+            failed BIGINT NOT NULL DEFAULT 0,
+            created_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL,
+            in_progress_at DOUBLE PRECISION,
+            finalizing_at DOUBLE PRECISION,
+            completed_at DOUBLE PRECISION,
+            failed_at DOUBLE PRECISION,
+            expired_at DOUBLE PRECISION,
+            cancelling_at DOUBLE PRECISION,
+            cancelled_at DOUBLE PRECISION,
+            runner TEXT,
+            lease_until DOUBLE PRECISION
+        )""",
+        "CREATE INDEX batches_key ON batches (key_id, created_at, id)",
+        "CREATE INDEX batches_status ON batches (status)",
+        # One row per input line; ``outcome`` NULL until its result is recorded (``ok``:
+        # the output file, ``error``: the error file), written once (``... AND outcome IS
+        # NULL``), in the transaction that counts it.
+        """CREATE TABLE batch_lines (
+            batch_id TEXT NOT NULL,
+            line INTEGER NOT NULL,
+            custom_id TEXT,
+            request TEXT,
+            outcome TEXT,
+            result TEXT,
+            result_bytes BIGINT,
+            PRIMARY KEY (batch_id, line)
+        )""",
+    ),
 )
 LATEST = len(MIGRATIONS)
 _LOCK_ID = 0x6F74656C61  # "otela": the advisory lock migrating PostgreSQL databases

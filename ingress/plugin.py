@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ingress import admin_api
+from ingress import admin_api, batch_api
+from ingress.batch_runner import RunnerSettings
 from ingress.dashboard import install as install_dashboard
 from ingress.service import IngressService
 from otela.api import visibility
@@ -19,15 +20,19 @@ if TYPE_CHECKING:
 
 class Plugin:
     def open(self, config: NodeConfig, ingress_id: str) -> IngressService:
-        return IngressService.open(config.ingress_db or "default", config.home, ingress_id,
-                                   open_access=config.open_access,
-                                   admin_token=config.admin_token,
-                                   visibility=config.visibility)
+        return IngressService.open(
+            config.ingress_db or "default", config.home, ingress_id,
+            open_access=config.open_access, admin_token=config.admin_token,
+            visibility=config.visibility,
+            batch_max_file_bytes=min(config.batch_max_file_bytes, config.max_body_bytes),
+            batch_runner=RunnerSettings(per_batch=config.batch_concurrency,
+                                        per_ingress=config.batch_in_flight))
 
     def install(self, api: FastAPI, service: Any) -> None:
         install_dashboard(api)
         if isinstance(service, IngressService):
             admin_api.install(api, service)
+            batch_api.install(api, service)
             visibility.install(api, service.audience)
 
 

@@ -4,7 +4,8 @@ request path, usage accounting, and the tasks that keep them going.
 ``IngressService.open`` connects and migrates before the node opens its port (a database
 it cannot use stops the node with a clear message rather than serving without keys).
 ``run`` is the service's background work, in the node's nursery: flushing usage rows,
-refreshing keys and others' usage. The same object works in a data-path worker
+refreshing keys and others' usage, running batches (once the node says where its port is:
+``serving_at``). The same object works in a data-path worker
 (``--workers``), each process with its own connection and its own ``ingress_id``.
 """
 
@@ -18,7 +19,9 @@ import trio
 
 from ingress.access import Access
 from ingress.audience import IngressAudience
+from ingress.batch_runner import BatchRunner, RunnerSettings
 from ingress.database import Database, DatabaseUrl
+from ingress.internal_auth import InternalCredentials
 from ingress.keys import ApiKey
 from ingress.metrics import KeyMetrics
 from ingress.migrations import migrate
@@ -31,13 +34,21 @@ class IngressService:
     def __init__(self, db: Database, ingress_id: str, *, open_access: bool = False,
                  admin_token: str | None = None, refresh_interval: float = 1.0,
                  flush_interval: float = 0.025,
-                 visibility: dict[str, str] | None = None) -> None:
+                 visibility: dict[str, str] | None = None,
+                 batch_max_file_bytes: int = 32 * 1024 * 1024,
+                 batch_runner: RunnerSettings | None = None) -> None:
         self.db = db
         self.ingress_id = ingress_id
         self.open_access = open_access
         self.admin_token = admin_token
         self.access = Access(db, ingress_id, refresh_interval)
         self.usage = UsageWriter(db, ingress_id, flush_interval)
+        # The Batch API (``ingress.batch_api``): its runner sends lines to this node's own
+        # port as their batch's key, with a credential only this process can check.
+        self.internal = InternalCredentials()
+        self.access.internal = self.internal
+        self.batch_max_file_bytes = batch_max_file_bytes
+        self.batches = BatchRunner(db, ingress_id, self.internal, batch_runner)
         # Who sees which inspection endpoint (``otela.api.visibility``).
         self.audience = IngressAudience(self.access, admin_token, visibility)
         # The request path calls these (``otela.api.inference.KeyGate``): bound straight
@@ -82,11 +93,18 @@ class IngressService:
 
     # -- background ---------------------------------------------------------------------
 
+    def serving_at(self, url: str) -> None:
+        """The node's HTTP port is open at ``url``, reachable from this process (loopback)
+        and served by it: the batch runner may send its lines there. A process that never
+        hears this (a data-path worker) runs no batches."""
+        self.batches.serving_at(url)
+
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.usage.run)
                 await nursery.start(self.access.run)
+                await nursery.start(self.batches.run)
                 task_status.started()
         finally:
             self.db.close()
@@ -104,4 +122,5 @@ class IngressService:
                 "usage_rows_dropped": self.usage.dropped,
                 "key_refreshes": self.access.refreshes,
                 "key_refresh_failures": self.access.refresh_failures,
+                **self.batches.report(),
                 "open": self.open_access}

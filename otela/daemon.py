@@ -55,7 +55,7 @@ from otela.load.capacity import capacity_of
 from otela.load.reports import LoadReports
 from otela.load.source import LoadSource, poll_engine
 from otela.looplag import LagSampler, SlowSteps, freeze_startup_objects
-from otela.mesh.addresses import advertised_hosts, expand
+from otela.mesh.addresses import advertised_hosts, expand, loopback_url
 from otela.mesh.bootstrap import (
     follow_bootstrap_list,
     is_url,
@@ -379,6 +379,8 @@ class Node:
                     raise OSError(f"cannot listen for HTTP on {config.listen_host} port "
                                   f"{config.http_port}: {cause.strerror or cause}") from None
                 self.facts.http_url = f"http://{hosts[0]}:{port}"
+                if self.ingress_service is not None:
+                    self._ingress_serving_at(port)
                 if self.slurm_job is not None:
                     self.facts.slurm_job = await with_end_time(self.slurm_job)
                 await self.replica.start(NodeRecord(
@@ -494,6 +496,17 @@ class Node:
             return False
         # this process relays too (requests arriving over libp2p streams)
         return await self.inflight.wait_idle(max(0.0, deadline - trio.current_time()))
+
+    def _ingress_serving_at(self, port: int) -> None:
+        """Tell the ingress service where its own port is (its batch runner sends there).
+        With data-path workers the port is theirs, and their services cannot check the
+        runner's per-process credential: no batches run then (docs/scheduling.md)."""
+        assert self.ingress_service is not None
+        if self.workers is not None:
+            log.warning("ingress: with --workers the Batch API accepts batches but does "
+                        "not run them (docs/scheduling.md#the-batch-api)")
+            return
+        self.ingress_service.serving_at(loopback_url(self.config.listen_host, port))
 
     async def _serve_http(self, nursery: trio.Nursery) -> int:
         """Serve the HTTP port, in this process or through data-path workers; the port."""

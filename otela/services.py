@@ -45,6 +45,12 @@ class IngressService(KeyGate, Protocol):
 
     async def run(self, *, task_status: Any = ...) -> None: ...
 
+    def serving_at(self, url: str) -> None:
+        """The node's HTTP port is open at ``url`` (loopback) and served by this process:
+        the service may send requests through it (the batch runner). Never called in a
+        data-path worker."""
+        ...
+
     def report(self) -> dict[str, Any]: ...
 
 

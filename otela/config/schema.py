@@ -517,6 +517,19 @@ class NodeConfig:
         "(/v1/health beyond liveness), registry (/v1/registry/...), network (/v1/network), "
         "key_metrics (/metrics series per API key). Repeatable; env: comma separated; "
         "docs/security.md.")
+    batch_max_file_bytes: int = setting(
+        "ingress", 32 * 1024 * 1024, key="batch_max_file", parse=v.as_size, flag=False,
+        example="100MiB", metavar="SIZE",
+        help="With --ingress-db: the largest batch input file POST /v1/files accepts "
+        "(larger: 413). The upload is one request body, so --max-body bounds it too "
+        "(docs/scheduling.md#the-batch-api).")
+    batch_concurrency: int = setting(
+        "ingress", 16, parse=v.as_positive_int, flag=False, example="64",
+        help="With --ingress-db: lines of one batch this ingress sends at once.")
+    batch_in_flight: int = setting(
+        "ingress", 64, parse=v.as_positive_int, flag=False, example="256",
+        help="With --ingress-db: lines of all batches this ingress sends at once (each is "
+        "an ordinary request through its own port).")
 
     # -- [trace]: recording served requests as an otela trace (docs/traces.md) --------
     record_trace: Path | None = setting(

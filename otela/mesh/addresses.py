@@ -89,6 +89,18 @@ def advertised_hosts(listen_host: str, public_host: str | None) -> list[str]:
     return select_hosts(interface_ipv4(), default_route_ipv4())
 
 
+def loopback_url(listen_host: str, port: int) -> str:
+    """The URL a process on this host reaches a port listening on ``listen_host`` at: the
+    loopback address for a wildcard, else the listen address itself."""
+    if listen_host in WILDCARDS:
+        host = "127.0.0.1"
+    elif listen_host == "::":
+        host = "[::1]"
+    else:
+        host = f"[{listen_host}]" if ":" in listen_host else listen_host
+    return f"http://{host}:{port}"
+
+
 def expand(listen_addrs: Iterable[str], listen_host: str, hosts: list[str]) -> list[str]:
     """Each listen multiaddr once per advertised host, hosts in order (routable first)."""
     listen_ip = "0.0.0.0" if listen_host in WILDCARDS else listen_host

@@ -86,6 +86,7 @@ class ContractState:
     def __init__(self) -> None:
         self.keys: dict[str, Key] = {}
         self.usage: list[Use] = []
+        self.batches: dict[str, list[dict[str, Any]]] = {}  # key id -> batch objects
         self.lock = threading.Lock()
 
     def add_key(self, owner: str, **fields: Any) -> Key:
@@ -197,6 +198,16 @@ def create_contract_app(state: ContractState) -> FastAPI:
     async def me(request: Request) -> Any:
         key = state.by_secret(request)
         return error(401, *unauthorized) if key is None else state.public(key)
+
+    @app.get("/v1/batches")
+    async def batches(request: Request) -> Any:
+        key = state.by_secret(request)
+        if key is None:
+            return error(401, *unauthorized)
+        data = state.batches.get(key.id, [])
+        return {"object": "list", "data": data, "has_more": False,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None}
 
     @app.get("/v1/me/usage")
     async def me_usage(request: Request) -> Any:

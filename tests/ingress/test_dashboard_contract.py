@@ -83,6 +83,32 @@ def test_a_wrong_key_is_refused_at_sign_in_with_the_api_message(
     assert console_errors(browser, allow_http_errors=True) == []
 
 
+def test_key_holder_sees_their_batches_with_progress(
+        browser: WebDriver, seeded: tuple[str, ContractState, str, str, list[int]]) -> None:
+    url, state, key_id, secret, _ = seeded
+    counts = {"total": 2000, "completed": 1490, "failed": 10}
+    state.batches[key_id] = [
+        {"id": "batch_0123456789abcdef01234567", "object": "batch",
+         "endpoint": "/v1/chat/completions", "status": "in_progress",
+         "created_at": int(time.time()) - 60, "request_counts": counts,
+         "output_file_id": None, "error_file_id": None},
+        {"id": "batch_fedcba9876543210fedcba98", "object": "batch",
+         "endpoint": "/v1/embeddings", "status": "completed",
+         "created_at": int(time.time()) - 7200,
+         "request_counts": {"total": 3, "completed": 3, "failed": 0},
+         "output_file_id": "file-00112233445566778899aabb", "error_file_id": None}]
+    open_page(browser, url, "account")
+    sign_in_key(browser, url, secret)
+    table = wait(browser).until(lambda d: (t := d.find_element(By.ID, "batches-body").text)
+                                and "1,500 of 2,000" in t and t)
+    assert "(10 failed)" in table and "in_progress" in table and "completed" in table
+    assert "/v1/embeddings" in table and "output" in table
+    meter = browser.find_element(By.CSS_SELECTOR, "#batches-body .meter")
+    assert meter.get_attribute("aria-valuenow") == "75"
+    assert not browser.find_element(By.ID, "batches-empty").is_displayed()
+    assert console_errors(browser) == []
+
+
 def test_key_holder_sees_their_key_and_usage_chart(
         browser: WebDriver, seeded: tuple[str, ContractState, str, str, list[int]]) -> None:
     url, state, key_id, secret, hours = seeded

@@ -1,7 +1,8 @@
 // otela dashboard: a plain client of this node's public API, nothing more.
 //
 // Views: the federation (GET /v1/models, /v1/registry/nodes, /v1/network, /v1/health,
-// refreshed every few seconds), a key holder's key and usage (GET /v1/me, /v1/me/usage),
+// refreshed every few seconds), a key holder's key, usage and batches (GET /v1/me,
+// /v1/me/usage, /v1/batches),
 // a chat playground streaming through POST /v1/chat/completions exactly like any OpenAI
 // client, and the admin's keys and federation-wide usage (/v1/admin/...). Secrets live in
 // sessionStorage only, and every request goes to this node's own origin (the page's CSP
@@ -577,6 +578,7 @@
     if (account.info) { showError("account-error", ""); renderKeyInfo(account.info); }
     else $("key-info").replaceChildren();
     await refreshUsage();
+    await refreshBatches();
     refreshFederation().catch(reportBug);  // the model list may widen with a key
   }
 
@@ -587,8 +589,11 @@
     $("key-info").replaceChildren();
     $("usage-chart").replaceChildren();
     $("usage-totals").replaceChildren();
+    $("batches-body").replaceChildren();
+    $("batches-empty").hidden = true;
     showError("account-error", "");
     showError("usage-error", "");
+    showError("batches-error", "");
     showAccount(false);
     $("key-input").focus();
   }
@@ -604,6 +609,7 @@
     }
     updateIdentity();
     await refreshUsage();
+    await refreshBatches();
   }
 
   async function refreshUsage() {
@@ -623,6 +629,51 @@
       $("usage-chart").replaceChildren();
       $("usage-totals").replaceChildren();
     }
+  }
+
+  // ---------------------------------------------------------------- my batches
+
+  const BATCH_TONE = { completed: "ok", failed: "bad", expired: "bad", cancelled: "warn",
+    cancelling: "warn", in_progress: "neutral", validating: "neutral", finalizing: "neutral" };
+
+  /** The key's latest batches (GET /v1/batches) with their progress: lines done (answered
+   * or failed) of all lines. */
+  async function refreshBatches() {
+    if (!account.key) return;
+    try {
+      const page = await api("/v1/batches?limit=20", { token: account.key });
+      showError("batches-error", "");
+      renderBatches(page.data || []);
+    } catch (err) {
+      showError("batches-error", explain(err, "the Batch API"));
+      $("batches-body").replaceChildren();
+      $("batches-empty").hidden = true;
+    }
+  }
+
+  function batchProgress(batch) {
+    const c = batch.request_counts || {};
+    const total = c.total || 0;
+    const done = (c.completed || 0) + (c.failed || 0);
+    const text = total ? `${fmt(done)} of ${fmt(total)}` : "—";
+    const failed = c.failed ? ` (${fmt(c.failed)} failed)` : "";
+    if (!total) return text;
+    return el("span", {}, meter(done / total, `${Math.round(done / total * 100)} % of the lines done`),
+      ` ${text}${failed}`);
+  }
+
+  function renderBatches(batches) {
+    const rows = batches.map((b) => el("tr", {},
+      el("td", { class: "mono", title: b.id }, shortId(b.id)),
+      el("td", { class: "mono" }, b.endpoint || "—"),
+      el("td", {}, pill(b.status, BATCH_TONE[b.status] || "neutral")),
+      el("td", {}, batchProgress(b)),
+      el("td", { title: when(b.created_at) }, age(b.created_at)),
+      el("td", { class: "mono" }, [b.output_file_id && `output ${shortId(b.output_file_id)}`,
+        b.error_file_id && `errors ${shortId(b.error_file_id)}`].filter(Boolean).join(" · ") || "—")));
+    $("batches-body").replaceChildren(...rows);
+    labelCells($("batches-body"));
+    $("batches-empty").hidden = batches.length > 0;
   }
 
   function renderTotals(totals) {
