@@ -215,14 +215,16 @@ class InferenceRoutes:
         klass = queue.class_of(ask.priority, getattr(key, "priority", None))
         if ask.priority is not None:
             exchange.priority = queue.settings.classes[klass]
-        if queue.idle(model) and self.router.room(model, ask, queue.reserved.get(model, 0)):
+        held_back = queue.held_back(klass)
+        if queue.idle(model) and self.router.room(model, ask, queue.reserved.get(model, 0),
+                                                  held_back):
             return None
         exchange.priority = queue.settings.classes[klass]
         queued = time.perf_counter()
         waiter = await queue.wait_turn(
             model, klass, flow_of(key), queue.estimate(model, body_bytes, exchange.max_tokens),
             queue.timeout_of(ask.queue_timeout, getattr(key, "queue_wait", None)),
-            lambda reserved: self.router.room(model, ask, reserved))
+            lambda reserved: self.router.room(model, ask, reserved, held_back))
         exchange.queued_s = time.perf_counter() - queued
         return waiter
 

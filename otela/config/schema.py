@@ -437,6 +437,11 @@ class NodeConfig:
     default_priority: str = setting(
         "routing", "default", parse=v.as_class_name, example="interactive", metavar="NAME",
         help="The class of a request that names none (one of --priority-classes).")
+    priority_reserve: float = setting(
+        "routing", 0.1, parse=v.as_fraction, example="0.25", metavar="FRACTION",
+        help="Of each node's slots (--max-concurrency, rounded down), the share only the "
+        "best priority class may use: an interactive request finds room at once even "
+        "while other classes fill the node (docs/scheduling.md).")
     starvation_after: float = setting(
         "routing", 10.0, parse=v.as_duration, example="30s", metavar="DURATION",
         help="A lower class whose oldest waiting request has waited this long gets one "

@@ -53,6 +53,7 @@ class QueueSettings:
     max_timeout: float  # the most it may ask for (an API key may lower it)
     depth: int  # waiting requests per model; more are refused at once (429)
     starvation_s: float  # a lower class waiting this long gets a share (fairshare)
+    reserve: float = 0.0  # of each node's slots (rounded down) only the best class uses
 
     def __post_init__(self) -> None:
         if not self.classes or len(set(self.classes)) != len(self.classes):
@@ -154,6 +155,11 @@ class AdmissionQueue:
         return min(seconds, limit)
 
     # -- waiting ----------------------------------------------------------------------------
+
+    def held_back(self, klass: int) -> float:
+        """The share of each node's slots a request of ``klass`` may not take: the
+        reserve, for every class but the best."""
+        return self.settings.reserve if klass > 0 else 0.0
 
     def idle(self, model: str) -> bool:
         """Nothing waits for ``model``: a request that fits goes at once."""
@@ -291,4 +297,5 @@ def admission_queue(config: NodeConfig, metrics: Registry) -> AdmissionQueue:
     default class is not one of the classes."""
     return AdmissionQueue(QueueSettings(
         tuple(config.priority_classes), config.default_priority, config.queue_timeout,
-        config.queue_max_timeout, config.queue_depth, config.starvation_after), metrics)
+        config.queue_max_timeout, config.queue_depth, config.starvation_after,
+        config.priority_reserve), metrics)

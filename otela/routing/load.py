@@ -67,14 +67,15 @@ class NodeLoad:
             parts.append(b"m=%d" % self.slots)
         return b";".join(parts)
 
-    def room(self, outstanding: float) -> float:
+    def room(self, outstanding: float, held_back: float = 0.0) -> float:
         """Requests the node can take beyond ``outstanding`` (infinite: it declares no
-        limit; 0: its engine's KV cache is full)."""
+        limit; 0: its engine's KV cache is full), leaving ``held_back`` of its slots (a
+        fraction, rounded down) to the best priority class."""
         if self.slots is None:
             return math.inf
         if self.kv_usage is not None and self.kv_usage >= KV_FULL:
             return 0.0
-        return max(0.0, self.slots - outstanding)
+        return max(0.0, self.slots - math.floor(self.slots * held_back) - outstanding)
 
     def to_dict(self) -> dict[str, float | int | None]:
         return {"in_flight": self.in_flight, "running": self.running,

@@ -338,10 +338,12 @@ class Router:
             502, f"All {len(tried)} candidate node(s) for `{clip(model_id)}` were "
             f"unreachable{why}.", code="all_nodes_unreachable")
 
-    def room(self, model_id: str, ask: Ask, reserved: int = 0) -> bool:
+    def room(self, model_id: str, ask: Ask, reserved: int = 0, held_back: float = 0.0
+             ) -> bool:
         """Whether a node ``ask`` may use has room for one more request beyond
-        ``reserved`` already granted (``otela.routing.admission``). True at once where no
-        node declares a concurrency, and where none serves (routing then says why)."""
+        ``reserved`` already granted (``otela.routing.admission``), leaving ``held_back``
+        of each node's slots free (for the best class). True at once where no node
+        declares a concurrency, and where none serves (routing then says why)."""
         own = self.own_load()  # None unless this node serves
         if not self.loads.limited and (own is None or own.slots is None):
             return True
@@ -356,12 +358,12 @@ class Router:
             session = record.session_id
             ours = max(self.busy.get(session, 0), self.shared_busy.get(session, 0))
             if session == own_session and own is not None:
-                free += own.room(max(ours, own.in_flight))
+                free += own.room(max(ours, own.in_flight), held_back)
             else:
                 load = self.loads.latest(session, now)
                 if load is None:
                     return True  # no report yet: nothing says it is full
-                free += load.room(self.loads.in_flight(session, ours, now))
+                free += load.room(self.loads.in_flight(session, ours, now), held_back)
             if free > reserved:
                 return True
         return False

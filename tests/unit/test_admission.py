@@ -155,3 +155,18 @@ def test_keys_map_to_team_and_key_shares() -> None:
         Flow("key:k1", 2.0, "k1", 1.0)
     assert flow_of(SimpleNamespace(id="k1", team="lab", team_weight=3.0, weight=2.0)) == \
         Flow("team:lab", 3.0, "k1", 2.0)
+
+
+def test_a_nodes_room_keeps_a_reserve_for_the_best_class() -> None:
+    from otela.routing.load import NodeLoad, parse_load
+
+    node = NodeLoad(in_flight=0, slots=20)
+    assert node.room(17) == 3 and node.room(17, held_back=0.1) == 1  # 2 slots held back
+    assert node.room(19, held_back=0.1) == 0
+    assert NodeLoad(slots=2).room(1, held_back=0.1) == 1  # a tenth of 2 rounds down to 0
+    assert NodeLoad(slots=4, kv_usage=0.99).room(0) == 0  # its KV cache is full
+    assert NodeLoad().room(1_000) == float("inf")  # declares no limit
+    assert parse_load(NodeLoad(in_flight=3, slots=64).header()) == NodeLoad(3, slots=64)
+    assert AdmissionQueue(SETTINGS).held_back(0) == 0
+    reserved = AdmissionQueue(QueueSettings(("a", "b"), "b", 1, 1, 1, 1, reserve=0.25))
+    assert reserved.held_back(0) == 0 and reserved.held_back(1) == 0.25
