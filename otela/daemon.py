@@ -255,7 +255,7 @@ class Node:
             config, config.workers, worker_state.key, worker_state.snapshot,
             worker_state.record_traces, worker_state.load_state)
         self.routing = RoutingStatus(self.router, lambda: self.registry, self.load,
-                                     self.load_reports, self.workers)
+                                     self.load_reports, self.workers, path.inference.queue)
         self.metrics_source = NodeMetricsSource(
             registry=self.registry, replicator=self.replicator, detector=self.detector,
             inflight=self.inflight, pool=self.pool, routing=self.routing,

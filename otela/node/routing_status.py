@@ -12,14 +12,17 @@ import trio
 from otela.load.reports import LoadReports
 from otela.load.source import LoadSource
 from otela.registry.store import Registry
+from otela.routing.admission import AdmissionQueue
 from otela.routing.router import Router
 from otela.workers.control import WorkerPool
 
 
 class RoutingStatus:
     def __init__(self, router: Router, registry: Callable[[], Registry], load: LoadSource,
-                 load_reports: LoadReports, workers: WorkerPool | None) -> None:
+                 load_reports: LoadReports, workers: WorkerPool | None,
+                 queue: AdmissionQueue | None = None) -> None:
         self.router = router
+        self.queue = queue  # the ingress queue (fair sharing) of this process
         self.registry = registry
         self.load = load
         self.load_reports = load_reports
@@ -57,4 +60,6 @@ class RoutingStatus:
                                   if (f := router.speeds.report(r.session_id))},
                 "own_load": self.load.current().to_dict(),
                 "engine_metrics": self.load.engine_source,
-                "load_reports": dict(self.load_reports.stats)}
+                "load_reports": dict(self.load_reports.stats),
+                # requests waiting here for room, per model and class (this process's)
+                "queue": self.queue.waiting() if self.queue is not None else {}}

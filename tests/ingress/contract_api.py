@@ -156,8 +156,10 @@ def create_contract_app(state: ContractState) -> FastAPI:
     async def network() -> dict[str, Any]:
         return {"nat": {"reachability": "public"}, "peers": {}, "verdict": "contract double",
                 "routing": {"loads": {"s-serving": {"in_flight": 3, "running": 3, "waiting": 1,
-                                                    "kv_usage": 0.4, "capacity": 8.0}},
-                            "ejected": {}, "own_load": None}}
+                                                    "kv_usage": 0.4, "capacity": 8.0,
+                                                    "slots": 16}},
+                            "ejected": {}, "own_load": None,
+                            "queue": {MODEL: {"interactive": 1, "batch": 4}}}}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

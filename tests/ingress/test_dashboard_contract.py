@@ -159,8 +159,10 @@ def test_federation_view_shows_gpus_and_load(browser: WebDriver,
     row = model_row(browser, MODEL)
     assert "H100" in row.text and PROVIDER in row.text and "vllm" in row.text
     assert "3 in flight" in row.text and "capacity 8" in row.text
+    assert "5 queued here" in row.text  # the ingress queue, every class
     node = browser.find_element(By.CSS_SELECTOR, '#nodes-body tr[data-session="s-serving"]')
     assert "4\u00d7 H100 80.0 GiB" in node.text and "KV 40 %" in node.text
+    assert "16 slots" in node.text
     meter = node.find_element(By.CSS_SELECTOR, '[role="meter"]')
     assert meter.get_attribute("aria-valuenow") == "38"  # 3 of 8
     assert console_errors(browser) == []

@@ -283,12 +283,20 @@
     return (routing.loads || {})[sessionId] || null;
   }
 
+  /** Requests waiting at this ingress for room on the model's nodes, every class. */
+  function queuedFor(modelId, network) {
+    const queue = ((network && network.routing && network.routing.queue) || {})[modelId] || {};
+    return Object.values(queue).reduce((sum, n) => sum + n, 0);
+  }
+
   function loadCell(load) {
     if (!load) return el("td", { class: "muted" }, "no report");
     const capacity = load.capacity || 1;
     const parts = [`${fmt(load.in_flight)} in flight`];
     if (load.waiting !== null && load.waiting !== undefined) parts.push(`${fmt(load.waiting)} waiting`);
     if (load.kv_usage !== null && load.kv_usage !== undefined) parts.push(`KV ${Math.round(load.kv_usage * 100)} %`);
+    if (load.slots) parts.push(`${fmt(load.slots)} slots`);
+    if (load.queued) parts.push(`${fmt(load.queued)} queued here`);
     const fraction = load.in_flight / capacity;
     return el("td", {}, meter(fraction, `load ${Math.round(fraction * 100)} % of capacity`), " ",
       parts.join(" · "), el("span", { class: "sub-line" }, `capacity ${fmt(capacity)}`));
@@ -346,7 +354,8 @@
         el("td", { class: "num" }, o.max_context && o.max_context.length
           ? o.max_context.map(fmt).join(", ") : fmt(model.max_model_len)),
         stateCell,
-        reported ? loadCell({ in_flight: inFlight, capacity: capacity || 1 })
+        reported ? loadCell({ in_flight: inFlight, capacity: capacity || 1,
+          queued: queuedFor(model.id, network) })
           : el("td", { class: "muted" }, "no report"),
       ));
     }

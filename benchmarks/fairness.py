@@ -1,0 +1,261 @@
+"""Fairness benchmark: the ingress queue's priority classes, token shares and Batch API.
+
+Real processes on 127.0.0.1: an ingress with the ingress service (API keys on SQLite) and
+one serving node whose echo engine takes ``--slots`` requests at once (its
+``--max-concurrency``, which otela reads) and generates a token every ``--token-delay``,
+so the model has a fixed, finite capacity. Scenarios (``--scenarios``):
+
+- ``shares``: two teams flood the model (closed loop, ``2 x slots`` clients each) for
+  ``--duration`` seconds, first with equal weights, then 3:1. Prints each team's tokens
+  and the ratio (goals: equal within 5 %, 3:1 within 10 %).
+- ``interactive``: an interactive key sends streaming requests at ``--rate`` per second;
+  its time to first token (TTFT) is measured (1) with the model otherwise idle, (2) beside
+  a ``--batch-lines`` batch (the Batch API), and (3) beside the batch and a key flooding
+  the model in the default class. Prints TTFT p50/p99 per phase (goal: p99 within 1.25x
+  of idle), and in phase 2 the batch's share of the capacity the interactive key left
+  (goal: at least 90 %; the capacity is measured first, flooding alone).
+
+Run: ``.venv/bin/python benchmarks/fairness.py [--scenarios shares,interactive]
+[--duration 120]`` (~8 minutes with the defaults). Figures: docs/scheduling.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from otela.testing.localfed import (
+    LocalFederation,
+    LocalNode,
+    echo_engine_command,
+    free_port,
+    wait_for,
+)
+
+MODEL = "echo-fair"
+ADMIN = "fairness-bench-admin-token-0123456789"
+PROMPT = " ".join(f"w{i}" for i in range(10))  # 12 output tokens ("echo: w0 ... w9")
+
+
+def admin(node: LocalNode, method: str, path: str, body: Any = None) -> Any:
+    answer = httpx.request(method, f"{node.http_url}/v1/admin{path}", trust_env=False,
+                           timeout=30, headers={"authorization": f"Bearer {ADMIN}"},
+                           json=body)
+    answer.raise_for_status()
+    return answer.json()
+
+
+def new_key(node: LocalNode, owner: str, **fields: Any) -> str:
+    return str(admin(node, "POST", "/keys", {"owner": owner, **fields})["key"])
+
+
+def body(stream: bool = False) -> dict[str, Any]:
+    return {"model": MODEL, "stream": stream,
+            "messages": [{"role": "user", "content": PROMPT}]}
+
+
+async def flood(client: httpx.AsyncClient, url: str, secret: str, until: float,
+                tokens: Counter[str], name: str, headers: dict[str, str] | None = None
+                ) -> None:
+    """One closed-loop client: a request as soon as the last is answered."""
+    while trio.current_time() < until:
+        answer = await client.post(f"{url}/v1/chat/completions", json=body(), timeout=300,
+                                   headers={"authorization": f"Bearer {secret}",
+                                            "x-otela-queue-timeout": "600",
+                                            **(headers or {})})
+        if answer.status_code == 200 and trio.current_time() < until:
+            tokens[name] += answer.json()["usage"]["completion_tokens"]
+
+
+async def interactive(client: httpx.AsyncClient, url: str, secret: str, rate: float,
+                      until: float, ttfts: list[float]) -> None:
+    """Streaming requests at ``rate`` per second (open loop); the TTFT of each."""
+    async def one() -> None:
+        started = time.perf_counter()
+        async with client.stream(
+                "POST", f"{url}/v1/chat/completions", json=body(stream=True), timeout=120,
+                headers={"authorization": f"Bearer {secret}",
+                         "x-otela-priority": "interactive"}) as answer:
+            async for line in answer.aiter_lines():
+                if line.startswith("data:") and '"content"' in line:
+                    ttfts.append(time.perf_counter() - started)
+                    break
+            async for _ in answer.aiter_bytes():
+                pass
+
+    async with trio.open_nursery() as nursery:
+        while trio.current_time() < until:
+            nursery.start_soon(one)
+            await trio.sleep(1 / rate)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def shares(ingress: LocalNode, args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for weights in ((1, 1), (3, 1)):
+        label = f"{weights[0]}:{weights[1]}"
+        teams = {}
+        for team, weight in zip(("a", "b"), weights, strict=True):
+            name = f"team-{team}-{label}"
+            teams[name] = new_key(ingress, name, team=name)
+            admin(ingress, "PUT", f"/teams/{name}", {"weight": weight})
+        time.sleep(1.5)  # every ingress's key cache has the weights
+        tokens: Counter[str] = Counter()
+
+        async def run() -> None:
+            until = trio.current_time() + args.duration
+            async with httpx.AsyncClient(trust_env=False, limits=httpx.Limits(
+                    max_connections=1000)) as client, trio.open_nursery() as nursery:
+                for name, secret in teams.items():  # noqa: B023
+                    for _ in range(2 * args.slots):
+                        nursery.start_soon(flood, client, ingress.http_url, secret, until,
+                                           tokens, name)  # noqa: B023
+
+        trio.run(run)
+        a, b = (tokens[name] for name in teams)
+        ratio = a / b if b else float("inf")
+        results[label] = {"tokens": dict(tokens), "ratio": round(ratio, 3),
+                          "error_pct": round(100 * (ratio / (weights[0] / weights[1]) - 1), 1)}
+        print(f"shares {label}: {dict(tokens)} ratio {ratio:.3f} "
+              f"({results[label]['error_pct']:+.1f} % off {weights[0] / weights[1]:g})",
+              flush=True)
+    return results
+
+
+def upload_batch(url: str, secret: str, lines: int) -> str:
+    text = "".join(json.dumps({"custom_id": f"line-{i}", "method": "POST",
+                               "url": "/v1/chat/completions", "body": body()}) + "\n"
+                   for i in range(lines))
+    headers = {"authorization": f"Bearer {secret}"}
+    upload = httpx.post(f"{url}/v1/files", headers=headers, trust_env=False, timeout=60,
+                        data={"purpose": "batch"},
+                        files={"file": ("batch.jsonl", text.encode(), "application/jsonl")})
+    upload.raise_for_status()
+    batch = httpx.post(f"{url}/v1/batches", headers=headers, trust_env=False, timeout=60,
+                       json={"input_file_id": upload.json()["id"], "completion_window": "24h",
+                             "endpoint": "/v1/chat/completions"})
+    batch.raise_for_status()
+    return str(batch.json()["id"])
+
+
+def batch_done(url: str, secret: str, batch_id: str) -> int:
+    answer = httpx.get(f"{url}/v1/batches/{batch_id}", trust_env=False, timeout=30,
+                       headers={"authorization": f"Bearer {secret}"})
+    counts = answer.json()["request_counts"]
+    return int(counts["completed"]) + int(counts["failed"])
+
+
+def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[str, Any]:
+    url = ingress.http_url
+    chatter = new_key(ingress, "interactive", priority="interactive")
+    bulk = new_key(ingress, "bulk")
+    flooder = new_key(ingress, "flooder")
+    results: dict[str, Any] = {}
+
+    # capacity: requests per second with every slot busy
+    tokens: Counter[str] = Counter()
+
+    async def capacity() -> None:
+        until = trio.current_time() + 20
+        async with httpx.AsyncClient(trust_env=False) as client, trio.open_nursery() as n:
+            for _ in range(2 * args.slots):
+                n.start_soon(flood, client, url, flooder, until, tokens, "capacity")
+
+    trio.run(capacity)
+    per_request = 12
+    full = tokens["capacity"] / per_request / 20
+    print(f"capacity: {full:.1f} requests/s", flush=True)
+
+    def phase(name: str, batch: str | None, flooding: bool) -> None:
+        ttfts: list[float] = []
+        flooded: Counter[str] = Counter()
+        before = batch_done(url, bulk, batch) if batch else 0
+        started = time.monotonic()
+
+        async def run() -> None:
+            until = trio.current_time() + args.phase
+            async with httpx.AsyncClient(trust_env=False) as client, \
+                    trio.open_nursery() as nursery:
+                nursery.start_soon(interactive, client, url, chatter, args.rate, until, ttfts)
+                if flooding:
+                    for _ in range(2 * args.slots):
+                        nursery.start_soon(flood, client, url, flooder, until, flooded,
+                                           "default")
+
+        trio.run(run)
+        elapsed = time.monotonic() - started
+        entry: dict[str, Any] = {"ttft_p50_ms": round(1e3 * pct(ttfts, 0.5), 1),
+                                 "ttft_p99_ms": round(1e3 * pct(ttfts, 0.99), 1),
+                                 "requests": len(ttfts)}
+        if batch:
+            done = batch_done(url, bulk, batch) - before
+            entry["batch_lines_per_s"] = round(done / elapsed, 2)
+            leftover = full - args.rate - flooded["default"] / per_request / elapsed
+            entry["batch_share_of_leftover"] = round(done / elapsed / leftover, 3) \
+                if leftover > 0 else None
+        results[name] = entry
+        print(f"{name}: {entry}", flush=True)
+
+    phase("idle", None, False)
+    batch = upload_batch(url, bulk, args.batch_lines)
+    wait_for(lambda: batch_done(url, bulk, batch) > 0, 60, "the batch to start")
+    phase("with_batch", batch, False)
+    phase("with_batch_and_flood", batch, True)
+    idle_p99 = results["idle"]["ttft_p99_ms"]
+    for name in ("with_batch", "with_batch_and_flood"):
+        results[name]["p99_vs_idle"] = round(results[name]["ttft_p99_ms"] / idle_p99, 2)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenarios", default="shares,interactive")
+    parser.add_argument("--slots", type=int, default=10, help="engine requests at once")
+    parser.add_argument("--token-delay", type=float, default=0.02)
+    parser.add_argument("--duration", type=float, default=120.0, help="per share run (s)")
+    parser.add_argument("--phase", type=float, default=40.0, help="per TTFT phase (s)")
+    parser.add_argument("--rate", type=float, default=4.0, help="interactive requests/s")
+    parser.add_argument("--batch-lines", type=int, default=5000)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    out: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k != "json"}}
+    with tempfile.TemporaryDirectory() as tmp, LocalFederation(Path(tmp)) as fed:
+        ingress = fed.start_node("ingress", ingress=True, provider_id="bench", extra_args=[
+            "--log-level", "WARNING", "--ingress-db", str(Path(tmp) / "keys.db"),
+            "--max-connections-per-client", "100000", "--batch-concurrency",
+            str(2 * args.slots), "--batch-in-flight", str(2 * args.slots)],
+            extra_env={"OTELA_ADMIN_TOKEN": ADMIN})
+        engine = echo_engine_command(free_port(), [MODEL], "--token-delay",
+                                     str(args.token_delay), "--max-concurrency",
+                                     str(args.slots))
+        node = fed.start_node("server", bootstrap=[ingress], process=engine,
+                              provider_id="bench", extra_args=["--log-level", "WARNING"])
+        wait_for(lambda: ingress.states().get(node.session_id) == "SERVING", 60, "serving")
+        probe = new_key(ingress, "probe")
+        wait_for(lambda: httpx.post(f"{ingress.http_url}/v1/chat/completions", json=body(),
+                                    headers={"authorization": f"Bearer {probe}"},
+                                    trust_env=False, timeout=30).status_code == 200, 60,
+                 "the model served through the ingress")
+        if "shares" in args.scenarios:
+            out["shares"] = shares(ingress, args)
+        if "interactive" in args.scenarios:
+            out["interactive"] = interactive_scenario(ingress, args)
+    print(json.dumps(out, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
