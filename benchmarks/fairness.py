@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -84,12 +86,12 @@ async def interactive(client: httpx.AsyncClient, url: str, secret: str, rate: fl
                 "POST", f"{url}/v1/chat/completions", json=body(stream=True), timeout=120,
                 headers={"authorization": f"Bearer {secret}",
                          "x-otela-priority": "interactive"}) as answer:
+            first = None
             async for line in answer.aiter_lines():
-                if line.startswith("data:") and '"content"' in line:
-                    ttfts.append(time.perf_counter() - started)
-                    break
-            async for _ in answer.aiter_bytes():
-                pass
+                if first is None and line.startswith("data:") and '"content"' in line:
+                    first = time.perf_counter() - started
+            if first is not None:
+                ttfts.append(first)
 
     async with trio.open_nursery() as nursery:
         while trio.current_time() < until:
@@ -132,6 +134,39 @@ def shares(ingress: LocalNode, args: argparse.Namespace) -> dict[str, Any]:
               f"({results[label]['error_pct']:+.1f} % off {weights[0] / weights[1]:g})",
               flush=True)
     return results
+
+
+def queue_waits(url: str, priority: str) -> tuple[float, float]:
+    """How many requests of ``priority`` waited in the ingress queue so far, and how long
+    in all (its ``otela_queue_wait_seconds`` count and sum)."""
+    text = httpx.get(f"{url}/metrics", trust_env=False, timeout=30).text
+    count = total = 0.0
+    for line in text.splitlines():
+        if f'priority="{priority}"' not in line:
+            continue
+        if line.startswith("otela_queue_wait_seconds_count"):
+            count += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("otela_queue_wait_seconds_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+    return count, total
+
+
+def flood_process(url: str, secret: str, connections: int, seconds: float
+                  ) -> subprocess.Popen[str]:
+    """wrk keeping ``connections`` requests of ``secret`` in flight for ``seconds``."""
+    script = Path(tempfile.mkdtemp()) / "flood.lua"
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {secret}",
+               "X-Otela-Queue-Timeout": "600"}
+    script.write_text('wrk.method = "POST"\n' + f"wrk.body = {json.dumps(json.dumps(body()))}\n"
+                      + "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in headers.items()))
+    return subprocess.Popen(["wrk", "-t1", f"-c{connections}", f"-d{round(seconds)}s",
+                             "--timeout", "600s", "-s", str(script),
+                             f"{url}/v1/chat/completions"], stdout=subprocess.PIPE, text=True)
+
+
+def wrk_requests(output: str) -> int:
+    match = re.search(r"(\d+) requests in", output)
+    return int(match.group(1)) if match else 0
 
 
 def upload_batch(url: str, secret: str, lines: int) -> str:
@@ -182,23 +217,32 @@ def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[s
         ttfts: list[float] = []
         flooded: Counter[str] = Counter()
         before = batch_done(url, bulk, batch) if batch else 0
+        waited_before = queue_waits(url, "interactive")
         started = time.monotonic()
+        # The flooding key runs in wrk (another process, in C): clients in this process
+        # would share the event loop that times the interactive requests' first tokens.
+        wrk = flood_process(url, flooder, 2 * args.slots, args.phase) if flooding else None
 
         async def run() -> None:
             until = trio.current_time() + args.phase
-            async with httpx.AsyncClient(trust_env=False) as client, \
-                    trio.open_nursery() as nursery:
-                nursery.start_soon(interactive, client, url, chatter, args.rate, until, ttfts)
-                if flooding:
-                    for _ in range(2 * args.slots):
-                        nursery.start_soon(flood, client, url, flooder, until, flooded,
-                                           "default")
+            async with httpx.AsyncClient(trust_env=False) as client:
+                await interactive(client, url, chatter, args.rate, until, ttfts)
 
         trio.run(run)
+        if wrk is not None:
+            output = wrk.communicate(timeout=args.phase + 120)[0]
+            flooded["default"] = per_request * wrk_requests(output)
         elapsed = time.monotonic() - started
+        waited = [a - b for a, b in zip(queue_waits(url, "interactive"), waited_before,
+                                        strict=True)]
         entry: dict[str, Any] = {"ttft_p50_ms": round(1e3 * pct(ttfts, 0.5), 1),
                                  "ttft_p99_ms": round(1e3 * pct(ttfts, 0.99), 1),
-                                 "requests": len(ttfts)}
+                                 "requests": len(ttfts),
+                                 # interactive requests that had to wait in the queue, and
+                                 # their mean wait there
+                                 "queued": int(waited[0]),
+                                 "queued_mean_ms": round(1e3 * waited[1] / waited[0], 1)
+                                 if waited[0] else 0.0}
         if batch:
             done = batch_done(url, bulk, batch) - before
             entry["batch_lines_per_s"] = round(done / elapsed, 2)
@@ -228,15 +272,19 @@ def main() -> None:
     parser.add_argument("--phase", type=float, default=40.0, help="per TTFT phase (s)")
     parser.add_argument("--rate", type=float, default=4.0, help="interactive requests/s")
     parser.add_argument("--batch-lines", type=int, default=5000)
+    parser.add_argument("--reserve", type=float, default=0.1,
+                        help="the ingress's --priority-reserve (slots kept for interactive)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     out: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k != "json"}}
     with tempfile.TemporaryDirectory() as tmp, LocalFederation(Path(tmp)) as fed:
         ingress = fed.start_node("ingress", ingress=True, provider_id="bench", extra_args=[
             "--log-level", "WARNING", "--ingress-db", str(Path(tmp) / "keys.db"),
-            "--max-connections-per-client", "100000", "--batch-concurrency",
-            str(2 * args.slots), "--batch-in-flight", str(2 * args.slots)],
-            extra_env={"OTELA_ADMIN_TOKEN": ADMIN})
+            "--max-connections-per-client", "100000", "--priority-reserve",
+            str(args.reserve)],
+            extra_env={"OTELA_ADMIN_TOKEN": ADMIN,  # a batch can keep every slot busy
+                       "OTELA_BATCH_CONCURRENCY": str(2 * args.slots),
+                       "OTELA_BATCH_IN_FLIGHT": str(2 * args.slots)})
         engine = echo_engine_command(free_port(), [MODEL], "--token-delay",
                                      str(args.token_delay), "--max-concurrency",
                                      str(args.slots))

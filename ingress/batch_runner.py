@@ -49,6 +49,7 @@ from ingress.internal_auth import InternalCredentials
 log = logging.getLogger("otela.ingress.batches")
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+UNKNOWN_KEY_TRIES = 4  # 401s retried (0.5 + 1 + 2 + 4 s: a key refresh is every second)
 PRIORITY_HEADER = "x-otela-priority"
 QUEUE_TIMEOUT_HEADER = "x-otela-queue-timeout"
 _PAGE = 256  # pending lines read at once
@@ -285,7 +286,11 @@ class BatchRunner:
                 await trio.sleep(retry_delay(attempt, None, self.settings.backoff_s))
                 continue
             status = answer.status_code
-            if status in RETRY_STATUSES and attempt < attempts:
+            # A 401 for a key that made the batch: the process that took the line (a
+            # data-path worker) may not have the key yet (every process refreshes its keys
+            # every second); a few tries cover that, a revoked key still fails the line.
+            unknown_key = status == 401 and attempt <= UNKNOWN_KEY_TRIES
+            if (status in RETRY_STATUSES or unknown_key) and attempt < attempts:
                 await trio.sleep(retry_delay(attempt, answer.headers.get("retry-after"),
                                              self.settings.backoff_s))
                 continue

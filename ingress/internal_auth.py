@@ -2,15 +2,14 @@
 
 A batch's lines go through this node's own OpenAI endpoint like any client's requests, so
 they are routed, limited and counted as the key that made the batch. The runner cannot
-send that key's secret (only its hash is stored), so each ingress process mints a random
-secret when it starts, known only in its memory, and signs a token per key with it:
-``otela-batch-<key id>-<HMAC-SHA256(secret, key id)>``. ``Access.authenticate`` takes such
-a token as the key it names, with that key's state (revoked, expired, over budget: refused
-as the key would be). Never logged, never stored: a restart mints a new secret and makes
-every old token worthless; a token names one key and cannot be turned into another's.
-
-The runner sends to the port its own process serves (a node without data-path workers):
-only the process that minted the secret can check a token.
+send that key's secret (only its hash is stored), so the node signs a token per key with
+a secret of its own: ``otela-batch-<key id>-<HMAC-SHA256(secret, key id)>``.
+``Access.authenticate`` takes such a token as the key it names, with that key's state
+(revoked, expired, over budget: refused as the key would be). The secret is derived from
+the node's identity key (``ingress.plugin.node_secret``), so the node's data-path workers,
+which serve the port the runner sends to, check the tokens of the control process's
+runner; without it (tests), a process mints a random one. Tokens and the secret are never
+logged or stored; a token names one key and cannot be turned into another's.
 """
 
 from __future__ import annotations

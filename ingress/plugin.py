@@ -3,6 +3,9 @@ through the ``otela.ingress`` entry point), and its ``otela`` subcommands."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ingress import admin_api, batch_api
@@ -10,12 +13,22 @@ from ingress.batch_runner import RunnerSettings
 from ingress.dashboard import install as install_dashboard
 from ingress.service import IngressService
 from otela.api import visibility
+from otela.identity import load_or_create
 from otela.services import as_command
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from otela.config import NodeConfig
+
+
+def node_secret(home: Path) -> bytes:
+    """The batch runner's signing secret, the same in every process of a node (its
+    data-path workers check the tokens the control process's runner sends): derived from
+    the node's identity key, which whoever could read it could use to impersonate the
+    node anyway. Kept in memory only, never written out."""
+    seed = load_or_create(home).key_pair.private_key.to_bytes()
+    return hmac.new(seed, b"otela ingress batch credentials v1", hashlib.sha256).digest()
 
 
 class Plugin:
@@ -26,7 +39,8 @@ class Plugin:
             visibility=config.visibility,
             batch_max_file_bytes=min(config.batch_max_file_bytes, config.max_body_bytes),
             batch_runner=RunnerSettings(per_batch=config.batch_concurrency,
-                                        per_ingress=config.batch_in_flight))
+                                        per_ingress=config.batch_in_flight),
+            internal_secret=node_secret(config.home))
 
     def install(self, api: FastAPI, service: Any) -> None:
         install_dashboard(api)

@@ -36,7 +36,8 @@ class IngressService:
                  flush_interval: float = 0.025,
                  visibility: dict[str, str] | None = None,
                  batch_max_file_bytes: int = 32 * 1024 * 1024,
-                 batch_runner: RunnerSettings | None = None) -> None:
+                 batch_runner: RunnerSettings | None = None,
+                 internal_secret: bytes | None = None) -> None:
         self.db = db
         self.ingress_id = ingress_id
         self.open_access = open_access
@@ -44,8 +45,10 @@ class IngressService:
         self.access = Access(db, ingress_id, refresh_interval)
         self.usage = UsageWriter(db, ingress_id, flush_interval)
         # The Batch API (``ingress.batch_api``): its runner sends lines to this node's own
-        # port as their batch's key, with a credential only this process can check.
-        self.internal = InternalCredentials()
+        # port as their batch's key, with a credential only this node's processes can
+        # check (``internal_secret``: shared by a node's data-path workers; none: this
+        # process's own).
+        self.internal = InternalCredentials(internal_secret)
         self.access.internal = self.internal
         self.batch_max_file_bytes = batch_max_file_bytes
         self.batches = BatchRunner(db, ingress_id, self.internal, batch_runner)

@@ -498,14 +498,10 @@ class Node:
         return await self.inflight.wait_idle(max(0.0, deadline - trio.current_time()))
 
     def _ingress_serving_at(self, port: int) -> None:
-        """Tell the ingress service where its own port is (its batch runner sends there).
-        With data-path workers the port is theirs, and their services cannot check the
-        runner's per-process credential: no batches run then (docs/scheduling.md)."""
+        """Tell the ingress service where its own port is: its batch runner sends there
+        (with data-path workers, to them: their services check the runner's credential
+        with the node's shared secret, ``ingress.plugin.node_secret``)."""
         assert self.ingress_service is not None
-        if self.workers is not None:
-            log.warning("ingress: with --workers the Batch API accepts batches but does "
-                        "not run them (docs/scheduling.md#the-batch-api)")
-            return
         self.ingress_service.serving_at(loopback_url(self.config.listen_host, port))
 
     async def _serve_http(self, nursery: trio.Nursery) -> int:

@@ -165,3 +165,29 @@ def test_the_whole_flow_on_postgresql(tmp_path: Path, postgres_db: str) -> None:
         cancelled = client.batches.cancel(again.id)
         assert cancelled.status in ("cancelling", "cancelled", "completed")
         assert finished(client, again.id, 60).status in ("cancelled", "completed")
+
+
+def test_an_ingress_with_data_path_workers_runs_batches(tmp_path: Path) -> None:
+    """With --workers the port is the workers': they check the control process's runner
+    credential with the node's shared secret, so its lines are served, as their key."""
+    args = ["--ingress-db", str(tmp_path / "ingress.db"), "--workers", "2"]
+    with LocalFederation(tmp_path) as fed:
+        ingress, _ = start_pair(fed, args, {"OTELA_ADMIN_TOKEN": ADMIN})
+        made = make_key(ingress, "workers")
+        client = client_of(ingress, made["key"])
+        uploaded = client.files.create(file=("in.jsonl", batch_file(40)), purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id,
+                                      endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        done = finished(client, batch.id, 120)
+        assert done.status == "completed", done
+        assert done.request_counts.completed == 40 and done.request_counts.failed == 0
+        check_output(client, done.output_file_id, 40)
+
+        def requests_counted() -> int:
+            usage = httpx.get(f"{ingress.http_url}/v1/me/usage", trust_env=False, timeout=10,
+                              headers={"authorization": f"Bearer {made['key']}"}).json()
+            return int(usage["totals"]["requests"])
+
+        # the lines counted as the key's requests (usage rows are written in batches)
+        wait_for(lambda: requests_counted() == 40, 30, "40 usage rows for the key")
