@@ -229,6 +229,17 @@ _CONFIG = typer.Option(None, "--config", metavar="FILE", show_default=False,
                        "OTELA_CONFIG.")
 
 
+# Fair sharing (docs/scheduling.md): the same options on create and update.
+_TEAM = typer.Option(None, "--team", help="The team whose fair share the key's requests "
+                     "are charged to (docs/scheduling.md).")
+_WEIGHT = typer.Option(None, "--weight", help="The key's weight within its team's share "
+                       "(default 1).")
+_PRIORITY = typer.Option(None, "--priority", metavar="CLASS", help="The best priority "
+                         "class the key may use (default: any the ingress has).")
+_QUEUE_WAIT = typer.Option(None, "--queue-wait", metavar="DURATION", help="The longest its "
+                           "requests may wait in the ingress queue.")
+
+
 @keys_app.command("create")
 def create(
     owner: str = typer.Option(..., "--owner", help="Who the key is for (shown in usage)."),
@@ -248,16 +259,8 @@ def create(
                                               help="Requests in flight at once."),
     budget_tokens: int | None = typer.Option(None, "--budget-tokens",
                                              help="Tokens over the key's whole life."),
-    team: str | None = typer.Option(None, "--team", help="The team whose fair share the "
-                                    "key's requests are charged to (docs/scheduling.md)."),
-    weight: float | None = typer.Option(None, "--weight", help="The key's weight within "
-                                        "its team's share (default 1)."),
-    priority: str | None = typer.Option(None, "--priority", metavar="CLASS",
-                                        help="The best priority class the key may use "
-                                        "(default: any the ingress has)."),
-    queue_wait: str | None = typer.Option(None, "--queue-wait", metavar="DURATION",
-                                          help="The longest its requests may wait in the "
-                                          "ingress queue."),
+    team: str | None = _TEAM, weight: float | None = _WEIGHT,
+    priority: str | None = _PRIORITY, queue_wait: str | None = _QUEUE_WAIT,
     db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
     config_file: Path | None = _CONFIG,
 ) -> None:
@@ -341,16 +344,8 @@ def update(
                                               help="Requests in flight at once."),
     budget_tokens: int | None = typer.Option(None, "--budget-tokens",
                                              help="Tokens over the key's whole life."),
-    team: str | None = typer.Option(None, "--team", help="The team whose fair share the "
-                                    "key's requests are charged to (docs/scheduling.md)."),
-    weight: float | None = typer.Option(None, "--weight", help="The key's weight within "
-                                        "its team's share (default 1)."),
-    priority: str | None = typer.Option(None, "--priority", metavar="CLASS",
-                                        help="The best priority class the key may use "
-                                        "(default: any the ingress has)."),
-    queue_wait: str | None = typer.Option(None, "--queue-wait", metavar="DURATION",
-                                          help="The longest its requests may wait in the "
-                                          "ingress queue."),
+    team: str | None = _TEAM, weight: float | None = _WEIGHT,
+    priority: str | None = _PRIORITY, queue_wait: str | None = _QUEUE_WAIT,
     clear: list[str] = typer.Option(
         [], "--clear", metavar="FIELD",
         help=f"Put a setting back to its default (no limit, any model, no expiry...): "

@@ -159,3 +159,25 @@ def test_the_admin_token_comes_from_the_config_file_too(run, tmp_path):
     assert code == 1 and "cannot reach" in err, err
     code, _out, err = run("keys", "list", "--url", "http://127.0.0.1:9")
     assert code == 1 and "needs the admin token" in err, err
+
+
+def test_fair_sharing_settings_of_keys_and_teams(run):
+    code, out, err = run("keys", "create", "--owner", "lab-a", "--team", "lab", "--weight",
+                         "2", "--priority", "Default", "--queue-wait", "5m", "--json")
+    assert code == 0, err
+    made = json.loads(out)
+    assert made["scheduling"] == {"team": "lab", "weight": 2.0, "priority": "default",
+                                  "queue_wait": 300.0}
+    code, out, err = run("keys", "update", made["id"], "--clear", "priority", "--weight",
+                         "0.5", "--json")
+    assert code == 0, err
+    assert json.loads(out)["scheduling"]["priority"] is None
+    assert json.loads(out)["scheduling"]["weight"] == 0.5
+    code, out, err = run("keys", "team", "lab", "--weight", "3")
+    assert code == 0 and "team lab: weight 3" in out, err
+    code, _, err = run("keys", "team", "lab", "--weight", "0")
+    assert code == 2 and err.startswith("otela: ") and "weight" in err  # bad input: one line
+    code, out, err = run("keys", "create", "--owner", "x", "--priority", "very important")
+    assert code == 2 and "priority" in err
+    code, out, _ = run("keys", "history", made["id"], "--json")
+    assert any("weight" in change["changes"] for change in json.loads(out))
