@@ -170,3 +170,37 @@ def test_a_nodes_room_keeps_a_reserve_for_the_best_class() -> None:
     assert AdmissionQueue(SETTINGS).held_back(0) == 0
     reserved = AdmissionQueue(QueueSettings(("a", "b"), "b", 1, 1, 1, 1, reserve=0.25))
     assert reserved.held_back(0) == 0 and reserved.held_back(1) == 0.25
+
+
+def test_the_routers_room_counts_requests_in_flight_and_granted_ones() -> None:
+    import types
+
+    from otela.config import NodeConfig
+    from otela.registry.records import Lifecycle
+    from otela.registry.store import Registry as Replica
+    from otela.routing.ask import Ask
+    from otela.routing.load import NodeLoad
+    from otela.routing.router import Router, routing_settings
+    from otela.routing.trust import ANY
+    from tests.unit.registry_helpers import entry
+
+    replica = Replica()
+    sessions = []
+    for name in ("a", "b"):
+        made = entry(name, state=Lifecycle.SERVING)
+        replica.apply(made, 1000.0)
+        sessions.append(made.key)
+    router = Router(replica, types.SimpleNamespace(self_session=lambda: "us"),
+                    routing_settings(NodeConfig()), own_load=lambda: None,
+                    clock=lambda: 1000.0)
+    ask = Ask(ANY)
+    assert router.room("m", ask)  # nothing declares a concurrency: always room
+    for session in sessions:
+        router.loads.report(session, NodeLoad(in_flight=0, slots=2), 1000.0)
+    router.busy[sessions[0]] = 2  # full
+    router.busy[sessions[1]] = 1  # one slot left
+    assert router.room("m", ask) and router.room("m", ask, reserved=0)
+    assert not router.room("m", ask, reserved=1)  # that slot is granted already
+    router.loads.report(sessions[1], NodeLoad(in_flight=2, slots=2), 1000.0)
+    assert not router.room("m", ask)  # its report says other ingresses filled it
+    assert router.room("other-model", ask)  # no node serves it: routing says why
