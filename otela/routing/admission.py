@@ -24,6 +24,7 @@ room until it is sent (``reserved``), which happens without a pause in between.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -104,7 +105,7 @@ class AdmissionQueue:
         self.shares: dict[str, FairShare] = {}
         self.reserved: dict[str, int] = {}  # granted, not yet sent, per model
         self._wake: dict[str, trio.Event] = {}
-        self.waits: list[float] = []  # recent waits, for Retry-After
+        self.waits: deque[float] = deque(maxlen=64)  # recent waits, for Retry-After
         self.typical: dict[str, float] = {}  # tokens a request of the model uses, lately
         metrics = metrics or Registry()
         self.waiting_gauge = metrics.gauge(
@@ -207,7 +208,7 @@ class AdmissionQueue:
             outcome = "dispatched"
             waited = self.clock() - arrived
             self.wait_seconds.observe(waited, model, name)
-            self.waits = [*self.waits[-63:], waited]
+            self.waits.append(waited)
             return waiter
         finally:
             self.waiting_gauge.inc(model, name, by=-1)
