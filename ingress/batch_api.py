@@ -15,6 +15,7 @@ records what was asked.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -121,19 +122,29 @@ def install(app: FastAPI, service: IngressService) -> None:
         made = await db.in_thread(files.create, db, key.id, name, text)
         return made.to_dict()
 
+    async def page(key: ApiKey, after: str | None, limit: str | None,
+                   anchor_of: Callable[..., Any], listed_after: Callable[..., Any],
+                   not_found: Callable[[], RequestError]) -> dict[str, Any]:
+        """One page of the key's files or batches, newest first, after the one named by
+        ``after`` (404 when the key has no such one), as OpenAI's list objects."""
+        count = _limit(limit)
+        anchor = None
+        if after:
+            anchor = await db.in_thread(anchor_of, db, key.id, after)
+            if anchor is None:
+                raise not_found()
+        found, more = await db.in_thread(listed_after, db, key.id, anchor, count)
+        return paging.list_object([item.to_dict() for item in found], more)
+
     @app.get("/v1/files")
     async def list_files(request: Request, purpose: str | None = None,
                          after: str | None = None, limit: str | None = None
                          ) -> dict[str, Any]:
-        key = holder(request)
-        count = _limit(limit)
-        anchor = None
-        if after:
-            anchor = await db.in_thread(files.anchor, db, key.id, after)
-            if anchor is None:
-                raise _file_not_found(after, "after")
-        found, more = await db.in_thread(files.list_files, db, key.id, purpose, anchor, count)
-        return paging.list_object([f.to_dict() for f in found], more)
+        return await page(
+            holder(request), after, limit, files.anchor,
+            lambda db, key_id, anchor, count: files.list_files(db, key_id, purpose, anchor,
+                                                               count),
+            lambda: _file_not_found(after or "", "after"))
 
     @app.get("/v1/files/{file_id}")
     async def show_file(request: Request, file_id: str) -> dict[str, Any]:
@@ -193,16 +204,8 @@ def install(app: FastAPI, service: IngressService) -> None:
     @app.get("/v1/batches")
     async def list_batches(request: Request, after: str | None = None,
                            limit: str | None = None) -> dict[str, Any]:
-        key = holder(request)
-        count = _limit(limit)
-        anchor = None
-        if after:
-            anchor = await db.in_thread(batch_store.anchor, db, key.id, after)
-            if anchor is None:
-                raise _batch_not_found(after)
-        found, more = await db.in_thread(batch_store.list_batches, db, key.id, anchor,
-                                          count)
-        return paging.list_object([b.to_dict() for b in found], more)
+        return await page(holder(request), after, limit, batch_store.anchor,
+                          batch_store.list_batches, lambda: _batch_not_found(after or ""))
 
     @app.get("/v1/batches/{batch_id}")
     async def show_batch(request: Request, batch_id: str) -> dict[str, Any]:
