@@ -22,6 +22,7 @@ from otela.identity import load_or_create
 from otela.testing.localfed import VLLM_ENV, LocalNode, free_port, vllm_engine_command, wait_for
 
 from .helpers import CONVERGE_S, wait_state
+from .stalling_relay import StallingRelay
 
 # The Slurm tests' worker also runs this one, so two real vLLM starts (~3 GB, both cores
 # for ~45 s) never overlap when the suite runs on several workers (scripts/test).
@@ -115,11 +116,18 @@ def check_a_stream_continues_on_another_node(federation, ingress: LocalNode,
     """Request migration with vLLM's continue_final_message: a second node fronts the same
     vLLM (``--engine-url``); a stream that lands on it is cut by SIGKILLing that node, and
     the client's stream goes on from the first node's engine, as one stream."""
-    attached = federation.start_node("attached", bootstrap=[ingress],
-                                     extra_args=["--engine-url", f"http://127.0.0.1:{port}"])
-    wait_state(ingress, attached, "SERVING")
-    # Long enough that the cut lands mid-answer: a tiny model on CPU streams fast, and a
-    # short answer can be whole in the ingress's socket buffer before the kill.
+    with StallingRelay(port, hold_after=8) as relay:
+        attached = federation.start_node(
+            "attached", bootstrap=[ingress],
+            extra_args=["--engine-url", f"http://127.0.0.1:{relay.port}"])
+        wait_state(ingress, attached, "SERVING")
+        _cut_a_stream_on(ingress, attached, relay)
+
+
+def _cut_a_stream_on(ingress: LocalNode, attached: LocalNode, relay: StallingRelay) -> None:
+    """Stream until one lands on ``attached`` (its engine answers through ``relay``, which
+    stalls the answer after a few chunks, so the cut is always mid-answer), kill the node
+    there, and check the client's stream went on elsewhere as one stream."""
     body = {"model": MODEL, "max_tokens": 200, "ignore_eos": True, "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -134,6 +142,7 @@ def check_a_stream_continues_on_another_node(federation, ingress: LocalNode,
             for line in stream.iter_lines():
                 lines.append(line)
                 if ours and before is None and _content_chunks(lines) >= 4:
+                    assert relay.stalled.wait(30)  # the rest of the answer is held
                     attached.process.send_signal(signal.SIGKILL)  # mid-answer
                     before = _content(lines)
         if ours:
