@@ -161,8 +161,10 @@ def _cut_a_stream_on(ingress: LocalNode, attached: LocalNode, relay: StallingRel
     assert before and after  # the second node went on from the partial answer
     assert with_choices[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert chunks[-1]["usage"]["completion_tokens"] <= 200 + 4  # the limit held (chunks)
-    assert "otela_stream_migrations_total 1" in httpx.get(
-        f"{ingress.http_url}/metrics", trust_env=False).text
+    metrics = httpx.get(f"{ingress.http_url}/metrics", trust_env=False).text
+    counted = [ln for ln in metrics.splitlines()
+               if ln.startswith("otela_stream_migrations_total")]
+    assert counted == ["otela_stream_migrations_total 1"], counted
 
 
 def test_real_vllm_behind_otela(federation, vllm_python, tiny_model, tmp_path):
