@@ -77,9 +77,21 @@ async def flood(client: httpx.AsyncClient, url: str, secret: str, until: float,
             tokens[name] += answer.json()["usage"]["completion_tokens"]
 
 
+def server_timing(header: str) -> dict[str, float]:
+    """``Server-Timing: route;dur=0.1, upstream;dur=2.3, ...`` as seconds by name."""
+    timings = {}
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if dur:
+            timings[name] = float(dur) / 1e3
+    return timings
+
+
 async def interactive(client: httpx.AsyncClient, url: str, secret: str, rate: float,
-                      until: float, ttfts: list[float]) -> None:
-    """Streaming requests at ``rate`` per second (open loop); the TTFT of each."""
+                      until: float, ttfts: list[float],
+                      timings: list[dict[str, float]] | None = None) -> None:
+    """Streaming requests at ``rate`` per second (open loop); the TTFT of each, and the
+    ingress's own account of it (its Server-Timing: queue, route, upstream head)."""
     async def one() -> None:
         started = time.perf_counter()
         async with client.stream(
@@ -92,6 +104,8 @@ async def interactive(client: httpx.AsyncClient, url: str, secret: str, rate: fl
                     first = time.perf_counter() - started
             if first is not None:
                 ttfts.append(first)
+                if timings is not None:
+                    timings.append(server_timing(answer.headers.get("server-timing", "")))
 
     async with trio.open_nursery() as nursery:
         while trio.current_time() < until:
@@ -215,6 +229,7 @@ def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[s
 
     def phase(name: str, batch: str | None, flooding: bool) -> None:
         ttfts: list[float] = []
+        timings: list[dict[str, float]] = []
         flooded: Counter[str] = Counter()
         before = batch_done(url, bulk, batch) if batch else 0
         waited_before = queue_waits(url, "interactive")
@@ -226,7 +241,7 @@ def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[s
         async def run() -> None:
             until = trio.current_time() + args.phase
             async with httpx.AsyncClient(trust_env=False) as client:
-                await interactive(client, url, chatter, args.rate, until, ttfts)
+                await interactive(client, url, chatter, args.rate, until, ttfts, timings)
 
         trio.run(run)
         if wrk is not None:
@@ -238,6 +253,13 @@ def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[s
         entry: dict[str, Any] = {"ttft_p50_ms": round(1e3 * pct(ttfts, 0.5), 1),
                                  "ttft_p99_ms": round(1e3 * pct(ttfts, 0.99), 1),
                                  "requests": len(ttfts),
+                                 # where the time went, by the ingress's Server-Timing:
+                                 # p50/p99 of its queue, of the engine's answer head (via
+                                 # the serving node), and of its whole time to that head
+                                 **{f"{name}_p{q}_ms": round(1e3 * pct(
+                                     [t.get(name, 0.0) for t in timings], q / 100), 1)
+                                    for name in ("queue", "upstream", "total")
+                                    for q in (50, 99)},
                                  # interactive requests that had to wait in the queue, and
                                  # their mean wait there
                                  "queued": int(waited[0]),

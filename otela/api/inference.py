@@ -33,7 +33,13 @@ from otela.dataplane.headers import Headers
 from otela.dataplane.http import Request, Response
 from otela.dataplane.jsonbody import BodyError
 from otela.dataplane.jsonfields import BodyReader, materialized
-from otela.dataplane.migration import CHAT_ROUTE, Splice, continuation_body, partial_of
+from otela.dataplane.migration import (
+    CHAT_ROUTE,
+    CONTINUABLE_ROUTES,
+    Splice,
+    continuation_body,
+    partial_of,
+)
 from otela.dataplane.relay import Continuation, Resume, relay, send_error
 from otela.dataplane.sse_usage import UsageChunkFilter, ask_for_usage
 from otela.routing.admission import AdmissionQueue, flow_of
@@ -239,11 +245,13 @@ class InferenceRoutes:
     def _resume(self, request: Request, exchange: Exchange, ask: Ask, path: str,
                 request_id: bytes, continued: list[Routed],
                 affinity_key: Callable[[], str | None]) -> Resume | None:
-        """How this request's chat stream is continued on another node if its node breaks
-        off mid-answer (request migration, ``otela.dataplane.migration``), as many times
-        as allowed; ``None`` where it never is (other routes, migrations off)."""
-        if exchange.route != CHAT_ROUTE:
+        """How this request's stream (chat or completions) is continued on another node if
+        its node breaks off mid-answer (request migration, ``otela.dataplane.migration``),
+        as many times as allowed; ``None`` where it never is (other routes, migrations
+        off)."""
+        if exchange.route not in CONTINUABLE_ROUTES:
             return None
+        chat = exchange.route == CHAT_ROUTE
         left = _migrations_asked(request.headers, self.router.settings.stream_migrations)
         if left <= 0:
             return None
@@ -252,7 +260,7 @@ class InferenceRoutes:
 
         async def resume(relayed: bytes) -> Continuation | None:
             nonlocal left
-            partial = partial_of(relayed) if left > 0 else None
+            partial = partial_of(relayed, chat) if left > 0 else None
             body = None if partial is None else continuation_body(ask.body, partial)
             if partial is None or body is None:
                 return None

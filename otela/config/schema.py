@@ -381,11 +381,12 @@ class NodeConfig:
         "may run twice (--no-retry-broken: a 502 instead). Streams never are.")
     stream_migrations: int = setting(
         "routing", 2, parse=v.as_int, example="0", metavar="N",
-        help="How many times a chat stream whose node breaks off mid-answer may be "
-        "continued on another node (the client sees one uninterrupted stream; the new "
-        "node continues the partial answer: vLLM's continue_final_message); 0: never, the "
-        "stream ends with an error event. A request may ask for fewer with the "
-        "X-Otela-Migrations header.")
+        help="How many times a chat or completions stream whose node breaks off "
+        "mid-answer may be continued on another node (the client sees one uninterrupted "
+        "stream; the new node continues the partial answer: vLLM's "
+        "continue_final_message for chat, the prompt followed by the partial text for "
+        "completions); 0: never, the stream ends with an error event. A request may ask "
+        "for fewer with the X-Otela-Migrations header.")
     affinity_prefix: int = setting(
         "routing", 512, parse=v.as_positive_int, example="2048", metavar="CHARS",
         help="prefix_affinity: how many leading characters of the prompt form a request's "

@@ -14,9 +14,9 @@ raise an API error at once, where a connection cut short reads, to many of them,
 stream that simply stopped (or a hang until their own timeout). Anything else that breaks
 off is cut short, so its client sees a truncated body, never a complete-looking one.
 
-A broken chat stream may instead be *continued* on another node (``resume``, the ingress's
-request migration: ``otela.dataplane.migration``): the client then sees one uninterrupted
-stream. Only when no node can continue it does the error event end it.
+A broken chat or completions stream may instead be *continued* on another node
+(``resume``, the ingress's request migration: ``otela.dataplane.migration``): the client
+then sees one uninterrupted stream. Only when no node can continue it does the error event end it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""A serving node killed mid-stream: the client's chat stream goes on from another node,
-as one uninterrupted stream (request migration, issue 36). Real processes: an ingress,
-two echo engines behind their nodes, SIGKILL to the node and engine serving the stream."""
+"""A serving node killed mid-stream: the client's chat or completions stream goes on from
+another node, as one uninterrupted stream (request migration, issue 36). Real processes:
+an ingress, echo engines behind their nodes, SIGKILL to the node and engine serving the
+stream."""
 
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ def events_of(lines: list[str]) -> list[dict]:
             if line.startswith("data: {")]
 
 
-def ingress_and_two_nodes(federation):
-    """An ingress and two echo nodes serving MODEL at 50 ms a token, by peer id."""
+def ingress_and_nodes(federation, names=("a", "b")):
+    """An ingress and echo nodes serving MODEL at 50 ms a token, by peer id."""
     ingress = federation.start_node("ingress", ingress=True)
     nodes = {}
-    for name in ("a", "b"):
+    for name in names:
         node = serving_node(federation, name, ingress, MODEL, "--token-delay", "0.05")
         nodes[node.status["peer_id"]] = node
     for node in nodes.values():
@@ -38,25 +39,41 @@ def ingress_and_two_nodes(federation):
     return ingress, nodes
 
 
-def test_a_stream_whose_node_is_killed_goes_on_from_another_node(federation):
-    ingress, nodes = ingress_and_two_nodes(federation)
-    expected = "".join(_answer(PROMPT, None)[0])
-    body = {"model": MODEL, "stream": True,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": PROMPT}]}
+def stream_killed_mid_answer(ingress, nodes, route: str, body: dict) -> list[str]:
+    """Stream ``body`` to ``route``; SIGKILL the serving node (and its engine) after six
+    content chunks; the lines the client read."""
     lines: list[str] = []
     with httpx.Client(timeout=60, trust_env=False) as client, client.stream(
-            "POST", f"{ingress.http_url}/v1/chat/completions", json=body) as answer:
+            "POST", f"{ingress.http_url}{route}", json=body) as answer:
         assert answer.status_code == 200
-        first = nodes[answer.headers["x-otela-peer-id"]]
+        first = nodes.pop(answer.headers["x-otela-peer-id"])
         killed = False
         for line in answer.iter_lines():
             lines.append(line)
-            if not killed and sum('"content": "' in seen or '"content":"' in seen
-                                  for seen in lines) >= 6:
+            if not killed and sum(_has_content(seen) for seen in lines) >= 6:
                 signal_machine(machine_pids(first), signal.SIGKILL)  # mid-answer
                 killed = True
     assert killed
+    return lines
+
+
+def _has_content(line: str) -> bool:
+    if not line.startswith("data: {"):
+        return False
+    choices = orjson.loads(line[6:]).get("choices") or [{}]
+    return bool(choices[0].get("text") or (choices[0].get("delta") or {}).get("content"))
+
+
+def test_a_stream_whose_node_is_killed_goes_on_from_another_node(federation):
+    """A chat stream, then a completions stream: each node killed mid-answer, each stream
+    whole, as if uninterrupted."""
+    ingress, nodes = ingress_and_nodes(federation, ("a", "b", "c"))
+    answer = _answer(PROMPT, None)[0]
+    expected = "".join(answer)
+    body = {"model": MODEL, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": PROMPT}]}
+    lines = stream_killed_mid_answer(ingress, nodes, "/v1/chat/completions", body)
     chunks = events_of(lines)
     assert not [c for c in chunks if "error" in c], lines  # no error event
     assert lines[-1] == "data: [DONE]" or lines[-2:] == ["data: [DONE]", ""]
@@ -69,13 +86,28 @@ def test_a_stream_whose_node_is_killed_goes_on_from_another_node(federation):
     roles = [c for c in chunks if c.get("choices") and "role" in c["choices"][0]["delta"]]
     assert len(roles) == 1  # the second node's opening chunk was dropped
     usage = chunks[-1]["usage"]
-    assert usage["completion_tokens"] == len(_answer(PROMPT, None)[0])
+    assert usage["completion_tokens"] == len(answer)
+
+    # completions: the continuation is the prompt followed by the partial text
+    body = {"model": MODEL, "stream": True, "prompt": PROMPT, "max_tokens": len(answer) + 5,
+            "stream_options": {"include_usage": True}}
+    lines = stream_killed_mid_answer(ingress, nodes, "/v1/completions", body)
+    chunks = events_of(lines)
+    assert not [c for c in chunks if "error" in c], lines
+    assert "data: [DONE]" in lines
+    assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == expected
+    assert len({c["id"] for c in chunks}) == 1
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    assert chunks[-1]["usage"]["completion_tokens"] == len(answer)
+    # the original prompt's, but for its last word and the partial text's first, which
+    # run together in the continuation's prompt ("word39echo:") and count as one token
+    assert chunks[-1]["usage"]["prompt_tokens"] == len(PROMPT.split()) - 1
     metrics = httpx.get(f"{ingress.http_url}/metrics", trust_env=False).text
-    assert "otela_stream_migrations_total 1" in metrics
+    assert "otela_stream_migrations_total 2" in metrics
 
 
 def test_with_migrations_off_a_broken_stream_still_ends_with_an_error_event(federation):
-    ingress, nodes = ingress_and_two_nodes(federation)
+    ingress, nodes = ingress_and_nodes(federation)
     body = {"model": MODEL, "stream": True,
             "messages": [{"role": "user", "content": PROMPT}]}
     lines: list[str] = []
@@ -92,7 +124,7 @@ def test_with_migrations_off_a_broken_stream_still_ends_with_an_error_event(fede
 
 
 def test_a_stream_whose_node_freezes_goes_on_once_the_node_is_suspected(federation):
-    ingress, nodes = ingress_and_two_nodes(federation)
+    ingress, nodes = ingress_and_nodes(federation)
     expected = "".join(_answer(PROMPT, None)[0])
     body = {"model": MODEL, "stream": True,
             "messages": [{"role": "user", "content": PROMPT}]}

@@ -101,70 +101,78 @@ def check_admin_is_out_of_reach(ingress: LocalNode, member: LocalNode, server: L
     assert status == 200 and b"added successfully" in answer, answer
 
 
+def _piece(line: str) -> str:
+    """The text an event line adds: a chat delta's content or a completion's text."""
+    if not line.startswith("data: {"):
+        return ""
+    choice = (json.loads(line[6:])["choices"] or [{}])[0]
+    return (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+
+
 def _content(lines: list[str]) -> str:
-    return "".join((json.loads(ln[6:])["choices"] or [{}])[0].get("delta", {}).get("content")
-                   or "" for ln in lines if ln.startswith("data: {"))
-
-
-def _content_chunks(lines: list[str]) -> int:
-    return sum(1 for ln in lines if ln.startswith("data: {")
-               and ((json.loads(ln[6:])["choices"] or [{}])[0].get("delta", {}).get("content")))
+    return "".join(_piece(line) for line in lines)
 
 
 def check_a_stream_continues_on_another_node(federation, ingress: LocalNode,
                                              server: LocalNode, port: int) -> None:
-    """Request migration with vLLM's continue_final_message: a second node fronts the same
-    vLLM (``--engine-url``); a stream that lands on it is cut by SIGKILLing that node, and
-    the client's stream goes on from the first node's engine, as one stream."""
-    with StallingRelay(port, hold_after=8) as relay:
-        attached = federation.start_node(
-            "attached", bootstrap=[ingress],
-            extra_args=["--engine-url", f"http://127.0.0.1:{relay.port}"])
-        wait_state(ingress, attached, "SERVING")
-        _cut_a_stream_on(ingress, attached, relay)
+    """Request migration: a second node fronts the same vLLM (``--engine-url``); a stream
+    that lands on it is cut by SIGKILLing that node, and the client's stream goes on from
+    the first node's engine, as one stream. A chat stream (vLLM's continue_final_message),
+    then a completions stream (the prompt followed by the partial text), each on a node of
+    its own."""
+    chat = {"messages": [{"role": "user", "content": "Tell me a story about a ship."}]}
+    text = {"prompt": "Once upon a time, a ship"}
+    for count, (route, body) in enumerate((("/v1/chat/completions", chat),
+                                           ("/v1/completions", text)), start=1):
+        with StallingRelay(port, hold_after=8) as relay:
+            attached = federation.start_node(
+                f"attached-{count}", bootstrap=[ingress],
+                extra_args=["--engine-url", f"http://127.0.0.1:{relay.port}"])
+            wait_state(ingress, attached, "SERVING")
+            _cut_a_stream_on(ingress, attached, relay, route, body)
+        metrics = httpx.get(f"{ingress.http_url}/metrics", trust_env=False).text
+        counted = [ln for ln in metrics.splitlines()
+                   if ln.startswith("otela_stream_migrations_total")]
+        assert counted == [f"otela_stream_migrations_total {count}"], counted
 
 
-def _cut_a_stream_on(ingress: LocalNode, attached: LocalNode, relay: StallingRelay) -> None:
+def _cut_a_stream_on(ingress: LocalNode, attached: LocalNode, relay: StallingRelay,
+                     route: str, asked: dict) -> None:
     """Stream until one lands on ``attached`` (its engine answers through ``relay``, which
     stalls the answer after a few chunks, so the cut is always mid-answer), kill the node
     there, and check the client's stream went on elsewhere as one stream."""
     body = {"model": MODEL, "max_tokens": 200, "ignore_eos": True, "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": "Tell me a story about a ship."}]}
+            "stream": True, "stream_options": {"include_usage": True}, **asked}
     for _ in range(20):  # until the routing policy picks the attached node
         lines: list[str] = []
         before: str | None = None
-        with httpx.stream("POST", f"{ingress.http_url}/v1/chat/completions", json=body,
+        with httpx.stream("POST", f"{ingress.http_url}{route}", json=body,
                           trust_env=False, timeout=120) as stream:
             assert stream.status_code == 200
             ours = stream.headers["x-otela-session-id"] == attached.session_id
             for line in stream.iter_lines():
                 lines.append(line)
-                if ours and before is None and _content_chunks(lines) >= 4:
+                if ours and before is None and sum(map(bool, map(_piece, lines))) >= 4:
                     assert relay.stalled.wait(30)  # the rest of the answer is held
                     attached.process.send_signal(signal.SIGKILL)  # mid-answer
                     before = _content(lines)
         if ours:
             break
     else:
-        pytest.fail("no stream was routed to the attached node")
+        pytest.fail(f"no {route} stream was routed to the attached node")
     chunks = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: {")]
     assert not [c for c in chunks if "error" in c], lines
     assert "data: [DONE]" in lines
     assert len({c["id"] for c in chunks}) == 1
     with_choices = [c for c in chunks if c["choices"]]
-    assert sum("role" in c["choices"][0]["delta"] for c in with_choices) == 1
+    if "messages" in asked:  # one opening chunk: the continuation's was dropped
+        assert sum("role" in c["choices"][0]["delta"] for c in with_choices) == 1
     assert before is not None
     after = _content(lines)[len(before):]
-    print(f"migrated stream: {before!r} | {after!r}")
+    print(f"migrated {route} stream: {before!r} | {after!r}")
     assert before and after  # the second node went on from the partial answer
     assert with_choices[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert chunks[-1]["usage"]["completion_tokens"] <= 200 + 4  # the limit held (chunks)
-    metrics = httpx.get(f"{ingress.http_url}/metrics", trust_env=False).text
-    counted = [ln for ln in metrics.splitlines()
-               if ln.startswith("otela_stream_migrations_total")]
-    assert counted == ["otela_stream_migrations_total 1"], counted
 
 
 def test_real_vllm_behind_otela(federation, vllm_python, tiny_model, tmp_path):

@@ -160,6 +160,25 @@ def _continued(body: dict[str, Any]) -> str:
     return _content_text(messages[-1].get("content"))
 
 
+def _split_continuation(prompt: str) -> tuple[str, str]:
+    """A completions prompt that ends part-way through the echo's own answer to what
+    precedes it (a stream continued on another node sends the prompt followed by the
+    partial answer) goes on from there, as a model's greedy decoding would: the original
+    prompt and the part already given; else ``(prompt, "")``."""
+    at = prompt.find("echo:")
+    while at >= 0:
+        head, given = prompt[:at], prompt[at:]
+        joined = ""
+        for token in tokenize(f"echo: {head}"):
+            joined += token
+            if joined == given:
+                return head, given
+            if len(joined) >= len(given):
+                break
+        at = prompt.find("echo:", at + 1)
+    return prompt, ""
+
+
 # The routes, by the API shape they speak.
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
           "/v1/embeddings": "embedding", "/v1/responses": "responses",
@@ -321,8 +340,9 @@ def create_app(settings: EchoSettings) -> FastAPI:
     async def _respond(body: dict[str, Any], model: str, chat: bool,
                        prompt: tuple[str, int]) -> Response:
         text_prompt, prompt_tokens = prompt
-        tokens, finish = _answer(text_prompt, _limit(body, "chat"),
-                                 _continued(body) if chat else "")
+        text_prompt, after = (text_prompt, _continued(body)) if chat \
+            else _split_continuation(text_prompt)
+        tokens, finish = _answer(text_prompt, _limit(body, "chat"), after)
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": len(tokens),
