@@ -9,7 +9,12 @@ open-loop load of ``--rate`` requests a second goes through the ingress the whol
 - ``kill``: SIGKILL half the serving nodes at once (daemon and engine: a machine gone);
 - ``stop``: SIGSTOP a third of them (daemon and engine) for ``--stop-seconds``, then
   SIGCONT (a machine that froze: swap storm, a paused VM);
-- ``boot``: restart the bootstrap node (SIGTERM, then start it again on its home).
+- ``boot``: restart the bootstrap node (SIGTERM, then start it again on its home);
+- ``fresh``: nothing happens: the load starts the moment the federation is up (no
+  ``--warm``), and every request of its first ``--observe`` seconds counts (a freshly
+  started, healthy federation must not fail any).
+
+``--repeat N`` runs each scenario N times, each on a fresh federation.
 
 For each: every request sent from the event on for ``--observe`` seconds, by outcome
 (``ok``; ``http <status>``; for streams, ``error event`` when the stream ended with an
@@ -87,7 +92,7 @@ def run_scenario(name: str, args: argparse.Namespace, root: Path) -> dict[str, o
             stop = trio.Event()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(load.run, stop)
-                await trio.sleep(args.warm)
+                await trio.sleep(0.0 if name == "fresh" else args.warm)
                 event_at = time.monotonic()
                 await trio.to_thread.run_sync(event(name, fed, lan, boot, ingress, serving, args,
                                                     extra))
@@ -184,8 +189,11 @@ def event(name: str, fed: LocalFederation, lan: Lan | None, boot: LocalNode, ing
                  interval=0.1)
         extra["converged_after_heal_s"] = round(time.monotonic() - healed, 1)
 
+    def nothing() -> None:
+        pass
+
     return {"kill": kill, "stop": stop, "boot": restart_boot,
-            "partition": partition}[name]
+            "partition": partition, "fresh": nothing}[name]
 
 
 def summarize(name: str, event_at: float, before: list[Outcome], in_flight: list[Outcome],
@@ -228,6 +236,8 @@ def main() -> None:
     parser.add_argument("--retry-broken", action=argparse.BooleanOptionalAction,
                         default=True, help="run the ingress with --retry-broken (otela's "
                         "default) or --no-retry-broken")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each scenario this many times, each on a fresh federation")
     parser.add_argument("--json", action="store_true", help="one JSON object per scenario")
     parser.add_argument("--keep", metavar="DIR", help="keep the nodes' homes and logs here")
     args = parser.parse_args()
@@ -235,13 +245,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="otela-chaos-") as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
         for name in args.scenarios.split(","):
-            result = run_scenario(name, args, root)
-            if args.json:
-                print(json.dumps(result), flush=True)
-            else:
-                print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in result.items()
-                                                if k != "scenario"), flush=True)
-
+            for run in range(args.repeat):
+                result = run_scenario(name, args, root / f"run-{run}")
+                if args.json:
+                    print(json.dumps(result), flush=True)
+                else:
+                    print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in result.items()
+                                                    if k != "scenario"), flush=True)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
