@@ -150,19 +150,25 @@ def shares(ingress: LocalNode, args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def queue_waits(url: str, priority: str) -> tuple[float, float]:
-    """How many requests of ``priority`` waited in the ingress queue so far, and how long
-    in all (its ``otela_queue_wait_seconds`` count and sum)."""
+def histogram_totals(url: str, name: str, label: str = "") -> tuple[float, float]:
+    """The ingress's histogram ``name`` so far (its series with ``label`` in them): its
+    count and sum."""
     text = httpx.get(f"{url}/metrics", trust_env=False, timeout=30).text
     count = total = 0.0
     for line in text.splitlines():
-        if f'priority="{priority}"' not in line:
+        if label not in line:
             continue
-        if line.startswith("otela_queue_wait_seconds_count"):
+        if line.startswith(f"{name}_count"):
             count += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("otela_queue_wait_seconds_sum"):
+        elif line.startswith(f"{name}_sum"):
             total += float(line.rsplit(" ", 1)[1])
     return count, total
+
+
+def queue_waits(url: str, priority: str) -> tuple[float, float]:
+    """How many requests of ``priority`` waited in the ingress queue so far, and how long
+    in all (its ``otela_queue_wait_seconds`` count and sum)."""
+    return histogram_totals(url, "otela_queue_wait_seconds", f'priority="{priority}"')
 
 
 def flood_process(url: str, secret: str, connections: int, seconds: float
@@ -233,6 +239,7 @@ def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[s
         flooded: Counter[str] = Counter()
         before = batch_done(url, bulk, batch) if batch else 0
         waited_before = queue_waits(url, "interactive")
+        lag_before = histogram_totals(url, "otela_event_loop_lag_seconds")
         started = time.monotonic()
         # The flooding key runs in wrk (another process, in C): clients in this process
         # would share the event loop that times the interactive requests' first tokens.
@@ -250,6 +257,8 @@ def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[s
         elapsed = time.monotonic() - started
         waited = [a - b for a, b in zip(queue_waits(url, "interactive"), waited_before,
                                         strict=True)]
+        lagged = [a - b for a, b in zip(histogram_totals(url, "otela_event_loop_lag_seconds"),
+                                        lag_before, strict=True)]
         entry: dict[str, Any] = {"ttft_p50_ms": round(1e3 * pct(ttfts, 0.5), 1),
                                  "ttft_p99_ms": round(1e3 * pct(ttfts, 0.99), 1),
                                  "requests": len(ttfts),
@@ -264,7 +273,10 @@ def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[s
                                  # their mean wait there
                                  "queued": int(waited[0]),
                                  "queued_mean_ms": round(1e3 * waited[1] / waited[0], 1)
-                                 if waited[0] else 0.0}
+                                 if waited[0] else 0.0,
+                                 # the ingress's event loop: how late it woke, on average
+                                 "loop_lag_mean_ms": round(1e3 * lagged[1] / lagged[0], 2)
+                                 if lagged[0] else 0.0}
         if batch:
             done = batch_done(url, bulk, batch) - before
             entry["batch_lines_per_s"] = round(done / elapsed, 2)

@@ -290,7 +290,7 @@ class InferenceRoutes:
     def _watched(self, routed: Routed) -> AbstractContextManager[Any] | None:
         """While a stream that may be continued is relayed: if its node is suspected or
         stops serving, close the connection (the stream breaks off, and is continued)."""
-        abort = getattr(routed.reply, "abort", None)  # HTTP replies (not libp2p streams)
+        abort = getattr(routed.reply, "abort", None)  # HTTP and libp2p replies have one
         if abort is None:
             return None
         session = routed.node.session_id

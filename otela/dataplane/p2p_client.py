@@ -90,6 +90,14 @@ class P2PResponse:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
+    def abort(self) -> None:
+        """Give up on this answer now (its node failed, or froze): a task reading it gets
+        ``UpstreamFailed`` at once, and closing tells the peer to cancel the request; the
+        stream to the peer stays for other requests."""
+        frames = self._channel.pending.get(self.request_id)
+        if frames is not None:
+            frames.close()
+
     async def aclose(self) -> None:
         """Stop receiving; tells the peer to cancel the request if it is still running
         (also when we are being cancelled ourselves: that is when it matters most)."""

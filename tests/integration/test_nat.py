@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +164,85 @@ def test_doctor_names_a_nated_node_without_a_relay(
     wait_for(lambda: "behind NAT with no relay reservation" in
              network(topo, "R", public, a.status["peer_id"])["peer"]["verdict"], JOIN_S,
              "the public node's verdict on A")
+
+
+def test_a_stream_over_libp2p_whose_node_freezes_goes_on_from_another_node(
+    topology: Topology, federation: LocalFederation
+) -> None:
+    """Request migration over the libp2p transport: a stream from B to A (behind NAT:
+    libp2p streams through the relay, or hole-punched) is cut when B suspects the frozen
+    A, and goes on from the relay node's engine, as one stream, while A is still frozen."""
+    from otela.engine.demo.echo import _answer
+    from otela.testing.steady_load import machine_pids, signal_machine
+
+    topo, fed = topology, federation
+    model, prompt = "model-m", " ".join(f"word{i}" for i in range(40))
+    relay = start(fed, topo, "R", PUBLIC["R"], extra_args=["--relay"], provider_id="site-r",
+                  process=echo_engine_command(free_port(), [model], "--token-delay", "0.05"))
+    a = start(fed, topo, "A", PRIVATE["A"], bootstrap=[relay], provider_id="site-a",
+              process=echo_engine_command(free_port(), [model], "--token-delay", "0.05"))
+    b = start(fed, topo, "B", PRIVATE["B"], bootstrap=[relay])
+    a_id = a.status["peer_id"]
+    wait_for(lambda: (records(topo, "B", b).get(a_id) or {}).get("reachability") ==
+             "private-relayed" and records(topo, "B", b)[a_id]["state"] == "SERVING"
+             and records(topo, "B", b).get(relay.status["peer_id"], {}).get("state") ==
+             "SERVING", JOIN_S, "B to see A (relayed) and R serving")
+    body = json.dumps({"model": model, "stream": True,
+                       "messages": [{"role": "user", "content": prompt}]})
+    frozen: list[int] = []
+
+    def freeze_a_mid_answer(headers: dict[str, str], lines: list[str]) -> None:
+        if not frozen and headers.get("x-otela-peer-id") == a_id and \
+                sum('"content":' in line for line in lines) >= 6:
+            frozen.extend(machine_pids(a))
+            signal_machine(frozen, signal.SIGSTOP)  # mid-answer: silent, not gone
+
+    try:
+        for _ in range(20):  # until a stream is routed to A
+            head, lines = _stream_from(topo, "B", f"{b.http_url}/v1/chat/completions", body,
+                                       freeze_a_mid_answer)
+            if frozen:
+                break
+        else:
+            pytest.fail("no stream was routed to A")
+        assert head["x-otela-path"] == "libp2p"
+        assert all(_stopped(pid) for pid in frozen)  # it went on while A was frozen
+    finally:
+        signal_machine(frozen or machine_pids(a), signal.SIGCONT)
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert not [c for c in chunks if "error" in c], lines
+    assert "".join((c["choices"][0]["delta"].get("content") or "") for c in chunks
+                   if c.get("choices")) == "".join(_answer(prompt, None)[0])
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def _stream_from(topo: Topology, where: str, url: str, body: str,
+                 on_line: Callable[[dict[str, str], list[str]], None]
+                 ) -> tuple[dict[str, str], list[str]]:
+    """POST ``body`` from inside namespace ``where``, reading the answer as it arrives:
+    ``on_line(headers, lines so far)`` after each body line; the headers and the lines."""
+    curl = subprocess.Popen(
+        [*topo.exec_prefix(where), "curl", "-sN", "-D", "-", "--max-time", "120", "-H",
+         "content-type: application/json", "-d", body, url],
+        stdout=subprocess.PIPE, text=True)
+    assert curl.stdout is not None
+    headers: dict[str, str] = {}
+    lines: list[str] = []
+    in_head = True
+    for raw in curl.stdout:
+        line = raw.rstrip("\r\n")
+        if in_head:
+            key, colon, value = line.partition(":")
+            if colon:
+                headers[key.strip().lower()] = value.strip()
+            in_head = bool(line)
+            continue
+        lines.append(line)
+        on_line(headers, lines)
+    assert curl.wait(timeout=30) == 0
+    return headers, lines
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"

@@ -118,9 +118,10 @@ def test_thousands_of_sessions_get_one_peers_share_and_a_departure_costs_nothing
     fair = 600 / len(peers)
     # The rogue gets no more than one peer's share. Among the honest nodes, shares follow
     # how fast each answers (``otela.routing.speed``): on a saturated machine one starved
-    # process legitimately gets less, so only their sum is held to their fair shares.
-    assert served[rogue_id] <= 1.2 * fair, served
+    # process legitimately gets less (and the others, the rogue among them, more), so only
+    # their sum is held to their fair shares, and the rogue to the busiest honest peer's.
     honest_served = [served[node.status["peer_id"]] for node in honest]
+    assert served[rogue_id] <= 1.2 * max(fair, *honest_served), served
     assert all(count > 0 for count in honest_served), served
     assert sum(honest_served) >= 0.8 * len(honest) * fair, served
     # The rogue dies: one session to evict, and nobody's event loop stalls for it.
