@@ -150,6 +150,16 @@ def shares(ingress: LocalNode, args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+async def sample_waiting(client: httpx.AsyncClient, engine_port: int, until: float,
+                         samples: list[float]) -> None:
+    """The engine's ``vllm:num_requests_waiting`` every 50 ms until ``until``."""
+    while trio.current_time() < until:
+        text = (await client.get(f"http://127.0.0.1:{engine_port}/metrics")).text
+        samples += [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                    if line.startswith("vllm:num_requests_waiting")]
+        await trio.sleep(0.05)
+
+
 def histogram_totals(url: str, name: str, label: str = "") -> tuple[float, float]:
     """The ingress's histogram ``name`` so far (its series with ``label`` in them): its
     count and sum."""
@@ -212,7 +222,8 @@ def batch_done(url: str, secret: str, batch_id: str) -> int:
     return int(counts["completed"]) + int(counts["failed"])
 
 
-def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[str, Any]:
+def interactive_scenario(ingress: LocalNode, args: argparse.Namespace, server: LocalNode,
+                         engine_port: int) -> dict[str, Any]:
     url = ingress.http_url
     chatter = new_key(ingress, "interactive", priority="interactive")
     bulk = new_key(ingress, "bulk")
@@ -240,6 +251,8 @@ def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[s
         before = batch_done(url, bulk, batch) if batch else 0
         waited_before = queue_waits(url, "interactive")
         lag_before = histogram_totals(url, "otela_event_loop_lag_seconds")
+        node_lag_before = histogram_totals(server.http_url, "otela_event_loop_lag_seconds")
+        engine_waiting: list[float] = []  # the engine's own queue, sampled
         started = time.monotonic()
         # The flooding key runs in wrk (another process, in C): clients in this process
         # would share the event loop that times the interactive requests' first tokens.
@@ -247,7 +260,9 @@ def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[s
 
         async def run() -> None:
             until = trio.current_time() + args.phase
-            async with httpx.AsyncClient(trust_env=False) as client:
+            async with httpx.AsyncClient(trust_env=False) as client, \
+                    trio.open_nursery() as nursery:
+                nursery.start_soon(sample_waiting, client, engine_port, until, engine_waiting)
                 await interactive(client, url, chatter, args.rate, until, ttfts, timings)
 
         trio.run(run)
@@ -259,6 +274,8 @@ def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[s
                                         strict=True)]
         lagged = [a - b for a, b in zip(histogram_totals(url, "otela_event_loop_lag_seconds"),
                                         lag_before, strict=True)]
+        node_lagged = [a - b for a, b in zip(histogram_totals(
+            server.http_url, "otela_event_loop_lag_seconds"), node_lag_before, strict=True)]
         entry: dict[str, Any] = {"ttft_p50_ms": round(1e3 * pct(ttfts, 0.5), 1),
                                  "ttft_p99_ms": round(1e3 * pct(ttfts, 0.99), 1),
                                  "requests": len(ttfts),
@@ -276,7 +293,14 @@ def interactive_scenario(ingress: LocalNode, args: argparse.Namespace) -> dict[s
                                  if waited[0] else 0.0,
                                  # the ingress's event loop: how late it woke, on average
                                  "loop_lag_mean_ms": round(1e3 * lagged[1] / lagged[0], 2)
-                                 if lagged[0] else 0.0}
+                                 if lagged[0] else 0.0,
+                                 "node_loop_lag_mean_ms": round(
+                                     1e3 * node_lagged[1] / node_lagged[0], 2)
+                                 if node_lagged[0] else 0.0,
+                                 # requests waiting inside the engine (for its slots)
+                                 "engine_waiting_mean": round(
+                                     sum(engine_waiting) / max(1, len(engine_waiting)), 2),
+                                 "engine_waiting_max": max(engine_waiting, default=0)}
         if batch:
             done = batch_done(url, bulk, batch) - before
             entry["batch_lines_per_s"] = round(done / elapsed, 2)
@@ -319,7 +343,8 @@ def main() -> None:
             extra_env={"OTELA_ADMIN_TOKEN": ADMIN,  # a batch can keep every slot busy
                        "OTELA_BATCH_CONCURRENCY": str(2 * args.slots),
                        "OTELA_BATCH_IN_FLIGHT": str(2 * args.slots)})
-        engine = echo_engine_command(free_port(), [MODEL], "--token-delay",
+        engine_port = free_port()
+        engine = echo_engine_command(engine_port, [MODEL], "--token-delay",
                                      str(args.token_delay), "--max-concurrency",
                                      str(args.slots))
         node = fed.start_node("server", bootstrap=[ingress], process=engine,
@@ -333,7 +358,7 @@ def main() -> None:
         if "shares" in args.scenarios:
             out["shares"] = shares(ingress, args)
         if "interactive" in args.scenarios:
-            out["interactive"] = interactive_scenario(ingress, args)
+            out["interactive"] = interactive_scenario(ingress, args, node, engine_port)
     print(json.dumps(out, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

@@ -230,7 +230,9 @@ class InferenceRoutes:
         waiter = await queue.wait_turn(
             model, klass, flow_of(key), queue.estimate(model, body_bytes, exchange.max_tokens),
             queue.timeout_of(ask.queue_timeout, getattr(key, "queue_wait", None)),
-            lambda reserved: self.router.room(model, ask, reserved, held_back))
+            lambda reserved: self.router.room(model, ask, reserved, held_back),
+            # room depends on these alone: the same nodes, the same share of their slots
+            group=(held_back, ask.trust, ask.clauses))
         exchange.queued_s = time.perf_counter() - queued
         return waiter
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -104,7 +104,7 @@ class AdmissionQueue:
         self.default = self.index[settings.default_class]
         self.shares: dict[str, FairShare] = {}
         self.reserved: dict[str, int] = {}  # granted, not yet sent, per model
-        self._wake: dict[str, trio.Event] = {}
+        self._dispatched_at: dict[str, float] = {}  # the last dispatch per model
         self.waits: deque[float] = deque(maxlen=64)  # recent waits, for Retry-After
         self.typical: dict[str, float] = {}  # tokens a request of the model uses, lately
         metrics = metrics or Registry()
@@ -168,10 +168,17 @@ class AdmissionQueue:
         return share is None or not len(share)
 
     async def wait_turn(self, model: str, klass: int, flow: Flow, cost: float,
-                        timeout: float, fits: Callable[[int], bool]) -> Waiter:
+                        timeout: float, fits: Callable[[int], bool],
+                        group: Hashable | None = None) -> Waiter:
         """Wait until dispatched (``fits(reserved)``: a node has room beyond the requests
         already granted), return the charged waiter (``settle`` it when the request ends);
-        ``RequestError`` 429 when the wait times out or the queue is full."""
+        ``RequestError`` 429 when the wait times out or the queue is full. Requests of one
+        ``group`` fit or not together (``fairshare.Waiter.group``).
+
+        A waiter is dispatched by the queue, not by itself: when a request ends
+        (``released``), when one arrives, and, since room also changes without either
+        (other ingresses' load reports, a node joining), by one poll of the model every
+        ``POLL_S`` however many wait. A waiter only sleeps until it is woken or polls."""
         share = self.shares.get(model)
         if share is None:
             share = self.shares[model] = FairShare(len(self.settings.classes),
@@ -183,22 +190,21 @@ class AdmissionQueue:
                 429, f"{len(share)} requests already wait for `{clip(model)}` here; retry "
                 "later.", code="queue_full", headers={"Retry-After": self._retry_after()})
         waiter = Waiter(klass, flow.team, flow.team_weight, flow.key, flow.key_weight, cost,
-                        self.clock(), lambda: fits(self.reserved.get(model, 0)))
+                        self.clock(), lambda: fits(self.reserved.get(model, 0)), group=group,
+                        wake=trio.Event())
         share.push(waiter)
         self.waiting_gauge.inc(model, name)
         arrived = waiter.arrived
         outcome = "left"
         try:
             with trio.move_on_after(timeout):
+                self.dispatch(model)  # it, or one it now goes after, may fit at once
                 while waiter.queued:
-                    self.dispatch(model)
-                    if not waiter.queued:
-                        break
-                    wake = self._wake.get(model)
-                    if wake is None:
-                        wake = self._wake[model] = trio.Event()
                     with trio.move_on_after(POLL_S):
-                        await wake.wait()
+                        await waiter.wake.wait()
+                    if waiter.queued and self.clock() - self._dispatched_at.get(
+                            model, -math.inf) >= POLL_S:
+                        self.dispatch(model)
             if waiter.queued:
                 outcome = "timeout"
                 raise QueueTimeout(
@@ -228,16 +234,14 @@ class AdmissionQueue:
         share = self.shares.get(model)
         if share is None or not len(share):
             return
-        now = self.clock()
-        granted = False
+        now = self._dispatched_at[model] = self.clock()
         while True:
             waiter = share.take(now)
             if waiter is None:
                 break
             self.reserved[model] = self.reserved.get(model, 0) + 1
-            granted = True
-        if granted:
-            self._wake_all(model)
+            if waiter.wake is not None:
+                waiter.wake.set()
 
     def released(self) -> None:
         """A request ended somewhere: room may have freed for any model that waits."""
@@ -279,11 +283,6 @@ class AdmissionQueue:
             self.reserved[model] = left
         else:
             self.reserved.pop(model, None)
-
-    def _wake_all(self, model: str) -> None:
-        wake = self._wake.pop(model, None)
-        if wake is not None:
-            wake.set()
 
     def _retry_after(self) -> str:
         """Seconds a refused client should wait: about the median recent wait."""

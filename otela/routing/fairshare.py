@@ -22,8 +22,9 @@ This is the rule of start-time fair queueing and of Linux's CFS, applied twice.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 STARVATION_TURN = 10  # every 10th dispatch goes to a starving lower class
 MIN_WEIGHT = 1e-3
@@ -42,6 +43,10 @@ class Waiter:
     arrived: float
     fits: Callable[[], bool] = lambda: True  # a node it may use has room now
     queued: bool = True  # False once dispatched or removed
+    # Waiters of one group fit or do not fit together (the same nodes, the same share of
+    # their slots): one room check answers for all of them in a dispatch. None: its own.
+    group: Hashable | None = None
+    wake: Any = None  # the caller's: how it tells the waiter it was dispatched
 
 
 @dataclass
@@ -105,14 +110,15 @@ class _ClassQueue:
         heads = [q[0].arrived for t in self.teams.values() for q in t.queues.values()]
         return min(heads) if heads else None
 
-    def take(self) -> Waiter | None:
-        """The next waiter that fits, by team then key virtual time; charged, not queued."""
+    def take(self, fitting: dict[Hashable, bool]) -> Waiter | None:
+        """The next waiter that fits, by team then key virtual time; charged, not queued.
+        ``fitting``: the answers of room checks so far in this dispatch, by group."""
         for team in sorted((t for t in self.teams.values() if t.waiting),
                            key=lambda t: t.vtime):
             for key_name in sorted(team.queues, key=lambda k: team.keys[k].vtime):
                 queue = team.queues[key_name]
                 for waiter in queue:  # the key's oldest that fits (usually the first)
-                    if waiter.fits():
+                    if _fits(waiter, fitting):
                         queue.remove(waiter)
                         self._left(team, waiter)
                         team.vtime += waiter.cost / team.weight
@@ -150,6 +156,17 @@ class _ClassQueue:
                 del team.keys[name]
 
 
+def _fits(waiter: Waiter, fitting: dict[Hashable, bool]) -> bool:
+    """Whether ``waiter`` fits now: asked once per group in a dispatch (a full model with
+    many waiters would otherwise check the same nodes once per waiter)."""
+    if waiter.group is None:
+        return waiter.fits()
+    known = fitting.get(waiter.group)
+    if known is None:
+        known = fitting[waiter.group] = waiter.fits()
+    return known
+
+
 class FairShare:
     """One model's queue: the waiters of every class (module docstring)."""
 
@@ -176,15 +193,16 @@ class FairShare:
 
     def take(self, now: float) -> Waiter | None:
         """The next request to dispatch, or ``None`` if none waiting fits now."""
+        fitting: dict[Hashable, bool] = {}
         starving = self._starving(now)
         if starving is not None and self._passed_over >= STARVATION_TURN - 1:
-            waiter = self.classes[starving].take()
+            waiter = self.classes[starving].take(fitting)
             if waiter is not None:
                 self._passed_over = 0
                 return waiter
         for index, queue in enumerate(self.classes):
             if queue.count:
-                waiter = queue.take()
+                waiter = queue.take(fitting)
                 if waiter is not None:
                     if starving is not None and index < starving:
                         self._passed_over += 1

@@ -204,3 +204,52 @@ def test_the_routers_room_counts_requests_in_flight_and_granted_ones() -> None:
     router.loads.report(sessions[1], NodeLoad(in_flight=2, slots=2), 1000.0)
     assert not router.room("m", ask)  # its report says other ingresses filled it
     assert router.room("other-model", ask)  # no node serves it: routing says why
+
+
+def test_many_waiters_cost_one_room_check_per_poll_not_one_each() -> None:
+    """A full model with 40 waiters (two groups: the same nodes and share of their slots):
+    the queue polls room once per POLL_S for all of them, one check per group, instead
+    of every waiter checking every waiter's room on every wake-up (which had a busy
+    ingress spend an eighth of its time here, and its interactive requests waiting on
+    it). When room frees, they still go in order, one per free slot."""
+    from otela.routing.admission import POLL_S
+
+    queue = AdmissionQueue(SETTINGS, Registry())
+    slots = Slots(1)
+    slots.running = 1
+    checks = 0
+    order: list[int] = []
+
+    def fits(reserved: int) -> bool:
+        nonlocal checks
+        checks += 1
+        return slots.fits(reserved)
+
+    arrivals: list[int] = []
+
+    async def client(number: int) -> None:
+        arrivals.append(number)  # wait_turn queues it before its first checkpoint
+        await queue.wait_turn("m", 1, Flow("t", 1, f"k{number % 2}", 1), 10, 30, fits,
+                              group=("default", number % 2))
+        slots.running += 1
+        order.append(number)
+
+    async def main() -> None:
+        nonlocal checks
+        async with trio.open_nursery() as nursery:
+            for number in range(40):
+                nursery.start_soon(client, number)
+            await trio.sleep(1)  # everyone queued and polled for a while
+            checks = 0
+            await trio.sleep(10 * POLL_S)
+            assert checks <= 2 * 11, checks  # one check per group per poll
+            for _ in range(40):
+                slots.running -= 1
+                queue.released()
+                await trio.sleep(0.01)
+        assert sorted(order) == list(range(40))
+        for key in (0, 1):  # each key's requests in arrival order
+            assert [n for n in order if n % 2 == key] == [n for n in arrivals if n % 2 == key]
+        assert all(a % 2 != b % 2 for a, b in zip(order, order[1:])), order  # keys alternate
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
