@@ -12,8 +12,10 @@ so the model has a fixed, finite capacity. Scenarios (``--scenarios``):
   its time to first token (TTFT) is measured (1) with the model otherwise idle, (2) beside
   a ``--batch-lines`` batch (the Batch API), and (3) beside the batch and a key flooding
   the model in the default class. Prints TTFT p50/p99 per phase (goal: p99 within 1.25x
-  of idle), and in phase 2 the batch's share of the capacity the interactive key left
-  (goal: at least 90 %; the capacity is measured first, flooding alone).
+  of idle) with where the time went (the ingress's Server-Timing, the event-loop lag of
+  the ingress and of the serving node, the engine's own queue), and in phase 2 the
+  batch's share of the capacity the interactive key left (goal: at least 90 %; the
+  capacity is measured first, flooding alone).
 
 Run: ``.venv/bin/python benchmarks/fairness.py [--scenarios shares,interactive]
 [--duration 120]`` (~8 minutes with the defaults). Figures: docs/scheduling.md.
