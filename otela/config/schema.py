@@ -374,11 +374,12 @@ class NodeConfig:
         "(default: every node, whoever runs it, gets an equal share).")
     retry_broken: bool = setting(
         "routing", True, parse=v.as_bool, example="false",
-        help="Also send a non-streaming request to another node when its node broke the "
-        "connection before answering (it died, most likely), or was suspected by the "
-        "failure detector while the request waited (it froze, or was cut off). Clients then "
-        "see no error and no long wait while another node serves the model, but a request "
-        "may run twice (--no-retry-broken: a 502 instead). Streams never are.")
+        help="Also send a request to another node when its node broke the connection "
+        "before answering (it died, most likely), or was suspected by the failure "
+        "detector while the request waited (it froze, or was cut off); a stream too, "
+        "before its answer begins (once begun, --stream-migrations continues it). Clients "
+        "then see no error and no long wait while another node serves the model, but a "
+        "request may run twice (--no-retry-broken: a 502 instead).")
     stream_migrations: int = setting(
         "routing", 2, parse=v.as_int, example="0", metavar="N",
         help="How many times a chat or completions stream whose node breaks off "

@@ -11,7 +11,9 @@ that a non-streaming request may run twice: one whose node broke the connection 
 answering (it died, most likely, and its work with it) is then sent to another node too,
 so that clients see no error while any other node serves the model; a request waiting for
 the first byte of a node that the failure detector then suspects (it froze, or is cut off)
-is given up there and sent on too (``abandon``). Streams never are.
+is given up there and sent on too (``abandon``). A stream is, too, until its answer
+begins (its client has seen nothing yet); once it has begun, request migration continues
+it on another node instead (``otela.dataplane.migration``).
 Connection failures, 5xx answers and timeouts count towards the node's ejection
 (``ejection``); 4xx answers are the client's business and do not.
 A node that declined only because it does not know this ingress as a member yet (a 403
@@ -93,8 +95,8 @@ class RoutingSettings:
     load_ttl: float
     affinity_balance: float
     balance_providers: bool  # an equal share per provider, then per node
-    retry_broken: bool  # re-send a non-streaming request whose node broke off
-    stream_migrations: int  # continuations of a chat stream whose node broke off
+    retry_broken: bool  # re-send a request whose node broke off before answering
+    stream_migrations: int  # continuations of a stream whose node broke off mid-answer
     failover_connect_timeout: float  # a connection attempt while others remain
     # Time a request may spend on connections nobody answers before they use up attempts
     # (--connect-timeout): nothing was sent, so only the client's wait bounds them.
@@ -288,7 +290,7 @@ class Router:
         counted = 0
         rounds = 0  # times the declined were asked again
         declines = 0  # answers that did not know our session yet, for the 502's message
-        resend = self.settings.retry_broken and not ask.stream
+        resend = self.settings.retry_broken  # streams too: nothing has reached the client
         began = now
         while counted < self.settings.max_attempts:
             remaining = [r for r in nodes if r.session_id not in tried] if tried else nodes

@@ -87,6 +87,7 @@ class ContractState:
         self.keys: dict[str, Key] = {}
         self.usage: list[Use] = []
         self.batches: dict[str, list[dict[str, Any]]] = {}  # key id -> batch objects
+        self.warming = False  # the node's registry replica is catching up (just started)
         self.lock = threading.Lock()
 
     def add_key(self, owner: str, **fields: Any) -> Key:
@@ -139,7 +140,7 @@ def create_contract_app(state: ContractState) -> FastAPI:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "version": "contract", "peer_id": "12D3KooWContractNode0000",
                 "session_id": "s-ingress", "provider_id": "prov-ingress", "state": "JOIN",
-                "connected_peers": 1}
+                "connected_peers": 1, "registry_warming": state.warming}
 
     @app.get("/v1/registry/nodes")
     async def nodes() -> dict[str, Any]:
@@ -163,6 +164,8 @@ def create_contract_app(state: ContractState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
+        if state.warming:
+            return {"object": "list", "data": [], "registry_warming": True}
         return {"object": "list", "data": [{
             "id": MODEL, "object": "model", "created": 0, "owned_by": PROVIDER,
             "max_model_len": 32768, "serving_nodes": 1,

@@ -168,6 +168,28 @@ def test_federation_view_shows_gpus_and_load(browser: WebDriver,
     assert console_errors(browser) == []
 
 
+def test_a_warming_registry_is_said_not_shown_as_no_models(
+        browser: WebDriver, contract: tuple[str, ContractState]) -> None:
+    """Right after a start the node's replica is empty until it catches up with a peer:
+    the page says so (in the node's summary and where the models would be) instead of
+    "no model is served"; once warm, the models show."""
+    url, state = contract
+    state.warming = True
+    try:
+        open_page(browser, url)
+        wait(browser).until(lambda d: "registry warming" in
+                            d.find_element(By.ID, "node-summary").text)
+        empty = browser.find_element(By.ID, "models-empty")
+        assert empty.is_displayed() and "catching up with its peers" in empty.text
+    finally:
+        state.warming = False
+    browser.refresh()
+    model_row(browser, MODEL)
+    assert "registry warming" not in browser.find_element(By.ID, "node-summary").text
+    assert not browser.find_element(By.ID, "models-empty").is_displayed()
+    assert console_errors(browser) == []
+
+
 def test_admin_manages_keys_and_sees_usage_by_group(
         browser: WebDriver, seeded: tuple[str, ContractState, str, str, list[int]]) -> None:
     url, state, seeded_id, _, _ = seeded

@@ -7,9 +7,9 @@ What a client relies on, checked for every request sent:
 - a non-streaming request succeeds whenever some trusted node still serves the model,
   even one running on a node at the moment that node is killed (``--retry-broken``, on by
   default: it is sent to another node);
-- a stream completes; one running on a node at the moment it is killed ends with an
-  OpenAI-style error event (or the plain 502, if the node had not answered yet): never cut
-  without one, never a hang;
+- a stream completes, one running on a node at the moment it is killed too (sent to
+  another node before its answer began, continued on another node once it had: request
+  migration): no error event, no cut, no hang;
 - no node that came back stays out of routing.
 """
 
@@ -85,12 +85,7 @@ def test_clients_see_no_errors_through_restart_freeze_and_kill(
     def kill_half() -> None:
         victims = nodes[3:]
         pids = [pid for node in victims for pid in machine_pids(node)]
-        # The kill is a window, not an instant: on a busy machine the signals to six
-        # processes are milliseconds apart, and a request sent within them may be running
-        # on a node that has not been killed yet.
-        marks["kill"] = time.monotonic()
         signal_machine(pids, signal.SIGKILL)
-        marks["killed"] = time.monotonic()
         gone = {n.session_id for n in victims}
         wait_for(lambda: all(ingress.states().get(s) in (None, "LEFT") for s in gone),
                  SETTLE_S, "the ingress to evict the killed nodes", interval=0.25)
@@ -112,17 +107,10 @@ def test_clients_see_no_errors_through_restart_freeze_and_kill(
     trio.run(run)
 
     assert len(load.outcomes) > 300, report(load, load.outcomes)
-    # Running on a node while it was being killed: a stream is not re-sent (yet).
-    at_kill = [o for o in load.outcomes
-               if o.sent_at < marks["killed"] and marks["kill"] < o.sent_at + o.latency]
-    rest = [o for o in load.outcomes if o not in at_kill]
-    plain_failures = [o for o in load.outcomes if not o.stream and o.result != "ok"]
-    assert not plain_failures, report(load, plain_failures)  # at the kill too: re-sent
-    assert all(o.result == "ok" for o in rest if o.stream), report(load, rest)
-    # Killed before its first byte, a stream gets the plain 502 (no stream to put an error
-    # event in yet); killed once streaming, an error event; never a cut without either.
-    assert all(o.result in ("ok", "http 502", "error event") for o in at_kill), \
-        report(load, at_kill)
+    # Zero client-visible errors, those running on a node while it was killed included:
+    # re-sent before their answer began, continued elsewhere once it had.
+    failures = [o for o in load.outcomes if o.result != "ok"]
+    assert not failures, report(load, failures)
     # No node stays out: the survivors and the thawed nodes all serve.
     assert {n.status["peer_id"] for n in nodes[:3]} <= serving_peers(ingress)
 

@@ -4,6 +4,7 @@ queue, and the class and wait a request may ask for."""
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -250,6 +251,6 @@ def test_many_waiters_cost_one_room_check_per_poll_not_one_each() -> None:
         assert sorted(order) == list(range(40))
         for key in (0, 1):  # each key's requests in arrival order
             assert [n for n in order if n % 2 == key] == [n for n in arrivals if n % 2 == key]
-        assert all(a % 2 != b % 2 for a, b in zip(order, order[1:])), order  # keys alternate
+        assert all(a % 2 != b % 2 for a, b in itertools.pairwise(order)), order  # alternate
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

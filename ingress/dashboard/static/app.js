@@ -420,15 +420,20 @@
     labelCells(body);
   }
 
+  // Said while a node that just started catches up with its peers' registry: models it
+  // has not heard of yet are missing for a moment (requests for them wait, never a 404).
+  const WARMING = "registry warming: catching up with its peers, models may be missing for a moment";
+
   function renderSummary(health) {
+    const warming = health.registry_warming ? [WARMING] : [];
     if (health.peer_id === undefined) {  // liveness only: sign in to see the rest
       $("node-summary").textContent = [health.display_state || health.state, `v${health.version}`,
-        "sign in to see this node's details"].join(" · ");
+        ...warming, "sign in to see this node's details"].join(" · ");
       return;
     }
     const parts = [`node ${shortId(health.peer_id)}`, `provider ${health.provider_id}`,
       health.display_state || health.state, `${fmt(health.connected_peers)} ${health.connected_peers === 1 ? "peer" : "peers"}`,
-      `v${health.version}`];
+      `v${health.version}`, ...warming];
     $("node-summary").textContent = parts.join(" · ");
   }
 
@@ -482,6 +487,11 @@
       }
       fed.models = models;
       renderModels(models, nodes, net, me);
+      const warming = (me && me.registry_warming)
+        || (modelsDoc.status === "fulfilled" && modelsDoc.value.registry_warming);
+      $("models-empty").textContent = warming
+        ? "This node's registry is still catching up with its peers: models appear in a moment."
+        : "No model is served by a node you may use.";
       renderNodes(nodes, net, me);
       updateModelChoices();
       $("network-verdict").textContent = net && net.verdict ? `This node: ${net.verdict}` : "";
