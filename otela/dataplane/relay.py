@@ -16,7 +16,8 @@ off is cut short, so its client sees a truncated body, never a complete-looking 
 
 A broken chat or completions stream may instead be *continued* on another node
 (``resume``, the ingress's request migration: ``otela.dataplane.migration``): the client
-then sees one uninterrupted stream. Only when no node can continue it does the error event end it.
+then sees one uninterrupted stream. Only when no node can continue it does the error
+event end it.
 """
 
 from __future__ import annotations

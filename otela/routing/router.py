@@ -7,7 +7,7 @@ ejections). Which of them: the policy (``policies``), fed load estimates
 reached": ``NotDelivered`` alone, so no request is ever executed twice; a failure after
 delivery is a 502 (``upstream_failed``), silence past the first-byte timeout a 504
 (``upstream_timeout``). With ``retry_broken`` (``--retry-broken``) the operator accepts
-that a non-streaming request may run twice: one whose node broke the connection before
+that a request may run twice: one whose node broke the connection before
 answering (it died, most likely, and its work with it) is then sent to another node too,
 so that clients see no error while any other node serves the model; a request waiting for
 the first byte of a node that the failure detector then suspects (it froze, or is cut off)

@@ -154,6 +154,12 @@ def machine_pids(node: LocalNode) -> list[int]:
     return [node.process.pid, *node.engine_pids()]
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP: state ``T`` in /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def signal_machine(pids: list[int], sig: int) -> None:
     """Send ``sig`` to each process still there."""
     for pid in pids:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 EVENT = b"data: "
@@ -44,7 +45,7 @@ class StallingRelay:
         for thread in list(self._threads):
             thread.join(timeout=10)
 
-    def _spawn(self, target, *args) -> None:  # type: ignore[no-untyped-def]
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
         self._threads.append(thread)
         thread.start()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from otela.engine.demo.echo import _answer
 from otela.testing.localfed import (
     FederationError,
     LocalFederation,
@@ -28,6 +29,7 @@ from otela.testing.localfed import (
     wait_for,
 )
 from otela.testing.nat_topology import PRIVATE, PUBLIC, Topology, missing_tools
+from otela.testing.steady_load import is_stopped, machine_pids, signal_machine
 
 pytestmark = pytest.mark.slow
 
@@ -172,9 +174,6 @@ def test_a_stream_over_libp2p_whose_node_freezes_goes_on_from_another_node(
     """Request migration over the libp2p transport: a stream from B to A (behind NAT:
     libp2p streams through the relay, or hole-punched) is cut when B suspects the frozen
     A, and goes on from the relay node's engine, as one stream, while A is still frozen."""
-    from otela.engine.demo.echo import _answer
-    from otela.testing.steady_load import machine_pids, signal_machine
-
     topo, fed = topology, federation
     model, prompt = "model-m", " ".join(f"word{i}" for i in range(40))
     relay = start(fed, topo, "R", PUBLIC["R"], extra_args=["--relay"], provider_id="site-r",
@@ -206,7 +205,7 @@ def test_a_stream_over_libp2p_whose_node_freezes_goes_on_from_another_node(
         else:
             pytest.fail("no stream was routed to A")
         assert head["x-otela-path"] == "libp2p"
-        assert all(_stopped(pid) for pid in frozen)  # it went on while A was frozen
+        assert all(is_stopped(pid) for pid in frozen)  # it went on while A was frozen
     finally:
         signal_machine(frozen or machine_pids(a), signal.SIGCONT)
     chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
@@ -241,8 +240,3 @@ def _stream_from(topo: Topology, where: str, url: str, body: str,
         on_line(headers, lines)
     assert curl.wait(timeout=30) == 0
     return headers, lines
-
-
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] == "T"

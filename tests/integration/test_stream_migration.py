@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from otela.engine.demo.echo import _answer
-from otela.testing.steady_load import machine_pids, signal_machine
+from otela.testing.steady_load import is_stopped, machine_pids, signal_machine
 
 from .helpers import serving_node, wait_state
 
@@ -140,7 +140,7 @@ def test_a_stream_whose_node_freezes_goes_on_once_the_node_is_suspected(federati
                     frozen = machine_pids(first)
                     signal_machine(frozen, signal.SIGSTOP)  # mid-answer: silent, not gone
         # the stream ended while the node was still frozen: it was not waited for
-        assert all(_stopped(pid) for pid in frozen)
+        assert all(is_stopped(pid) for pid in frozen)
     finally:
         signal_machine(frozen, signal.SIGCONT)
     chunks = events_of(lines)
@@ -149,8 +149,3 @@ def test_a_stream_whose_node_freezes_goes_on_once_the_node_is_suspected(federati
                       for c in chunks if c.get("choices"))
     assert content == expected
     assert len({c["id"] for c in chunks}) == 1
-
-
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] == "T"

@@ -114,7 +114,7 @@ def _content(lines: list[str]) -> str:
 
 
 def check_a_stream_continues_on_another_node(federation, ingress: LocalNode,
-                                             server: LocalNode, port: int) -> None:
+                                             port: int) -> None:
     """Request migration: a second node fronts the same vLLM (``--engine-url``); a stream
     that lands on it is cut by SIGKILLing that node, and the client's stream goes on from
     the first node's engine, as one stream. A chat stream (vLLM's continue_final_message),
@@ -241,7 +241,7 @@ def test_real_vllm_behind_otela(federation, vllm_python, tiny_model, tmp_path):
     check_admin_is_out_of_reach(ingress, other, server, f"http://127.0.0.1:{port}",
                                 str(adapter))
 
-    check_a_stream_continues_on_another_node(federation, ingress, server, port)
+    check_a_stream_continues_on_another_node(federation, ingress, port)
 
     assert federation.stop_node(server, timeout=60) == 0
     wait_state(ingress, server, "LEFT")
