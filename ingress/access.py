@@ -33,11 +33,12 @@ from typing import Any
 
 import trio
 
-from ingress import keystore, usage
+from ingress import keystore, prices, usage
 from ingress.database import Database
 from ingress.internal_auth import InternalCredentials
 from ingress.keys import ApiKey, bearer, check, hash_secret
 from ingress.limits import KeyLimits, limits_for
+from ingress.prices import PriceList
 from otela.dataplane.errors import RequestError
 
 log = logging.getLogger("otela.ingress.access")
@@ -80,6 +81,7 @@ class Access:
         self._grants: dict[str, Grant] = {}  # one per key (it holds no per-request state)
         self.by_id: dict[str, ApiKey] = {}
         self.team_weights: dict[str, float] = {}  # fair sharing: a team not listed weighs 1
+        self.prices = PriceList()  # usage rows' spend (``ingress.prices``), as last read
         self.limits: dict[str, KeyLimits] = {}
         self.used_tokens: dict[str, int] = {}  # at load, plus what others wrote since
         self.used_here: dict[str, int] = {}  # by this process since load
@@ -192,6 +194,11 @@ class Access:
             key_id = grant.key.id
             self.used_here[key_id] = self.used_here.get(key_id, 0) + tokens
 
+    def team_of(self, key_id: str | None) -> str | None:
+        """A key's team now (a usage row's ``team``)."""
+        key = None if key_id is None else self.by_id.get(key_id)
+        return None if key is None else key.team
+
     # -- keeping the copy fresh --------------------------------------------------------
 
     def load(self) -> None:
@@ -199,6 +206,7 @@ class Access:
         the tokens each has used, from one consistent read of the usage table."""
         started = time.time()
         self.team_weights = keystore.team_weights(self.db)
+        self.prices = prices.price_list(self.db)
         self.remember(keystore.changed_since(self.db, 0.0))
         self._keys_seen_at = started
         after = self.db.now() - _LOOKBACK_S
@@ -225,6 +233,7 @@ class Access:
         started = time.time()
         changed = keystore.changed_since(self.db, self._keys_seen_at - 1.0)
         weights = keystore.team_weights(self.db)
+        self.prices = prices.price_list(self.db)  # a few rows: read whole, not diffed
         if weights != self.team_weights:  # every key of a team whose weight changed
             self.team_weights = weights
             changed = [*self.by_id.values(), *changed]

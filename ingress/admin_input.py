@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ingress.keystore import KEY_FIELDS, KeySpec
-from ingress.usage import GROUPS
+from ingress.prices import Price, checked
+from ingress.usage import FILTERS, GROUPS
 from otela.dataplane.errors import RequestError
 
 MAX_TEXT = 200
@@ -237,3 +238,56 @@ def bucket_seconds(value: str | None, since: float, until: float) -> float:
     if not 1 <= seconds <= LATEST - EARLIEST or (until - since) / seconds > 10_000:
         raise _bad("'bucket' must be at least 1 s and give at most 10,000 buckets", "bucket")
     return seconds
+
+
+def usage_filters(query: Any) -> dict[str, Any]:
+    """The exact-match filters of a usage or request-log query (``key``, ``team``,
+    ``model``, ``provider``, ``node``, ``ingress``, ``status``) from a query string's
+    mapping; absent or empty ones are not filters."""
+    filters: dict[str, Any] = {}
+    for name in FILTERS:
+        value = query.get(name)
+        if value is None or value == "":
+            continue
+        if name == "status":
+            if not (isinstance(value, str) and value.isdigit() and 100 <= int(value) <= 599):
+                raise _bad("'status' must be an HTTP status from 100 to 599", "status")
+            filters[name] = int(value)
+        elif not isinstance(value, str) or len(value) > 512 or "\x00" in value:
+            raise _bad(f"'{name}' must be at most 512 characters", name)
+        else:
+            filters[name] = value
+    return filters
+
+
+def window(since: str | None, until: str | None) -> tuple[float | None, float | None]:
+    """A query's ``since`` and ``until`` (either may be absent), in order."""
+    start = time_param(since, "since")
+    end = time_param(until, "until")
+    if start is not None and end is not None and start >= end:
+        raise _bad("'since' must be before 'until'", "since")
+    return start, end
+
+
+EXPORT_FORMATS = ("json", "csv", "jsonl")
+
+
+def export_format(value: str | None) -> str:
+    value = value or "json"
+    if value not in EXPORT_FORMATS:
+        raise _bad(f"'format' must be one of {', '.join(EXPORT_FORMATS)}", "format")
+    return value
+
+
+def price(body: dict[str, Any]) -> Price:
+    """A price from an admin API body: ``model``, ``provider`` (null or absent: every
+    provider), ``input_per_mtok`` and ``output_per_mtok`` (per million tokens)."""
+    unknown = set(body) - {"model", "provider", "input_per_mtok", "output_per_mtok"}
+    if unknown:
+        raise _bad(f"unknown field {sorted(unknown)[0]!r}", sorted(unknown)[0])
+    try:
+        return checked(body.get("model"), body.get("provider"), body.get("input_per_mtok"),
+                       body.get("output_per_mtok"))
+    except ValueError as exc:
+        field = str(exc).split("'")[1] if "'" in str(exc) else "body"
+        raise _bad(str(exc), field) from None

@@ -151,6 +151,23 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (batch_id, line)
         )""",
     ),
+    (
+        # Prices and spend (``ingress.prices``): a model's price per million prompt and
+        # completion tokens, for one provider or ('') any; each usage row's spend at the
+        # prices of its time (NULL: no price was set), and the team of its key then, so
+        # usage groups by team as it was when the request ran.
+        """CREATE TABLE prices (
+            model TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            input_per_mtok DOUBLE PRECISION NOT NULL,
+            output_per_mtok DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (model, provider)
+        )""",
+        "ALTER TABLE usage ADD COLUMN spend DOUBLE PRECISION",
+        "ALTER TABLE usage ADD COLUMN team TEXT",
+        "CREATE INDEX usage_team_time ON usage (team, finished_at)",
+    ),
 )
 LATEST = len(MIGRATIONS)
 _LOCK_ID = 0x6F74656C61  # "otela": the advisory lock migrating PostgreSQL databases
