@@ -37,6 +37,7 @@ from ingress.keys import ApiKey, bearer, same_secret
 from ingress.keystore import KeyNotFound, KeyRevoked
 from ingress.paging import limit_of, list_object
 from ingress.service import IngressService
+from ingress.standing import shown, standings
 from otela.api.errors import read_json_object
 from otela.dataplane.errors import RequestError
 
@@ -69,19 +70,21 @@ def _actor(service: IngressService, request: Request) -> str:
 
 
 def _teams(db: Any) -> list[dict[str, Any]]:
-    weights = keystore.team_weights(db)
-    named = {k.team for k in keystore.all_keys(db) if k.team}
-    return [{"object": "team", "name": name, "weight": weights.get(name, 1.0),
-             "keys": sum(1 for k in keystore.all_keys(db) if k.team == name)}
-            for name in sorted(named | set(weights))]
+    known = keystore.teams(db)
+    keys = keystore.all_keys(db)
+    named = {k.team for k in keys if k.team}
+    return [{**known.get(name, keystore.Team(name)).to_dict(),
+             "keys": sum(1 for k in keys if k.team == name)}
+            for name in sorted(named | set(known))]
 
 
 def install(app: FastAPI, service: IngressService) -> None:
     db = service.db
 
     async def key_object(key: ApiKey) -> dict[str, Any]:
-        used = await db.in_thread(keystore.used_tokens, db, [key.id])
-        return key.to_dict(time.time(), used[key.id])
+        now = time.time()
+        found = await db.in_thread(standings, db, [key], now)
+        return shown(key, found[key.id], now)
 
     def holder(request: Request) -> ApiKey:
         authorization = request.headers.get("authorization")
@@ -116,9 +119,9 @@ def install(app: FastAPI, service: IngressService) -> None:
     async def list_keys(request: Request) -> dict[str, Any]:
         _admin(service, request)
         keys = await db.in_thread(keystore.all_keys, db)
-        used = await db.in_thread(keystore.used_tokens, db, [k.id for k in keys])
         now = time.time()
-        return {"object": "list", "data": [k.to_dict(now, used[k.id]) for k in keys]}
+        found = await db.in_thread(standings, db, keys, now)
+        return {"object": "list", "data": [shown(k, found[k.id], now) for k in keys]}
 
     @app.post("/v1/admin/keys")
     async def create_key(request: Request) -> dict[str, Any]:
@@ -177,11 +180,14 @@ def install(app: FastAPI, service: IngressService) -> None:
 
     @app.put("/v1/admin/teams/{team}")
     async def set_team(request: Request, team: str) -> dict[str, Any]:
-        """A team's weight in fair sharing: ``{"weight": 3}``."""
+        """A team's weight in fair sharing and its budget: ``{"weight": 3,
+        "budget_spend": 100, "budget_period": "month"}`` (fields given change; null puts
+        one back to its default)."""
         _admin(service, request)
-        name, weight = admin_input.team_weight(team, await read_json_object(request))
-        await db.in_thread(keystore.set_team_weight, db, name, weight)
-        return {"object": "team", "name": name, "weight": weight}
+        name, change = admin_input.team_change(team, await read_json_object(request))
+        result: keystore.Team = await db.in_thread(keystore.set_team, db, name, change)
+        await db.in_thread(service.access.refresh)  # here at once, elsewhere within 1 s
+        return result.to_dict()
 
     @app.post("/v1/admin/keys/{key_id}/rotate")
     async def rotate(request: Request, key_id: str) -> dict[str, Any]:

@@ -25,7 +25,8 @@ _KEY_ID = re.compile(r"^key_[0-9a-f]{12}$")
 EARLIEST = datetime(1, 1, 1, tzinfo=UTC).timestamp()
 LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 _FIELDS = {"owner", "name", "expires_in", "expires_at", "models", "providers", "rpm", "tpm",
-           "max_concurrent", "budget_tokens", "team", "weight", "priority", "queue_wait"}
+           "max_concurrent", "budget_tokens", "team", "weight", "priority", "queue_wait",
+           "budget_spend", "budget_period"}
 MAX_WEIGHT = 1000.0
 _CLASS = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
@@ -139,7 +140,31 @@ def _value(field: str, body: dict[str, Any]) -> Any:
         return _class(value, field)
     if field == "queue_wait":
         return _seconds(value, field)
+    if field == "budget_spend":
+        return money(value, field)
+    if field == "budget_period":
+        return period(value, field)
     return _positive(value, field)
+
+
+def money(value: Any, param: str) -> float | None:
+    """A budget in money: a number above 0 (in the currency of the prices)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or \
+            not 0 < value <= 1e12:
+        raise _bad(f"'{param}' must be an amount above 0 (in the currency of the prices)",
+                   param)
+    return float(value)
+
+
+def period(value: Any, param: str) -> str | None:
+    """A budget's period: ``day``, ``month`` or ``lifetime`` (None, the default)."""
+    if value is None or value == "lifetime":
+        return None
+    if value not in ("day", "month"):
+        raise _bad(f"'{param}' must be day, month or lifetime", param)
+    return str(value)
 
 
 def key_spec(body: dict[str, Any], now: float | None = None) -> KeySpec:
@@ -169,15 +194,21 @@ def key_change(body: dict[str, Any], now: float | None = None) -> dict[str, Any]
     return change
 
 
-def team_weight(team: str, body: dict[str, Any]) -> tuple[str, float]:
-    """A team's name and new weight (``PUT /v1/admin/teams/{team}``, ``otela keys team``)."""
-    unknown = sorted(set(body) - {"weight"})
+def team_change(team: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A team's name and the settings to change (``PUT /v1/admin/teams/{team}``, ``otela
+    keys team``): ``weight``, ``budget_tokens``, ``budget_spend``, ``budget_period``; null
+    puts one back to its default."""
+    fields = ("weight", "budget_tokens", "budget_spend", "budget_period")
+    unknown = sorted(set(body) - set(fields))
     if unknown:
-        raise _bad(f"unknown field '{unknown[0][:40]}' (expected: weight)", unknown[0][:40])
-    value = weight(body.get("weight"))
-    if value is None:
-        raise _bad("'weight' is required", "weight")
-    return _text(team, "team", required=True), value
+        raise _bad(f"unknown field '{unknown[0][:40]}' (expected: {', '.join(fields)})",
+                   unknown[0][:40])
+    if not body:
+        raise _bad(f"nothing to change: give one of {', '.join(fields)}", "body")
+    change: dict[str, Any] = {}
+    for field in body:
+        change[field] = weight(body[field]) if field == "weight" else _value(field, body)
+    return _text(team, "team", required=True), change
 
 
 def key_id(value: str) -> str:

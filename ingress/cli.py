@@ -24,7 +24,9 @@ from rich.text import Text
 
 from ingress import admin_input, export, keystore, prices, usage
 from ingress.database import Database, DatabaseError, DatabaseUrl
+from ingress.keys import ApiKey
 from ingress.migrations import migrate, open_existing
+from ingress.standing import shown, standings
 from otela.config import resolve
 from otela.config.values import parse_duration
 from otela.console import make_console
@@ -102,7 +104,7 @@ class _Way:
             return dict(self._api("PATCH", f"/keys/{key_id}", json=change))
         key = keystore.update(self.db, admin_input.key_id(key_id),
                               admin_input.key_change(change), actor=_actor())
-        return key.to_dict(time.time(), keystore.used_tokens(self.db, [key.id])[key.id])
+        return self._shown(key)
 
     def history(self, key_id: str) -> list[dict[str, Any]]:
         if self.db is None:
@@ -113,21 +115,25 @@ class _Way:
         if self.db is None:
             return list(self._api("GET", "/keys")["data"])
         keys = keystore.all_keys(self.db)
-        used = keystore.used_tokens(self.db, [k.id for k in keys])
-        return [k.to_dict(time.time(), used[k.id]) for k in keys]
+        now = time.time()
+        found = standings(self.db, keys, now)
+        return [shown(k, found[k.id], now) for k in keys]
 
     def show(self, key_id: str) -> dict[str, Any]:
         if self.db is None:
             return dict(self._api("GET", f"/keys/{key_id}"))
-        key = keystore.get(self.db, admin_input.key_id(key_id))
-        return key.to_dict(time.time(), keystore.used_tokens(self.db, [key.id])[key.id])
+        return self._shown(keystore.get(self.db, admin_input.key_id(key_id)))
 
-    def set_team(self, name: str, weight: float) -> dict[str, Any]:
+    def _shown(self, key: ApiKey) -> dict[str, Any]:
+        assert self.db is not None
+        now = time.time()
+        return shown(key, standings(self.db, [key], now)[key.id], now)
+
+    def set_team(self, name: str, change: dict[str, Any]) -> dict[str, Any]:
         if self.db is None:
-            return dict(self._api("PUT", f"/teams/{name}", json={"weight": weight}))
-        name, weight = admin_input.team_weight(name, {"weight": weight})
-        keystore.set_team_weight(self.db, name, weight)
-        return {"object": "team", "name": name, "weight": weight}
+            return dict(self._api("PUT", f"/teams/{name}", json=change))
+        name, checked = admin_input.team_change(name, change)
+        return keystore.set_team(self.db, name, checked).to_dict()
 
     def revoke(self, key_id: str) -> dict[str, Any]:
         if self.db is None:
@@ -222,9 +228,23 @@ def _print_keys(keys: list[dict[str, Any]], as_json: bool) -> None:
             ",".join(key["models"]) if key.get("models") else "any",
             ",".join(key["providers"]) if key.get("providers") else "any",
             str(limits.get("rpm") or "-"), str(limits.get("tpm") or "-"),
-            str(key.get("budget_tokens") or "-"), str(key.get("used_tokens", "")),
+            _budget_text(key) if key.get("budget_tokens") is not None
+            or key.get("budget_spend") is not None else "-",
+            _used_text(key),
             _expiry(expires)))
     make_console().print(table)
+
+
+def _used_text(key: dict[str, Any]) -> str:
+    """Tokens (and spend) used in the budget's period, or over the key's life."""
+    used = key.get("budget_used") or {}
+    if key.get("budget_period") in (None, "lifetime") or not used:
+        text = str(key.get("used_tokens", ""))
+    else:
+        text = f"{used.get('tokens', 0)} this {key['budget_period']}"
+    if key.get("budget_spend") is not None and used:
+        text += f", {used.get('spend', 0):g} spent"
+    return text
 
 
 def _plain(*cells: str) -> list[Text]:
@@ -263,6 +283,16 @@ _CONFIG = typer.Option(None, "--config", metavar="FILE", show_default=False,
                        "OTELA_CONFIG.")
 
 
+# Budgets (docs/ingress.md#budgets): the same options on create, update and teams.
+_BUDGET_TOKENS = typer.Option(None, "--budget-tokens",
+                              help="Tokens (prompt + completion) per budget period.")
+_BUDGET_SPEND = typer.Option(None, "--budget-spend", help="Money per budget period, at "
+                             "the prices set with 'otela prices' (then only priced models "
+                             "may be used).")
+_BUDGET_PERIOD = typer.Option(None, "--budget-period", help="day, month or lifetime (the "
+                              "default): a daily budget is fresh at 00:00 UTC, a monthly "
+                              "one on the 1st.")
+
 # Fair sharing (docs/scheduling.md): the same options on create and update.
 _TEAM = typer.Option(None, "--team", help="The team whose fair share the key's requests "
                      "are charged to (docs/scheduling.md).")
@@ -291,8 +321,8 @@ def create(
                                    "minute."),
     max_concurrent: int | None = typer.Option(None, "--max-concurrent",
                                               help="Requests in flight at once."),
-    budget_tokens: int | None = typer.Option(None, "--budget-tokens",
-                                             help="Tokens over the key's whole life."),
+    budget_tokens: int | None = _BUDGET_TOKENS, budget_spend: float | None = _BUDGET_SPEND,
+    budget_period: str | None = _BUDGET_PERIOD,
     team: str | None = _TEAM, weight: float | None = _WEIGHT,
     priority: str | None = _PRIORITY, queue_wait: str | None = _QUEUE_WAIT,
     db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
@@ -306,6 +336,7 @@ def create(
         for field, value in (("models", model or None), ("providers", provider or None),
                              ("rpm", rpm), ("tpm", tpm), ("max_concurrent", max_concurrent),
                              ("budget_tokens", budget_tokens),
+                             ("budget_spend", budget_spend), ("budget_period", budget_period),
                              *_scheduling(team, weight, priority, queue_wait)):
             if value is not None:
                 spec[field] = value
@@ -334,7 +365,8 @@ def show(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _
 
 
 _CLEARABLE = ("name", "expires", "models", "providers", "rpm", "tpm", "max_concurrent",
-              "budget_tokens", "team", "weight", "priority", "queue_wait")
+              "budget_tokens", "budget_spend", "budget_period", "team", "weight", "priority",
+              "queue_wait")
 
 
 def _scheduling(team: str | None, weight: float | None, priority: str | None,
@@ -346,18 +378,47 @@ def _scheduling(team: str | None, weight: float | None, priority: str | None,
 @keys_app.command("team")
 def team(
     name: str = typer.Argument(..., metavar="TEAM"),
-    weight: float = typer.Option(..., "--weight", help="The team's weight: its share of a "
-                                 "busy model against other teams' (default 1)."),
+    weight: float | None = typer.Option(None, "--weight", help="The team's weight: its "
+                                        "share of a busy model against other teams' "
+                                        "(default 1)."),
+    budget_tokens: int | None = _BUDGET_TOKENS, budget_spend: float | None = _BUDGET_SPEND,
+    budget_period: str | None = _BUDGET_PERIOD,
+    clear: list[str] = typer.Option([], "--clear", metavar="FIELD", help="Back to the "
+                                    "default: weight, budget_tokens, budget_spend, "
+                                    "budget_period. Repeatable."),
     db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
     config_file: Path | None = _CONFIG,
 ) -> None:
-    """Set a team's weight in fair sharing (docs/scheduling.md): two teams flooding one
-    model get tokens in the ratio of their weights."""
-    result = _run(lambda: _Way(db, url, config_file).set_team(name, weight))
+    """Set a team's weight in fair sharing (docs/scheduling.md: two teams flooding one
+    model get tokens in the ratio of their weights) and its budget, which all its keys'
+    requests count towards (a key's own budget applies too: the tighter wins)."""
+    def work() -> dict[str, Any]:
+        change: dict[str, Any] = {field: None for field in clear}
+        for field, value in (("weight", weight), ("budget_tokens", budget_tokens),
+                             ("budget_spend", budget_spend),
+                             ("budget_period", budget_period)):
+            if value is not None:
+                change[field] = value
+        return _Way(db, url, config_file).set_team(name, change)
+    result = _run(work)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
-        typer.echo(f"team {result['name']}: weight {result['weight']:g}")
+        typer.echo(f"team {result['name']}: weight {result['weight']:g}, budget "
+                   f"{_budget_text(result)}")
+
+
+def _budget_text(item: dict[str, Any]) -> str:
+    parts = []
+    if item.get("budget_tokens") is not None:
+        parts.append(f"{item['budget_tokens']} tokens")
+    if item.get("budget_spend") is not None:
+        parts.append(f"{item['budget_spend']:g} spend")
+    if not parts:
+        return "none"
+    period = item.get("budget_period")
+    return " and ".join(parts) + (" in all" if period in (None, "lifetime")
+                                  else f" per {period}")
 
 
 @keys_app.command("update")
@@ -376,8 +437,8 @@ def update(
     tpm: int | None = typer.Option(None, "--tpm", help="Tokens per minute."),
     max_concurrent: int | None = typer.Option(None, "--max-concurrent",
                                               help="Requests in flight at once."),
-    budget_tokens: int | None = typer.Option(None, "--budget-tokens",
-                                             help="Tokens over the key's whole life."),
+    budget_tokens: int | None = _BUDGET_TOKENS, budget_spend: float | None = _BUDGET_SPEND,
+    budget_period: str | None = _BUDGET_PERIOD,
     team: str | None = _TEAM, weight: float | None = _WEIGHT,
     priority: str | None = _PRIORITY, queue_wait: str | None = _QUEUE_WAIT,
     clear: list[str] = typer.Option(
@@ -402,6 +463,7 @@ def update(
                              ("providers", provider or None), ("rpm", rpm), ("tpm", tpm),
                              ("max_concurrent", max_concurrent),
                              ("budget_tokens", budget_tokens),
+                             ("budget_spend", budget_spend), ("budget_period", budget_period),
                              *_scheduling(team, weight, priority, queue_wait)):
             if value is not None:
                 change[field] = value

@@ -165,6 +165,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (model, provider)
         )""",
         "ALTER TABLE usage ADD COLUMN spend DOUBLE PRECISION",
+        # Budgets (``ingress.budgets``): in money as well as tokens, per day, month or
+        # lifetime (NULL), for a key and for a team.
+        "ALTER TABLE api_keys ADD COLUMN budget_spend DOUBLE PRECISION",
+        "ALTER TABLE api_keys ADD COLUMN budget_period TEXT",
+        "ALTER TABLE teams ADD COLUMN budget_tokens BIGINT",
+        "ALTER TABLE teams ADD COLUMN budget_spend DOUBLE PRECISION",
+        "ALTER TABLE teams ADD COLUMN budget_period TEXT",
         "ALTER TABLE usage ADD COLUMN team TEXT",
         "CREATE INDEX usage_team_time ON usage (team, finished_at)",
     ),

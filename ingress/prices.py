@@ -51,6 +51,15 @@ class PriceList:
 
     def __init__(self, prices: list[Price] | None = None) -> None:
         self._by_key = {(p.model, p.provider): p for p in prices or []}
+        # A model's highest prices on any provider: what a request under a money budget
+        # reserves, before it is known who will serve it.
+        self._highest: dict[str, Price] = {}
+        for price in prices or []:
+            top = self._highest.get(price.model)
+            self._highest[price.model] = Price(
+                price.model, ANY_PROVIDER,
+                max(price.input_per_mtok, top.input_per_mtok if top else 0.0),
+                max(price.output_per_mtok, top.output_per_mtok if top else 0.0))
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -66,6 +75,10 @@ class PriceList:
         if not by_key:
             return None
         return by_key.get((model, provider)) or by_key.get((model, ANY_PROVIDER))
+
+    def highest(self, model: str) -> Price | None:
+        """``model``'s highest input and output prices over its providers; None: none."""
+        return self._highest.get(model)
 
     def spend(self, model: str, provider: str, prompt_tokens: int,
               completion_tokens: int) -> float | None:

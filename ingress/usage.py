@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import trio
 
+from ingress.budgets import period_start
 from ingress.database import Database, Row
 from ingress.prices import PriceList
 from otela.dataplane.exchange import Exchange
@@ -329,29 +330,72 @@ def _entry(row: Sequence[Any]) -> dict[str, Any]:
     return entry
 
 
-def recent_by_others(db: Database, ingress_id: str, recorded_after: float
-                     ) -> list[tuple[str, str, int, int, float]]:
-    """(row id, key, tokens, status, recorded_at) of keyed rows other ingress processes
-    wrote after ``recorded_after`` (database clock): what ``ingress.access`` counts towards
-    budgets and limits here. The ``(recorded_at, ingress)`` index keeps the scan to the
-    recent rows, and this ingress's own among them cost an index entry each."""
+@dataclass(frozen=True)
+class OtherRow:
+    """A keyed row another ingress process wrote (``recent_by_others``)."""
+
+    id: str
+    key_id: str
+    tokens: int
+    status: int
+    recorded_at: float
+    spend: float
+    team: str | None
+    finished_at: float
+
+
+def recent_by_others(db: Database, ingress_id: str, recorded_after: float) -> list[OtherRow]:
+    """The keyed rows other ingress processes wrote after ``recorded_after`` (database
+    clock): what ``ingress.access`` counts towards budgets and limits here. The
+    ``(recorded_at, ingress)`` index keeps the scan to the recent rows, and this ingress's
+    own among them cost an index entry each."""
     rows = db.query_sync(
-        "SELECT id, key_id, prompt_tokens + completion_tokens, status, recorded_at FROM usage "
+        "SELECT id, key_id, prompt_tokens + completion_tokens, status, recorded_at, "
+        "COALESCE(spend, 0), team, finished_at FROM usage "
         "WHERE recorded_at > ? AND ingress <> ? AND key_id IS NOT NULL",
         (recorded_after, ingress_id))
-    return [(str(r[0]), str(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
+    return [OtherRow(str(r[0]), str(r[1]), int(r[2]), int(r[3]), float(r[4]), float(r[5]),
+                     None if r[6] is None else str(r[6]), float(r[7])) for r in rows]
 
 
-def totals_and_recent(db: Database, recorded_after: float
-                      ) -> tuple[dict[str, int], list[tuple[str, str, float]]]:
-    """Tokens per key over all time, and (id, ingress, recorded_at) of the rows recorded
-    after ``recorded_after``, in one statement: one snapshot, so a row is either in both
-    or in neither (``Access.load`` then never counts one twice)."""
+Windows = dict[str, tuple[int, float]]  # period -> (tokens, spend)
+_TOKENS = "prompt_tokens + completion_tokens"
+# Tokens and spend per (key, team) over all time, since the month's start and since the
+# day's (``ingress.budgets.Ledger.from_totals``); parameters: month, month, day, day.
+_WINDOW_SUMS = (
+    f"SELECT 0, key_id, team, SUM({_TOKENS}), SUM(COALESCE(spend, 0)), "
+    f"SUM(CASE WHEN finished_at >= ? THEN {_TOKENS} ELSE 0 END), "
+    "SUM(CASE WHEN finished_at >= ? THEN COALESCE(spend, 0) ELSE 0 END), "
+    f"SUM(CASE WHEN finished_at >= ? THEN {_TOKENS} ELSE 0 END), "
+    "SUM(CASE WHEN finished_at >= ? THEN COALESCE(spend, 0) ELSE 0 END), NULL "
+    "FROM usage WHERE key_id IS NOT NULL GROUP BY key_id, team")
+
+
+def _window_params(now: float) -> tuple[float, float, float, float]:
+    month, day = period_start("month", now), period_start("day", now)
+    return month, month, day, day
+
+
+def _totals_of(rows: list[Row]) -> list[tuple[str, str | None, Windows]]:
+    return [(str(r[1]), None if r[2] is None else str(r[2]),
+             {"lifetime": (int(r[3] or 0), float(r[4] or 0)),
+              "month": (int(r[5] or 0), float(r[6] or 0)),
+              "day": (int(r[7] or 0), float(r[8] or 0))}) for r in rows if r[0] == 0]
+
+
+def window_totals(db: Database, now: float) -> list[tuple[str, str | None, Windows]]:
+    """Tokens and spend per (key, team) over all time, this month and today (UTC)."""
+    return _totals_of(db.query_sync(_WINDOW_SUMS, _window_params(now)))
+
+
+def totals_and_recent(db: Database, recorded_after: float, now: float
+                      ) -> tuple[list[tuple[str, str | None, Windows]],
+                                 list[tuple[str, str, float]]]:
+    """``window_totals``, and (id, ingress, recorded_at) of the rows recorded after
+    ``recorded_after``, in one statement: one snapshot, so a row is either in both or in
+    neither (``Access.load`` then never counts one twice)."""
     rows = db.query_sync(
-        "SELECT 0, key_id, SUM(prompt_tokens + completion_tokens), NULL, NULL FROM usage "
-        "WHERE key_id IS NOT NULL GROUP BY key_id "
-        "UNION ALL SELECT 1, id, 0, ingress, recorded_at FROM usage WHERE recorded_at > ?",
-        (recorded_after,))
-    totals = {str(r[1]): int(r[2] or 0) for r in rows if r[0] == 0}
-    recent = [(str(r[1]), str(r[3]), float(r[4])) for r in rows if r[0] == 1]
-    return totals, recent
+        f"{_WINDOW_SUMS} UNION ALL SELECT 1, id, ingress, 0, 0, 0, 0, 0, 0, recorded_at "
+        "FROM usage WHERE recorded_at > ?", (*_window_params(now), recorded_after))
+    recent = [(str(r[1]), str(r[2]), float(r[9])) for r in rows if r[0] == 1]
+    return _totals_of(rows), recent
