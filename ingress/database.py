@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import trio
-
 from otela.services import ServiceError
 
 Row = tuple[Any, ...]
@@ -87,7 +85,9 @@ class Database:
         self.dialect = url.dialect
         self._connection = connection
         self._lock = threading.Lock()  # one statement at a time on this connection
-        self._trio_lock = trio.Lock()
+        # For the async calls; made on the first (``_async_lock``): the command line
+        # never makes one and so never imports trio (~0.15 s of every ``otela keys``).
+        self._trio_lock: Any = None
 
     # -- connecting --------------------------------------------------------------------
 
@@ -223,15 +223,18 @@ class Database:
             return int(cursor.rowcount or 0)
 
     async def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        async with self._trio_lock:
-            return await trio.to_thread.run_sync(self.query_sync, sql, params)
+        rows: list[Row] = await self.in_thread(self.query_sync, sql, params)
+        return rows
 
     async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
-        async with self._trio_lock:
-            return await trio.to_thread.run_sync(self.run_sync, sql, params)
+        return int(await self.in_thread(self.run_sync, sql, params))
 
     async def in_thread(self, work: Any, *args: Any) -> Any:
         """Run ``work(*args)`` (blocking, using this database) in a worker thread."""
+        import trio
+
+        if self._trio_lock is None:
+            self._trio_lock = trio.Lock()
         async with self._trio_lock:
             return await trio.to_thread.run_sync(work, *args)
 

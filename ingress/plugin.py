@@ -1,5 +1,6 @@
 """The ingress service as a node plugs it in (``otela.services.IngressPlugin``, found
-through the ``otela.ingress`` entry point), and its ``otela`` subcommands."""
+through the ``otela.ingress`` entry point); its ``otela`` subcommands are in
+``ingress.commands``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from ingress.dashboard import install as install_dashboard
 from ingress.service import IngressService
 from otela.api import visibility
 from otela.identity import load_or_create
-from otela.services import as_command
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -52,26 +52,3 @@ class Plugin:
 
 SERVICE = Plugin()
 
-
-def keys_command() -> Any:
-    from ingress.cli import keys_app
-
-    return as_command(keys_app, "keys")
-
-
-def usage_command() -> Any:
-    from ingress.cli import usage_command as usage
-
-    return as_command(usage, "usage")
-
-
-def requests_command() -> Any:
-    from ingress.cli import requests_command as requests
-
-    return as_command(requests, "requests")
-
-
-def prices_command() -> Any:
-    from ingress.cli import prices_app
-
-    return as_command(prices_app, "prices")

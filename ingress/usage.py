@@ -20,8 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import trio
-
 from ingress.budgets import period_start
 from ingress.database import Database, Row
 from ingress.prices import PriceList
@@ -129,9 +127,13 @@ class UsageWriter:
     def pending(self) -> int:
         return len(self._rows) + len(self._finished)
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Flush every ``flush_interval`` until cancelled; one last flush then."""
-        task_status.started()
+    async def run(self, *, task_status: Any = None) -> None:
+        """Flush every ``flush_interval`` until cancelled; one last flush then. (trio is
+        imported here, not by the module: the command line reads usage without it.)"""
+        import trio
+
+        if task_status is not None:
+            task_status.started()
         try:
             while True:
                 await trio.sleep(self.flush_interval)
@@ -175,6 +177,8 @@ class UsageWriter:
                           row[0], row[1])
         else:
             self._rows[:0] = rows
+            import trio
+
             await trio.sleep(min(1.0, self.flush_interval * 2 ** min(self.failures, 6)))
 
     def _write(self, rows: list[tuple[Any, ...]]) -> None:

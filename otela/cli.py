@@ -297,11 +297,34 @@ NEEDS_EXTRA = {
 }
 
 
+def _membership_command() -> Any:
+    from otela.membership.cli import app as membership_app
+    from otela.services import as_command
+
+    return as_command(membership_app, "membership", "Membership authority: create it, sign "
+                      "and revoke node certificates.")
+
+
+def _fleet_command() -> Any:
+    from otela.fleet.cli import HELP
+    from otela.fleet.cli import app as fleet_app
+    from otela.services import as_command
+
+    return as_command(fleet_app, "fleet", HELP)
+
+
+# otela's own commands loaded like plugged-in ones, when named (loader -> command maker):
+# membership imports libp2p's crypto (~1.2 s), which every ``otela keys`` call paid.
+BUILTIN_LAZY: dict[str, Any] = {"membership": lambda: _membership_command,
+                                "fleet": lambda: _fleet_command}
+
+
 def plugged_in_commands() -> dict[str, Any]:
-    """Name -> loader of each plugged-in command (``otela.commands`` entry points)."""
+    """Name -> loader of each lazily loaded command: otela's own heavy ones and the
+    plugged-in ones (``otela.commands`` entry points)."""
     from otela.services import commands
 
-    return commands()
+    return {**BUILTIN_LAZY, **commands()}
 
 
 def _plugged_in(name: str, load: Any) -> Any:
@@ -314,23 +337,6 @@ def _plugged_in(name: str, load: Any) -> Any:
             raise
         help_text, extra = NEEDS_EXTRA[name]
         return _placeholder(name, extra, help_text)
-
-
-def _mount_subcommands() -> None:
-    from otela.membership.cli import app as membership_app
-
-    app.add_typer(
-        membership_app,
-        name="membership",
-        help="Membership authority: create it, sign and revoke node certificates.",
-    )
-    from otela.fleet.cli import HELP as fleet_help
-    from otela.fleet.cli import app as fleet_app
-
-    app.add_typer(fleet_app, name="fleet", help=fleet_help)
-
-
-_mount_subcommands()
 
 
 def main() -> None:
