@@ -151,7 +151,10 @@ def create_contract_app(state: ContractState) -> FastAPI:
                 "models": [{"id": MODEL, "max_context": 32768}], "ingress": False,
                 "engine": "vllm", "updated_at": time.time(), "idle": False, "slurm": None,
                 "reachability": "public", "relay": False}
-        return {"nodes": [node], "count": 1}
+        # The same node before a restart: its old session's LEFT record stays a while.
+        before = {**node, "session_id": "s-serving-old", "state": "LEFT",
+                  "updated_at": time.time() - 600}
+        return {"nodes": [before, node], "count": 2}
 
     @app.get("/v1/network")
     async def network() -> dict[str, Any]:

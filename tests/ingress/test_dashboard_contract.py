@@ -163,6 +163,10 @@ def test_federation_view_shows_gpus_and_load(browser: WebDriver,
     node = browser.find_element(By.CSS_SELECTOR, '#nodes-body tr[data-session="s-serving"]')
     assert "4\u00d7 H100 80.0 GiB" in node.text and "KV 40 %" in node.text
     assert "16 slots" in node.text
+    # One row per node: a restart's old LEFT session is not a second node.
+    assert "restarted: 1 earlier session" in node.text
+    assert not browser.find_elements(By.CSS_SELECTOR,
+                                     '#nodes-body tr[data-session="s-serving-old"]')
     meter = node.find_element(By.CSS_SELECTOR, '[role="meter"]')
     assert meter.get_attribute("aria-valuenow") == "38"  # 3 of 8
     assert console_errors(browser) == []

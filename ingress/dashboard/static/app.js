@@ -387,10 +387,32 @@
     return cell;
   }
 
+  /**
+   * One row per node: a node that restarted (same peer id, a new session) keeps its old
+   * session's LEFT record in the registry for a while; its newest session stands for it,
+   * and the row says how many earlier sessions it had.
+   */
+  function newestSessions(nodes) {
+    const byPeer = new Map();
+    for (const node of nodes) {
+      const seen = byPeer.get(node.peer_id);
+      const live = (n) => n.state !== "LEFT";
+      if (!seen) {
+        byPeer.set(node.peer_id, { node, earlier: 0 });
+      } else {
+        seen.earlier += 1;
+        const newer = live(node) !== live(seen.node) ? live(node)
+          : (node.updated_at || 0) > (seen.node.updated_at || 0);
+        if (newer) seen.node = node;
+      }
+    }
+    return [...byPeer.values()].map(({ node, earlier }) => ({ ...node, earlier }));
+  }
+
   function renderNodes(nodes, network, health) {
     const body = $("nodes-body");
     body.replaceChildren();
-    const sorted = nodes.slice().sort((a, b) =>
+    const sorted = newestSessions(nodes).sort((a, b) =>
       (STATE_ORDER[a.state] ?? 9) - (STATE_ORDER[b.state] ?? 9)
       || String(a.provider_id).localeCompare(String(b.provider_id)));
     for (const node of sorted) {
@@ -404,7 +426,10 @@
       body.append(el("tr", { "data-session": node.session_id },
         el("th", { scope: "row" },
           el("span", { class: "mono", title: node.peer_id }, shortId(node.peer_id)),
-          el("span", { class: "sub-line" }, node.http_url || "")),
+          el("span", { class: "sub-line" }, node.http_url || ""),
+          node.earlier ? el("span", { class: "sub-line" },
+            `restarted: ${node.earlier} earlier ${node.earlier === 1 ? "session" : "sessions"}`)
+            : null),
         el("td", {}, node.provider_id || "—"),
         el("td", {}, roles.join(", ") || "—", slurm ? el("span", { class: "sub-line" }, slurm) : null),
         el("td", {}, pill(node.display_state || node.state, STATE_TONE[node.state] || "neutral",
