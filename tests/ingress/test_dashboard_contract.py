@@ -289,3 +289,32 @@ def test_tabs_follow_the_keyboard_and_the_address(browser: WebDriver,
     browser.get(f"{url}/ui#playground")
     wait(browser).until(EC.visibility_of_element_located((By.ID, "view-playground")))
     assert console_errors(browser) == []
+
+
+def test_admin_pages_through_keys_and_finds_them_by_search(
+        browser: WebDriver, contract: tuple[str, ContractState]) -> None:
+    """Many keys: 20 a page with the range shown, and a search over id, name, owner, team
+    and status (a page with 23 keys used to be 2,800 px long, with no way to find one)."""
+    url, state = contract
+    for i in range(25):
+        state.add_key(f"bulk-{i:02d}", name=f"bulk key {i}")
+    needle = state.add_key("zoe-searchable", name="the one")
+    total = len(state.keys)
+    open_page(browser, url, "admin")
+    sign_in_admin(browser, url, ADMIN_TOKEN)
+    wait(browser).until(lambda d: d.find_element(By.ID, "keys-page").text
+                        == f"1–20 of {total}")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#keys-body tr[data-key]")) == 20
+    assert not browser.find_element(By.ID, "keys-prev").is_enabled()
+    browser.find_element(By.ID, "keys-next").click()
+    wait(browser).until(lambda d: d.find_element(By.ID, "keys-page").text.startswith("21–"))
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#keys-body tr[data-key]")) == total - 20
+    search = browser.find_element(By.ID, "keys-search")
+    search.send_keys("ZOE one")  # words in any field, any case
+    wait(browser).until(lambda d: [r.get_attribute("data-key") for r in d.find_elements(
+        By.CSS_SELECTOR, "#keys-body tr[data-key]")] == [needle.id])
+    assert browser.find_element(By.ID, "keys-page").text == f"1–1 of 1 (of {total} keys)"
+    search.send_keys(" nobody-has-this")
+    wait(browser).until(lambda d: "No key matches the search." in
+                        d.find_element(By.ID, "keys-body").text)
+    assert console_errors(browser) == []

@@ -570,11 +570,25 @@
     return parts.join(" · ") || "none";
   }
 
+  /** Use against the key's budget in its period (tokens and/or spend); its team's budget
+   * shows in the status ("over budget") when that is the one used up. */
   function budgetNode(key) {
-    if (!key.budget_tokens) return `${fmt(key.used_tokens)} (no budget)`;
-    const fraction = key.used_tokens / key.budget_tokens;
-    return el("span", {}, meter(fraction, `${Math.round(fraction * 100)} % of the budget used`),
-      ` ${fmt(key.used_tokens)} of ${fmt(key.budget_tokens)}`);
+    const used = key.budget_used || { tokens: key.used_tokens || 0, spend: 0 };
+    const parts = [];
+    let fraction = 0;
+    if (key.budget_tokens) {
+      fraction = Math.max(fraction, used.tokens / key.budget_tokens);
+      parts.push(`${fmt(used.tokens)} of ${fmt(key.budget_tokens)}`);
+    }
+    if (key.budget_spend) {
+      fraction = Math.max(fraction, (used.spend || 0) / key.budget_spend);
+      parts.push(`spent ${(used.spend || 0).toFixed(2)} of ${key.budget_spend}`);
+    }
+    if (!parts.length) return `${fmt(key.used_tokens)} (no budget)`;
+    const period = key.budget_period && key.budget_period !== "lifetime"
+      ? ` this ${key.budget_period}` : "";
+    return el("span", {}, meter(Math.min(1, fraction),
+      `${Math.round(fraction * 100)} % of the budget used`), ` ${parts.join(", ")}${period}`);
   }
 
   function renderKeyInfo(key) {
@@ -984,7 +998,20 @@
 
   // ---------------------------------------------------------------- admin
 
-  const admin = { token: null, keys: [], arming: null, busy: new Set() };
+  const admin = { token: null, keys: [], arming: null, busy: new Set(), page: 0 };
+  const KEYS_PER_PAGE = 20;
+
+  /** The keys the search box matches: its words, each in the key's id, name, owner, team
+   * or status (case-insensitive). */
+  function matchingKeys(keys) {
+    const words = $("keys-search").value.toLowerCase().split(/\s+/).filter(Boolean);
+    if (!words.length) return keys;
+    return keys.filter((key) => {
+      const text = [key.id, key.name, key.owner, key.scheduling && key.scheduling.team,
+        keyStatus(key)[0]].filter(Boolean).join(" ").toLowerCase();
+      return words.every((word) => text.includes(word));
+    });
+  }
 
   function showAdmin(signedIn) {
     $("admin-form").hidden = signedIn;
@@ -1045,7 +1072,17 @@
     admin.keys = keys;
     const body = $("keys-body");
     body.replaceChildren();
-    const sorted = keys.slice().sort((a, b) => (b.created_at || 0) - (a.created_at || 0));
+    const matching = matchingKeys(keys).sort((a, b) => (b.created_at || 0) - (a.created_at || 0));
+    const pages = Math.max(1, Math.ceil(matching.length / KEYS_PER_PAGE));
+    admin.page = Math.min(admin.page, pages - 1);
+    const first = admin.page * KEYS_PER_PAGE;
+    const sorted = matching.slice(first, first + KEYS_PER_PAGE);
+    $("keys-page").textContent = matching.length
+      ? `${fmt(first + 1)}–${fmt(first + sorted.length)} of ${fmt(matching.length)}`
+        + (matching.length !== keys.length ? ` (of ${fmt(keys.length)} keys)` : "")
+      : "";
+    $("keys-prev").disabled = admin.page === 0;
+    $("keys-next").disabled = admin.page >= pages - 1;
     for (const key of sorted) {
       const [status, tone] = keyStatus(key);
       const actions = el("div", { class: "actions" });
@@ -1077,7 +1114,8 @@
       ));
     }
     if (!sorted.length) {
-      body.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "No keys yet.")));
+      body.append(el("tr", {}, el("td", { colspan: 8, class: "muted" },
+        keys.length ? "No key matches the search." : "No keys yet.")));
     }
     labelCells(body);
   }
@@ -1279,6 +1317,9 @@
     $("new-secret-copy").addEventListener("click", () => copySecret().catch(reportBug));
     $("new-secret-dismiss").addEventListener("click", hideSecret);
     $("admin-usage-by").addEventListener("change", () => refreshAdminUsage().catch(reportBug));
+    $("keys-search").addEventListener("input", () => { admin.page = 0; renderKeys(admin.keys); });
+    $("keys-prev").addEventListener("click", () => { admin.page -= 1; renderKeys(admin.keys); });
+    $("keys-next").addEventListener("click", () => { admin.page += 1; renderKeys(admin.keys); });
     $("admin-usage-range").addEventListener("change", () => refreshAdminUsage().catch(reportBug));
 
     onShow.federation = () => refreshFederation().catch(reportBug);
