@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
@@ -84,6 +84,7 @@ class Use:
 
 class ContractState:
     def __init__(self) -> None:
+        self.exports = 0  # request-log CSV exports asked for
         self.keys: dict[str, Key] = {}
         self.usage: list[Use] = []
         self.batches: dict[str, list[dict[str, Any]]] = {}  # key id -> batch objects
@@ -295,6 +296,35 @@ def create_contract_app(state: ContractState) -> FastAPI:
              "mean_latency_ms": sum(u.latency_ms for u in uses) / len(uses),
              "mean_ttft_ms": sum(u.ttft_ms for u in uses) / len(uses)}
             for g, uses in groups.items()]}
+
+    @app.get("/v1/admin/requests")
+    async def admin_requests(request: Request) -> Any:
+        """The request log: newest first, ``model`` filter, ``limit``/``after`` paging, or
+        every entry as CSV (``format=csv``; counted in ``state.exports``)."""
+        if not state.is_admin(request):
+            return error(401, *not_admin)
+        q = request.query_params
+        entries = [{"object": "request", "id": f"req-{i:04d}", "finished_at": use.at,
+                    "key_id": use.key_id, "team": None, "model": use.model,
+                    "provider": use.provider, "node_peer": use.node, "status": 200,
+                    "error": None, "stream": False, "prompt_tokens": use.prompt_tokens,
+                    "completion_tokens": use.completion_tokens, "latency_ms": use.latency_ms,
+                    "ttft_ms": use.ttft_ms, "spend": None}
+                   for i, use in enumerate(state.usage)
+                   if not q.get("model") or use.model == q["model"]]
+        entries.reverse()
+        if q.get("format") == "csv":
+            state.exports += 1
+            lines = ["id,model"] + [f"{e['id']},{e['model']}" for e in entries]
+            return PlainTextResponse("\n".join(lines) + "\n", media_type="text/csv")
+        if q.get("after"):
+            ids = [e["id"] for e in entries]
+            entries = entries[ids.index(q["after"]) + 1:]
+        limit = int(q.get("limit", 100))
+        page = entries[:limit]
+        return {"object": "list", "data": page, "has_more": len(entries) > limit,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None}
 
     return app
 

@@ -305,4 +305,16 @@ def test_admin_rotates_a_key_and_sees_usage_by_group(
         wait(browser).until(lambda d, by=by: d.find_element(By.ID, "admin-usage-group").text
                             == by.capitalize())
         assert not browser.find_element(By.ID, "admin-usage-error").is_displayed()
+    # The request log from the real API: the new secret's request, filtered by its key.
+    answer = httpx.post(f"{ingress.http_url}/v1/chat/completions", timeout=10,
+                        trust_env=False, headers={"authorization": f"Bearer {new_secret}"},
+                        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert answer.status_code == 200, answer.text
+    browser.find_element(By.ID, "log-key").send_keys(key_id)
+
+    def logged(d: WebDriver) -> bool:  # the row is written within a flush (25 ms)
+        d.find_element(By.ID, "log-show").click()
+        return key_id in d.find_element(By.ID, "log-body").text
+    wait(browser).until(logged)
+    assert not browser.find_element(By.ID, "log-error").is_displayed()
     assert console_errors(browser) == []

@@ -303,18 +303,53 @@ def test_admin_pages_through_keys_and_finds_them_by_search(
     open_page(browser, url, "admin")
     sign_in_admin(browser, url, ADMIN_TOKEN)
     wait(browser).until(lambda d: d.find_element(By.ID, "keys-page").text
-                        == f"1–20 of {total}")
+                        == f"1\u201320 of {total}")
     assert len(browser.find_elements(By.CSS_SELECTOR, "#keys-body tr[data-key]")) == 20
     assert not browser.find_element(By.ID, "keys-prev").is_enabled()
     browser.find_element(By.ID, "keys-next").click()
-    wait(browser).until(lambda d: d.find_element(By.ID, "keys-page").text.startswith("21–"))
+    wait(browser).until(lambda d: d.find_element(By.ID, "keys-page").text.startswith("21\u2013"))
     assert len(browser.find_elements(By.CSS_SELECTOR, "#keys-body tr[data-key]")) == total - 20
     search = browser.find_element(By.ID, "keys-search")
     search.send_keys("ZOE one")  # words in any field, any case
     wait(browser).until(lambda d: [r.get_attribute("data-key") for r in d.find_elements(
         By.CSS_SELECTOR, "#keys-body tr[data-key]")] == [needle.id])
-    assert browser.find_element(By.ID, "keys-page").text == f"1–1 of 1 (of {total} keys)"
+    assert browser.find_element(By.ID, "keys-page").text == f"1\u20131 of 1 (of {total} keys)"
     search.send_keys(" nobody-has-this")
     wait(browser).until(lambda d: "No key matches the search." in
                         d.find_element(By.ID, "keys-body").text)
+    assert console_errors(browser) == []
+
+
+def test_admin_reads_the_request_log_pages_filters_and_exports_it(
+        browser: WebDriver, seeded: tuple[str, ContractState, str, str, list[int]]) -> None:
+    url, state, key_id, _, _ = seeded
+    for i in range(60):  # more than a page of 50
+        state.usage.append(Use(key_id, time.time() - i, prompt_tokens=1, completion_tokens=1,
+                               model="paged-model"))
+    open_page(browser, url, "admin")
+    sign_in_admin(browser, url, ADMIN_TOKEN)
+    wait(browser).until(lambda d: len(d.find_elements(
+        By.CSS_SELECTOR, "#log-body tr[data-request]")) == 50)
+    newest = browser.find_elements(By.CSS_SELECTOR, "#log-body tr[data-request]")[0]
+    assert key_id in newest.text and "paged-model" in newest.text
+    older = browser.find_element(By.ID, "log-older")
+    assert older.is_displayed()
+    older.click()
+    total = len(state.usage)
+    wait(browser).until(lambda d: len(d.find_elements(
+        By.CSS_SELECTOR, "#log-body tr[data-request]")) == total)
+    assert not browser.find_element(By.ID, "log-older").is_displayed()
+    ids = [r.get_attribute("data-request")
+           for r in browser.find_elements(By.CSS_SELECTOR, "#log-body tr[data-request]")]
+    assert len(set(ids)) == total  # no page repeated
+    browser.find_element(By.ID, "log-model").send_keys("other-model")
+    browser.find_element(By.ID, "log-show").click()
+    wait(browser).until(lambda d: [r.text for r in d.find_elements(
+        By.CSS_SELECTOR, "#log-body tr[data-request]")] and all(
+        "other-model" in r.text for r in d.find_elements(
+            By.CSS_SELECTOR, "#log-body tr[data-request]")))
+    before = state.exports
+    browser.find_element(By.ID, "log-export").click()
+    wait(browser).until(lambda d: state.exports == before + 1)
+    assert not browser.find_element(By.ID, "log-error").is_displayed()
     assert console_errors(browser) == []

@@ -1041,6 +1041,7 @@
     if (keys) renderKeys(keys.data || []);
     showError("admin-error", failure ? explain(failure, "an admin API") : "");
     await refreshAdminUsage();
+    await refreshLog(false);
   }
 
   function signOutAdmin() {
@@ -1066,6 +1067,7 @@
       showError("admin-error", explain(err, "an admin API"));
     }
     await refreshAdminUsage();
+    await refreshLog(false);
   }
 
   function renderKeys(keys) {
@@ -1286,6 +1288,83 @@
     labelCells(body);
   }
 
+  // ---------------------------------------------------------------- request log
+
+  const requestLog = { after: null };
+
+  /** The log form's filters (empty fields filter nothing). */
+  function logFilters() {
+    const filters = {};
+    for (const [name, id] of [["key", "log-key"], ["team", "log-team"], ["model", "log-model"],
+      ["status", "log-status"]]) {
+      const value = $(id).value.trim();
+      if (value) filters[name] = value;
+    }
+    return filters;
+  }
+
+  /** The newest requests (or, with ``older``, the page after the last one shown). */
+  async function refreshLog(older) {
+    if (!admin.token) return;
+    const params = { ...logFilters(), limit: 50 };
+    if (older && requestLog.after) params.after = requestLog.after;
+    try {
+      const page = await api(`/v1/admin/requests?${query(params)}`, { token: admin.token });
+      showError("log-error", "");
+      renderLog(page.data || [], older);
+      requestLog.after = page.last_id;
+      $("log-older").hidden = !page.has_more;
+    } catch (err) {
+      showError("log-error", explain(err, "an admin API"));
+      if (!older) $("log-body").replaceChildren();
+      $("log-older").hidden = true;
+    }
+  }
+
+  function renderLog(entries, append) {
+    const body = $("log-body");
+    if (!append) body.replaceChildren();
+    for (const entry of entries) {
+      const tokens = (entry.prompt_tokens || 0) + (entry.completion_tokens || 0);
+      body.append(el("tr", { "data-request": entry.id },
+        el("td", {}, when(entry.finished_at)),
+        el("td", {}, el("span", { class: "mono" }, entry.key_id || "—"),
+          entry.team ? el("span", { class: "sub-line" }, `team ${entry.team}`) : null),
+        el("td", {}, entry.model, entry.stream ? el("span", { class: "sub-line" }, "stream") : null),
+        el("td", {}, entry.provider || "—",
+          el("span", { class: "sub-line mono", title: entry.node_peer || "" }, shortId(entry.node_peer || ""))),
+        el("td", { class: "num" }, String(entry.status),
+          entry.error ? el("span", { class: "sub-line" }, entry.error) : null),
+        el("td", { class: "num" }, fmt(tokens)),
+        el("td", { class: "num" }, ms(entry.latency_ms)),
+        el("td", { class: "num" }, ms(entry.ttft_ms)),
+        el("td", { class: "num" }, entry.spend === null || entry.spend === undefined
+          ? "unpriced" : Number(entry.spend).toFixed(4)),
+      ));
+    }
+    if (!body.children.length) {
+      body.append(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No requests match.")));
+    }
+    labelCells(body);
+  }
+
+  /** Every request the filters match, as a CSV file (the API streams it). */
+  async function exportLog() {
+    const path = `/v1/admin/requests?${query({ ...logFilters(), format: "csv" })}`;
+    const response = await send(path, { token: admin.token });
+    if (!response.ok) {
+      showError("log-error", String(await errorFrom(response)));
+      return;
+    }
+    const url = URL.createObjectURL(await response.blob());
+    const link = el("a", { href: url, download: "requests.csv", hidden: "" });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+    showError("log-error", "");
+  }
+
   // ---------------------------------------------------------------- start
 
   /** A bug in this page, not an API error: say so on the page and in the console. */
@@ -1317,6 +1396,12 @@
     $("new-secret-copy").addEventListener("click", () => copySecret().catch(reportBug));
     $("new-secret-dismiss").addEventListener("click", hideSecret);
     $("admin-usage-by").addEventListener("change", () => refreshAdminUsage().catch(reportBug));
+    $("log-form").addEventListener("submit", (e) => {
+      e.preventDefault();
+      refreshLog(false).catch(reportBug);
+    });
+    $("log-older").addEventListener("click", () => refreshLog(true).catch(reportBug));
+    $("log-export").addEventListener("click", () => exportLog().catch(reportBug));
     $("keys-search").addEventListener("input", () => { admin.page = 0; renderKeys(admin.keys); });
     $("keys-prev").addEventListener("click", () => { admin.page -= 1; renderKeys(admin.keys); });
     $("keys-next").addEventListener("click", () => { admin.page += 1; renderKeys(admin.keys); });
