@@ -12,6 +12,7 @@ from ingress import admin_api, batch_api
 from ingress.batch_runner import RunnerSettings
 from ingress.dashboard import install as install_dashboard
 from ingress.service import IngressService
+from ingress.sso.off import install as install_no_sso
 from ingress.sso.settings import SsoConfigError, SsoSettings
 from otela.api import visibility
 from otela.identity import load_or_create
@@ -58,6 +59,8 @@ class Plugin:
 
     def install(self, api: FastAPI, service: Any) -> None:
         install_dashboard(api)
+        if not isinstance(service, IngressService) or service.sso is None:
+            install_no_sso(api)
         if isinstance(service, IngressService):
             admin_api.install(api, service)
             batch_api.install(api, service)

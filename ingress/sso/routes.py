@@ -111,6 +111,12 @@ def install(app: FastAPI, db: Database, settings: SsoSettings,
                 400, "The sign-in's state does not match the one this ingress sent (an "
                 "altered or foreign link). Start again from the dashboard.", "state_mismatch"),
                 "Sign-in failed")
+        issuer = params.get("iss")
+        if issuer is not None and issuer.rstrip("/") != settings.issuer:
+            # RFC 9207: an answer from another provider (a mix-up attack) is refused.
+            return failed(ProviderError(
+                400, "The sign-in came back from another identity provider than this "
+                "ingress's.", "issuer_mismatch"), "Sign-in failed")
         error = params.get("error")
         if error is not None:
             said = (params.get("error_description") or "")[:200]
