@@ -95,12 +95,10 @@ def take_login(db: Database, secret: str, now: float) -> PendingLogin | None:
     """The sign-in under way whose cookie holds ``secret``, once: it is deleted here, so
     a second callback with the same cookie (a replayed code) finds nothing. ``None``:
     unknown, already taken or expired."""
-    key = hash_secret(secret)
-    with db.transaction() as cursor:
-        cursor.execute("SELECT state, nonce, verifier, expires_at FROM sso_logins WHERE "
-                       "secret_hash = ?", (key,))
-        rows = cursor.fetchall()
-        cursor.execute("DELETE FROM sso_logins WHERE secret_hash = ?", (key,))
+    # One statement (SQLite 3.35+, PostgreSQL): of two callbacks racing with the same
+    # cookie, on one ingress or two, only one gets the row.
+    rows = db.query_sync("DELETE FROM sso_logins WHERE secret_hash = ? RETURNING state, "
+                         "nonce, verifier, expires_at", (hash_secret(secret),))
     if not rows or now >= float(rows[0][3]):
         return None
     return PendingLogin(str(rows[0][0]), str(rows[0][1]), str(rows[0][2]))
