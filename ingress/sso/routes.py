@@ -84,6 +84,12 @@ def install(app: FastAPI, db: Database, settings: SsoSettings,
             url = await provider.authorization_url(pending)
             secret = await db.in_thread(sessions.begin_login, db, pending,
                                         settings.login_ttl, time.time())
+        except sessions.TooManySignIns:
+            log.warning("sso: %d sign-ins under way, refusing more for now",
+                        sessions.MAX_PENDING_LOGINS)
+            return failed(ProviderError(503, "Too many sign-ins are under way on this "
+                                        "ingress. Try again in a few minutes.",
+                                        "too_many_sign_ins"), "Cannot sign in right now")
         except Exception as exc:  # the provider's (ProviderError) or the database's
             return failed(exc, "Cannot sign in right now")
         response = RedirectResponse(url, status_code=303, headers={"cache-control": "no-store"})
@@ -139,8 +145,11 @@ def install(app: FastAPI, db: Database, settings: SsoSettings,
             return failed(exc, "Sign-in failed")
         except ValueError as exc:
             return failed(ProviderError(502, str(exc), "id_token_invalid"), "Sign-in failed")
+        previous = cookie_value(request.headers.get("cookie"), SESSION_COOKIE)
         try:
             now = time.time()
+            if previous is not None:  # a sign-in replaces this browser's session
+                await db.in_thread(sessions.close_session, db, previous)
             user = await db.in_thread(users.signed_in, db, settings.issuer, who, now)
             secret, _ = await db.in_thread(sessions.open_session, db, user,
                                                  settings.session_ttl, now)

@@ -23,9 +23,16 @@ from ingress.database import Database
 from ingress.keys import hash_secret
 from ingress.sso.users import COLUMNS, User
 
+# Sign-ins under way at once, at most: anyone may open /ui/login, and each keeps a row for
+# ten minutes, so strangers must not be able to fill the database with them.
+MAX_PENDING_LOGINS = 10_000
 SESSION_COOKIE = "otela_session"
 LOGIN_COOKIE = "otela_sso_login"
 CSRF_HEADER = "x-otela-csrf"
+
+
+class TooManySignIns(Exception):
+    """``MAX_PENDING_LOGINS`` sign-ins are under way: refuse another for now."""
 
 
 def new_secret() -> str:
@@ -80,10 +87,14 @@ def close_session(db: Database, secret: str) -> bool:
 
 
 def begin_login(db: Database, login: PendingLogin, ttl: float, now: float) -> str:
-    """Keep a sign-in under way for ``ttl`` seconds; the secret for its cookie."""
+    """Keep a sign-in under way for ``ttl`` seconds; the secret for its cookie. Raises
+    ``TooManySignIns`` when ``MAX_PENDING_LOGINS`` are."""
     secret = new_secret()
     with db.transaction() as cursor:
         cursor.execute("DELETE FROM sso_logins WHERE expires_at <= ?", (now,))
+        cursor.execute("SELECT COUNT(*) FROM sso_logins")
+        if int(cursor.fetchall()[0][0]) >= MAX_PENDING_LOGINS:
+            raise TooManySignIns
         cursor.execute("INSERT INTO sso_logins (secret_hash, state, nonce, verifier, "
                        "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
                        (hash_secret(secret), login.state, login.nonce, login.verifier,

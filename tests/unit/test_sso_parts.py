@@ -147,6 +147,18 @@ def test_a_sign_in_under_way_is_taken_once_and_expires(tmp_path):
     assert sessions.take_login(db, late, 700.0) is None
 
 
+def test_strangers_cannot_fill_the_database_with_sign_ins(tmp_path, monkeypatch):
+    db = sqlite(tmp_path / "m.db")
+    monkeypatch.setattr(sessions, "MAX_PENDING_LOGINS", 3)
+    pending = PendingLogin("state", "nonce", "verifier")
+    for _ in range(3):
+        sessions.begin_login(db, pending, 600.0, 100.0)
+    with pytest.raises(sessions.TooManySignIns):
+        sessions.begin_login(db, pending, 600.0, 100.0)
+    sessions.begin_login(db, pending, 600.0, 700.0)  # the old ones expired: room again
+    assert db.query_sync("SELECT COUNT(*) FROM sso_logins") == [(1,)]
+
+
 # -- the session gate ---------------------------------------------------------------------
 
 def test_cookie_values_are_read_strictly():
