@@ -6,16 +6,18 @@ dict, checks it (``ingress.keys.check``), takes a slot from its limits
 (``ingress.limits``) and returns a ``Grant``; ``finished`` gives the slot back and charges
 the tokens used.
 
-**Budgets are reserved, then settled.** A request of a key with a token budget reserves,
-at admission, what it may use at most: its ``max_tokens`` (``DEFAULT_RESERVE`` when it
-sets none) plus its body's length in bytes (a bound on its prompt's tokens: a token covers
-at least a byte of text). A request is admitted only while the key's used plus reserved
-tokens are below its budget; on completion the reservation is replaced by the tokens the
-engine reported. Requests in flight at once therefore cannot each spend the same
-remainder: on one ingress process a budget is overshot by at most the last admitted
-request's own tokens (its prompt and, when it set ``max_tokens``, at most that many
-generated); a remainder held by requests in flight is a 429 ``budget_reserved`` until
-they finish.
+**Budgets are reserved, then settled** (``ingress.budgets``). A key's budget and its
+team's (tokens and/or money, per day, month or lifetime) are both checked: the tighter
+wins. A request under a budget reserves, at admission, what it may use at most: its
+``max_tokens`` (``DEFAULT_RESERVE`` when it sets none) plus its body's length in bytes (a
+bound on its prompt's tokens: a token covers at least a byte of text), and for a money
+budget those tokens at the model's highest price (a model without a price is refused to
+a key or team with a money budget: its use could not be counted). A request is admitted
+only while each account's used plus reserved amount is below its budget; on completion
+the reservation is replaced by what the engine reported. Requests in flight at once
+therefore cannot each spend the same remainder: on one ingress process a budget is
+overshot by at most the last admitted request's own use; a remainder held by requests in
+flight is a 429 ``budget_reserved`` until they finish.
 
 ``run`` refreshes the copy every ``refresh_interval`` (1 s): keys changed
 since the last refresh (so a revocation anywhere takes effect here within about a second;
@@ -33,11 +35,14 @@ from typing import Any
 
 import trio
 
-from ingress import keystore, usage
+from ingress import keystore, prices, usage
+from ingress.budgets import Account, Budget, Ledger, Reservation, Spent, over, refusal
 from ingress.database import Database
 from ingress.internal_auth import InternalCredentials
 from ingress.keys import ApiKey, bearer, check, hash_secret
+from ingress.keystore import Team
 from ingress.limits import KeyLimits, limits_for
+from ingress.prices import PriceList
 from otela.dataplane.errors import RequestError
 
 log = logging.getLogger("otela.ingress.access")
@@ -59,7 +64,10 @@ class Grant:
 
     key: ApiKey
     limits: KeyLimits
-    reserved: int = 0  # budget tokens held for this request (budgeted keys only)
+    reserved: int = 0  # budget tokens held for this request (budgeted accounts only)
+    reserved_spend: float = 0.0  # and money
+    accounts: tuple[Account, ...] = ()  # the budgeted accounts holding them
+    model: str = ""  # to price what it used (budgeted requests only)
 
     @property
     def providers(self) -> frozenset[str] | None:
@@ -79,11 +87,15 @@ class Access:
         self._key_of: dict[bytes | None, ApiKey] = {}
         self._grants: dict[str, Grant] = {}  # one per key (it holds no per-request state)
         self.by_id: dict[str, ApiKey] = {}
+        self.teams: dict[str, Team] = {}  # weights and budgets; a team not listed: 1, none
         self.team_weights: dict[str, float] = {}  # fair sharing: a team not listed weighs 1
+        self.prices = PriceList()  # usage rows' spend (``ingress.prices``), as last read
         self.limits: dict[str, KeyLimits] = {}
-        self.used_tokens: dict[str, int] = {}  # at load, plus what others wrote since
-        self.used_here: dict[str, int] = {}  # by this process since load
-        self.reserved: dict[str, int] = {}  # budget tokens held by requests in flight here
+        # Every key's and team's use per period window: at load, plus what this process
+        # served and what others wrote since; and what requests in flight here hold.
+        self.ledger = Ledger(time.time())
+        self.reservation = Reservation()
+        self._budgets: dict[str, tuple[tuple[Account, Budget, str], ...]] = {}  # per key
         self._keys_seen_at = 0.0
         self._others_after = 0.0  # database clock; set by ``load``
         self._others_seen: dict[str, float] = {}
@@ -128,43 +140,66 @@ class Access:
         """What can be refused before a request's body is read: the key (401), its budget
         (403) and its limits (429); raises the error, takes nothing."""
         key = self.authenticate(authorization)
-        if key.budget_tokens is not None:
-            check(key, None, time.time(), self.used(key.id))
-            self._check_reserved(key)
+        budgets = self._budgets_of(key)
+        if budgets:
+            self._check_budgets(budgets, time.time())
         limits = self.limits.get(key.id)
         if limits is not None:
             limits.check(time.monotonic())
 
-    def _check_reserved(self, key: ApiKey) -> None:
-        """The rest of the budget is held by this key's requests in flight: 429, as for a
-        rate (it comes back when they finish, unlike a budget used up, 403)."""
-        assert key.budget_tokens is not None
-        if self.committed(key.id) >= key.budget_tokens:
-            raise RequestError(
-                429, f"The rest of this API key's token budget ({key.budget_tokens}) is "
-                "reserved by its requests in flight; retry when they have finished.",
-                code="budget_reserved", headers={"Retry-After": "1"})
+    def _budgets_of(self, key: ApiKey) -> tuple[tuple[Account, Budget, str], ...]:
+        """The budgeted accounts a request of ``key`` counts towards: the key's, its
+        team's (with how an error names each)."""
+        return self._budgets.get(key.id, ())
 
-    def committed(self, key_id: str) -> int:
-        """A key's tokens used (everywhere, as last read) and reserved (in flight here)."""
-        return self.used_tokens.get(key_id, 0) + self.used_here.get(key_id, 0) + \
-            self.reserved.get(key_id, 0)
+    def _check_budgets(self, budgets: tuple[tuple[Account, Budget, str], ...],
+                       now: float) -> None:
+        for account, budget, whose in budgets:
+            error = refusal(budget, self.ledger.spent(account, budget.period, now),
+                            self.reservation.of(account), whose, now)
+            if error is not None:
+                raise error
 
     def used(self, key_id: str) -> int:
-        """A key's tokens used, as this process knows now (``/v1/me``): the database's
-        total at the last refresh plus what this process served since."""
-        return self.used_tokens.get(key_id, 0) + self.used_here.get(key_id, 0)
+        """A key's tokens used over its life, as this process knows now."""
+        return self.ledger.spent(("key", key_id), "lifetime", time.time()).tokens
+
+    def spent(self, key: ApiKey) -> Spent:
+        """What ``key`` used in its budget's period, as this process knows now."""
+        return self.ledger.spent(("key", key.id), key.budget.period, time.time())
+
+    def over_budget(self, key: ApiKey) -> bool:
+        """Whether ``key`` or its team has used its budget up (the key's status)."""
+        now = time.time()
+        return any(over(budget, self.ledger.spent(account, budget.period, now))
+                   for account, budget, _ in self._budgets_of(key))
 
     def admit(self, key: ApiKey, model: str, max_tokens: int | None = None,
               prompt_bound: int = 0) -> Grant:
         """``key`` may ask for ``model`` now (raises 403/429 otherwise); takes a slot and,
-        for a key with a budget, reserves ``max_tokens`` (``DEFAULT_RESERVE``) plus
-        ``prompt_bound`` of it."""
+        under a budget, reserves ``max_tokens`` (``DEFAULT_RESERVE``) plus
+        ``prompt_bound`` of it (see the module docstring)."""
         key_id = key.id
-        if key.models is not None or key.budget_tokens is not None:
-            check(key, model, time.time(), self.used(key_id))
-            if key.budget_tokens is not None:
-                self._check_reserved(key)
+        budgets = self._budgets.get(key_id, ())
+        if key.models is not None:
+            check(key, model, time.time(), 0)
+        reserve_spend = 0.0
+        reserve = 0
+        if budgets:
+            now = time.time()
+            self._check_budgets(budgets, now)
+            prompt_reserve = max(0, prompt_bound)
+            output_reserve = max_tokens if max_tokens is not None and max_tokens > 0 \
+                else DEFAULT_RESERVE
+            reserve = prompt_reserve + output_reserve
+            if any(budget.spend is not None for _, budget, _ in budgets):
+                highest = self.prices.highest(model)
+                if highest is None:
+                    raise RequestError(
+                        403, f"The model `{model[:200]}` has no price, and this API key "
+                        "has a budget in money: its use could not be counted.",
+                        code="model_unpriced", param="model")
+                reserve_spend = highest.spend(prompt_reserve, output_reserve)
         grant = self._grants.get(key_id)
         if grant is None or grant.key is not key:
             limits = self.limits.get(key_id)
@@ -172,41 +207,62 @@ class Access:
                 limits = self.limits[key_id] = limits_for(key.rpm, key.tpm, key.max_concurrent)
             grant = self._grants[key_id] = Grant(key, limits)
         grant.limits.admit(time.monotonic())
-        if key.budget_tokens is None:
+        if not budgets:
             return grant
-        reserve = max(0, prompt_bound) + (
-            max_tokens if max_tokens is not None and max_tokens > 0 else DEFAULT_RESERVE)
-        self.reserved[key_id] = self.reserved.get(key_id, 0) + reserve
-        return Grant(key, grant.limits, reserve)  # its own: it carries the reservation
+        accounts = tuple(account for account, _, _ in budgets)
+        for account in accounts:
+            self.reservation.hold(account, reserve, reserve_spend)
+        # Its own grant: it carries the reservation.
+        return Grant(key, grant.limits, reserve, reserve_spend, accounts, model)
 
-    def finished(self, grant: Grant, tokens: int) -> None:
+    def finished(self, grant: Grant, tokens: int, prompt_tokens: int = 0,
+                 provider: str = "") -> None:
+        """A request admitted here is over: it used ``tokens`` (``prompt_tokens`` of them
+        its prompt's), served by ``provider``."""
         grant.limits.finished(tokens, time.monotonic())
-        if grant.reserved:
-            key_id = grant.key.id
-            left = self.reserved.get(key_id, 0) - grant.reserved
-            if left > 0:
-                self.reserved[key_id] = left
-            else:
-                self.reserved.pop(key_id, None)
+        for account in grant.accounts:
+            self.reservation.release(account, grant.reserved, grant.reserved_spend)
         if tokens:
-            key_id = grant.key.id
-            self.used_here[key_id] = self.used_here.get(key_id, 0) + tokens
+            now = time.time()
+            key = grant.key
+            spend = 0.0
+            if grant.accounts:  # priced only where a budget counts money or tokens
+                spend = self.prices.spend(grant.model, provider, prompt_tokens,
+                                          tokens - prompt_tokens) or 0.0
+            self.ledger.add(("key", key.id), tokens, spend, now)
+            if key.team:
+                self.ledger.add(("team", key.team), tokens, spend, now)
+
+    def team_of(self, key_id: str | None) -> str | None:
+        """A key's team now (a usage row's ``team``)."""
+        key = None if key_id is None else self.by_id.get(key_id)
+        return None if key is None else key.team
 
     # -- keeping the copy fresh --------------------------------------------------------
 
     def load(self) -> None:
-        """The first full read (blocking; at start, before the port opens): every key, and
-        the tokens each has used, from one consistent read of the usage table."""
+        """The first full read (blocking; at start, before the port opens): every key and
+        team, and what each has used in each period window, from one consistent read of
+        the usage table."""
         started = time.time()
-        self.team_weights = keystore.team_weights(self.db)
+        self._take_teams(keystore.teams(self.db))
+        self.prices = prices.price_list(self.db)
         self.remember(keystore.changed_since(self.db, 0.0))
         self._keys_seen_at = started
         after = self.db.now() - _LOOKBACK_S
-        totals, recent = usage.totals_and_recent(self.db, after)
-        self.used_tokens, self.used_here = totals, {}
+        totals, recent = usage.totals_and_recent(self.db, after, started)
+        self.ledger = Ledger.from_totals(totals, started)
         self._others_after = after
         self._others_seen = {row_id: recorded for row_id, ingress, recorded in recent
                              if ingress != self.ingress_id}
+
+    def _take_teams(self, teams: dict[str, Team]) -> bool:
+        """Take the teams table as read; whether anything changed."""
+        if teams == self.teams:
+            return False
+        self.teams = teams
+        self.team_weights = {name: team.weight for name, team in teams.items()}
+        return True
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -224,9 +280,8 @@ class Access:
         wrote (O(new rows), never a scan of the whole usage table)."""
         started = time.time()
         changed = keystore.changed_since(self.db, self._keys_seen_at - 1.0)
-        weights = keystore.team_weights(self.db)
-        if weights != self.team_weights:  # every key of a team whose weight changed
-            self.team_weights = weights
+        self.prices = prices.price_list(self.db)  # a few rows: read whole, not diffed
+        if self._take_teams(keystore.teams(self.db)):  # every key: weights and budgets
             changed = [*self.by_id.values(), *changed]
         db_now = self.db.now()
         others = usage.recent_by_others(self.db, self.ingress_id, self._others_after)
@@ -252,23 +307,38 @@ class Access:
             limits = self.limits.get(key.id)
             if limits is not None:
                 limits.reconfigure(key.rpm, key.tpm, key.max_concurrent)
+            self._budgets[key.id] = self._accounts(key)
 
-    def _take_others(self, rows: list[tuple[str, str, int, int, float]],
-                     db_now: float) -> None:
+    def _accounts(self, key: ApiKey) -> tuple[tuple[Account, Budget, str], ...]:
+        """The budgeted accounts of ``key``'s requests: its own, its team's."""
+        found: list[tuple[Account, Budget, str]] = []
+        if key.budget:
+            found.append((("key", key.id), key.budget, "This API key's"))
+        team = self.teams.get(key.team) if key.team else None
+        if team is not None and team.budget:
+            found.append((("team", team.name), team.budget, f"Team {team.name[:100]}'s"))
+        return tuple(found)
+
+    def _take_others(self, rows: list[usage.OtherRow], db_now: float) -> None:
         """Others' rows count towards budgets (all) and this node's buckets (those that
         were admitted there), each once. The next scan starts ``_LOOKBACK_S`` before
         ``db_now`` (the database's clock when this scan began): whether or not anyone
         else writes, each scan reads only the last seconds' rows."""
         now = time.monotonic()
-        for row_id, key_id, tokens, status, recorded in rows:
-            if row_id in self._others_seen:
+        wall = time.time()
+        for row in rows:
+            if row.id in self._others_seen:
                 continue
-            self._others_seen[row_id] = recorded
-            if tokens:
-                self.used_tokens[key_id] = self.used_tokens.get(key_id, 0) + tokens
-            limits = self.limits.get(key_id)
-            if limits is not None and status not in _NOT_ADMITTED:
-                limits.charge(1, tokens, now)
+            self._others_seen[row.id] = row.recorded_at
+            if row.tokens:
+                self.ledger.add(("key", row.key_id), row.tokens, row.spend, wall,
+                                row.finished_at)
+                if row.team:
+                    self.ledger.add(("team", row.team), row.tokens, row.spend, wall,
+                                    row.finished_at)
+            limits = self.limits.get(row.key_id)
+            if limits is not None and row.status not in _NOT_ADMITTED:
+                limits.charge(1, row.tokens, now)
         self._others_after = max(self._others_after, db_now - _LOOKBACK_S)
         horizon = self._others_after
         self._others_seen = {k: t for k, t in self._others_seen.items() if t > horizon}

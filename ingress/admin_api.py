@@ -10,7 +10,14 @@ Admins (``Authorization: Bearer <admin token>``, ``OTELA_ADMIN_TOKEN``):
   as at creation), ``POST /v1/admin/keys/{id}/revoke`` (or ``DELETE``),
   ``POST /v1/admin/keys/{id}/rotate``, ``GET /v1/admin/keys/{id}/history`` (who changed
   what, when);
-- ``GET /v1/admin/usage?since&until&by=key|model|provider|node|ingress|status``.
+- ``GET /v1/admin/usage?since&until&by=key|team|owner|model|provider|node|ingress|status``
+  and filters (``key``, ``team``, ``model``, ``provider``, ``node``, ``ingress``,
+  ``status``): requests, tokens, errors, latency and spend per group;
+- ``GET /v1/admin/requests`` (and ``GET /v1/me/requests``, a key holder's own): the
+  request log, newest first, with the same window and filters, paged (``limit``,
+  ``after``) or exported whole (``format=csv`` or ``jsonl``);
+- ``GET /v1/admin/prices``, ``PUT /v1/admin/prices`` (a model's price per million tokens,
+  for one provider or all), ``DELETE /v1/admin/prices?model&provider``.
 
 Every error is an OpenAI-style JSON error; nothing is written unless the whole request was
 valid. A wrong admin token and a missing one get the same 401.
@@ -19,15 +26,19 @@ valid. A wrong admin token and a missing one get the same 401.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ingress import admin_input, keystore, usage
+from ingress import admin_input, export, keystore, prices, usage
 from ingress.keys import ApiKey, bearer, same_secret
 from ingress.keystore import KeyNotFound, KeyRevoked
+from ingress.paging import limit_of, list_object
 from ingress.service import IngressService
 from ingress.sso.gate import signed_in
+from ingress.standing import shown, standings
 from otela.api.errors import read_json_object
 from otela.dataplane.errors import RequestError
 
@@ -71,19 +82,21 @@ def _actor(service: IngressService, request: Request) -> str:
 
 
 def _teams(db: Any) -> list[dict[str, Any]]:
-    weights = keystore.team_weights(db)
-    named = {k.team for k in keystore.all_keys(db) if k.team}
-    return [{"object": "team", "name": name, "weight": weights.get(name, 1.0),
-             "keys": sum(1 for k in keystore.all_keys(db) if k.team == name)}
-            for name in sorted(named | set(weights))]
+    known = keystore.teams(db)
+    keys = keystore.all_keys(db)
+    named = {k.team for k in keys if k.team}
+    return [{**known.get(name, keystore.Team(name)).to_dict(),
+             "keys": sum(1 for k in keys if k.team == name)}
+            for name in sorted(named | set(known))]
 
 
 def install(app: FastAPI, service: IngressService) -> None:
     db = service.db
 
     async def key_object(key: ApiKey) -> dict[str, Any]:
-        used = await db.in_thread(keystore.used_tokens, db, [key.id])
-        return key.to_dict(time.time(), used[key.id])
+        now = time.time()
+        found = await db.in_thread(standings, db, [key], now)
+        return shown(key, found[key.id], now)
 
     def holder(request: Request) -> ApiKey:
         authorization = request.headers.get("authorization")
@@ -118,9 +131,9 @@ def install(app: FastAPI, service: IngressService) -> None:
     async def list_keys(request: Request) -> dict[str, Any]:
         _admin(service, request)
         keys = await db.in_thread(keystore.all_keys, db)
-        used = await db.in_thread(keystore.used_tokens, db, [k.id for k in keys])
         now = time.time()
-        return {"object": "list", "data": [k.to_dict(now, used[k.id]) for k in keys]}
+        found = await db.in_thread(standings, db, keys, now)
+        return {"object": "list", "data": [shown(k, found[k.id], now) for k in keys]}
 
     @app.post("/v1/admin/keys")
     async def create_key(request: Request) -> dict[str, Any]:
@@ -179,11 +192,14 @@ def install(app: FastAPI, service: IngressService) -> None:
 
     @app.put("/v1/admin/teams/{team}")
     async def set_team(request: Request, team: str) -> dict[str, Any]:
-        """A team's weight in fair sharing: ``{"weight": 3}``."""
+        """A team's weight in fair sharing and its budget: ``{"weight": 3,
+        "budget_spend": 100, "budget_period": "month"}`` (fields given change; null puts
+        one back to its default)."""
         _admin(service, request)
-        name, weight = admin_input.team_weight(team, await read_json_object(request))
-        await db.in_thread(keystore.set_team_weight, db, name, weight)
-        return {"object": "team", "name": name, "weight": weight}
+        name, change = admin_input.team_change(team, await read_json_object(request))
+        result: keystore.Team = await db.in_thread(keystore.set_team, db, name, change)
+        await db.in_thread(service.access.refresh)  # here at once, elsewhere within 1 s
+        return result.to_dict()
 
     @app.post("/v1/admin/keys/{key_id}/rotate")
     async def rotate(request: Request, key_id: str) -> dict[str, Any]:
@@ -196,12 +212,85 @@ def install(app: FastAPI, service: IngressService) -> None:
     async def usage_report(request: Request, since: str | None = None,
                            until: str | None = None, by: str | None = None
                            ) -> dict[str, Any]:
+        """Usage per group (``by``), in a window, of the rows the filters keep."""
         _admin(service, request)
         group = admin_input.group_by(by)
-        start = admin_input.time_param(since, "since")
-        end = admin_input.time_param(until, "until")
-        if start is not None and end is not None and start >= end:
-            raise RequestError(400, "'since' must be before 'until'", param="since")
-        rows = await db.in_thread(usage.aggregate, db, group, start, end)
+        start, end = admin_input.window(since, until)
+        filters = admin_input.usage_filters(request.query_params)
+        rows = await db.in_thread(usage.aggregate, db, group, start, end, None, filters)
         return {"object": "list", "by": group, "since": start, "until": end,
-                "data": [r.to_dict() for r in rows]}
+                "filters": filters, "data": [r.to_dict() for r in rows]}
+
+    async def request_log(request: Request, key_id: str | None) -> Response:
+        """A page of the request log (``format=json``: ``limit``, ``after``), or all of
+        it as a file (``csv``, ``jsonl``), streamed a page at a time."""
+        query = request.query_params
+        start, end = admin_input.window(query.get("since"), query.get("until"))
+        filters = admin_input.usage_filters(query)
+        fmt = admin_input.export_format(query.get("format"))
+        if fmt == "json":
+            try:
+                limit = limit_of(query.get("limit"), 100, 1000)
+                entries, more = await db.in_thread(
+                    usage.request_log, db, start, end, key_id, filters, limit,
+                    query.get("after") or None)
+            except ValueError as exc:
+                param = "limit" if "limit" in str(exc) else "after"
+                raise RequestError(400, str(exc), param=param) from None
+            return JSONResponse(list_object(entries, more))
+
+        async def pages() -> AsyncIterator[bytes]:
+            after: str | None = None
+            while True:
+                entries, more = await db.in_thread(
+                    usage.request_log, db, start, end, key_id, filters, export.PAGE, after)
+                yield export.render(entries, fmt, header=after is None)
+                if not more or not entries:
+                    return
+                after = entries[-1]["id"]
+
+        name = f"requests.{fmt}"
+        return StreamingResponse(pages(), media_type=export.CONTENT_TYPES[fmt], headers={
+            "content-disposition": f'attachment; filename="{name}"'})
+
+    @app.get("/v1/admin/requests")
+    async def admin_requests(request: Request) -> Response:
+        """The request log of every key (filters: key, team, model, provider, node,
+        ingress, status; a window; ``format``)."""
+        _admin(service, request)
+        return await request_log(request, None)
+
+    @app.get("/v1/me/requests")
+    async def my_requests(request: Request) -> Response:
+        """The request log of the caller's own key."""
+        return await request_log(request, holder(request).id)
+
+    @app.get("/v1/admin/prices")
+    async def list_prices(request: Request) -> dict[str, Any]:
+        _admin(service, request)
+        found = await db.in_thread(prices.all_prices, db)
+        return {"object": "list", "data": [p.to_dict() for p in found]}
+
+    @app.put("/v1/admin/prices")
+    async def set_price(request: Request) -> dict[str, Any]:
+        """Set a model's price per million prompt and completion tokens, for one provider
+        or (``provider`` null) every provider without its own; usage rows made from now on
+        are priced with it (within a refresh interval on every ingress)."""
+        _admin(service, request)
+        price = admin_input.price(await read_json_object(request))
+        stamped = await db.in_thread(prices.set_price, db, price)
+        service.access.prices = await db.in_thread(prices.price_list, db)  # here: at once
+        return stamped.to_dict()
+
+    @app.delete("/v1/admin/prices")
+    async def remove_price(request: Request, model: str = "",
+                           provider: str | None = None) -> dict[str, Any]:
+        _admin(service, request)
+        if not model:
+            raise RequestError(400, "'model' is required", param="model")
+        if not await db.in_thread(prices.remove_price, db, model, provider):
+            raise RequestError(404, "No price is set for this model and provider.",
+                               code="price_not_found", param="model")
+        service.access.prices = await db.in_thread(prices.price_list, db)
+        return {"object": "price", "model": model, "provider": provider or None,
+                "deleted": True}

@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ingress.keystore import KEY_FIELDS, KeySpec
-from ingress.usage import GROUPS
+from ingress.prices import Price, checked
+from ingress.usage import FILTERS, GROUPS
 from otela.dataplane.errors import RequestError
 
 MAX_TEXT = 200
@@ -24,7 +25,8 @@ _KEY_ID = re.compile(r"^key_[0-9a-f]{12}$")
 EARLIEST = datetime(1, 1, 1, tzinfo=UTC).timestamp()
 LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 _FIELDS = {"owner", "name", "expires_in", "expires_at", "models", "providers", "rpm", "tpm",
-           "max_concurrent", "budget_tokens", "team", "weight", "priority", "queue_wait"}
+           "max_concurrent", "budget_tokens", "team", "weight", "priority", "queue_wait",
+           "budget_spend", "budget_period"}
 MAX_WEIGHT = 1000.0
 _CLASS = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
@@ -138,7 +140,31 @@ def _value(field: str, body: dict[str, Any]) -> Any:
         return _class(value, field)
     if field == "queue_wait":
         return _seconds(value, field)
+    if field == "budget_spend":
+        return money(value, field)
+    if field == "budget_period":
+        return period(value, field)
     return _positive(value, field)
+
+
+def money(value: Any, param: str) -> float | None:
+    """A budget in money: a number above 0 (in the currency of the prices)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or \
+            not 0 < value <= 1e12:
+        raise _bad(f"'{param}' must be an amount above 0 (in the currency of the prices)",
+                   param)
+    return float(value)
+
+
+def period(value: Any, param: str) -> str | None:
+    """A budget's period: ``day``, ``month`` or ``lifetime`` (None, the default)."""
+    if value is None or value == "lifetime":
+        return None
+    if value not in ("day", "month"):
+        raise _bad(f"'{param}' must be day, month or lifetime", param)
+    return str(value)
 
 
 def key_spec(body: dict[str, Any], now: float | None = None) -> KeySpec:
@@ -168,15 +194,21 @@ def key_change(body: dict[str, Any], now: float | None = None) -> dict[str, Any]
     return change
 
 
-def team_weight(team: str, body: dict[str, Any]) -> tuple[str, float]:
-    """A team's name and new weight (``PUT /v1/admin/teams/{team}``, ``otela keys team``)."""
-    unknown = sorted(set(body) - {"weight"})
+def team_change(team: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A team's name and the settings to change (``PUT /v1/admin/teams/{team}``, ``otela
+    keys team``): ``weight``, ``budget_tokens``, ``budget_spend``, ``budget_period``; null
+    puts one back to its default."""
+    fields = ("weight", "budget_tokens", "budget_spend", "budget_period")
+    unknown = sorted(set(body) - set(fields))
     if unknown:
-        raise _bad(f"unknown field '{unknown[0][:40]}' (expected: weight)", unknown[0][:40])
-    value = weight(body.get("weight"))
-    if value is None:
-        raise _bad("'weight' is required", "weight")
-    return _text(team, "team", required=True), value
+        raise _bad(f"unknown field '{unknown[0][:40]}' (expected: {', '.join(fields)})",
+                   unknown[0][:40])
+    if not body:
+        raise _bad(f"nothing to change: give one of {', '.join(fields)}", "body")
+    change: dict[str, Any] = {}
+    for field in body:
+        change[field] = weight(body[field]) if field == "weight" else _value(field, body)
+    return _text(team, "team", required=True), change
 
 
 def key_id(value: str) -> str:
@@ -237,3 +269,56 @@ def bucket_seconds(value: str | None, since: float, until: float) -> float:
     if not 1 <= seconds <= LATEST - EARLIEST or (until - since) / seconds > 10_000:
         raise _bad("'bucket' must be at least 1 s and give at most 10,000 buckets", "bucket")
     return seconds
+
+
+def usage_filters(query: Any) -> dict[str, Any]:
+    """The exact-match filters of a usage or request-log query (``key``, ``team``,
+    ``model``, ``provider``, ``node``, ``ingress``, ``status``) from a query string's
+    mapping; absent or empty ones are not filters."""
+    filters: dict[str, Any] = {}
+    for name in FILTERS:
+        value = query.get(name)
+        if value is None or value == "":
+            continue
+        if name == "status":
+            if not (isinstance(value, str) and value.isdigit() and 100 <= int(value) <= 599):
+                raise _bad("'status' must be an HTTP status from 100 to 599", "status")
+            filters[name] = int(value)
+        elif not isinstance(value, str) or len(value) > 512 or "\x00" in value:
+            raise _bad(f"'{name}' must be at most 512 characters", name)
+        else:
+            filters[name] = value
+    return filters
+
+
+def window(since: str | None, until: str | None) -> tuple[float | None, float | None]:
+    """A query's ``since`` and ``until`` (either may be absent), in order."""
+    start = time_param(since, "since")
+    end = time_param(until, "until")
+    if start is not None and end is not None and start >= end:
+        raise _bad("'since' must be before 'until'", "since")
+    return start, end
+
+
+EXPORT_FORMATS = ("json", "csv", "jsonl")
+
+
+def export_format(value: str | None) -> str:
+    value = value or "json"
+    if value not in EXPORT_FORMATS:
+        raise _bad(f"'format' must be one of {', '.join(EXPORT_FORMATS)}", "format")
+    return value
+
+
+def price(body: dict[str, Any]) -> Price:
+    """A price from an admin API body: ``model``, ``provider`` (null or absent: every
+    provider), ``input_per_mtok`` and ``output_per_mtok`` (per million tokens)."""
+    unknown = set(body) - {"model", "provider", "input_per_mtok", "output_per_mtok"}
+    if unknown:
+        raise _bad(f"unknown field {sorted(unknown)[0]!r}", sorted(unknown)[0])
+    try:
+        return checked(body.get("model"), body.get("provider"), body.get("input_per_mtok"),
+                       body.get("output_per_mtok"))
+    except ValueError as exc:
+        field = str(exc).split("'")[1] if "'" in str(exc) else "body"
+        raise _bad(str(exc), field) from None

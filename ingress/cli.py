@@ -22,9 +22,11 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ingress import admin_input, keystore, usage
+from ingress import admin_input, export, keystore, prices, usage
 from ingress.database import Database, DatabaseError, DatabaseUrl
+from ingress.keys import ApiKey
 from ingress.migrations import migrate, open_existing
+from ingress.standing import shown, standings
 from otela.config import resolve
 from otela.config.values import parse_duration
 from otela.console import make_console
@@ -102,7 +104,7 @@ class _Way:
             return dict(self._api("PATCH", f"/keys/{key_id}", json=change))
         key = keystore.update(self.db, admin_input.key_id(key_id),
                               admin_input.key_change(change), actor=_actor())
-        return key.to_dict(time.time(), keystore.used_tokens(self.db, [key.id])[key.id])
+        return self._shown(key)
 
     def history(self, key_id: str) -> list[dict[str, Any]]:
         if self.db is None:
@@ -113,21 +115,25 @@ class _Way:
         if self.db is None:
             return list(self._api("GET", "/keys")["data"])
         keys = keystore.all_keys(self.db)
-        used = keystore.used_tokens(self.db, [k.id for k in keys])
-        return [k.to_dict(time.time(), used[k.id]) for k in keys]
+        now = time.time()
+        found = standings(self.db, keys, now)
+        return [shown(k, found[k.id], now) for k in keys]
 
     def show(self, key_id: str) -> dict[str, Any]:
         if self.db is None:
             return dict(self._api("GET", f"/keys/{key_id}"))
-        key = keystore.get(self.db, admin_input.key_id(key_id))
-        return key.to_dict(time.time(), keystore.used_tokens(self.db, [key.id])[key.id])
+        return self._shown(keystore.get(self.db, admin_input.key_id(key_id)))
 
-    def set_team(self, name: str, weight: float) -> dict[str, Any]:
+    def _shown(self, key: ApiKey) -> dict[str, Any]:
+        assert self.db is not None
+        now = time.time()
+        return shown(key, standings(self.db, [key], now)[key.id], now)
+
+    def set_team(self, name: str, change: dict[str, Any]) -> dict[str, Any]:
         if self.db is None:
-            return dict(self._api("PUT", f"/teams/{name}", json={"weight": weight}))
-        name, weight = admin_input.team_weight(name, {"weight": weight})
-        keystore.set_team_weight(self.db, name, weight)
-        return {"object": "team", "name": name, "weight": weight}
+            return dict(self._api("PUT", f"/teams/{name}", json=change))
+        name, checked = admin_input.team_change(name, change)
+        return keystore.set_team(self.db, name, checked).to_dict()
 
     def revoke(self, key_id: str) -> dict[str, Any]:
         if self.db is None:
@@ -141,12 +147,46 @@ class _Way:
         key, secret = keystore.rotate(self.db, admin_input.key_id(key_id), actor=_actor())
         return {**key.to_dict(time.time()), "key": secret}
 
-    def usage(self, by: str, since: float | None, until: float | None) -> list[dict[str, Any]]:
+    def usage(self, by: str, since: float | None, until: float | None,
+              filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         if self.db is None:
-            params = {"by": by, **({"since": since} if since is not None else {}),
-                      **({"until": until} if until is not None else {})}
+            params = {"by": by, **_window_params(since, until), **(filters or {})}
             return list(self._api("GET", "/usage", params=params)["data"])
-        return [t.to_dict() for t in usage.aggregate(self.db, by, since, until)]
+        return [t.to_dict() for t in usage.aggregate(self.db, by, since, until, None, filters)]
+
+    def requests(self, since: float | None, until: float | None, filters: dict[str, Any],
+                 limit: int, after: str | None) -> tuple[list[dict[str, Any]], bool]:
+        """A page of the request log, newest first, and whether more follow."""
+        if self.db is None:
+            params = {**_window_params(since, until), **filters, "limit": limit,
+                      **({"after": after} if after else {})}
+            page = self._api("GET", "/requests", params=params)
+            return list(page["data"]), bool(page["has_more"])
+        return usage.request_log(self.db, since, until, None, filters, limit, after)
+
+    def prices(self) -> list[dict[str, Any]]:
+        if self.db is None:
+            return list(self._api("GET", "/prices")["data"])
+        return [p.to_dict() for p in prices.all_prices(self.db)]
+
+    def set_price(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.db is None:
+            return dict(self._api("PUT", "/prices", json=body))
+        return prices.set_price(self.db, admin_input.price(body)).to_dict()
+
+    def remove_price(self, model: str, provider: str | None) -> None:
+        if self.db is None:
+            self._api("DELETE", "/prices", params={"model": model,
+                                                   **({"provider": provider} if provider
+                                                      else {})})
+        elif not prices.remove_price(self.db, model, provider):
+            raise _Failure(f"no price is set for {model}"
+                           + (f" on {provider}" if provider else " on every provider"))
+
+
+def _window_params(since: float | None, until: float | None) -> dict[str, float]:
+    return {**({"since": since} if since is not None else {}),
+            **({"until": until} if until is not None else {})}
 
 
 class _Failure(Exception):
@@ -188,9 +228,23 @@ def _print_keys(keys: list[dict[str, Any]], as_json: bool) -> None:
             ",".join(key["models"]) if key.get("models") else "any",
             ",".join(key["providers"]) if key.get("providers") else "any",
             str(limits.get("rpm") or "-"), str(limits.get("tpm") or "-"),
-            str(key.get("budget_tokens") or "-"), str(key.get("used_tokens", "")),
+            _budget_text(key) if key.get("budget_tokens") is not None
+            or key.get("budget_spend") is not None else "-",
+            _used_text(key),
             _expiry(expires)))
     make_console().print(table)
+
+
+def _used_text(key: dict[str, Any]) -> str:
+    """Tokens (and spend) used in the budget's period, or over the key's life."""
+    used = key.get("budget_used") or {}
+    if key.get("budget_period") in (None, "lifetime") or not used:
+        text = str(key.get("used_tokens", ""))
+    else:
+        text = f"{used.get('tokens', 0)} this {key['budget_period']}"
+    if key.get("budget_spend") is not None and used:
+        text += f", {used.get('spend', 0):g} spent"
+    return text
 
 
 def _plain(*cells: str) -> list[Text]:
@@ -229,6 +283,16 @@ _CONFIG = typer.Option(None, "--config", metavar="FILE", show_default=False,
                        "OTELA_CONFIG.")
 
 
+# Budgets (docs/ingress.md#budgets): the same options on create, update and teams.
+_BUDGET_TOKENS = typer.Option(None, "--budget-tokens",
+                              help="Tokens (prompt + completion) per budget period.")
+_BUDGET_SPEND = typer.Option(None, "--budget-spend", help="Money per budget period, at "
+                             "the prices set with 'otela prices' (then only priced models "
+                             "may be used).")
+_BUDGET_PERIOD = typer.Option(None, "--budget-period", help="day, month or lifetime (the "
+                              "default): a daily budget is fresh at 00:00 UTC, a monthly "
+                              "one on the 1st.")
+
 # Fair sharing (docs/scheduling.md): the same options on create and update.
 _TEAM = typer.Option(None, "--team", help="The team whose fair share the key's requests "
                      "are charged to (docs/scheduling.md).")
@@ -257,8 +321,8 @@ def create(
                                    "minute."),
     max_concurrent: int | None = typer.Option(None, "--max-concurrent",
                                               help="Requests in flight at once."),
-    budget_tokens: int | None = typer.Option(None, "--budget-tokens",
-                                             help="Tokens over the key's whole life."),
+    budget_tokens: int | None = _BUDGET_TOKENS, budget_spend: float | None = _BUDGET_SPEND,
+    budget_period: str | None = _BUDGET_PERIOD,
     team: str | None = _TEAM, weight: float | None = _WEIGHT,
     priority: str | None = _PRIORITY, queue_wait: str | None = _QUEUE_WAIT,
     db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
@@ -272,6 +336,7 @@ def create(
         for field, value in (("models", model or None), ("providers", provider or None),
                              ("rpm", rpm), ("tpm", tpm), ("max_concurrent", max_concurrent),
                              ("budget_tokens", budget_tokens),
+                             ("budget_spend", budget_spend), ("budget_period", budget_period),
                              *_scheduling(team, weight, priority, queue_wait)):
             if value is not None:
                 spec[field] = value
@@ -300,7 +365,8 @@ def show(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _
 
 
 _CLEARABLE = ("name", "expires", "models", "providers", "rpm", "tpm", "max_concurrent",
-              "budget_tokens", "team", "weight", "priority", "queue_wait")
+              "budget_tokens", "budget_spend", "budget_period", "team", "weight", "priority",
+              "queue_wait")
 
 
 def _scheduling(team: str | None, weight: float | None, priority: str | None,
@@ -312,18 +378,47 @@ def _scheduling(team: str | None, weight: float | None, priority: str | None,
 @keys_app.command("team")
 def team(
     name: str = typer.Argument(..., metavar="TEAM"),
-    weight: float = typer.Option(..., "--weight", help="The team's weight: its share of a "
-                                 "busy model against other teams' (default 1)."),
+    weight: float | None = typer.Option(None, "--weight", help="The team's weight: its "
+                                        "share of a busy model against other teams' "
+                                        "(default 1)."),
+    budget_tokens: int | None = _BUDGET_TOKENS, budget_spend: float | None = _BUDGET_SPEND,
+    budget_period: str | None = _BUDGET_PERIOD,
+    clear: list[str] = typer.Option([], "--clear", metavar="FIELD", help="Back to the "
+                                    "default: weight, budget_tokens, budget_spend, "
+                                    "budget_period. Repeatable."),
     db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
     config_file: Path | None = _CONFIG,
 ) -> None:
-    """Set a team's weight in fair sharing (docs/scheduling.md): two teams flooding one
-    model get tokens in the ratio of their weights."""
-    result = _run(lambda: _Way(db, url, config_file).set_team(name, weight))
+    """Set a team's weight in fair sharing (docs/scheduling.md: two teams flooding one
+    model get tokens in the ratio of their weights) and its budget, which all its keys'
+    requests count towards (a key's own budget applies too: the tighter wins)."""
+    def work() -> dict[str, Any]:
+        change: dict[str, Any] = {field: None for field in clear}
+        for field, value in (("weight", weight), ("budget_tokens", budget_tokens),
+                             ("budget_spend", budget_spend),
+                             ("budget_period", budget_period)):
+            if value is not None:
+                change[field] = value
+        return _Way(db, url, config_file).set_team(name, change)
+    result = _run(work)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
-        typer.echo(f"team {result['name']}: weight {result['weight']:g}")
+        typer.echo(f"team {result['name']}: weight {result['weight']:g}, budget "
+                   f"{_budget_text(result)}")
+
+
+def _budget_text(item: dict[str, Any]) -> str:
+    parts = []
+    if item.get("budget_tokens") is not None:
+        parts.append(f"{item['budget_tokens']} tokens")
+    if item.get("budget_spend") is not None:
+        parts.append(f"{item['budget_spend']:g} spend")
+    if not parts:
+        return "none"
+    period = item.get("budget_period")
+    return " and ".join(parts) + (" in all" if period in (None, "lifetime")
+                                  else f" per {period}")
 
 
 @keys_app.command("update")
@@ -342,8 +437,8 @@ def update(
     tpm: int | None = typer.Option(None, "--tpm", help="Tokens per minute."),
     max_concurrent: int | None = typer.Option(None, "--max-concurrent",
                                               help="Requests in flight at once."),
-    budget_tokens: int | None = typer.Option(None, "--budget-tokens",
-                                             help="Tokens over the key's whole life."),
+    budget_tokens: int | None = _BUDGET_TOKENS, budget_spend: float | None = _BUDGET_SPEND,
+    budget_period: str | None = _BUDGET_PERIOD,
     team: str | None = _TEAM, weight: float | None = _WEIGHT,
     priority: str | None = _PRIORITY, queue_wait: str | None = _QUEUE_WAIT,
     clear: list[str] = typer.Option(
@@ -368,6 +463,7 @@ def update(
                              ("providers", provider or None), ("rpm", rpm), ("tpm", tpm),
                              ("max_concurrent", max_concurrent),
                              ("budget_tokens", budget_tokens),
+                             ("budget_spend", budget_spend), ("budget_period", budget_period),
                              *_scheduling(team, weight, priority, queue_wait)):
             if value is not None:
                 change[field] = value
@@ -420,25 +516,47 @@ def _when(value: str | None, param: str) -> float | None:
         return admin_input.time_param(value, param)
 
 
+_SINCE = typer.Option(None, "--since", metavar="WHEN",
+                      help="From: unix time, ISO date/time, or an age (24h).")
+_UNTIL = typer.Option(None, "--until", metavar="WHEN",
+                      help="Until (exclusive), same forms. Default: now.")
+_F_KEY = typer.Option(None, "--key", metavar="KEY_ID", help="Only this key's requests.")
+_F_TEAM = typer.Option(None, "--team", help="Only requests of this team's keys.")
+_F_MODEL = typer.Option(None, "--model", metavar="ID", help="Only this model.")
+_F_PROVIDER = typer.Option(None, "--provider", help="Only requests served by this provider.")
+_F_NODE = typer.Option(None, "--node", metavar="PEER_ID",
+                       help="Only requests served by this node.")
+_F_STATUS = typer.Option(None, "--status", help="Only requests answered with this status.")
+
+
+def _filters(key: str | None, team: str | None, model: str | None, provider: str | None,
+             node: str | None, status: int | None) -> dict[str, Any]:
+    given = {"key": key, "team": team, "model": model, "provider": provider, "node": node,
+             "status": None if status is None else str(status)}
+    return admin_input.usage_filters({k: v for k, v in given.items() if v is not None})
+
+
 def usage_command(
-    since: str | None = typer.Option(None, "--since", metavar="WHEN",
-                                     help="From: unix time, ISO date/time, or an age (24h)."),
-    until: str | None = typer.Option(None, "--until", metavar="WHEN",
-                                     help="Until (exclusive), same forms. Default: now."),
-    by: str = typer.Option("key", "--by", help="Group by key, model, provider, node, "
-                           "ingress or status."),
+    since: str | None = _SINCE, until: str | None = _UNTIL,
+    by: str = typer.Option("key", "--by", help="Group by key, team, owner (of the key), "
+                           "model, provider, node, ingress or status."),
+    key: str | None = _F_KEY, team: str | None = _F_TEAM, model: str | None = _F_MODEL,
+    provider: str | None = _F_PROVIDER, node: str | None = _F_NODE,
+    status: int | None = _F_STATUS,
     output: str = typer.Option("table", "--format", help="table, csv or json."),
     db: str | None = _DB, url: str | None = _URL, config_file: Path | None = _CONFIG,
 ) -> None:
-    """Usage of the public ingress service: requests, tokens, errors and latency per
-    group."""
+    """Usage of the public ingress service: requests, tokens, errors, latency and spend
+    per group (spend at the prices set with 'otela prices'; 'unpriced' counts requests
+    of models that had none)."""
     if output not in ("table", "csv", "json"):
         typer.echo("otela: --format must be table, csv or json", err=True)
         raise typer.Exit(2)
     rows = _run(lambda: _Way(db, url, config_file, reads_only=True).usage(
-        admin_input.group_by(by), _when(since, "since"), _when(until, "until")))
+        admin_input.group_by(by), _when(since, "since"), _when(until, "until"),
+        _filters(key, team, model, provider, node, status)))
     columns = ["group", "requests", "prompt_tokens", "completion_tokens", "errors",
-               "mean_latency_ms", "mean_ttft_ms"]
+               "mean_latency_ms", "mean_ttft_ms", "spend", "unpriced_requests"]
     if output == "json":
         typer.echo(json.dumps({"by": by, "data": rows}, indent=2))
     elif output == "csv":
@@ -456,3 +574,153 @@ def usage_command(
         for row in rows:
             table.add_row(*_plain(*("-" if row[c] is None else str(row[c]) for c in columns)))
         make_console().print(table)
+
+
+_TABLE_COLUMNS = ("finished_at", "key_id", "team", "model", "provider", "status",
+                  "prompt_tokens", "completion_tokens", "latency_ms", "ttft_ms", "spend")
+
+
+def requests_command(
+    since: str | None = _SINCE, until: str | None = _UNTIL,
+    key: str | None = _F_KEY, team: str | None = _F_TEAM, model: str | None = _F_MODEL,
+    provider: str | None = _F_PROVIDER, node: str | None = _F_NODE,
+    status: int | None = _F_STATUS,
+    limit: int | None = typer.Option(None, "--limit", min=1, help="At most this many "
+                                     "(default: 50 for a table or json; every request for "
+                                     "csv and jsonl)."),
+    after: str | None = typer.Option(None, "--after", metavar="ID", help="Start after this "
+                                     "request (the last id of the previous page)."),
+    output: str = typer.Option("table", "--format", help="table, json, csv or jsonl."),
+    out_file: Path | None = typer.Option(None, "--output", "-o", metavar="FILE",
+                                         help="Write to FILE instead of the terminal."),
+    db: str | None = _DB, url: str | None = _URL, config_file: Path | None = _CONFIG,
+) -> None:
+    """The request log of the public ingress service, newest first: one entry per request
+    (time, key, team, model, node, provider, status, tokens, latency, time to first
+    token, spend; never the prompt or the answer). csv and jsonl export every request in
+    the window and filters."""
+    if output not in ("table", "json", "csv", "jsonl"):
+        typer.echo("otela: --format must be table, json, csv or jsonl", err=True)
+        raise typer.Exit(2)
+    filters = _run(lambda: _filters(key, team, model, provider, node, status))
+    start, end = _when(since, "since"), _when(until, "until")
+    way = _run(lambda: _Way(db, url, config_file, reads_only=True))
+    sink = out_file.open("wb") if out_file is not None else None
+    try:
+        if output in ("csv", "jsonl"):
+            _export(way, output, start, end, filters, limit, after, sink)
+            return
+        entries, more = _run(lambda: way.requests(start, end, filters, limit or 50, after))
+        if output == "json":
+            text = json.dumps({"data": entries, "has_more": more}, indent=2) + "\n"
+            if sink is not None:
+                sink.write(text.encode())
+            else:
+                typer.echo(text, nl=False)
+            return
+        table = Table(show_edge=False)
+        for column in ("id", *_TABLE_COLUMNS):
+            table.add_column(column.replace("_", " "))
+        for entry in entries:
+            cells = [_log_cell(c, entry[c]) for c in ("id", *_TABLE_COLUMNS)]
+            table.add_row(*_plain(*cells))
+        if sink is not None:
+            text_out = io.StringIO()
+            make_console(file=text_out, width=200).print(table)
+            sink.write(text_out.getvalue().encode())
+        else:
+            make_console().print(table)
+        if more:
+            typer.echo(f"more: --after {entries[-1]['id']}", err=True)
+    finally:
+        if sink is not None:
+            sink.close()
+
+
+def _log_cell(column: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if column == "finished_at":
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(value)))
+    return str(value)
+
+
+def _export(way: _Way, fmt: str, since: float | None, until: float | None,
+            filters: dict[str, Any], limit: int | None, after: str | None,
+            sink: Any) -> None:
+    """Every matching request (or ``limit``), a page at a time, to ``sink`` or stdout."""
+    write = sink.write if sink is not None else (
+        lambda data: typer.echo(data.decode(), nl=False))
+    left = limit
+    header = True
+    while left is None or left > 0:
+        size = export.PAGE if left is None else min(export.PAGE, left)
+        entries, more = _run(lambda after=after, size=size: way.requests(
+            since, until, filters, size, after))
+        write(export.render(entries, fmt, header))
+        header = False
+        if left is not None:
+            left -= len(entries)
+        if not more or not entries:
+            return
+        after = entries[-1]["id"]
+
+
+prices_app = typer.Typer(no_args_is_help=True, help=(
+    "Model prices of the public ingress service, per million prompt (input) and "
+    "completion (output) tokens, in the operator's currency: each request's spend is "
+    "priced when it is recorded. On the database (--db) or through an ingress (--url)."))
+
+
+@prices_app.command("list")
+def list_prices(db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
+                config_file: Path | None = _CONFIG) -> None:
+    """Every price set."""
+    found = _run(lambda: _Way(db, url, config_file, reads_only=True).prices())
+    if as_json:
+        typer.echo(json.dumps(found, indent=2))
+        return
+    table = Table(show_edge=False)
+    for column in ("model", "provider", "input / Mtok", "output / Mtok"):
+        table.add_column(column)
+    for price in found:
+        table.add_row(*_plain(price["model"], price["provider"] or "(any)",
+                              f"{price['input_per_mtok']:g}", f"{price['output_per_mtok']:g}"))
+    make_console().print(table)
+
+
+@prices_app.command("set")
+def set_price(
+    model: str = typer.Argument(..., metavar="MODEL"),
+    input_price: float = typer.Option(..., "--input", help="Price per million prompt tokens."),
+    output_price: float = typer.Option(..., "--output",
+                                       help="Price per million completion tokens."),
+    provider: str | None = typer.Option(None, "--provider", help="Only when this provider "
+                                        "serves it (default: every provider without its "
+                                        "own price)."),
+    db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
+    config_file: Path | None = _CONFIG,
+) -> None:
+    """Set (or change) a model's price; requests recorded from now on are priced with it."""
+    body = {"model": model, "provider": provider, "input_per_mtok": input_price,
+            "output_per_mtok": output_price}
+    price = _run(lambda: _Way(db, url, config_file).set_price(body))
+    if as_json:
+        typer.echo(json.dumps(price, indent=2))
+    else:
+        typer.echo(f"{price['model']} on {price['provider'] or 'every provider'}: "
+                   f"{price['input_per_mtok']:g} in, {price['output_per_mtok']:g} out "
+                   "per million tokens")
+
+
+@prices_app.command("remove")
+def remove_price(
+    model: str = typer.Argument(..., metavar="MODEL"),
+    provider: str | None = typer.Option(None, "--provider",
+                                        help="The provider's own price (default: the "
+                                        "price for every provider)."),
+    db: str | None = _DB, url: str | None = _URL, config_file: Path | None = _CONFIG,
+) -> None:
+    """Remove a price: the model's requests are recorded unpriced from now on."""
+    _run(lambda: _Way(db, url, config_file).remove_price(model, provider))
+    typer.echo(f"removed the price of {model} on {provider or 'every provider'}")

@@ -16,6 +16,7 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ingress.budgets import Budget
 from otela.dataplane.errors import RequestError
 
 SECRET_PREFIX = "otela-"
@@ -54,7 +55,7 @@ class ApiKey:
     rpm: int | None = None  # requests per minute
     tpm: int | None = None  # tokens (prompt + completion) per minute
     max_concurrent: int | None = None  # requests in flight at once, per ingress node
-    budget_tokens: int | None = None  # tokens over the key's life
+    budget_tokens: int | None = None  # tokens per budget_period
     updated_at: float = 0.0
     # Fair sharing (otela.routing.admission): its team (None: a team of its own), its
     # weight within the team, the best class it may use, its longest wait in the queue.
@@ -63,34 +64,44 @@ class ApiKey:
     priority: str | None = None
     queue_wait: float | None = None
     team_weight: float = 1.0  # the team's, from the teams table (not a key column)
+    budget_spend: float | None = None  # money (at the prices set) per budget_period
+    budget_period: str | None = None  # day, month, or None: the key's life
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(self.budget_tokens, self.budget_spend, self.budget_period or "lifetime")
 
     def usable(self, now: float) -> bool:
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
 
-    def status(self, now: float, used_tokens: int | None = None) -> str:
-        """``revoked``, ``expired``, ``over budget`` (given the tokens used: requests are
-        refused, 403 ``budget_exceeded``) or ``active``: the one status ``/v1/me``, the
-        admin API, ``otela keys`` and the dashboard all show."""
+    def status(self, now: float, used_tokens: int | None = None,
+               over_budget: bool | None = None) -> str:
+        """``revoked``, ``expired``, ``over budget`` (requests are refused, 403
+        ``budget_exceeded``: ``over_budget`` says so from its standing, else a lifetime
+        token budget against ``used_tokens``) or ``active``: the one status ``/v1/me``,
+        the admin API, ``otela keys`` and the dashboard all show
+        (``ingress.standing``)."""
         if self.revoked_at is not None:
             return "revoked"
         if self.expires_at is not None and now >= self.expires_at:
             return "expired"
-        if self.budget_tokens is not None and used_tokens is not None and \
-                used_tokens >= self.budget_tokens:
-            return OVER_BUDGET
-        return "active"
+        if over_budget is None:
+            over_budget = self.budget_tokens is not None and used_tokens is not None and \
+                self.budget_period is None and used_tokens >= self.budget_tokens
+        return OVER_BUDGET if over_budget else "active"
 
     def revoked(self, now: float) -> ApiKey:
         return replace(self, revoked_at=self.revoked_at or now, updated_at=now)
 
-    def to_dict(self, now: float, used_tokens: int | None = None) -> dict[str, Any]:
+    def to_dict(self, now: float, used_tokens: int | None = None,
+                over_budget: bool | None = None) -> dict[str, Any]:
         """The key as the admin API and ``otela keys`` show it (never its hash)."""
         out: dict[str, Any] = {
             "object": "api_key",
             "id": self.id,
             "name": self.name,
             "owner": self.owner,
-            "status": self.status(now, used_tokens),
+            "status": self.status(now, used_tokens, over_budget),
             "created_at": self.created_at,
             "expires_at": self.expires_at,
             "revoked_at": self.revoked_at,
@@ -99,6 +110,8 @@ class ApiKey:
             "limits": {"rpm": self.rpm, "tpm": self.tpm,
                        "max_concurrent": self.max_concurrent},
             "budget_tokens": self.budget_tokens,
+            "budget_spend": self.budget_spend,
+            "budget_period": self.budget_period or "lifetime",
             "scheduling": {"team": self.team, "weight": self.weight,
                            "priority": self.priority, "queue_wait": self.queue_wait},
         }

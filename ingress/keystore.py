@@ -16,17 +16,19 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ingress.budgets import Budget
 from ingress.database import Database, Row
 from ingress.keys import ApiKey, hash_secret, new_id, new_secret
 
 _COLUMNS = ("id, secret_hash, owner, name, created_at, expires_at, revoked_at, models, "
             "providers, rpm, tpm, max_concurrent, budget_tokens, updated_at, team, weight, "
-            "priority, queue_wait")
+            "priority, queue_wait, budget_spend, budget_period")
 
 
 # Every setting of a key, as ``KeySpec`` names them (and the api_keys columns).
 KEY_FIELDS = ("owner", "name", "expires_at", "models", "providers", "rpm", "tpm",
-              "max_concurrent", "budget_tokens", "team", "weight", "priority", "queue_wait")
+              "max_concurrent", "budget_tokens", "team", "weight", "priority", "queue_wait",
+              "budget_spend", "budget_period")
 
 
 class KeyNotFound(LookupError):
@@ -55,6 +57,8 @@ class KeySpec:
     weight: float | None = None
     priority: str | None = None
     queue_wait: float | None = None
+    budget_spend: float | None = None
+    budget_period: str | None = None
 
 
 def _names(values: frozenset[str] | None) -> str | None:
@@ -67,14 +71,17 @@ def _from_names(text: str | None) -> frozenset[str] | None:
 
 def key_from_row(row: Row) -> ApiKey:
     (id_, secret_hash, owner, name, created, expires, revoked, models, providers, rpm, tpm,
-     concurrent, budget, updated, team, weight, priority, queue_wait) = row
+     concurrent, budget, updated, team, weight, priority, queue_wait, budget_spend,
+     budget_period) = row
     return ApiKey(id=id_, secret_hash=secret_hash, owner=owner, name=name,
                   created_at=float(created), expires_at=expires, revoked_at=revoked,
                   models=_from_names(models), providers=_from_names(providers), rpm=rpm,
                   tpm=tpm, max_concurrent=concurrent, budget_tokens=budget,
                   updated_at=float(updated), team=team,
                   weight=None if weight is None else float(weight), priority=priority,
-                  queue_wait=None if queue_wait is None else float(queue_wait))
+                  queue_wait=None if queue_wait is None else float(queue_wait),
+                  budget_spend=None if budget_spend is None else float(budget_spend),
+                  budget_period=budget_period)
 
 
 def create(db: Database, spec: KeySpec, now: float | None = None, actor: str = ""
@@ -87,7 +94,8 @@ def create(db: Database, spec: KeySpec, now: float | None = None, actor: str = "
                  models=spec.models, providers=spec.providers, rpm=spec.rpm, tpm=spec.tpm,
                  max_concurrent=spec.max_concurrent, budget_tokens=spec.budget_tokens,
                  updated_at=now, team=spec.team, weight=spec.weight, priority=spec.priority,
-                 queue_wait=spec.queue_wait)
+                 queue_wait=spec.queue_wait, budget_spend=spec.budget_spend,
+                 budget_period=spec.budget_period)
     with db.transaction() as cursor:
         cursor.execute(f"INSERT INTO api_keys ({_COLUMNS}) VALUES "
                        f"({', '.join('?' * len(_COLUMNS.split(', ')))})", _row(key))
@@ -101,7 +109,7 @@ def _row(key: ApiKey) -> tuple[Any, ...]:
     return (key.id, key.secret_hash, key.owner, key.name, key.created_at, key.expires_at,
             key.revoked_at, _names(key.models), _names(key.providers), key.rpm, key.tpm,
             key.max_concurrent, key.budget_tokens, key.updated_at, key.team, key.weight,
-            key.priority, key.queue_wait)
+            key.priority, key.queue_wait, key.budget_spend, key.budget_period)
 
 
 def get(db: Database, key_id: str) -> ApiKey:
@@ -195,20 +203,72 @@ def update(db: Database, key_id: str, change: dict[str, Any], now: float | None 
 
 # -- teams -----------------------------------------------------------------------------
 
-def set_team_weight(db: Database, team: str, weight: float, now: float | None = None
-                    ) -> None:
-    """A team's weight in fair sharing (teams are named by their keys; one never given a
-    weight weighs 1)."""
+TEAM_FIELDS = ("weight", "budget_tokens", "budget_spend", "budget_period")
+
+
+@dataclass(frozen=True)
+class Team:
+    """A team's settings (teams are named by their keys; one never set weighs 1 and has
+    no budget of its own)."""
+
+    name: str
+    weight: float = 1.0
+    budget_tokens: int | None = None
+    budget_spend: float | None = None
+    budget_period: str | None = None
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(self.budget_tokens, self.budget_spend, self.budget_period or "lifetime")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"object": "team", "name": self.name, "weight": self.weight,
+                "budget_tokens": self.budget_tokens, "budget_spend": self.budget_spend,
+                "budget_period": self.budget_period or "lifetime"}
+
+
+def set_team(db: Database, name: str, change: dict[str, Any], now: float | None = None
+             ) -> Team:
+    """Change some of a team's settings (``TEAM_FIELDS``, checked by
+    ``ingress.admin_input.team_change``; None: back to the default)."""
     now = time.time() if now is None else now
     with db.transaction() as cursor:
-        cursor.execute("DELETE FROM teams WHERE name = ?", (team,))
-        cursor.execute("INSERT INTO teams (name, weight, updated_at) VALUES (?, ?, ?)",
-                       (team, weight, now))
+        cursor.execute("SELECT name, weight, budget_tokens, budget_spend, budget_period "
+                       "FROM teams WHERE name = ?", (name,))
+        rows = cursor.fetchall()
+        team = _team(rows[0]) if rows else Team(name)
+        merged = {f: (change[f] if f in change else getattr(team, f)) for f in TEAM_FIELDS}
+        if merged["weight"] is None:
+            merged["weight"] = 1.0
+        team = Team(name, **merged)
+        cursor.execute("DELETE FROM teams WHERE name = ?", (name,))
+        cursor.execute("INSERT INTO teams (name, weight, budget_tokens, budget_spend, "
+                       "budget_period, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                       (name, team.weight, team.budget_tokens, team.budget_spend,
+                        team.budget_period, now))
+    return team
+
+
+def set_team_weight(db: Database, team: str, weight: float, now: float | None = None
+                    ) -> None:
+    """A team's weight in fair sharing (its budget stays)."""
+    set_team(db, team, {"weight": weight}, now)
+
+
+def _team(row: Row) -> Team:
+    name, weight, tokens, spend, period = row
+    return Team(str(name), float(weight), None if tokens is None else int(tokens),
+                None if spend is None else float(spend), period)
+
+
+def teams(db: Database) -> dict[str, Team]:
+    return {str(row[0]): _team(row) for row in db.query_sync(
+        "SELECT name, weight, budget_tokens, budget_spend, budget_period FROM teams "
+        "ORDER BY name")}
 
 
 def team_weights(db: Database) -> dict[str, float]:
-    return {str(name): float(weight) for name, weight in
-            db.query_sync("SELECT name, weight FROM teams ORDER BY name")}
+    return {name: team.weight for name, team in teams(db).items()}
 
 
 # -- a key's history ---------------------------------------------------------------------

@@ -152,6 +152,30 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
     ),
     (
+        # Prices and spend (``ingress.prices``): a model's price per million prompt and
+        # completion tokens, for one provider or ('') any; each usage row's spend at the
+        # prices of its time (NULL: no price was set), and the team of its key then, so
+        # usage groups by team as it was when the request ran.
+        """CREATE TABLE prices (
+            model TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            input_per_mtok DOUBLE PRECISION NOT NULL,
+            output_per_mtok DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (model, provider)
+        )""",
+        "ALTER TABLE usage ADD COLUMN spend DOUBLE PRECISION",
+        # Budgets (``ingress.budgets``): in money as well as tokens, per day, month or
+        # lifetime (NULL), for a key and for a team.
+        "ALTER TABLE api_keys ADD COLUMN budget_spend DOUBLE PRECISION",
+        "ALTER TABLE api_keys ADD COLUMN budget_period TEXT",
+        "ALTER TABLE teams ADD COLUMN budget_tokens BIGINT",
+        "ALTER TABLE teams ADD COLUMN budget_spend DOUBLE PRECISION",
+        "ALTER TABLE teams ADD COLUMN budget_period TEXT",
+        "ALTER TABLE usage ADD COLUMN team TEXT",
+        "CREATE INDEX usage_team_time ON usage (team, finished_at)",
+    ),
+    (
         # Single sign-on for the dashboard (``ingress.sso``): users made from an OpenID
         # provider's claims on their first sign-in (one per issuer and subject), their
         # dashboard sessions, and sign-ins under way (state, nonce and PKCE verifier

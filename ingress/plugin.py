@@ -84,3 +84,15 @@ def usage_command() -> Any:
     from ingress.cli import usage_command as usage
 
     return as_command(usage, "usage")
+
+
+def requests_command() -> Any:
+    from ingress.cli import requests_command as requests
+
+    return as_command(requests, "requests")
+
+
+def prices_command() -> Any:
+    from ingress.cli import prices_app
+
+    return as_command(prices_app, "prices")

@@ -46,7 +46,7 @@ class IngressService:
         self.open_access = open_access
         self.admin_token = admin_token
         self.access = Access(db, ingress_id, refresh_interval)
-        self.usage = UsageWriter(db, ingress_id, flush_interval)
+        self.usage = UsageWriter(db, ingress_id, flush_interval, context=self.access)
         # The Batch API (``ingress.batch_api``): its runner sends lines to this node's own
         # port as their batch's key, with a credential only this node's processes can
         # check (``internal_secret``: shared by a node's data-path workers; none: this

@@ -18,18 +18,20 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
+from ingress.budgets import period_start
 from ingress.database import Database, Row
+from ingress.prices import PriceList
 from otela.dataplane.exchange import Exchange
 
 log = logging.getLogger("otela.ingress.usage")
 
 _COLUMNS = ("id", "request_id", "key_id", "model", "route", "provider", "node_peer",
             "node_session", "prompt_tokens", "completion_tokens", "status", "error", "stream",
-            "latency_ms", "ttft_ms", "started_at", "finished_at", "ingress")
+            "latency_ms", "ttft_ms", "started_at", "finished_at", "ingress", "spend", "team")
 # recorded_at is the database's clock (``Database.now_sql``): the one clock every ingress
 # node's refresh compares, so nodes' clock skew does not matter.
 _MAX_TOKENS = 2**31 - 1  # what an engine may claim (a serving node could say anything)
@@ -47,8 +49,29 @@ def _count(value: int) -> int:
     return value if 0 <= value <= _MAX_TOKENS else min(max(0, value), _MAX_TOKENS)
 
 
-GROUPS = {"key": "key_id", "model": "model", "provider": "provider", "node": "node_peer",
-          "ingress": "ingress", "status": "status"}
+# What usage groups by: a column of the row, or (owner) of the row's key as it is now.
+GROUPS = {"key": "key_id", "team": "team", "model": "model", "provider": "provider",
+          "node": "node_peer", "ingress": "ingress", "status": "status",
+          "owner": "(SELECT owner FROM api_keys WHERE api_keys.id = usage.key_id)"}
+# What usage filters on (``?key=...&model=...``, ``--key``, ``--model``): exact matches.
+FILTERS = {"key": "key_id", "team": "team", "model": "model", "provider": "provider",
+           "node": "node_peer", "ingress": "ingress", "status": "status"}
+
+
+class RowContext(Protocol):
+    """What a usage row needs beyond its exchange (``ingress.access.Access``): the prices
+    now, and a key's team now."""
+
+    prices: PriceList
+
+    def team_of(self, key_id: str | None) -> str | None: ...
+
+
+class _NoContext:
+    prices = PriceList()
+
+    def team_of(self, key_id: str | None) -> str | None:
+        return None
 
 
 def tokens_of(exchange: Exchange) -> tuple[int, int]:
@@ -62,9 +85,11 @@ def tokens_of(exchange: Exchange) -> tuple[int, int]:
 class UsageWriter:
     """An observer of the request path (``otela.api.observe``) that records usage rows."""
 
-    def __init__(self, db: Database, ingress_id: str, flush_interval: float = 0.025) -> None:
+    def __init__(self, db: Database, ingress_id: str, flush_interval: float = 0.025,
+                 context: RowContext | None = None) -> None:
         self.db = db
         self.ingress_id = ingress_id
+        self.context: RowContext = context or _NoContext()
         self.flush_interval = flush_interval
         self._finished: list[Exchange] = []  # not yet made rows
         self._rows: list[tuple[Any, ...]] = []  # rows to write (a failed batch's stay)
@@ -86,13 +111,20 @@ class UsageWriter:
         first = exchange.first_byte
         duration = exchange.duration
         self._counter += 1
+        prompt, completion = _count(prompt), _count(completion)
+        provider = _text(exchange.node_provider)
+        # A request that used no tokens spent nothing, priced or not (a refusal, a
+        # failure before the engine answered): not an 'unpriced' row either.
+        spend = self.context.prices.spend(exchange.model, provider, prompt, completion) \
+            if prompt or completion else 0.0
         return (f"{self._prefix}{self._counter:010x}", _text(exchange.request_id),
                 exchange.api_key, _text(exchange.model), _text(exchange.route),
-                _text(exchange.node_provider), _text(exchange.node_peer),
-                _text(exchange.node_session), _count(prompt), _count(completion),
+                provider, _text(exchange.node_peer),
+                _text(exchange.node_session), prompt, completion,
                 exchange.status, exchange.error, int(exchange.stream),
                 round(duration * 1e3, 3), None if first is None else round(first * 1e3, 3),
-                exchange.arrival, exchange.arrival + duration, self.ingress_id)
+                exchange.arrival, exchange.arrival + duration, self.ingress_id, spend,
+                self.context.team_of(exchange.api_key))
 
     def pending(self) -> int:
         return len(self._rows) + len(self._finished)
@@ -169,12 +201,15 @@ class Totals:
     errors: int
     mean_latency_ms: float | None
     mean_ttft_ms: float | None
+    spend: float = 0.0
+    unpriced: int = 0  # requests that used tokens of a model without a price then
 
     def to_dict(self) -> dict[str, Any]:
         return {"group": self.group, "requests": self.requests,
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "errors": self.errors,
-                "mean_latency_ms": self.mean_latency_ms, "mean_ttft_ms": self.mean_ttft_ms}
+                "mean_latency_ms": self.mean_latency_ms, "mean_ttft_ms": self.mean_ttft_ms,
+                "spend": self.spend, "unpriced_requests": self.unpriced}
 
 
 # Mean latency and time to first token are over the requests that were served (or failed
@@ -185,11 +220,15 @@ _SERVED = "status NOT IN (401, 403, 429)"
 _SUMS = ("COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), "
          "COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0), "
          f"AVG(CASE WHEN {_SERVED} THEN latency_ms END), "
-         f"AVG(CASE WHEN {_SERVED} THEN ttft_ms END)")
+         f"AVG(CASE WHEN {_SERVED} THEN ttft_ms END), COALESCE(SUM(spend), 0), "
+         "COALESCE(SUM(CASE WHEN spend IS NULL AND prompt_tokens + completion_tokens > 0 "
+         "THEN 1 ELSE 0 END), 0)")
 
 
-def _window(since: float | None, until: float | None,
-            key_id: str | None = None) -> tuple[str, list[Any]]:
+def _window(since: float | None, until: float | None, key_id: str | None = None,
+            filters: dict[str, Any] | None = None) -> tuple[str, list[Any]]:
+    """The WHERE clause of a time window, a key and exact-match ``filters`` (``FILTERS``'
+    names)."""
     clauses: list[str] = []
     params: list[Any] = []
     if since is not None:
@@ -201,33 +240,39 @@ def _window(since: float | None, until: float | None,
     if key_id is not None:
         clauses.append("key_id = ?")
         params.append(key_id)
+    for name, value in (filters or {}).items():
+        clauses.append(f"{FILTERS[name]} = ?")
+        params.append(value)
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
 def _totals(group: Any, row: Sequence[Any]) -> Totals:
-    requests, prompt, completion, errors, latency, ttft = row
+    requests, prompt, completion, errors, latency, ttft, spend, unpriced = row
     return Totals(None if group is None else str(group), int(requests), int(prompt),
                   int(completion), int(errors),
                   None if latency is None else round(float(latency), 3),
-                  None if ttft is None else round(float(ttft), 3))
+                  None if ttft is None else round(float(ttft), 3),
+                  round(float(spend), 6), int(unpriced))
 
 
 def aggregate(db: Database, by: str, since: float | None = None,
-              until: float | None = None, key_id: str | None = None) -> list[Totals]:
-    """Usage per ``by`` group (key, model, provider, node, ingress, status), largest
-    first, between ``since`` and ``until`` (unix seconds, end exclusive)."""
+              until: float | None = None, key_id: str | None = None,
+              filters: dict[str, Any] | None = None) -> list[Totals]:
+    """Usage per ``by`` group (``GROUPS``), largest first, between ``since`` and
+    ``until`` (unix seconds, end exclusive), of the rows ``filters`` keep."""
     column = GROUPS[by]
-    where, params = _window(since, until, key_id)
+    where, params = _window(since, until, key_id, filters)
     rows: list[Row] = db.query_sync(
-        f"SELECT {column}, {_SUMS} FROM usage{where} GROUP BY {column} "
-        f"ORDER BY COUNT(*) DESC, {column}", params)
+        f"SELECT {column}, {_SUMS} FROM usage{where} GROUP BY 1 "
+        "ORDER BY 2 DESC, 1", params)
     return [_totals(row[0], row[1:]) for row in rows]
 
 
 def buckets(db: Database, since: float, until: float, bucket_s: float,
-            key_id: str | None = None) -> list[dict[str, Any]]:
+            key_id: str | None = None, filters: dict[str, Any] | None = None
+            ) -> list[dict[str, Any]]:
     """Usage over time: one entry per ``bucket_s`` from ``since`` (empty ones included)."""
-    where, params = _window(since, until, key_id)
+    where, params = _window(since, until, key_id, filters)
     rows = db.query_sync(
         f"SELECT FLOOR((finished_at - ?) / ?), {_SUMS} FROM usage{where} GROUP BY 1",
         [since, bucket_s, *params])
@@ -240,33 +285,117 @@ def buckets(db: Database, since: float, until: float, bucket_s: float,
                     "requests": totals.requests if totals else 0,
                     "prompt_tokens": totals.prompt_tokens if totals else 0,
                     "completion_tokens": totals.completion_tokens if totals else 0,
-                    "errors": totals.errors if totals else 0})
+                    "errors": totals.errors if totals else 0,
+                    "spend": totals.spend if totals else 0.0})
     return out
 
 
-def recent_by_others(db: Database, ingress_id: str, recorded_after: float
-                     ) -> list[tuple[str, str, int, int, float]]:
-    """(row id, key, tokens, status, recorded_at) of keyed rows other ingress processes
-    wrote after ``recorded_after`` (database clock): what ``ingress.access`` counts towards
-    budgets and limits here. The ``(recorded_at, ingress)`` index keeps the scan to the
-    recent rows, and this ingress's own among them cost an index entry each."""
+# -- the request log ---------------------------------------------------------------------
+
+# One entry per request, newest first: what was asked, of whom, how it went, what it
+# cost. Never the prompt or the answer: usage rows do not hold them.
+LOG_COLUMNS = ("id", "request_id", "finished_at", "key_id", "team", "model", "route",
+               "provider", "node_peer", "ingress", "status", "error", "stream",
+               "prompt_tokens", "completion_tokens", "latency_ms", "ttft_ms", "spend")
+
+
+def request_log(db: Database, since: float | None = None, until: float | None = None,
+                key_id: str | None = None, filters: dict[str, Any] | None = None,
+                limit: int = 100, after: str | None = None) -> tuple[list[dict[str, Any]],
+                                                                     bool]:
+    """A page of the request log, newest first: at most ``limit`` entries after the one
+    whose id is ``after`` (a keyset on ``(finished_at, id)``: a page costs the same however
+    deep, and rows written meanwhile neither shift nor repeat one), and whether more
+    follow. An ``after`` that names no row in the window is a ``ValueError``."""
+    where, params = _window(since, until, key_id, filters)
+    if after is not None:
+        anchor = db.query_sync("SELECT finished_at FROM usage WHERE id = ?", (after,))
+        if not anchor:
+            raise ValueError("'after' names no request in this log")
+        at = anchor[0][0]
+        where += (" AND " if where else " WHERE ") + \
+            "(finished_at < ? OR (finished_at = ? AND id < ?))"
+        params += [at, at, after]
     rows = db.query_sync(
-        "SELECT id, key_id, prompt_tokens + completion_tokens, status, recorded_at FROM usage "
+        f"SELECT {', '.join(LOG_COLUMNS)} FROM usage{where} "
+        "ORDER BY finished_at DESC, id DESC LIMIT ?", [*params, limit + 1])
+    entries = [_entry(row) for row in rows[:limit]]
+    return entries, len(rows) > limit
+
+
+def _entry(row: Sequence[Any]) -> dict[str, Any]:
+    entry = dict(zip(LOG_COLUMNS, row, strict=True))
+    entry["object"] = "request"
+    entry["stream"] = bool(entry["stream"])
+    return entry
+
+
+@dataclass(frozen=True)
+class OtherRow:
+    """A keyed row another ingress process wrote (``recent_by_others``)."""
+
+    id: str
+    key_id: str
+    tokens: int
+    status: int
+    recorded_at: float
+    spend: float
+    team: str | None
+    finished_at: float
+
+
+def recent_by_others(db: Database, ingress_id: str, recorded_after: float) -> list[OtherRow]:
+    """The keyed rows other ingress processes wrote after ``recorded_after`` (database
+    clock): what ``ingress.access`` counts towards budgets and limits here. The
+    ``(recorded_at, ingress)`` index keeps the scan to the recent rows, and this ingress's
+    own among them cost an index entry each."""
+    rows = db.query_sync(
+        "SELECT id, key_id, prompt_tokens + completion_tokens, status, recorded_at, "
+        "COALESCE(spend, 0), team, finished_at FROM usage "
         "WHERE recorded_at > ? AND ingress <> ? AND key_id IS NOT NULL",
         (recorded_after, ingress_id))
-    return [(str(r[0]), str(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
+    return [OtherRow(str(r[0]), str(r[1]), int(r[2]), int(r[3]), float(r[4]), float(r[5]),
+                     None if r[6] is None else str(r[6]), float(r[7])) for r in rows]
 
 
-def totals_and_recent(db: Database, recorded_after: float
-                      ) -> tuple[dict[str, int], list[tuple[str, str, float]]]:
-    """Tokens per key over all time, and (id, ingress, recorded_at) of the rows recorded
-    after ``recorded_after``, in one statement: one snapshot, so a row is either in both
-    or in neither (``Access.load`` then never counts one twice)."""
+Windows = dict[str, tuple[int, float]]  # period -> (tokens, spend)
+_TOKENS = "prompt_tokens + completion_tokens"
+# Tokens and spend per (key, team) over all time, since the month's start and since the
+# day's (``ingress.budgets.Ledger.from_totals``); parameters: month, month, day, day.
+_WINDOW_SUMS = (
+    f"SELECT 0, key_id, team, SUM({_TOKENS}), SUM(COALESCE(spend, 0)), "
+    f"SUM(CASE WHEN finished_at >= ? THEN {_TOKENS} ELSE 0 END), "
+    "SUM(CASE WHEN finished_at >= ? THEN COALESCE(spend, 0) ELSE 0 END), "
+    f"SUM(CASE WHEN finished_at >= ? THEN {_TOKENS} ELSE 0 END), "
+    "SUM(CASE WHEN finished_at >= ? THEN COALESCE(spend, 0) ELSE 0 END), NULL "
+    "FROM usage WHERE key_id IS NOT NULL GROUP BY key_id, team")
+
+
+def _window_params(now: float) -> tuple[float, float, float, float]:
+    month, day = period_start("month", now), period_start("day", now)
+    return month, month, day, day
+
+
+def _totals_of(rows: list[Row]) -> list[tuple[str, str | None, Windows]]:
+    return [(str(r[1]), None if r[2] is None else str(r[2]),
+             {"lifetime": (int(r[3] or 0), float(r[4] or 0)),
+              "month": (int(r[5] or 0), float(r[6] or 0)),
+              "day": (int(r[7] or 0), float(r[8] or 0))}) for r in rows if r[0] == 0]
+
+
+def window_totals(db: Database, now: float) -> list[tuple[str, str | None, Windows]]:
+    """Tokens and spend per (key, team) over all time, this month and today (UTC)."""
+    return _totals_of(db.query_sync(_WINDOW_SUMS, _window_params(now)))
+
+
+def totals_and_recent(db: Database, recorded_after: float, now: float
+                      ) -> tuple[list[tuple[str, str | None, Windows]],
+                                 list[tuple[str, str, float]]]:
+    """``window_totals``, and (id, ingress, recorded_at) of the rows recorded after
+    ``recorded_after``, in one statement: one snapshot, so a row is either in both or in
+    neither (``Access.load`` then never counts one twice)."""
     rows = db.query_sync(
-        "SELECT 0, key_id, SUM(prompt_tokens + completion_tokens), NULL, NULL FROM usage "
-        "WHERE key_id IS NOT NULL GROUP BY key_id "
-        "UNION ALL SELECT 1, id, 0, ingress, recorded_at FROM usage WHERE recorded_at > ?",
-        (recorded_after,))
-    totals = {str(r[1]): int(r[2] or 0) for r in rows if r[0] == 0}
-    recent = [(str(r[1]), str(r[3]), float(r[4])) for r in rows if r[0] == 1]
-    return totals, recent
+        f"{_WINDOW_SUMS} UNION ALL SELECT 1, id, ingress, 0, 0, 0, 0, 0, 0, recorded_at "
+        "FROM usage WHERE recorded_at > ?", (*_window_params(now), recorded_after))
+    recent = [(str(r[1]), str(r[2]), float(r[9])) for r in rows if r[0] == 1]
+    return _totals_of(rows), recent

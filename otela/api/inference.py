@@ -209,7 +209,9 @@ class InferenceRoutes:
             for later in continued:
                 self.router.release(later)
             if grant is not None and self.keys is not None:
-                self.keys.finished(grant, (tap.prompt_tokens or 0) + tap.output_tokens)
+                prompt = tap.prompt_tokens or 0
+                self.keys.finished(grant, prompt + tap.output_tokens, prompt,
+                                   exchange.node_provider)
             if self.queue is not None:
                 self._ended(exchange, waiter, (tap.prompt_tokens or 0) + tap.output_tokens)
 

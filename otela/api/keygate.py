@@ -30,4 +30,8 @@ class KeyGate(Protocol):
         the body is read); takes nothing."""
         ...
 
-    def finished(self, grant: Any, tokens: int) -> None: ...
+    def finished(self, grant: Any, tokens: int, prompt_tokens: int = 0,
+                 provider: str = "") -> None:
+        """A granted request is over: it used ``tokens``, ``prompt_tokens`` of them its
+        prompt's, on a node of ``provider`` (what a budget in money prices it with)."""
+        ...

@@ -66,7 +66,10 @@ def stamp(message: dict[str, Any], news: News, replica: ReplicaCore) -> dict[str
     and our registry's summary and age, so a replica that drifted from ours gets
     anti-entropy without a timer (``otela/replication/drift.py``). Shared with the mesh
     simulator, which sizes its probes by this very message."""
-    message["u"] = news.piggyback()
+    message["u"] = items = news.piggyback()
+    marks = news.published_among(items)
+    if marks:  # absent in almost every message: it costs nothing then
+        message["pu"] = marks
     message["r"], age = replica.summary()
     message["ra"] = round(age, 1)
     return message
@@ -77,7 +80,7 @@ def take(message: dict[str, Any], sender: str, now: float, table: LivenessTable,
     """Take what rides on a SWIM message from ``sender``: it is contact, its news is
     merged, its summary compared. Returns whether anti-entropy with it is due (drift)."""
     table.heard_from(sender, now)
-    news.receive(message.get("u"), now, sender)
+    news.receive(message.get("u"), now, sender, marks=message.get("pu"))
     return replica.drifted(sender, message.get("r"), message.get("ra"))
 
 

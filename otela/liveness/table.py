@@ -119,6 +119,8 @@ class LivenessTable:
     _outbox: dict[str, tuple[Update, int]] = field(default_factory=dict)
     # Suspicions (peer, incarnation) already published to every node, by us or others.
     published: set[tuple[str, int]] = field(default_factory=set)
+    # Our suspicions published again because their eviction lacked a second signer.
+    corroborated: set[tuple[str, int]] = field(default_factory=set)
     refute_needed: bool = False
     _last_confirmation_at: float | None = None  # ours or one we heard of
     _braked_at: float | None = None  # when the brake was last seen on
@@ -154,6 +156,7 @@ class LivenessTable:
             self._retire(self.members.pop(peer_id))
             self._unhealthy.discard(peer_id)
         self.published = {key for key in self.published if key[0] in self.members}
+        self.corroborated = {key for key in self.corroborated if key[0] in self.members}
 
     def new_session(self, peer_id: str, now: float) -> None:
         """``peer_id`` rejoined under a new session (it learned of its eviction while
@@ -165,6 +168,7 @@ class LivenessTable:
             self.members[peer_id] = Member(peer_id, self._floors.pop(peer_id), last_heard=now)
             self._unhealthy.discard(peer_id)
             self.published = {key for key in self.published if key[0] != peer_id}
+            self.corroborated = {key for key in self.corroborated if key[0] != peer_id}
 
     def _retire(self, member: Member) -> None:
         """Forget a member's news, but remember past which incarnation news of it is new:
@@ -242,19 +246,31 @@ class LivenessTable:
         (``otela.registry.evidence``): it is published so that the members chosen to
         verify (``should_verify``) probe the peer first-hand and, if it fails them too,
         sign their own. Without this, a peer that only we watch (bounded watch sets; a
-        partition leaving two members on our side) stayed in routing for good."""
+        partition leaving two members on our side) stayed in routing for good. A
+        suspicion published before goes out once more (the topic may not have delivered
+        it to the verifiers: py-libp2p B2), and rides on our probes again each time."""
         member = self.members.get(peer_id)
         if member is None or member.status not in (
                 (Status.SUSPECT, Status.CONFIRMED) if corroborate else (Status.SUSPECT,)):
             return None
         key = (peer_id, member.incarnation)
         strong = connection_lost or len(member.suspecters) > 1 or corroborate
-        if (key in self.published or self.self_id not in member.suspecters or not strong
-                or self.braking()):
+        if self.self_id not in member.suspecters or not strong or self.braking():
+            return None
+        ours = Update(peer_id, Status.SUSPECT, member.incarnation,
+                      member.evidence.get(self.self_id), by=self.self_id)
+        if corroborate:
+            # It rides on our probes again too (marked published: ``News.published_among``)
+            # whether or not it goes on the topic: a member that missed the topic's one
+            # delivery hears it from the next probe.
+            self._enqueue(ours)
+            if key in self.corroborated:
+                return None
+            self.corroborated.add(key)  # once more on the topic per incarnation, no more
+        elif key in self.published:
             return None
         self.published.add(key)
-        return Update(peer_id, Status.SUSPECT, member.incarnation,
-                      member.evidence.get(self.self_id), by=self.self_id)
+        return ours
 
     def should_verify(self, peer_id: str) -> bool:
         """Whether this node should probe a suspect it heard of first-hand (see the module

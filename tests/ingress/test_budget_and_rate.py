@@ -158,3 +158,60 @@ def test_a_limit_of_n_per_minute_admits_at_most_n_in_any_minute(rpm: int) -> Non
     worst = max(sum(1 for a in admitted if s <= a < s + 60) for s in starts)
     assert worst <= rpm
     assert len(admitted) >= rpm * 5 * 0.95  # five minutes: about five minutes' worth
+
+
+@pytest.mark.slow
+def test_a_teams_daily_money_budget_holds_across_its_keys(fed: Fed, tmp_path: Path) -> None:
+    """A team's budget in money per day (set with ``otela keys team``), at the prices set:
+    two keys of the team sending at once cannot spend past it by more than one request,
+    the refusal names the team's budget and when it resets, and every view says "over
+    budget" for both keys; a key outside the team is untouched."""
+    node, db = fed
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    assert httpx.put(f"{node.http_url}/v1/admin/prices", headers=admin, trust_env=False,
+                     json={"model": MODEL, "input_per_mtok": 100_000,
+                           "output_per_mtok": 100_000}).status_code == 200  # 0.1 a token
+    set_team = otela("keys", "team", "optics", "--budget-spend", "1.0", "--budget-period",
+                     "day", "--db", str(db), "--json", cwd=tmp_path)
+    assert set_team.returncode == 0, set_team.stderr
+    assert json.loads(set_team.stdout)["budget_spend"] == 1.0
+    bad = otela("keys", "team", "optics", "--budget-period", "week", "--db", str(db),
+                cwd=tmp_path)
+    assert bad.returncode == 2 and "day, month or lifetime" in bad.stderr
+
+    def key(owner: str, team: str | None) -> dict[str, Any]:
+        body = {"owner": owner, **({"team": team} if team else {})}
+        return dict(httpx.post(f"{node.http_url}/v1/admin/keys", headers=admin, json=body,
+                               trust_env=False, timeout=10).json())
+    first, second, outsider = key("ivo", "optics"), key("jan", "optics"), key("kim", None)
+
+    def status_of(made: dict[str, Any]) -> dict[str, Any]:
+        return dict(httpx.get(f"{node.http_url}/v1/me", trust_env=False, timeout=10,
+                              headers={"authorization": f"Bearer {made['key']}"}).json())
+    # The ingress reads the team's budget within a refresh of the command line's change.
+    wait_for(lambda: status_of(first)["status"] == "active", 5, "the key to be usable")
+    answers: list[httpx.Response] = []
+    for _ in range(6):
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers += list(pool.map(lambda made: chat(node, made["key"]), (first, second)))
+        if any(a.status_code == 403 for a in answers):
+            break
+    codes = [a.status_code for a in answers]
+    assert 200 in codes and 403 in codes, codes
+    refusal = next(a for a in answers if a.status_code == 403).json()["error"]
+    assert refusal["code"] == "budget_exceeded"
+    assert "Team optics's daily spend budget (1)" in refusal["message"]
+    assert "resets at" in refusal["message"]
+    spent = sum(a.json()["usage"]["total_tokens"] * 0.1 for a in answers
+                if a.status_code == 200)
+    biggest = max(a.json()["usage"]["total_tokens"] * 0.1 for a in answers
+                  if a.status_code == 200)
+    # Two keys at once: each may hold a reservation when the last one settles.
+    assert 1.0 <= spent + 1e-9 <= 1.0 + 2 * biggest
+    for made in (first, second):
+        wait_for(lambda made=made: status_of(made)["status"] == "over budget", 5,
+                 "/v1/me to say over budget")
+    shown = otela("keys", "show", second["id"], "--db", str(db), "--json", cwd=tmp_path)
+    assert json.loads(shown.stdout)["status"] == "over budget", shown.stderr
+    assert chat(node, outsider["key"]).status_code == 200
+    assert status_of(outsider)["status"] == "active"

@@ -300,7 +300,7 @@ def test_admin_rotates_a_key_and_sees_usage_by_group(
     new_secret = browser.find_element(By.ID, "new-secret-value").text
     wait_for(lambda: key_refused(ingress, secret), 10, "the old secret to be refused")
     assert not key_refused(ingress, new_secret)
-    for by in ("key", "model", "provider", "node", "ingress", "status"):
+    for by in ("key", "team", "owner", "model", "provider", "node", "ingress", "status"):
         Select(browser.find_element(By.ID, "admin-usage-by")).select_by_value(by)
         wait(browser).until(lambda d, by=by: d.find_element(By.ID, "admin-usage-group").text
                             == by.capitalize())

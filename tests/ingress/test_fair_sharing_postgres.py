@@ -43,7 +43,8 @@ def test_classes_and_teams_on_postgresql(tmp_path: Path, postgres_db: str) -> No
                                         "queue_wait": None}
         admin("PUT", "/teams/lab", {"weight": 3})
         assert admin("GET", "/teams")["data"] == [
-            {"object": "team", "name": "lab", "weight": 3.0, "keys": 1}]
+            {"object": "team", "name": "lab", "weight": 3.0, "keys": 1, "budget_tokens": None,
+             "budget_spend": None, "budget_period": "lifetime"}]
 
         def chat_sync(secret: str) -> int:
             return httpx.post(f"{ingress.http_url}/v1/chat/completions", trust_env=False,

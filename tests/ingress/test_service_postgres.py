@@ -16,10 +16,12 @@ import httpx
 import pytest
 import trio
 
-from ingress import keystore, usage
+from ingress import keystore, prices, usage
+from ingress.access import Access
 from ingress.database import Database, DatabaseUrl
 from ingress.keystore import KeySpec
 from ingress.migrations import LATEST, SchemaTooNew, migrate
+from ingress.prices import Price
 from ingress.service import IngressService
 from otela.dataplane.exchange import Exchange, UsageTap
 from otela.testing.localfed import (
@@ -57,6 +59,28 @@ def test_schema_keys_and_usage_in_postgresql(postgres_db):
     assert usage.aggregate(db, "model")[0].to_dict()["completion_tokens"] == 6
     hour = usage.buckets(db, time.time() - 3600, time.time() + 1, 600)
     assert sum(b["requests"] for b in hour) == 1
+    # Prices, spend, grouping by team and owner and the request log in this dialect.
+    prices.set_price(db, Price("m", "", 1.0, 2.0))
+    prices.set_price(db, Price("m", "", 1.0, 3.0))  # an upsert, not a second row
+    assert prices.price_list(db).spend("m", "any", 10**6, 10**6) == pytest.approx(4.0)
+    teamed, _ = keystore.create(db, KeySpec(owner="ada", team="physics"))
+    access = service_access(db)
+    priced = usage.UsageWriter(db, "ingress-1", context=access)
+    for _ in range(3):
+        again = Exchange(route="/v1/chat/completions", request_id="r", model="m",
+                         status=200, api_key=teamed.id)
+        again.tap = UsageTap(False)
+        again.tap.prompt_tokens, again.tap.completion_tokens = 100, 10
+        priced.finished(again)
+    trio.run(priced.flush)
+    by_team = {t.group: t for t in usage.aggregate(db, "team")}
+    assert by_team["physics"].spend == pytest.approx(3 * 130 / 1e6)
+    assert by_team[None].unpriced == 1  # the row made before any price
+    assert {t.group: t.requests for t in usage.aggregate(db, "owner")} == {"a": 1, "ada": 3}
+    page, more = usage.request_log(db, filters={"team": "physics"}, limit=2)
+    rest, done_paging = usage.request_log(db, filters={"team": "physics"}, limit=2,
+                                          after=page[-1]["id"])
+    assert more and not done_paging and len({e["id"] for e in page + rest}) == 3
     service = IngressService(db, "ingress-1")
     service.access.load()
     assert service.authenticate(f"Bearer {secret}".encode()).id == made.id
@@ -67,6 +91,12 @@ def test_schema_keys_and_usage_in_postgresql(postgres_db):
     with pytest.raises(SchemaTooNew):
         migrate(db)
     db.close()
+
+
+def service_access(db: Database) -> Access:
+    access = Access(db, "ingress-1")
+    access.load()
+    return access
 
 
 @pytest.fixture

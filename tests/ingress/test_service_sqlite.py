@@ -4,8 +4,12 @@ API and revocation."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import httpx
@@ -341,3 +345,83 @@ def test_the_key_is_checked_before_the_body_is_read(fed):
                       headers={"authorization": f"Bearer {good}",
                                "content-type": "application/json"}, trust_env=False)
     assert slow.status_code == 200
+
+
+def test_prices_spend_and_the_request_log(fed, tmp_path):
+    """Prices set through the admin API price every request from then on, per provider or
+    for all; usage groups by team with its spend; the request log pages and exports
+    (through the API and the command line), and a key holder sees only their own."""
+    ingress, db = fed
+    bad = admin(ingress, "PUT", "/prices", json={"model": MODEL, "input_per_mtok": -1,
+                                                 "output_per_mtok": 1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input_per_mtok"
+    assert admin(ingress, "DELETE", f"/prices?model={MODEL}").status_code == 404
+    assert admin(ingress, "PUT", "/prices", json={
+        "model": MODEL, "input_per_mtok": 1.5, "output_per_mtok": 6}).status_code == 200
+    assert admin(ingress, "PUT", "/prices", json={
+        "model": OTHER, "provider": "prov-b", "input_per_mtok": 10,
+        "output_per_mtok": 20}).status_code == 200
+    listed = admin(ingress, "GET", "/prices").json()["data"]
+    assert {(p["model"], p["provider"]) for p in listed} == {(MODEL, None), (OTHER, "prov-b")}
+
+    astro = new_key(ingress, owner="vera", team="astro-spend")
+    solo = new_key(ingress, owner="otto")
+    for model in (MODEL, MODEL, OTHER):
+        client(ingress, astro["key"]).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "price me"}])
+    client(ingress, solo["key"]).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "mine"}])
+
+    def rows_of(key_id: str) -> list[tuple]:
+        with sqlite3.connect(db) as conn:
+            return conn.execute("SELECT model, prompt_tokens, completion_tokens, spend, team "
+                                "FROM usage WHERE key_id = ?", (key_id,)).fetchall()
+    wait_for(lambda: len(rows_of(astro["id"])) == 3, 5, "three usage rows")
+    rates = {MODEL: (1.5, 6.0), OTHER: (10.0, 20.0)}
+    expected = 0.0
+    for model, prompt, completion, spend, team in rows_of(astro["id"]):
+        assert team == "astro-spend" and prompt > 0 and completion > 0
+        assert spend == pytest.approx((prompt * rates[model][0]
+                                       + completion * rates[model][1]) / 1e6)
+        expected += spend
+    by_team = {r["group"]: r for r in admin(
+        ingress, "GET", "/usage?by=team&team=astro-spend").json()["data"]}
+    assert list(by_team) == ["astro-spend"] and by_team["astro-spend"]["requests"] == 3
+    assert by_team["astro-spend"]["spend"] == pytest.approx(expected)
+    assert by_team["astro-spend"]["unpriced_requests"] == 0
+    owners = {r["group"] for r in admin(ingress, "GET", "/usage?by=owner").json()["data"]}
+    assert {"vera", "otto"} <= owners
+
+    first = admin(ingress, "GET", "/requests?team=astro-spend&limit=2").json()
+    assert len(first["data"]) == 2 and first["has_more"]
+    rest = admin(ingress, "GET", f"/requests?team=astro-spend&after={first['last_id']}").json()
+    assert len(rest["data"]) == 1 and not rest["has_more"]
+    assert {e["model"] for e in first["data"] + rest["data"]} == {MODEL, OTHER}
+    exported = admin(ingress, "GET", "/requests?team=astro-spend&format=csv")
+    assert exported.headers["content-type"].startswith("text/csv")
+    lines = exported.text.splitlines()
+    assert len(lines) == 4 and lines[0].startswith("id,request_id,finished_at")
+    bad_page = admin(ingress, "GET", "/requests?after=nope")
+    assert bad_page.status_code == 400 and bad_page.json()["error"]["param"] == "after"
+    mine = httpx.get(f"{ingress.http_url}/v1/me/requests", trust_env=False,
+                     headers={"authorization": f"Bearer {solo['key']}"}).json()["data"]
+    assert [e["key_id"] for e in mine] == [solo["id"]]
+
+    out = tmp_path / "astro.jsonl"
+    done = subprocess.run([sys.executable, "-m", "otela", "requests", "--db", db, "--team",
+                           "astro-spend", "--format", "jsonl", "--output", str(out)],
+                          capture_output=True, text=True, timeout=60, env=_cli_env(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["key_id"] for line in out.read_text().splitlines()] == \
+        [astro["id"]] * 3
+    shown = subprocess.run([sys.executable, "-m", "otela", "usage", "--db", db, "--by", "team",
+                            "--team", "astro-spend", "--format", "json"],
+                           capture_output=True, text=True, timeout=60, env=_cli_env(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["data"][0]["spend"] == pytest.approx(expected)
+
+
+def _cli_env(tmp_path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTELA_")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    return env

@@ -309,7 +309,7 @@ def test_other_ingress_nodes_use_is_charged_once(tmp_path, monkeypatch):
     trio.run(writer.flush)
     access.refresh()
     access.refresh()  # a second refresh must not charge the same rows again
-    assert access.used_tokens[made.id] == 8  # and budgets see the tokens, once
+    assert access.used(made.id) == 8  # and budgets see the tokens, once
     limits = access.limits[made.id]
     assert limits.requests is not None
     assert 4.9 < limits.requests.available(limits.requests.at) < 5.1
@@ -398,7 +398,7 @@ def test_a_fresh_ingress_counts_recent_rows_once(tmp_path):
     access = Access(sqlite(path), "ingress-new")
     access.load()  # the rows are seconds old: inside the look-back of the first refresh
     access.refresh()
-    assert access.used_tokens[made.id] == 30
+    assert access.used(made.id) == 30
 
 
 def test_open_access_lets_keyless_requests_through_but_still_checks_keys(tmp_path):

@@ -646,6 +646,36 @@ def test_a_published_suspicion_is_verified_first_hand():
     assert "verifying" in [e["event"] for e in events.events]
 
 
+def test_a_published_suspicion_that_reaches_a_verifier_only_on_a_probe_is_verified():
+    """GossipSub delivers a publication to its mesh only, and a mesh around one hub flaps
+    (py-libp2p B2): a node of three that missed the hub's published suspicion never
+    probed the killed node, whose eviction then waited ~40 s for a second signer. The
+    suspicion also rides on the hub's probes, marked as published."""
+    me, suspect, hub = Keyed(), Keyed(), Keyed()
+    peers = [suspect.peer_id, me.peer_id]
+    hub_news, hub_table, _, _ = news_for(hub, peers, {suspect.peer_id: SESSION})
+    hub_table.sign_suspicion = lambda peer, incarnation: evidence.sign(
+        hub.sign, hub.peer_id, peer, SESSION, incarnation, 1000.0).pack_proof()
+    hub_table.probe_failed(suspect.peer_id, 1.0)
+    assert hub_news.publish_suspicion(suspect.peer_id, connection_lost=True)
+    items = hub_news.piggyback()
+    marks = hub_news.published_among(items)
+    assert [items[i][:3] for i in marks] == [[suspect.peer_id, "suspect", 0]]
+
+    def verified(marks: object) -> bool:
+        news, _table, events, _ = news_for(me, [suspect.peer_id, hub.peer_id],
+                                           {suspect.peer_id: SESSION})
+        news.receive(items, 2.0, hub.peer_id, marks=marks)
+        assert suspect.peer_id in news.table.suspected()
+        return "verifying" in [e["event"] for e in events.events]
+
+    assert verified(marks)
+    # Unmarked (a lone suspicion of a slow peer) it only spreads; marks that are not a
+    # short list of indices are ignored, never an error.
+    for garbage in (None, [], "0", {"0": 1}, [True], [-1], [10**9], [0.0], list(range(999))):
+        assert not verified(garbage), garbage
+
+
 def test_garbage_news_is_ignored():
     me = Keyed()
     news, table, _, _ = news_for(me, ["p"])

@@ -289,6 +289,23 @@ def test_a_suspicion_someone_else_published_is_not_published_again():
     assert t.suspicion_to_publish("a", connection_lost=True) is None
 
 
+def test_an_eviction_lacking_a_signer_publishes_once_more_and_rides_on_probes_again():
+    """Our published suspicion's one topic delivery can miss the verifiers (GossipSub's
+    mesh flaps around a hub): when the eviction is refused for want of a second signer,
+    it goes on the topic once more and back onto our probes, every time it is refused."""
+    t = table("a", "b")
+    t.probe_failed("a", now=0.0)
+    assert t.suspicion_to_publish("a", connection_lost=True) is not None
+    assert t.piggyback(limit=8) and t.piggyback(limit=8)
+    while t.piggyback(limit=8):  # its retransmissions run out
+        pass
+    ours = Update("a", Status.SUSPECT, 0, by="me")
+    assert t.suspicion_to_publish("a", False, corroborate=True) == ours  # once more
+    assert t.piggyback(limit=8) == [ours]
+    assert t.suspicion_to_publish("a", False, corroborate=True) is None  # not a third time
+    assert t.piggyback(limit=8) == [ours]  # but on probes, again
+
+
 def test_larger_federations_give_a_suspect_longer_to_refute():
     small = table(*[f"p{i}" for i in range(8)], timeout=5.0)
     large = table(*[f"p{i}" for i in range(127)], timeout=5.0)

@@ -56,7 +56,8 @@ class Keys:
               prompt_bound: int = 0) -> Any:
         return SimpleNamespace(providers=None)
 
-    def finished(self, grant: Any, tokens: int) -> None:
+    def finished(self, grant: Any, tokens: int, prompt_tokens: int = 0,
+                 provider: str = "") -> None:
         pass
 
     def screen(self, authorization: bytes | None) -> None:

@@ -1194,6 +1194,12 @@
     }
   }
 
+  /** Spend at the prices set ('otela prices'), and how many requests had none. */
+  function spend(row) {
+    const amount = (row.spend || 0).toFixed(4);
+    return row.unpriced_requests ? `${amount} (+${fmt(row.unpriced_requests)} unpriced)` : amount;
+  }
+
   function renderAdminUsage(rows, by) {
     const body = $("admin-usage-body");
     const tokens = (r) => (r.prompt_tokens || 0) + (r.completion_tokens || 0);
@@ -1204,8 +1210,9 @@
       const key = by === "key" ? keys.get(row.group) : null;
       const share = el("span", { class: "share" });
       share.style.width = `${((tokens(row) / most) * 100).toFixed(1)}%`;
-      return el("tr", { "data-group": row.group },
-        el("th", { scope: "row" }, key ? `${key.name || "(unnamed)"} · ${key.owner}` : row.group,
+      const group = row.group === null ? `(no ${by})` : row.group;
+      return el("tr", { "data-group": group },
+        el("th", { scope: "row" }, key ? `${key.name || "(unnamed)"} · ${key.owner}` : group,
           key ? el("span", { class: "sub-line mono" }, row.group) : null),
         el("td", { class: "num" }, fmt(row.requests)),
         el("td", { class: "num" }, fmt(row.prompt_tokens)),
@@ -1213,11 +1220,12 @@
         el("td", { class: "num" }, fmt(row.errors)),
         el("td", { class: "num" }, ms(row.mean_latency_ms)),
         el("td", { class: "num" }, ms(row.mean_ttft_ms)),
+        el("td", { class: "num" }, spend(row)),
         el("td", { class: "share-cell",
           "aria-label": `${Math.round((tokens(row) / most) * 100)} % of the largest` }, share));
     }));
     if (!sorted.length) {
-      body.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "No requests in this period.")));
+      body.append(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No requests in this period.")));
     }
     labelCells(body);
   }

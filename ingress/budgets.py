@@ -1,0 +1,187 @@
+"""Budgets in tokens or money, per day, per month or for good: what each account used in
+its period, and whether a request may start. Pure: the caller passes the time.
+
+An **account** is a key (``("key", id)``) or a team (``("team", name)``); a request counts
+towards its key's account and, when the key has a team, the team's. Periods are calendar
+periods in UTC: a daily budget is fresh at 00:00 UTC, a monthly one on the 1st. The
+``Ledger`` keeps every account's use in each period window (lifetime, this month, today),
+so a budget can change its period without a recount, and starts a window afresh when its
+period turns. A row that another ingress wrote just before midnight and that this one
+reads just after counts towards the new day: off by at most one refresh interval's
+requests, on the side of the user.
+
+A request reserves what it may use at most (``Reservation``) until it is over, as before
+for lifetime token budgets (``ingress.access``): a budget is overshot by at most the last
+admitted request's own use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from otela.dataplane.errors import RequestError
+
+PERIODS = ("lifetime", "month", "day")
+Account = tuple[str, str]  # ("key", key id) or ("team", team name)
+
+
+def period_start(period: str, now: float) -> float:
+    """When the ``period`` holding ``now`` began (UTC); 0 for ``lifetime``."""
+    if period == "lifetime":
+        return 0.0
+    moment = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0,
+                                                      microsecond=0)
+    if period == "month":
+        moment = moment.replace(day=1)
+    return moment.timestamp()
+
+
+def period_end(period: str, now: float) -> float | None:
+    """When the ``period`` holding ``now`` ends (a budget's reset); None for lifetime."""
+    if period == "lifetime":
+        return None
+    start = datetime.fromtimestamp(period_start(period, now), UTC)
+    if period == "day":
+        return start.timestamp() + 86400.0
+    year, month = (start.year + 1, 1) if start.month == 12 else (start.year, start.month + 1)
+    return start.replace(year=year, month=month).timestamp()
+
+
+@dataclass(frozen=True)
+class Budget:
+    """At most ``tokens`` (prompt + completion) and/or ``spend`` (money, at the prices
+    set) per ``period``."""
+
+    tokens: int | None = None
+    spend: float | None = None
+    period: str = "lifetime"
+
+    def __bool__(self) -> bool:
+        return self.tokens is not None or self.spend is not None
+
+
+@dataclass
+class Spent:
+    tokens: int = 0
+    spend: float = 0.0
+
+
+@dataclass
+class Ledger:
+    """What each account used in each period window, as this ingress knows it."""
+
+    now: float = 0.0
+    used: dict[str, dict[Account, Spent]] = field(
+        default_factory=lambda: {p: {} for p in PERIODS})
+    starts: dict[str, float] = field(default_factory=dict)
+    _next_turn: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.starts = {p: period_start(p, self.now) for p in PERIODS}
+        self._next_turn = min(e for p in PERIODS if (e := period_end(p, self.now)))
+
+    @classmethod
+    def from_totals(cls, totals: Iterable[tuple[str, str | None, dict[str, tuple[int, float]]]],
+                    now: float) -> Ledger:
+        """A ledger from the usage table's sums per (key, team) and period window
+        (``ingress.usage.window_totals``), whose windows began at this ledger's starts."""
+        ledger = cls(now)
+        for key_id, team, windows in totals:
+            accounts: tuple[Account, ...] = (("key", key_id),) if not team else (
+                ("key", key_id), ("team", team))
+            for period, (tokens, spend) in windows.items():
+                for account in accounts:
+                    spent = ledger.used[period].setdefault(account, Spent())
+                    spent.tokens += tokens
+                    spent.spend += spend
+        return ledger
+
+    def turn(self, now: float) -> None:
+        """Start the windows whose period has turned since we last looked afresh."""
+        if now < self._next_turn:
+            return
+        for period in ("month", "day"):
+            start = period_start(period, now)
+            if start > self.starts[period]:
+                self.starts[period] = start
+                self.used[period] = {}
+        self._next_turn = min(e for p in PERIODS if (e := period_end(p, now)))
+
+    def add(self, account: Account, tokens: int, spend: float, now: float,
+            finished_at: float | None = None) -> None:
+        """``account`` used this; ``finished_at`` (default now) decides which windows
+        it falls in (a row read late still belongs to the day it was served)."""
+        self.turn(now)
+        when = now if finished_at is None else finished_at
+        for period in PERIODS:
+            if when >= self.starts[period] or period == "lifetime":
+                spent = self.used[period].get(account)
+                if spent is None:
+                    spent = self.used[period][account] = Spent()
+                spent.tokens += tokens
+                spent.spend += spend
+
+    def spent(self, account: Account, period: str, now: float) -> Spent:
+        self.turn(now)
+        return self.used[period].get(account) or Spent()
+
+
+@dataclass
+class Reservation:
+    """What the requests in flight here may still use, per account."""
+
+    held: dict[Account, Spent] = field(default_factory=dict)
+
+    def hold(self, account: Account, tokens: int, spend: float) -> None:
+        spent = self.held.get(account)
+        if spent is None:
+            spent = self.held[account] = Spent()
+        spent.tokens += tokens
+        spent.spend += spend
+
+    def release(self, account: Account, tokens: int, spend: float) -> None:
+        spent = self.held.get(account)
+        if spent is None:
+            return
+        spent.tokens -= tokens
+        spent.spend -= spend
+        if spent.tokens <= 0 and spent.spend <= 1e-12:
+            del self.held[account]
+
+    def of(self, account: Account) -> Spent:
+        return self.held.get(account) or Spent()
+
+
+def refusal(budget: Budget, spent: Spent, held: Spent, whose: str, now: float
+            ) -> RequestError | None:
+    """Why a request of an account with ``budget`` may not start now, if it may not:
+    403 ``budget_exceeded`` when the period's budget is used up (with when it resets),
+    429 ``budget_reserved`` when the rest is held by requests in flight."""
+    label = {"lifetime": "", "month": "monthly ", "day": "daily "}[budget.period]
+    end = period_end(budget.period, now)
+    resets = "" if end is None else (
+        " It resets at " + datetime.fromtimestamp(end, UTC).strftime("%Y-%m-%dT%H:%MZ") + ".")
+    for kind, limit, used, reserved in (
+            ("token", budget.tokens, spent.tokens, held.tokens),
+            ("spend", budget.spend, spent.spend, held.spend)):
+        if limit is None:
+            continue
+        shown = f"{limit:g}" if kind == "spend" else str(limit)
+        if used >= limit:
+            return RequestError(403, f"{whose} {label}{kind} budget ({shown}) is used up."
+                                + resets, code="budget_exceeded")
+        if used + reserved >= limit:
+            return RequestError(
+                429, f"The rest of {whose[0].lower() + whose[1:]} {label}{kind} budget "
+                f"({shown}) is reserved by requests in flight; retry when they have "
+                "finished.", code="budget_reserved", headers={"Retry-After": "1"})
+    return None
+
+
+def over(budget: Budget, spent: Spent) -> bool:
+    """Whether ``spent`` has used ``budget`` up (a key's status: ``over budget``)."""
+    return bool(budget) and (
+        (budget.tokens is not None and spent.tokens >= budget.tokens)
+        or (budget.spend is not None and spent.spend >= budget.spend))
