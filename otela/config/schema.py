@@ -563,7 +563,7 @@ class NodeConfig:
         "https URL makes the session cookie Secure.")
     sso_scopes: list[str] = setting(
         "ingress", factory=lambda: ["openid", "email", "profile"], parse=v.as_words,
-        flag=False, example="openid email profile groups",
+        flag=False, example="openid email profile groups", shown_default="openid email profile",
         help="With sso_issuer: the scopes asked for (openid is always added).")
     sso_team_claim: str = setting(
         "ingress", "groups", parse=v.as_str, flag=False, example="eduperson_affiliation",

@@ -295,3 +295,32 @@ def test_a_token_signed_by_another_key_or_with_the_client_secret_is_refused():
     with pytest.raises(ProviderError):
         verify(client, jwt.encode({"alg": "HS256"}, claims, hmac_key,
                                   algorithms=["HS256"]))
+
+
+def test_the_documented_keycloak_config_file_gives_these_settings(tmp_path):
+    """docs/ingress.md#single-sign-on's example, read as ``otela start`` reads a file."""
+    from otela.config.layers import resolve
+
+    (tmp_path / "secret").write_text("s3\n")
+    path = tmp_path / "config.toml"
+    path.write_text(f"""[ingress]
+db = "default"
+sso_issuer = "{ISSUER}"
+sso_client_id = "otela-dashboard"
+sso_client_secret_file = "{tmp_path / 'secret'}"
+sso_redirect_base = "https://llm.uni.example"
+sso_scopes = ["openid", "email", "profile"]
+sso_team_claim = "groups"
+sso_teams = {{ "/physics" = "physics-lab", "/chemistry" = "chem" }}
+sso_admin_claim = "realm_access.roles"
+sso_admin_values = ["otela-admin"]
+sso_session_ttl = "8h"
+""")
+    settings = SsoSettings.from_config(resolve({}, env={}, config_flag=path).config)
+    assert settings is not None
+    assert dict(settings.teams) == {"/physics": "physics-lab", "/chemistry": "chem"}
+    assert settings.admin_values == {"otela-admin"} and settings.session_ttl == 8 * 3600
+    assert settings.client_secret == "s3"
+    who = profile({"sub": "k1", "groups": ["/chemistry"],
+                   "realm_access": {"roles": ["otela-admin"]}}, settings)
+    assert (who.team, who.admin) == ("chem", True)
