@@ -84,8 +84,12 @@ class SessionGate:
         if not (admin or path in (SESSION_PATH, LOGOUT_PATH)):
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                   for k, v in scope.get("headers", [])}
+        headers: dict[str, str] = {}
+        for raw_name, raw_value in scope.get("headers", []):
+            name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+            # HTTP/2 may split the cookies over several headers: one string again.
+            headers[name] = f"{headers[name]}; {value}" if name == "cookie" and \
+                name in headers else value
         secret = cookie_value(headers.get("cookie"), SESSION_COOKIE)
         if secret is None or "authorization" in headers:
             await self.app(scope, receive, send)

@@ -150,7 +150,7 @@ def install(app: FastAPI, db: Database, settings: SsoSettings,
             now = time.time()
             if previous is not None:  # a sign-in replaces this browser's session
                 await db.in_thread(sessions.close_session, db, previous)
-            user = await db.in_thread(users.signed_in, db, settings.issuer, who, now)
+            user = await db.in_thread(users.record_sign_in, db, settings.issuer, who, now)
             secret, _ = await db.in_thread(sessions.open_session, db, user,
                                                  settings.session_ttl, now)
         except Exception as exc:  # the database's

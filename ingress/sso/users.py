@@ -51,7 +51,7 @@ def new_id() -> str:
     return "user_" + secrets.token_hex(6)
 
 
-def signed_in(db: Database, issuer: str, profile: Profile, now: float) -> User:
+def record_sign_in(db: Database, issuer: str, profile: Profile, now: float) -> User:
     """Create the user of ``profile`` (first sign-in) or update it (later ones), in one
     statement: two first sign-ins of one person at once make one user."""
     db.run_sync(

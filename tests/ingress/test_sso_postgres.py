@@ -22,9 +22,9 @@ def test_users_sessions_and_sign_ins_on_postgresql(postgres_db):
     other = Database.connect(DatabaseUrl.parse(postgres_db))  # a second ingress
     try:
         migrate(db)
-        first = users.signed_in(db, ISSUER, Profile("u1", "a@uni.example", "Ann",
+        first = users.record_sign_in(db, ISSUER, Profile("u1", "a@uni.example", "Ann",
                                                     "physics-lab", False), 100.0)
-        again = users.signed_in(other, ISSUER, Profile("u1", "ann@uni.example", "Ann",
+        again = users.record_sign_in(other, ISSUER, Profile("u1", "ann@uni.example", "Ann",
                                                        None, True), 200.0)
         assert again.id == first.id and (again.team, again.admin) == (None, True)
         assert (again.created_at, again.last_login_at) == (100.0, 200.0)

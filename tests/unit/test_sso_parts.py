@@ -106,14 +106,14 @@ def test_sso_is_off_unless_an_issuer_is_set_and_half_settings_stop_the_node(tmp_
 
 def test_users_are_made_on_first_sign_in_and_updated_later(tmp_path):
     db = sqlite(tmp_path / "u.db")
-    first = users.signed_in(db, ISSUER, profile(
+    first = users.record_sign_in(db, ISSUER, profile(
         {"sub": "u1", "email": "a@uni.example", "groups": ["/physics"]}, SETTINGS), 100.0)
-    later = users.signed_in(db, ISSUER, profile(
+    later = users.record_sign_in(db, ISSUER, profile(
         {"sub": "u1", "email": "ann@uni.example", "groups": ["/chemistry"],
          "realm_access": {"roles": ["otela-admin"]}}, SETTINGS), 200.0)
     assert later.id == first.id and later.created_at == 100.0 and later.last_login_at == 200.0
     assert (later.email, later.team, later.admin) == ("ann@uni.example", "chem", True)
-    other = users.signed_in(db, "https://other.example", profile({"sub": "u1"}, SETTINGS), 1)
+    other = users.record_sign_in(db, "https://other.example", profile({"sub": "u1"}, SETTINGS), 1)
     assert other.id != first.id  # the same subject at another issuer: someone else
     assert len(users.all_users(db)) == 2
 
@@ -121,7 +121,7 @@ def test_users_are_made_on_first_sign_in_and_updated_later(tmp_path):
 def test_sessions_expire_end_on_sign_out_and_store_no_secret(tmp_path):
     path = tmp_path / "s.db"
     db = sqlite(path)
-    user = users.signed_in(db, ISSUER, profile({"sub": "u1"}, SETTINGS), 100.0)
+    user = users.record_sign_in(db, ISSUER, profile({"sub": "u1"}, SETTINGS), 100.0)
     secret, session = sessions.open_session(db, user, 60.0, 100.0)
     assert session.expires_at == 160.0 and session.csrf != secret
     assert secret not in path.read_bytes().decode("latin-1")  # only its hash is stored
@@ -199,7 +199,7 @@ def run_gate(db: Database, path: str, headers: dict[str, str],
 
 def test_the_gate_wants_a_live_session_and_its_csrf_token(tmp_path):
     db = sqlite(tmp_path / "g.db")
-    user = users.signed_in(db, ISSUER, profile({"sub": "u1"}, SETTINGS), time.time())
+    user = users.record_sign_in(db, ISSUER, profile({"sub": "u1"}, SETTINGS), time.time())
     secret, session = sessions.open_session(db, user, 60.0, time.time())
     cookie = {"cookie": f"otela_session={secret}"}
     # The session read hands out the token; everything else needs it.
