@@ -37,6 +37,7 @@ from ingress.keys import ApiKey, bearer, same_secret
 from ingress.keystore import KeyNotFound, KeyRevoked
 from ingress.paging import limit_of, list_object
 from ingress.service import IngressService
+from ingress.sso.gate import signed_in
 from ingress.standing import shown, standings
 from otela.api.errors import read_json_object
 from otela.dataplane.errors import RequestError
@@ -45,6 +46,13 @@ _ADMIN_UNAUTHORIZED = "Invalid admin token. Pass it as 'Authorization: Bearer <t
 
 
 def _admin(service: IngressService, request: Request) -> None:
+    session = signed_in(request)  # the dashboard's single sign-on (ingress.sso.gate)
+    if session is not None:
+        if session.user.admin:
+            return
+        raise RequestError(403, "You are signed in to the dashboard, but not as an admin "
+                           "(the identity provider does not put you in an admin group).",
+                           code="admin_only")
     if service.admin_token is None:
         raise RequestError(403, "The admin API is off on this ingress (set "
                            "OTELA_ADMIN_TOKEN to turn it on).", code="admin_api_disabled")
@@ -66,6 +74,10 @@ def _actor(service: IngressService, request: Request) -> str:
     """Who made a change through the admin API, for the key's history: the admin token is
     one shared secret, so the history says where it came from and through which node."""
     client = request.client.host if request.client is not None else "unknown"
+    session = signed_in(request)
+    if session is not None:
+        return f"{session.user.label()} ({session.user.id}, signed in) from {client} via " \
+            f"{service.ingress_id}"
     return f"admin API from {client} via {service.ingress_id}"
 
 

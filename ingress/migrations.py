@@ -175,6 +175,41 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE usage ADD COLUMN team TEXT",
         "CREATE INDEX usage_team_time ON usage (team, finished_at)",
     ),
+    (
+        # Single sign-on for the dashboard (``ingress.sso``): users made from an OpenID
+        # provider's claims on their first sign-in (one per issuer and subject), their
+        # dashboard sessions, and sign-ins under way (state, nonce and PKCE verifier
+        # between /ui/login and /ui/callback). Sessions and sign-ins are stored by the
+        # SHA-256 of their cookie's secret, so a database read alone cannot sign anyone in.
+        """CREATE TABLE users (
+            id TEXT PRIMARY KEY,
+            issuer TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            email TEXT,
+            name TEXT,
+            team TEXT,
+            admin INTEGER NOT NULL DEFAULT 0,
+            created_at DOUBLE PRECISION NOT NULL,
+            last_login_at DOUBLE PRECISION NOT NULL,
+            UNIQUE (issuer, subject)
+        )""",
+        """CREATE TABLE ui_sessions (
+            secret_hash TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL,
+            csrf TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX ui_sessions_expiry ON ui_sessions (expires_at)",
+        """CREATE TABLE sso_logins (
+            secret_hash TEXT PRIMARY KEY,
+            state TEXT NOT NULL,
+            nonce TEXT NOT NULL,
+            verifier TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL
+        )""",
+    ),
 )
 LATEST = len(MIGRATIONS)
 _LOCK_ID = 0x6F74656C61  # "otela": the advisory lock migrating PostgreSQL databases

@@ -13,6 +13,8 @@ from ingress import admin_api, batch_api
 from ingress.batch_runner import RunnerSettings
 from ingress.dashboard import install as install_dashboard
 from ingress.service import IngressService
+from ingress.sso.off import install as install_no_sso
+from ingress.sso.settings import SsoConfigError, SsoSettings
 from otela.api import visibility
 from otela.identity import load_or_create
 
@@ -31,6 +33,19 @@ def node_secret(home: Path) -> bytes:
     return hmac.new(seed, b"otela ingress batch credentials v1", hashlib.sha256).digest()
 
 
+def sso_settings(config: NodeConfig) -> SsoSettings | None:
+    """The dashboard's single sign-on, checked before the node opens its port: settings
+    that cannot work, or the ``sso`` extra missing, stop it with a message."""
+    settings = SsoSettings.from_config(config)
+    if settings is not None:
+        try:
+            import ingress.sso.oidc  # noqa: F401  (authlib, joserfc)
+        except ImportError as exc:
+            raise SsoConfigError(f"sso_issuer is set but {exc.name or 'authlib'} is not "
+                                 "installed: pip install 'otela[sso]'") from None
+    return settings
+
+
 class Plugin:
     def open(self, config: NodeConfig, ingress_id: str) -> IngressService:
         return IngressService.open(
@@ -40,14 +55,20 @@ class Plugin:
             batch_max_file_bytes=min(config.batch_max_file_bytes, config.max_body_bytes),
             batch_runner=RunnerSettings(per_batch=config.batch_concurrency,
                                         per_ingress=config.batch_in_flight),
-            internal_secret=node_secret(config.home))
+            internal_secret=node_secret(config.home), sso=sso_settings(config))
 
     def install(self, api: FastAPI, service: Any) -> None:
         install_dashboard(api)
+        if not isinstance(service, IngressService) or service.sso is None:
+            install_no_sso(api)
         if isinstance(service, IngressService):
             admin_api.install(api, service)
             batch_api.install(api, service)
             visibility.install(api, service.audience)
+            if service.sso is not None:
+                from ingress.sso.routes import install as install_sso
+
+                install_sso(api, service.db, service.sso)
 
 
 SERVICE = Plugin()

@@ -25,6 +25,7 @@ from ingress.internal_auth import InternalCredentials
 from ingress.keys import ApiKey
 from ingress.metrics import KeyMetrics
 from ingress.migrations import migrate
+from ingress.sso.settings import SsoSettings
 from ingress.usage import UsageWriter
 from otela.api.observe import Observer
 from otela.metrics import Registry
@@ -37,8 +38,10 @@ class IngressService:
                  visibility: dict[str, str] | None = None,
                  batch_max_file_bytes: int = 32 * 1024 * 1024,
                  batch_runner: RunnerSettings | None = None,
-                 internal_secret: bytes | None = None) -> None:
+                 internal_secret: bytes | None = None,
+                 sso: SsoSettings | None = None) -> None:
         self.db = db
+        self.sso = sso  # the dashboard's single sign-on (ingress.sso); None: off
         self.ingress_id = ingress_id
         self.open_access = open_access
         self.admin_token = admin_token

@@ -34,7 +34,7 @@ def render_template() -> str:
 
 # Settings whose values are credentials: ``otela config show`` says only whether they are
 # set; a database URL keeps everything but its password.
-SECRET_SETTINGS = frozenset({"admin_token"})
+SECRET_SETTINGS = frozenset({"admin_token", "sso_client_secret"})
 _URL_PASSWORD = re.compile(r"(://[^:/@]+:)[^@]+@")
 
 

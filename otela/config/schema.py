@@ -538,6 +538,54 @@ class NodeConfig:
         help="With --ingress-db: lines of all batches this ingress sends at once (each is "
         "an ordinary request through its own port).")
 
+    # -- [ingress] sso_*: single sign-on for the dashboard (docs/ingress.md#single-sign-on)
+    sso_issuer: str | None = setting(
+        "ingress", parse=v.as_opt_str, flag=False, metavar="URL",
+        example="https://sso.example.org/realms/uni",
+        help="With --ingress-db: the OpenID provider whose users may sign in to the /ui "
+        "dashboard (authorization code with PKCE; its /.well-known/openid-configuration is "
+        "read). Unset: no single sign-on, the dashboard takes keys and the admin token only.")
+    sso_client_id: str | None = setting(
+        "ingress", parse=v.as_opt_str, flag=False, example="otela-dashboard",
+        help="With sso_issuer: this ingress's client id at the provider.")
+    sso_client_secret: str | None = setting(
+        "ingress", parse=v.as_opt_str, flag=False, example="a-client-secret",
+        help="With sso_issuer: the client secret (environment or config file only, never "
+        "logged; or sso_client_secret_file). Neither: a public client (PKCE only).")
+    sso_client_secret_file: Path | None = setting(
+        "ingress", parse=v.as_opt_path, flag=False, example="/etc/otela/sso-secret",
+        metavar="FILE", help="With sso_issuer: a file holding the client secret.")
+    sso_redirect_base: str | None = setting(
+        "ingress", parse=v.as_opt_str, flag=False, example="https://llm.example.org",
+        metavar="URL",
+        help="With sso_issuer: this ingress's public base URL as browsers reach it; the "
+        "provider sends them back to <URL>/ui/callback (register that redirect URI). An "
+        "https URL makes the session cookie Secure.")
+    sso_scopes: list[str] = setting(
+        "ingress", factory=lambda: ["openid", "email", "profile"], parse=v.as_words,
+        flag=False, example="openid email profile groups", shown_default="openid email profile",
+        help="With sso_issuer: the scopes asked for (openid is always added).")
+    sso_team_claim: str = setting(
+        "ingress", "groups", parse=v.as_str, flag=False, example="eduperson_affiliation",
+        help="With sso_issuer: the claim (ID token or userinfo) whose value, or one of whose "
+        "values, names the user's team through sso_teams.")
+    sso_teams: dict[str, str] = setting(
+        "ingress", factory=dict, parse=v.as_claim_map, flag=False,
+        example="/physics=physics-lab", metavar="VALUE=TEAM",
+        help="With sso_issuer: team claim value -> team (the fair-sharing team of keys). "
+        "Several matching: the first in this table. None matching: no team.")
+    sso_admin_claim: str = setting(
+        "ingress", "groups", parse=v.as_str, flag=False, example="roles",
+        help="With sso_issuer: the claim whose value, or one of whose values, in "
+        "sso_admin_values makes the user an admin of this ingress.")
+    sso_admin_values: list[str] = setting(
+        "ingress", factory=list, parse=v.as_words, flag=False, example="otela-admins",
+        help="With sso_issuer: values of sso_admin_claim that make a user an admin (keys, "
+        "teams and usage in the dashboard). Empty: nobody signs in as admin.")
+    sso_session_ttl: float = setting(
+        "ingress", 8 * 3600.0, parse=v.as_duration, flag=False, example="1h",
+        help="With sso_issuer: how long a dashboard sign-in lasts (then: sign in again).")
+
     # -- [trace]: recording served requests as an otela trace (docs/traces.md) --------
     record_trace: Path | None = setting(
         "trace", parse=v.as_opt_path, example="/scratch/traces/ingress.jsonl",

@@ -253,6 +253,39 @@ def as_meta(value: Any) -> dict[str, str]:
     raise ValueError("expected key=value pairs")
 
 
+def as_claim_map(value: Any) -> dict[str, str]:
+    """Claim value -> name: a TOML table, or ``value=name`` pairs (comma separated or
+    repeated). Split at the last ``=``, so a claim value may hold one (a group path or an
+    LDAP DN with commas needs the TOML table)."""
+    if isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    else:
+        if isinstance(value, str):
+            value = [part for part in value.split(",") if part.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError("expected claim-value=name pairs")
+        items = []
+        for item in value:
+            claim, sep, name = item.rpartition("=")
+            if not sep or not claim.strip():
+                raise ValueError(f"expected claim-value=name, got {item!r}")
+            items.append((claim.strip(), name))
+    out: dict[str, str] = {}
+    for claim, name in items:
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"the name for {claim!r} must be a non-empty string")
+        out[claim] = name.strip()
+    return out
+
+
+def as_words(value: Any) -> list[str]:
+    """Words, space or comma separated, or a list (OAuth scopes, claim values)."""
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str) for v in items):
+        raise ValueError("expected a list of strings")
+    return [w for item in items for w in item.replace(",", " ").split() if w]
+
+
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
                "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")

@@ -27,6 +27,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from ingress.dashboard import install
+from ingress.sso.off import install as install_no_sso
 from otela.api.errors import install_error_handlers
 from otela.testing.localfed import wait_for
 
@@ -134,6 +135,7 @@ def create_contract_app(state: ContractState) -> FastAPI:
     app = FastAPI()
     install_error_handlers(app)
     install(app)
+    install_no_sso(app)  # as an ingress without single sign-on answers /ui/session
     unauthorized = ("invalid API key", "invalid_api_key")
     not_admin = ("invalid admin token", "invalid_admin_token")
 

@@ -166,9 +166,15 @@
     return new ApiError(response.status, message, code);
   }
 
+  // Single sign-on (docs/ingress.md#single-sign-on): calls made "as" SSO carry the
+  // session cookie (every other call omits cookies) and the session's CSRF token.
+  const SSO = Symbol("sso-session");
+  const sso = { available: false, csrf: null, user: null };
+
   function headersFor(token, json) {
     const headers = { accept: "application/json" };
-    if (token) headers.authorization = `Bearer ${token}`;
+    if (token === SSO) { if (sso.csrf) headers["x-otela-csrf"] = sso.csrf; }
+    else if (token) headers.authorization = `Bearer ${token}`;
     if (json) headers["content-type"] = "application/json";
     return headers;
   }
@@ -176,7 +182,7 @@
   async function send(path, { method = "GET", token = null, body, signal } = {}) {
     try {
       return await fetch(path, {
-        method, signal, cache: "no-store", credentials: "omit",
+        method, signal, cache: "no-store", credentials: token === SSO ? "same-origin" : "omit",
         headers: headersFor(token, body !== undefined),
         body: body === undefined ? undefined : JSON.stringify(body),
       });
@@ -1045,6 +1051,7 @@
   }
 
   function signOutAdmin() {
+    if (admin.token === SSO) { signOutSso().catch(reportBug); return; }
     sessionStorage.removeItem(STORE.admin);
     admin.token = null;
     admin.keys = [];
@@ -1373,6 +1380,54 @@
     showError("fed-error", `dashboard error: ${err && err.message ? err.message : err}`);
   }
 
+  // ---------------------------------------------------------------- single sign-on
+
+  /** Ask this node who is signed in with its session cookie (404: no SSO here). */
+  async function loadSso() {
+    let info;
+    try {
+      info = await api("/ui/session", { token: SSO });
+    } catch (err) {
+      if (!(err instanceof ApiError && err.status === 404)) showError("sso-error", String(err));
+      return;
+    }
+    if (!info.sso) return;  // no single sign-on on this ingress
+    sso.available = true;
+    sso.csrf = info.signed_in ? info.csrf : null;
+    sso.user = info.signed_in ? info.user : null;
+    $("sso").hidden = false;
+    $("sso-out").hidden = Boolean(sso.user);
+    $("sso-in").hidden = !sso.user;
+    $("sso-expired").hidden = !info.expired;
+    if (!sso.user) return;
+    const user = sso.user;
+    $("sso-name").textContent = user.name || user.email || user.id;
+    $("sso-facts").textContent = [user.email, `team: ${user.team || "none"}`,
+      user.admin ? "admin" : "not an admin"].filter(Boolean).join(" · ");
+    $("sso-team-keys").replaceChildren(...(info.team_keys || []).map((k) => {
+      const li = document.createElement("li");
+      li.dataset.key = k.id;
+      li.textContent = `${k.id} ${k.name ? `(${k.name}) ` : ""}owner ${k.owner}: ${k.status}`;
+      return li;
+    }));
+    if (user.admin && !admin.token) {
+      admin.token = SSO;
+      showAdmin(true);
+      if (currentTab() === "admin") await refreshAdmin();
+    }
+  }
+
+  async function signOutSso() {
+    try {
+      await api("/ui/logout", { method: "POST", token: SSO });
+    } catch (err) {
+      showError("sso-error", String(err));
+      return;
+    }
+    location.replace("/ui#account");
+    location.reload();
+  }
+
   function start() {
     setupTabs();
     $("key-form").addEventListener("submit", (e) => signInKey(e).catch(reportBug));
@@ -1410,6 +1465,7 @@
     onShow.federation = () => refreshFederation().catch(reportBug);
     onShow.account = () => refreshAccount().catch(reportBug);
     onShow.admin = () => refreshAdmin().catch(reportBug);
+    $("sso-signout").addEventListener("click", () => signOutSso().catch(reportBug));
 
     account.key = sessionStorage.getItem(STORE.key);
     admin.token = sessionStorage.getItem(STORE.admin);
@@ -1420,6 +1476,7 @@
     selectTab(TABS.includes(initial) ? initial : "federation");
     if (currentTab() !== "federation") refreshFederation().catch(reportBug);
     scheduleFederation();
+    loadSso().catch(reportBug);
   }
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
