@@ -253,25 +253,32 @@ def as_meta(value: Any) -> dict[str, str]:
     raise ValueError("expected key=value pairs")
 
 
+def pairs(value: Any, form: str, last: bool = False) -> list[tuple[str, Any]]:
+    """``key=value`` settings as (key, value) pairs: from a TOML table, a comma-separated
+    string or a list of strings (``form`` names them in errors, e.g.
+    ``endpoint=audience``); split at the first ``=``, or with ``last`` at the last one (a
+    key that may hold one). Values are checked by the caller."""
+    if isinstance(value, dict):
+        return [(str(k), v) for k, v in value.items()]
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"expected {form} pairs")
+    found = []
+    for item in value:
+        key, sep, rest = item.rpartition("=") if last else item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected {form}, got {item!r}")
+        found.append((key.strip(), rest))
+    return found
+
+
 def as_claim_map(value: Any) -> dict[str, str]:
     """Claim value -> name: a TOML table, or ``value=name`` pairs (comma separated or
     repeated). Split at the last ``=``, so a claim value may hold one (a group path or an
     LDAP DN with commas needs the TOML table)."""
-    if isinstance(value, dict):
-        items = [(str(k), v) for k, v in value.items()]
-    else:
-        if isinstance(value, str):
-            value = [part for part in value.split(",") if part.strip()]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError("expected claim-value=name pairs")
-        items = []
-        for item in value:
-            claim, sep, name = item.rpartition("=")
-            if not sep or not claim.strip():
-                raise ValueError(f"expected claim-value=name, got {item!r}")
-            items.append((claim.strip(), name))
     out: dict[str, str] = {}
-    for claim, name in items:
+    for claim, name in pairs(value, "claim-value=name", last=True):
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"the name for {claim!r} must be a non-empty string")
         out[claim] = name.strip()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from otela.config.values import pairs
+
 PUBLIC, KEY, ADMIN = "public", "key", "admin"
 LEVELS = (PUBLIC, KEY, ADMIN)  # in order: each sees what the ones before it see
 
@@ -46,21 +48,8 @@ def parse_visibility(value: Any) -> dict[str, str]:
     """``{"network": "public", ...}``, ``"network=public,registry=admin"`` or a list of
     ``endpoint=level`` strings: the endpoints whose audience differs from ``DEFAULTS``.
     Raises ``ValueError`` naming an unknown endpoint or level."""
-    if isinstance(value, dict):
-        items = [(str(k), v) for k, v in value.items()]
-    else:
-        if isinstance(value, str):
-            value = [part for part in value.split(",") if part.strip()]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError("expected endpoint=audience pairs")
-        items = []
-        for item in value:
-            name, sep, level = item.partition("=")
-            if not sep:
-                raise ValueError(f"expected endpoint=audience, got {item!r}")
-            items.append((name, level))
     out: dict[str, str] = {}
-    for name, level in items:
+    for name, level in pairs(value, "endpoint=audience"):
         name = name.strip()
         if name not in DEFAULTS:
             raise ValueError(f"unknown endpoint {name!r} (expected one of "
