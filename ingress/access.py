@@ -66,6 +66,7 @@ class Grant:
     limits: KeyLimits
     reserved: int = 0  # budget tokens held for this request (budgeted accounts only)
     reserved_spend: float = 0.0  # and money
+    team_limits: KeyLimits | None = None  # its team's limits, shared by the team's keys
     accounts: tuple[Account, ...] = ()  # the budgeted accounts holding them
     model: str = ""  # to price what it used (budgeted requests only)
 
@@ -91,6 +92,7 @@ class Access:
         self.team_weights: dict[str, float] = {}  # fair sharing: a team not listed weighs 1
         self.prices = PriceList()  # usage rows' spend (``ingress.prices``), as last read
         self.limits: dict[str, KeyLimits] = {}
+        self.team_limits: dict[str, KeyLimits] = {}  # teams with limits of their own
         # Every key's and team's use per period window: at load, plus what this process
         # served and what others wrote since; and what requests in flight here hold.
         self.ledger = Ledger(time.time())
@@ -146,6 +148,22 @@ class Access:
         limits = self.limits.get(key.id)
         if limits is not None:
             limits.check(time.monotonic())
+        team_limits = self._team_limits(key)
+        if team_limits is not None:
+            team_limits.check(time.monotonic())
+
+    def _team_limits(self, key: ApiKey) -> KeyLimits | None:
+        """The limits of ``key``'s team, shared by all its keys, if it has any."""
+        if not key.team:
+            return None
+        limits = self.team_limits.get(key.team)
+        if limits is None:
+            team = self.teams.get(key.team)
+            if team is None or not team.limited:
+                return None
+            limits = self.team_limits[key.team] = limits_for(
+                team.rpm, team.tpm, team.max_concurrent, f"Team {team.name[:100]}")
+        return limits
 
     def _budgets_of(self, key: ApiKey) -> tuple[tuple[Account, Budget, str], ...]:
         """The budgeted accounts a request of ``key`` counts towards: the key's, its
@@ -200,26 +218,36 @@ class Access:
                         "has a budget in money: its use could not be counted.",
                         code="model_unpriced", param="model")
                 reserve_spend = highest.spend(prompt_reserve, output_reserve)
+        team_limits = self._team_limits(key)
         grant = self._grants.get(key_id)
-        if grant is None or grant.key is not key:
+        if grant is None or grant.key is not key or grant.team_limits is not team_limits:
             limits = self.limits.get(key_id)
             if limits is None:
                 limits = self.limits[key_id] = limits_for(key.rpm, key.tpm, key.max_concurrent)
-            grant = self._grants[key_id] = Grant(key, limits)
-        grant.limits.admit(time.monotonic())
+            grant = self._grants[key_id] = Grant(key, limits, team_limits=team_limits)
+        mono = time.monotonic()
+        if team_limits is None:
+            grant.limits.admit(mono)
+        else:  # both or neither: a team refusal must not take the key's slot
+            team_limits.check(mono)
+            grant.limits.admit(mono)
+            team_limits.admit(mono)
         if not budgets:
             return grant
         accounts = tuple(account for account, _, _ in budgets)
         for account in accounts:
             self.reservation.hold(account, reserve, reserve_spend)
         # Its own grant: it carries the reservation.
-        return Grant(key, grant.limits, reserve, reserve_spend, accounts, model)
+        return Grant(key, grant.limits, reserve, reserve_spend, team_limits, accounts, model)
 
     def finished(self, grant: Grant, tokens: int, prompt_tokens: int = 0,
                  provider: str = "") -> None:
         """A request admitted here is over: it used ``tokens`` (``prompt_tokens`` of them
         its prompt's), served by ``provider``."""
-        grant.limits.finished(tokens, time.monotonic())
+        mono = time.monotonic()
+        grant.limits.finished(tokens, mono)
+        if grant.team_limits is not None:
+            grant.team_limits.finished(tokens, mono)
         for account in grant.accounts:
             self.reservation.release(account, grant.reserved, grant.reserved_spend)
         if tokens:
@@ -257,11 +285,18 @@ class Access:
                              if ingress != self.ingress_id}
 
     def _take_teams(self, teams: dict[str, Team]) -> bool:
-        """Take the teams table as read; whether anything changed."""
+        """Take the teams table as read; whether anything changed. A team's limits keep
+        what was used, at the new rates (or go, with the team's last limit)."""
         if teams == self.teams:
             return False
         self.teams = teams
         self.team_weights = {name: team.weight for name, team in teams.items()}
+        for name, limits in list(self.team_limits.items()):
+            team = teams.get(name)
+            if team is None or not team.limited:
+                del self.team_limits[name]
+            else:
+                limits.reconfigure(team.rpm, team.tpm, team.max_concurrent)
         return True
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -281,8 +316,10 @@ class Access:
         started = time.time()
         changed = keystore.changed_since(self.db, self._keys_seen_at - 1.0)
         self.prices = prices.price_list(self.db)  # a few rows: read whole, not diffed
-        if self._take_teams(keystore.teams(self.db)):  # every key: weights and budgets
-            changed = [*self.by_id.values(), *changed]
+        if self._take_teams(keystore.teams(self.db)):
+            # Every key again, as stored: ``by_id`` holds them narrowed by their team's
+            # old settings (a team's list of models may have grown).
+            changed = keystore.changed_since(self.db, 0.0)
         db_now = self.db.now()
         others = usage.recent_by_others(self.db, self.ingress_id, self._others_after)
         self.remember(changed)
@@ -296,8 +333,8 @@ class Access:
         if changed:
             self._key_of.clear()
         for key in changed:
-            if key.team:  # the team's weight, as the teams table says now
-                key = replace(key, team_weight=self.team_weights.get(key.team, 1.0))
+            if key.team:  # held to its team's settings, as the teams table says now
+                key = self._in_team(key)
             old = self.by_id.get(key.id)
             if old is not None:
                 self.by_hash.pop(old.secret_hash, None)
@@ -308,6 +345,16 @@ class Access:
             if limits is not None:
                 limits.reconfigure(key.rpm, key.tpm, key.max_concurrent)
             self._budgets[key.id] = self._accounts(key)
+
+    def _in_team(self, key: ApiKey) -> ApiKey:
+        """``key`` as its team holds it: the team's weight, and the models and providers
+        both allow (a key narrows its team's lists, never widens them)."""
+        team = self.teams.get(key.team or "")
+        if team is None:
+            return replace(key, team_weight=1.0)
+        return replace(key, team_weight=team.weight,
+                       models=_narrowest(key.models, team.models),
+                       providers=_narrowest(key.providers, team.providers))
 
     def _accounts(self, key: ApiKey) -> tuple[tuple[Account, Budget, str], ...]:
         """The budgeted accounts of ``key``'s requests: its own, its team's."""
@@ -336,9 +383,22 @@ class Access:
                 if row.team:
                     self.ledger.add(("team", row.team), row.tokens, row.spend, wall,
                                     row.finished_at)
+            if row.status in _NOT_ADMITTED:
+                continue
             limits = self.limits.get(row.key_id)
-            if limits is not None and row.status not in _NOT_ADMITTED:
+            if limits is not None:
                 limits.charge(1, row.tokens, now)
+            team_limits = self.team_limits.get(row.team) if row.team else None
+            if team_limits is not None:
+                team_limits.charge(1, row.tokens, now)
         self._others_after = max(self._others_after, db_now - _LOOKBACK_S)
         horizon = self._others_after
         self._others_seen = {k: t for k, t in self._others_seen.items() if t > horizon}
+
+
+def _narrowest(mine: frozenset[str] | None, theirs: frozenset[str] | None
+               ) -> frozenset[str] | None:
+    """What both lists allow (None allows everything)."""
+    if mine is None:
+        return theirs
+    return mine if theirs is None else mine & theirs

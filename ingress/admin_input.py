@@ -196,9 +196,11 @@ def key_change(body: dict[str, Any], now: float | None = None) -> dict[str, Any]
 
 def team_change(team: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """A team's name and the settings to change (``PUT /v1/admin/teams/{team}``, ``otela
-    keys team``): ``weight``, ``budget_tokens``, ``budget_spend``, ``budget_period``; null
-    puts one back to its default."""
-    fields = ("weight", "budget_tokens", "budget_spend", "budget_period")
+    keys team``): ``weight``, ``budget_tokens``, ``budget_spend``, ``budget_period``,
+    ``models``, ``providers``, ``rpm``, ``tpm``, ``max_concurrent``, checked as for a key;
+    null puts one back to its default."""
+    fields = ("weight", "budget_tokens", "budget_spend", "budget_period", "models",
+              "providers", "rpm", "tpm", "max_concurrent")
     unknown = sorted(set(body) - set(fields))
     if unknown:
         raise _bad(f"unknown field '{unknown[0][:40]}' (expected: {', '.join(fields)})",

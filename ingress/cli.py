@@ -384,20 +384,33 @@ def team(
                                         "(default 1)."),
     budget_tokens: int | None = _BUDGET_TOKENS, budget_spend: float | None = _BUDGET_SPEND,
     budget_period: str | None = _BUDGET_PERIOD,
+    model: list[str] = typer.Option([], "--model", metavar="ID", help="A model the team's "
+                                    "keys may use (repeat: the list; a key may narrow it)."),
+    provider: list[str] = typer.Option([], "--provider", metavar="NAME", help="A provider "
+                                       "the team's requests may run on (repeat: the list)."),
+    rpm: int | None = typer.Option(None, "--rpm", help="The whole team's requests per "
+                                   "minute."),
+    tpm: int | None = typer.Option(None, "--tpm", help="The whole team's tokens per minute."),
+    max_concurrent: int | None = typer.Option(None, "--max-concurrent", help="The whole "
+                                              "team's requests in flight at once."),
     clear: list[str] = typer.Option([], "--clear", metavar="FIELD", help="Back to the "
                                     "default: weight, budget_tokens, budget_spend, "
-                                    "budget_period. Repeatable."),
+                                    "budget_period, models, providers, rpm, tpm, "
+                                    "max_concurrent. Repeatable."),
     db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
     config_file: Path | None = _CONFIG,
 ) -> None:
     """Set a team's weight in fair sharing (docs/scheduling.md: two teams flooding one
-    model get tokens in the ratio of their weights) and its budget, which all its keys'
-    requests count towards (a key's own budget applies too: the tighter wins)."""
+    model get tokens in the ratio of their weights), its budget, limits (shared by all its
+    keys' requests) and the models and providers its keys may use. A key's own settings
+    apply too: the tighter wins."""
     def work() -> dict[str, Any]:
         change: dict[str, Any] = {field: None for field in clear}
         for field, value in (("weight", weight), ("budget_tokens", budget_tokens),
                              ("budget_spend", budget_spend),
-                             ("budget_period", budget_period)):
+                             ("budget_period", budget_period), ("models", model or None),
+                             ("providers", provider or None), ("rpm", rpm), ("tpm", tpm),
+                             ("max_concurrent", max_concurrent)):
             if value is not None:
                 change[field] = value
         return _Way(db, url, config_file).set_team(name, change)

@@ -203,7 +203,9 @@ def update(db: Database, key_id: str, change: dict[str, Any], now: float | None 
 
 # -- teams -----------------------------------------------------------------------------
 
-TEAM_FIELDS = ("weight", "budget_tokens", "budget_spend", "budget_period")
+TEAM_FIELDS = ("weight", "budget_tokens", "budget_spend", "budget_period", "models",
+               "providers", "rpm", "tpm", "max_concurrent")
+_TEAM_COLUMNS = "name, " + ", ".join(TEAM_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -216,15 +218,28 @@ class Team:
     budget_tokens: int | None = None
     budget_spend: float | None = None
     budget_period: str | None = None
+    models: frozenset[str] | None = None  # None: every model (a key may narrow it)
+    providers: frozenset[str] | None = None  # None: the ingress's trust set
+    rpm: int | None = None  # the whole team's requests per minute
+    tpm: int | None = None
+    max_concurrent: int | None = None  # the whole team's requests in flight, per ingress
 
     @property
     def budget(self) -> Budget:
         return Budget(self.budget_tokens, self.budget_spend, self.budget_period or "lifetime")
 
+    @property
+    def limited(self) -> bool:
+        return self.rpm is not None or self.tpm is not None or self.max_concurrent is not None
+
     def to_dict(self) -> dict[str, Any]:
         return {"object": "team", "name": self.name, "weight": self.weight,
                 "budget_tokens": self.budget_tokens, "budget_spend": self.budget_spend,
-                "budget_period": self.budget_period or "lifetime"}
+                "budget_period": self.budget_period or "lifetime",
+                "models": None if self.models is None else sorted(self.models),
+                "providers": None if self.providers is None else sorted(self.providers),
+                "limits": {"rpm": self.rpm, "tpm": self.tpm,
+                           "max_concurrent": self.max_concurrent}}
 
 
 def set_team(db: Database, name: str, change: dict[str, Any], now: float | None = None
@@ -233,8 +248,7 @@ def set_team(db: Database, name: str, change: dict[str, Any], now: float | None 
     ``ingress.admin_input.team_change``; None: back to the default)."""
     now = time.time() if now is None else now
     with db.transaction() as cursor:
-        cursor.execute("SELECT name, weight, budget_tokens, budget_spend, budget_period "
-                       "FROM teams WHERE name = ?", (name,))
+        cursor.execute(f"SELECT {_TEAM_COLUMNS} FROM teams WHERE name = ?", (name,))
         rows = cursor.fetchall()
         team = _team(rows[0]) if rows else Team(name)
         merged = {f: (change[f] if f in change else getattr(team, f)) for f in TEAM_FIELDS}
@@ -242,10 +256,10 @@ def set_team(db: Database, name: str, change: dict[str, Any], now: float | None 
             merged["weight"] = 1.0
         team = Team(name, **merged)
         cursor.execute("DELETE FROM teams WHERE name = ?", (name,))
-        cursor.execute("INSERT INTO teams (name, weight, budget_tokens, budget_spend, "
-                       "budget_period, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
-                       (name, team.weight, team.budget_tokens, team.budget_spend,
-                        team.budget_period, now))
+        values = [_names(v) if f in ("models", "providers") else v
+                  for f, v in ((f, getattr(team, f)) for f in TEAM_FIELDS)]
+        cursor.execute(f"INSERT INTO teams ({_TEAM_COLUMNS}, updated_at) VALUES "
+                       f"({', '.join('?' * (len(TEAM_FIELDS) + 2))})", (name, *values, now))
     return team
 
 
@@ -256,15 +270,15 @@ def set_team_weight(db: Database, team: str, weight: float, now: float | None = 
 
 
 def _team(row: Row) -> Team:
-    name, weight, tokens, spend, period = row
+    name, weight, tokens, spend, period, models, providers, rpm, tpm, concurrent = row
     return Team(str(name), float(weight), None if tokens is None else int(tokens),
-                None if spend is None else float(spend), period)
+                None if spend is None else float(spend), period, _from_names(models),
+                _from_names(providers), rpm, tpm, concurrent)
 
 
 def teams(db: Database) -> dict[str, Team]:
     return {str(row[0]): _team(row) for row in db.query_sync(
-        "SELECT name, weight, budget_tokens, budget_spend, budget_period FROM teams "
-        "ORDER BY name")}
+        f"SELECT {_TEAM_COLUMNS} FROM teams ORDER BY name")}
 
 
 def team_weights(db: Database) -> dict[str, float]:

@@ -120,6 +120,7 @@ class KeyLimits:
     max_concurrent: int | None
     in_flight: int = 0
     minute: MinuteWindow | None = None  # requests in any 60 s (with ``requests``)
+    subject: str = "This API key"  # whose limits, in the 429's message (or "Team x")
 
     def admit(self, now: float) -> None:
         """Take a request slot, or raise the 429 the caller gets (with ``Retry-After``)."""
@@ -134,20 +135,20 @@ class KeyLimits:
         """Raise the 429 ``admit`` would raise now, taking nothing (a request screened
         from its headers, before its body is read)."""
         if self.max_concurrent is not None and self.in_flight >= self.max_concurrent:
-            raise _too_many(f"This API key has {self.max_concurrent} requests in flight, "
+            raise _too_many(f"{self.subject} has {self.max_concurrent} requests in flight, "
                             "its limit; retry when one has finished.", 1.0,
                             "concurrency_limit_exceeded")
         if self.requests is not None and self.requests.available(now) < 1.0:
-            raise _too_many(f"This API key's limit of {self.requests.rate:g} requests per "
+            raise _too_many(f"{self.subject}'s limit of {self.requests.rate:g} requests per "
                             "minute is reached.", self.requests.wait_for(1.0, now),
                             "rate_limit_exceeded")
         if self.minute is not None and not self.minute.room(now):
-            raise _too_many(f"This API key's limit of {self.minute.limit} requests per "
+            raise _too_many(f"{self.subject}'s limit of {self.minute.limit} requests per "
                             "minute is reached.", self.minute.wait_for(now),
                             "rate_limit_exceeded")
         if self.tokens is not None and self.tokens.available(now) <= 0.0:
-            raise _too_many(f"This API key's limit of {self.tokens.rate:g} tokens per minute "
-                            "is reached.", self.tokens.wait_for(1e-9, now),
+            raise _too_many(f"{self.subject}'s limit of {self.tokens.rate:g} tokens per "
+                            "minute is reached.", self.tokens.wait_for(1e-9, now),
                             "token_rate_limit_exceeded")
 
     def finished(self, tokens: int, now: float) -> None:
@@ -190,10 +191,11 @@ def _resized(bucket: TokenBucket | None, rate: int | None) -> TokenBucket | None
     return bucket
 
 
-def limits_for(rpm: int | None, tpm: int | None, max_concurrent: int | None) -> KeyLimits:
+def limits_for(rpm: int | None, tpm: int | None, max_concurrent: int | None,
+               subject: str = "This API key") -> KeyLimits:
     return KeyLimits(None if rpm is None else TokenBucket(float(rpm)),
                      None if tpm is None else TokenBucket(float(tpm)), max_concurrent,
-                     minute=None if rpm is None else MinuteWindow(rpm))
+                     minute=None if rpm is None else MinuteWindow(rpm), subject=subject)
 
 
 def _too_many(message: str, retry_after: float, code: str) -> RequestError:

@@ -172,6 +172,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE teams ADD COLUMN budget_tokens BIGINT",
         "ALTER TABLE teams ADD COLUMN budget_spend DOUBLE PRECISION",
         "ALTER TABLE teams ADD COLUMN budget_period TEXT",
+        # A team's own limits, shared by its keys, and the models and providers all its
+        # keys are held to (a key's own settings apply too: the tighter wins).
+        "ALTER TABLE teams ADD COLUMN models TEXT",
+        "ALTER TABLE teams ADD COLUMN providers TEXT",
+        "ALTER TABLE teams ADD COLUMN rpm BIGINT",
+        "ALTER TABLE teams ADD COLUMN tpm BIGINT",
+        "ALTER TABLE teams ADD COLUMN max_concurrent BIGINT",
         "ALTER TABLE usage ADD COLUMN team TEXT",
         "CREATE INDEX usage_team_time ON usage (team, finished_at)",
     ),

@@ -192,3 +192,44 @@ def test_use_from_the_database_counts_in_its_window_and_the_standing_agrees(tmp_
     access.refresh()
     assert access.over_budget(key) and standings(db, [key], clock.now)[key.id].over_budget
     assert key.to_dict(clock.now, 70, True)["status"] == "over budget"
+
+
+def test_a_teams_models_providers_and_limits_hold_its_keys_the_tighter_wins(tmp_path, clock):
+    """Set per team: the models and providers all its keys may use (a key narrows, never
+    widens them) and limits the whole team shares; changes apply at the next refresh."""
+    db = sqlite(tmp_path / "team.db")
+    keystore.set_team(db, "bio", {"models": frozenset({"a", "b"}),
+                                  "providers": frozenset({"uni", "cloud"}),
+                                  "max_concurrent": 2, "rpm": 600})
+    wide, _ = keystore.create(db, KeySpec(owner="a", team="bio"))
+    narrow, _ = keystore.create(db, KeySpec(owner="b", team="bio", models=frozenset({"b", "c"}),
+                                            providers=frozenset({"uni"})))
+    access = Access(db, "ingress-1")
+    access.load()
+    wide, narrow = access.by_id[wide.id], access.by_id[narrow.id]
+    with pytest.raises(RequestError) as caught:
+        access.admit(wide, "c")  # not the team's
+    assert caught.value.code == "model_not_allowed"
+    with pytest.raises(RequestError):
+        access.admit(narrow, "a")  # the team's, not the key's
+    assert narrow.models == frozenset({"b"}) and narrow.providers == frozenset({"uni"})
+    first = access.admit(wide, "a")
+    second = access.admit(narrow, "b")  # two in flight across the team's keys: its limit
+    with pytest.raises(RequestError) as caught:
+        access.admit(wide, "b")
+    assert (caught.value.status, caught.value.code) == (429, "concurrency_limit_exceeded")
+    assert caught.value.message.startswith("Team bio has 2 requests in flight")
+    assert access.limits[wide.id].in_flight == 1  # the refusal took no slot of the key's
+    access.finished(first, 10)
+    access.finished(second, 10)
+    third = access.admit(wide, "b")
+    access.finished(third, 1)
+    # A team's list widened: the keys follow at the next refresh (not their old, narrowed
+    # copies); its limit removed: the team's requests are no longer counted together.
+    keystore.set_team(db, "bio", {"models": None, "max_concurrent": None, "rpm": None})
+    access.refresh()
+    assert access.by_id[wide.id].models is None
+    assert access.by_id[narrow.id].models == frozenset({"b", "c"})
+    assert "bio" not in access.team_limits
+    grants = [access.admit(access.by_id[wide.id], "z") for _ in range(3)]
+    assert len(grants) == 3
