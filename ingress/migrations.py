@@ -180,6 +180,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE teams ADD COLUMN tpm BIGINT",
         "ALTER TABLE teams ADD COLUMN max_concurrent BIGINT",
         "ALTER TABLE usage ADD COLUMN team TEXT",
+        # The prompt's text, only where the operator opted in ([ingress] log_prompts).
+        "ALTER TABLE usage ADD COLUMN prompt TEXT",
         "CREATE INDEX usage_team_time ON usage (team, finished_at)",
     ),
     (

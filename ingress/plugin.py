@@ -55,7 +55,8 @@ class Plugin:
             batch_max_file_bytes=min(config.batch_max_file_bytes, config.max_body_bytes),
             batch_runner=RunnerSettings(per_batch=config.batch_concurrency,
                                         per_ingress=config.batch_in_flight),
-            internal_secret=node_secret(config.home), sso=sso_settings(config))
+            internal_secret=node_secret(config.home), sso=sso_settings(config),
+            log_prompts=config.log_prompts)
 
     def install(self, api: FastAPI, service: Any) -> None:
         install_dashboard(api)

@@ -38,7 +38,7 @@ class IngressService:
                  visibility: dict[str, str] | None = None,
                  batch_max_file_bytes: int = 32 * 1024 * 1024,
                  batch_runner: RunnerSettings | None = None,
-                 internal_secret: bytes | None = None,
+                 internal_secret: bytes | None = None, log_prompts: bool = False,
                  sso: SsoSettings | None = None) -> None:
         self.db = db
         self.sso = sso  # the dashboard's single sign-on (ingress.sso); None: off
@@ -46,7 +46,8 @@ class IngressService:
         self.open_access = open_access
         self.admin_token = admin_token
         self.access = Access(db, ingress_id, refresh_interval)
-        self.usage = UsageWriter(db, ingress_id, flush_interval, context=self.access)
+        self.usage = UsageWriter(db, ingress_id, flush_interval, context=self.access,
+                                 log_prompts=log_prompts)
         # The Batch API (``ingress.batch_api``): its runner sends lines to this node's own
         # port as their batch's key, with a credential only this node's processes can
         # check (``internal_secret``: shared by a node's data-path workers; none: this

@@ -29,11 +29,13 @@ log = logging.getLogger("otela.ingress.usage")
 
 _COLUMNS = ("id", "request_id", "key_id", "model", "route", "provider", "node_peer",
             "node_session", "prompt_tokens", "completion_tokens", "status", "error", "stream",
-            "latency_ms", "ttft_ms", "started_at", "finished_at", "ingress", "spend", "team")
+            "latency_ms", "ttft_ms", "started_at", "finished_at", "ingress", "spend", "team",
+            "prompt")
 # recorded_at is the database's clock (``Database.now_sql``): the one clock every ingress
 # node's refresh compares, so nodes' clock skew does not matter.
 _MAX_TOKENS = 2**31 - 1  # what an engine may claim (a serving node could say anything)
 _MAX_TEXT = 512
+MAX_PROMPT = 64 * 1024  # characters of a prompt kept in the request log (opted in)
 
 
 def _text(value: str) -> str:
@@ -84,9 +86,10 @@ class UsageWriter:
     """An observer of the request path (``otela.api.observe``) that records usage rows."""
 
     def __init__(self, db: Database, ingress_id: str, flush_interval: float = 0.025,
-                 context: RowContext | None = None) -> None:
+                 context: RowContext | None = None, log_prompts: bool = False) -> None:
         self.db = db
         self.ingress_id = ingress_id
+        self.log_prompts = log_prompts  # [ingress] log_prompts: the operator opted in
         self.context: RowContext = context or _NoContext()
         self.flush_interval = flush_interval
         self._finished: list[Exchange] = []  # not yet made rows
@@ -122,7 +125,14 @@ class UsageWriter:
                 exchange.status, exchange.error, int(exchange.stream),
                 round(duration * 1e3, 3), None if first is None else round(first * 1e3, 3),
                 exchange.arrival, exchange.arrival + duration, self.ingress_id, spend,
-                self.context.team_of(exchange.api_key))
+                self.context.team_of(exchange.api_key), self._prompt(exchange))
+
+    def _prompt(self, exchange: Exchange) -> str | None:
+        prompt = exchange.prompt if self.log_prompts else None
+        if prompt is None:
+            return None
+        prompt = prompt[:MAX_PROMPT]
+        return prompt.replace("\x00", "\ufffd") if "\x00" in prompt else prompt
 
     def pending(self) -> int:
         return len(self._rows) + len(self._finished)
@@ -297,10 +307,11 @@ def buckets(db: Database, since: float, until: float, bucket_s: float,
 # -- the request log ---------------------------------------------------------------------
 
 # One entry per request, newest first: what was asked, of whom, how it went, what it
-# cost. Never the prompt or the answer: usage rows do not hold them.
+# cost. Never the answer; the prompt only where the operator opted in (else null).
 LOG_COLUMNS = ("id", "request_id", "finished_at", "key_id", "team", "model", "route",
                "provider", "node_peer", "ingress", "status", "error", "stream",
-               "prompt_tokens", "completion_tokens", "latency_ms", "ttft_ms", "spend")
+               "prompt_tokens", "completion_tokens", "latency_ms", "ttft_ms", "spend",
+               "prompt")
 
 
 def request_log(db: Database, since: float | None = None, until: float | None = None,

@@ -105,7 +105,8 @@ def assemble(config: NodeConfig, around: Surroundings) -> RequestPath:
                       routes, first_byte_timeouts(config))
     hop_core = HopCore(gate, pool, around.load)
     hop = EngineHop(around.verifier, hop_core)
-    inference = InferenceRoutes(router, around.observers, config.record_prompts,
+    keep_prompts = config.record_prompts or (config.log_prompts and around.keys is not None)
+    inference = InferenceRoutes(router, around.observers, keep_prompts,
                                 config.affinity_prefix, keys=around.keys,
                                 hold=hold_room(config, replica, around.metrics),
                                 warming=around.warming,

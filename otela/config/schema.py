@@ -538,6 +538,11 @@ class NodeConfig:
         help="With --ingress-db: lines of all batches this ingress sends at once (each is "
         "an ordinary request through its own port).")
 
+    log_prompts: bool = setting(
+        "ingress", False, parse=v.as_bool, flag=False, example="true",
+        help="With --ingress-db: keep each request's prompt text (up to 64 KiB) in the "
+        "request log (off: never stored). Opt in only where the users know it.")
+
     # -- [ingress] sso_*: single sign-on for the dashboard (docs/ingress.md#single-sign-on)
     sso_issuer: str | None = setting(
         "ingress", parse=v.as_opt_str, flag=False, metavar="URL",

@@ -43,7 +43,8 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fed]:
             "ingress", ingress=True, provider_id="prov-b",
             process=echo_engine_command(free_port(), [MODEL], "--request-delay",
                                         str(DELAY_S)),
-            extra_args=["--ingress-db", str(db)], extra_env={"OTELA_ADMIN_TOKEN": ADMIN})
+            extra_args=["--ingress-db", str(db)],
+            extra_env={"OTELA_ADMIN_TOKEN": ADMIN, "OTELA_LOG_PROMPTS": "true"})
         wait_for(lambda: node.states().get(node.session_id) == "SERVING", 30, "serving")
         yield node, db
 
@@ -215,3 +216,7 @@ def test_a_teams_daily_money_budget_holds_across_its_keys(fed: Fed, tmp_path: Pa
     assert json.loads(shown.stdout)["status"] == "over budget", shown.stderr
     assert chat(node, outsider["key"]).status_code == 200
     assert status_of(outsider)["status"] == "active"
+    # This ingress opted in to keeping prompts ([ingress] log_prompts): they are in the log.
+    logged = httpx.get(f"{node.http_url}/v1/me/requests", trust_env=False, timeout=10,
+                       headers={"authorization": f"Bearer {outsider['key']}"}).json()["data"]
+    assert [entry["prompt"] for entry in logged] == ["x"]

@@ -113,7 +113,7 @@ def test_the_request_log_pages_by_keyset_newest_first(tmp_path):
     assert times == sorted(times, reverse=True)
     mine, _ = usage.request_log(db, key_id="key_a")
     assert {e["key_id"] for e in mine} == {"key_a"} and len(mine) == 3
-    assert "prompt" not in everything[0] and everything[0]["object"] == "request"
+    assert everything[0]["prompt"] is None and everything[0]["object"] == "request"
     with pytest.raises(ValueError, match="after"):
         usage.request_log(db, after="no-such-row")
 
@@ -163,3 +163,18 @@ def test_a_database_from_before_prices_keeps_every_key_and_row(tmp_path):
     assert [(t.group, t.requests, t.prompt_tokens, t.unpriced) for t in totals] == [
         ("ada", 1, 5, 1)]  # an old row has no spend: unpriced, not free
     assert keystore.get(db, "key_000000000001").team == "physics"
+
+
+def test_prompts_are_kept_only_where_the_operator_opted_in(tmp_path):
+    db = sqlite(tmp_path / "prompts.db")
+    for opted_in in (False, True):
+        writer = usage.UsageWriter(db, f"ingress-{opted_in}", log_prompts=opted_in)
+        exchange = done("key_a", "m", "uni", (1, 1))
+        exchange.prompt = "secret plans\x00" + "x" * (usage.MAX_PROMPT + 10)
+        writer.finished(exchange)
+        trio.run(writer.flush)
+    entries, _ = usage.request_log(db)
+    kept = {e["ingress"]: e["prompt"] for e in entries}
+    assert kept["ingress-False"] is None
+    assert kept["ingress-True"].startswith("secret plans\ufffd")
+    assert len(kept["ingress-True"]) == usage.MAX_PROMPT
