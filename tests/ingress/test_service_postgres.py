@@ -257,3 +257,67 @@ def test_health_names_the_backend_not_the_server(tmp_path: Path, postgres_db: st
         assert f"{where.hostname}:{where.port}" not in text
     if where.username:
         assert f"{where.username}@" not in text and f"{where.username}:" not in text
+
+
+def test_a_teams_budget_holds_across_two_ingress_nodes(pair):
+    """A team's daily token budget, its two keys hammering one ingress each: every request
+    admitted after the budget ran out finished within a refresh interval of that moment
+    (each ingress learns the other's use once a second; within one process a budget is
+    overshot by one request at most), and then both refuse with 403 budget_exceeded."""
+    import psycopg
+
+    first, second, db = pair
+    budget = 400
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    team = httpx.put(f"{first.http_url}/v1/admin/teams/pg-team", headers=admin,
+                     trust_env=False, json={"budget_tokens": budget, "budget_period": "day"})
+    assert team.status_code == 200, team.text
+    keys = [httpx.post(f"{first.http_url}/v1/admin/keys", headers=admin, trust_env=False,
+                       json={"owner": f"member-{i}", "team": "pg-team"}).json()
+            for i in range(2)]
+    for key, node in zip(keys, (first, second), strict=True):
+        wait_for(lambda k=key, n=node: httpx.get(
+            f"{n.http_url}/v1/me", trust_env=False,
+            headers={"authorization": f"Bearer {k['key']}"}).status_code == 200, 5,
+            f"{node.name} to know the key")
+    codes: list[int] = []
+
+    def hammer(key: dict, node: LocalNode) -> None:
+        with httpx.Client(trust_env=False, timeout=10) as client:
+            body = {"model": MODEL, "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "x"}]}
+            deadline = time.monotonic() + 20
+            refusals = 0
+            while time.monotonic() < deadline and refusals < 5:
+                code = client.post(f"{node.http_url}/v1/chat/completions", json=body,
+                                   headers={"authorization": f"Bearer {key['key']}"}
+                                   ).status_code
+                codes.append(code)
+                refusals += code == 403
+
+    threads = [threading.Thread(target=hammer, args=(k, n))
+               for k, n in zip(keys, (first, second), strict=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(codes) <= {200, 403, 429} and 403 in codes, sorted(set(codes))
+    with psycopg.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT finished_at, prompt_tokens + completion_tokens, ingress FROM usage "
+            "WHERE team = 'pg-team' AND status = 200 ORDER BY finished_at").fetchall()
+    used = 0
+    ran_out = None
+    for finished_at, tokens, _ in rows:
+        used += tokens
+        if ran_out is None and used >= budget:
+            ran_out = finished_at
+    assert ran_out is not None and len({ingress for _, _, ingress in rows}) == 2
+    late = [finished_at - ran_out for finished_at, _, _ in rows if finished_at > ran_out]
+    assert max(late, default=0.0) < 2.0, late  # a refresh (1 s) and the requests in flight
+    for key, node in zip(keys, (first, second), strict=True):
+        answer = httpx.post(f"{node.http_url}/v1/chat/completions", trust_env=False,
+                            headers={"authorization": f"Bearer {key['key']}"},
+                            json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+        assert answer.status_code == 403
+        assert "Team pg-team's daily token budget" in answer.json()["error"]["message"]
