@@ -212,7 +212,7 @@ def record(db: Database, batch_id: str, line: int, outcome: str, result: str) ->
         cursor.execute("UPDATE batch_lines SET outcome = ?, result = ?, result_bytes = ? "
                        "WHERE batch_id = ? AND line = ? AND outcome IS NULL",
                        (outcome, result, len(result.encode()), batch_id, line))
-        if not cursor.rowcount:  # type: ignore[attr-defined]
+        if not cursor.rowcount:
             return False
         cursor.execute(f"UPDATE batches SET {column} = {column} + 1 WHERE id = ?",
                        (batch_id,))

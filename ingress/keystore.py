@@ -19,6 +19,7 @@ from typing import Any
 from ingress.budgets import Budget
 from ingress.database import Database, Row
 from ingress.keys import ApiKey, hash_secret, new_id, new_secret
+from ingress.usage import window_totals
 
 _COLUMNS = ("id, secret_hash, owner, name, created_at, expires_at, revoked_at, models, "
             "providers, rpm, tpm, max_concurrent, budget_tokens, updated_at, team, weight, "
@@ -326,8 +327,8 @@ def history(db: Database, key_id: str) -> list[Change]:
 
 
 def used_tokens(db: Database, key_ids: list[str] | None = None) -> dict[str, int]:
-    """Tokens (prompt + completion) each key has used over its life."""
-    rows = db.query_sync("SELECT key_id, SUM(prompt_tokens + completion_tokens) FROM usage "
-                         "WHERE key_id IS NOT NULL GROUP BY key_id")
-    used = {str(k): int(n or 0) for k, n in rows}
+    """Tokens (prompt + completion) each key has used over its life (rows and roll-ups)."""
+    used: dict[str, int] = {}
+    for key_id, _team, windows in window_totals(db, time.time()):
+        used[key_id] = used.get(key_id, 0) + windows["lifetime"][0]
     return used if key_ids is None else {k: used.get(k, 0) for k in key_ids}

@@ -182,6 +182,28 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE usage ADD COLUMN team TEXT",
         # The prompt's text, only where the operator opted in ([ingress] log_prompts).
         "ALTER TABLE usage ADD COLUMN prompt TEXT",
+        # Usage past the retention ([ingress] usage_retention), summed per UTC day, key,
+        # team, model, provider and status (``ingress.retention``): budgets and reports
+        # keep counting it once its rows are gone. Several rows may sum one day.
+        """CREATE TABLE usage_rollup (
+            day DOUBLE PRECISION NOT NULL,
+            key_id TEXT,
+            team TEXT,
+            model TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            status INTEGER NOT NULL,
+            requests BIGINT NOT NULL,
+            prompt_tokens BIGINT NOT NULL,
+            completion_tokens BIGINT NOT NULL,
+            errors BIGINT NOT NULL,
+            latency_sum DOUBLE PRECISION NOT NULL,
+            latency_n BIGINT NOT NULL,
+            ttft_sum DOUBLE PRECISION NOT NULL,
+            ttft_n BIGINT NOT NULL,
+            spend DOUBLE PRECISION NOT NULL,
+            unpriced BIGINT NOT NULL
+        )""",
+        "CREATE INDEX usage_rollup_key_day ON usage_rollup (key_id, day)",
         "CREATE INDEX usage_team_time ON usage (team, finished_at)",
     ),
     (

@@ -56,7 +56,7 @@ class Plugin:
             batch_runner=RunnerSettings(per_batch=config.batch_concurrency,
                                         per_ingress=config.batch_in_flight),
             internal_secret=node_secret(config.home), sso=sso_settings(config),
-            log_prompts=config.log_prompts)
+            log_prompts=config.log_prompts, usage_retention=config.usage_retention)
 
     def install(self, api: FastAPI, service: Any) -> None:
         install_dashboard(api)

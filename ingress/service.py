@@ -12,11 +12,13 @@ refreshing keys and others' usage, running batches (once the node says where its
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from ingress import retention
 from ingress.access import Access
 from ingress.audience import IngressAudience
 from ingress.batch_runner import BatchRunner, RunnerSettings
@@ -39,6 +41,7 @@ class IngressService:
                  batch_max_file_bytes: int = 32 * 1024 * 1024,
                  batch_runner: RunnerSettings | None = None,
                  internal_secret: bytes | None = None, log_prompts: bool = False,
+                 usage_retention: float | None = None,
                  sso: SsoSettings | None = None) -> None:
         self.db = db
         self.sso = sso  # the dashboard's single sign-on (ingress.sso); None: off
@@ -48,6 +51,7 @@ class IngressService:
         self.access = Access(db, ingress_id, refresh_interval)
         self.usage = UsageWriter(db, ingress_id, flush_interval, context=self.access,
                                  log_prompts=log_prompts)
+        self.usage_retention = usage_retention  # past it, rows become per-day totals
         # The Batch API (``ingress.batch_api``): its runner sends lines to this node's own
         # port as their batch's key, with a credential only this node's processes can
         # check (``internal_secret``: shared by a node's data-path workers; none: this
@@ -112,6 +116,9 @@ class IngressService:
                 await nursery.start(self.usage.run)
                 await nursery.start(self.access.run)
                 await nursery.start(self.batches.run)
+                if self.usage_retention is not None:
+                    await nursery.start(partial(retention.keep, self.db,
+                                                self.usage_retention))
                 task_status.started()
         finally:
             self.db.close()

@@ -231,12 +231,34 @@ class Totals:
 # microseconds, and counting it made a throttled key's latency look better the more it was
 # refused. Refusals still count as requests and errors.
 _SERVED = "status NOT IN (401, 403, 429)"
-_SUMS = ("COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), "
-         "COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0), "
-         f"AVG(CASE WHEN {_SERVED} THEN latency_ms END), "
-         f"AVG(CASE WHEN {_SERVED} THEN ttft_ms END), COALESCE(SUM(spend), 0), "
-         "COALESCE(SUM(CASE WHEN spend IS NULL AND prompt_tokens + completion_tokens > 0 "
-         "THEN 1 ELSE 0 END), 0)")
+# Each row's part of the sums below: the requests' own rows, and the days rolled up past
+# the retention (``ingress.retention``; their time is their UTC day's start, their node
+# and ingress are not kept). Reports and budgets read usage through this.
+ROW_PARTS = (
+    "1 AS requests, prompt_tokens, completion_tokens, "
+    "CASE WHEN status >= 400 THEN 1 ELSE 0 END AS errors, "
+    f"CASE WHEN {_SERVED} THEN latency_ms ELSE 0 END AS latency_sum, "
+    f"CASE WHEN {_SERVED} THEN 1 ELSE 0 END AS latency_n, "
+    f"CASE WHEN {_SERVED} AND ttft_ms IS NOT NULL THEN ttft_ms ELSE 0 END AS ttft_sum, "
+    f"CASE WHEN {_SERVED} AND ttft_ms IS NOT NULL THEN 1 ELSE 0 END AS ttft_n, "
+    "COALESCE(spend, 0) AS spend, "
+    "CASE WHEN spend IS NULL AND prompt_tokens + completion_tokens > 0 THEN 1 ELSE 0 END "
+    "AS unpriced")
+_PART_NAMES = ("requests, prompt_tokens, completion_tokens, errors, latency_sum, latency_n, "
+               "ttft_sum, ttft_n, spend, unpriced")
+_SOURCE = (
+    f"(SELECT key_id, team, model, provider, node_peer, ingress, status, finished_at, "
+    f"{ROW_PARTS} FROM usage UNION ALL SELECT key_id, team, model, provider, NULL, NULL, "
+    f"status, day, {_PART_NAMES} FROM usage_rollup) AS usage")
+_SUMS = ("COALESCE(SUM(requests), 0), COALESCE(SUM(prompt_tokens), 0), "
+         "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(errors), 0), "
+         "SUM(latency_sum) / NULLIF(SUM(latency_n), 0), "
+         "SUM(ttft_sum) / NULLIF(SUM(ttft_n), 0), COALESCE(SUM(spend), 0), "
+         "COALESCE(SUM(unpriced), 0)")
+
+
+def _source() -> str:
+    return _SOURCE
 
 
 def _window(since: float | None, until: float | None, key_id: str | None = None,
@@ -277,7 +299,7 @@ def aggregate(db: Database, by: str, since: float | None = None,
     column = GROUPS[by]
     where, params = _window(since, until, key_id, filters)
     rows: list[Row] = db.query_sync(
-        f"SELECT {column}, {_SUMS} FROM usage{where} GROUP BY 1 "
+        f"SELECT {column}, {_SUMS} FROM {_source()}{where} GROUP BY 1 "
         "ORDER BY 2 DESC, 1", params)
     return [_totals(row[0], row[1:]) for row in rows]
 
@@ -288,7 +310,7 @@ def buckets(db: Database, since: float, until: float, bucket_s: float,
     """Usage over time: one entry per ``bucket_s`` from ``since`` (empty ones included)."""
     where, params = _window(since, until, key_id, filters)
     rows = db.query_sync(
-        f"SELECT FLOOR((finished_at - ?) / ?), {_SUMS} FROM usage{where} GROUP BY 1",
+        f"SELECT FLOOR((finished_at - ?) / ?), {_SUMS} FROM {_source()}{where} GROUP BY 1",
         [since, bucket_s, *params])
     found = {int(row[0]): _totals(None, row[1:]) for row in rows}
     count = max(1, int((until - since) // bucket_s + (1 if (until - since) % bucket_s else 0)))
@@ -378,12 +400,12 @@ _TOKENS = "prompt_tokens + completion_tokens"
 # Tokens and spend per (key, team) over all time, since the month's start and since the
 # day's (``ingress.budgets.Ledger.from_totals``); parameters: month, month, day, day.
 _WINDOW_SUMS = (
-    f"SELECT 0, key_id, team, SUM({_TOKENS}), SUM(COALESCE(spend, 0)), "
+    f"SELECT 0, key_id, team, SUM({_TOKENS}), SUM(spend), "
     f"SUM(CASE WHEN finished_at >= ? THEN {_TOKENS} ELSE 0 END), "
-    "SUM(CASE WHEN finished_at >= ? THEN COALESCE(spend, 0) ELSE 0 END), "
+    "SUM(CASE WHEN finished_at >= ? THEN spend ELSE 0 END), "
     f"SUM(CASE WHEN finished_at >= ? THEN {_TOKENS} ELSE 0 END), "
-    "SUM(CASE WHEN finished_at >= ? THEN COALESCE(spend, 0) ELSE 0 END), NULL "
-    "FROM usage WHERE key_id IS NOT NULL GROUP BY key_id, team")
+    "SUM(CASE WHEN finished_at >= ? THEN spend ELSE 0 END), NULL "
+    f"FROM {_SOURCE} WHERE key_id IS NOT NULL GROUP BY key_id, team")
 
 
 def _window_params(now: float) -> tuple[float, float, float, float]:

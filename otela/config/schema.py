@@ -538,6 +538,11 @@ class NodeConfig:
         help="With --ingress-db: lines of all batches this ingress sends at once (each is "
         "an ordinary request through its own port).")
 
+    usage_retention: float | None = setting(
+        "ingress", parse=v.as_opt_retention, flag=False, example="90d", metavar="DURATION",
+        help="With --ingress-db: keep each request's row (the request log) this long, then "
+        "sum it into per-day totals that budgets and usage reports go on counting. Unset: "
+        "keep every row.")
     log_prompts: bool = setting(
         "ingress", False, parse=v.as_bool, flag=False, example="true",
         help="With --ingress-db: keep each request's prompt text (up to 64 KiB) in the "

@@ -335,6 +335,17 @@ def as_duration_or_off(value: Any) -> float:
     return as_duration(value)
 
 
+def as_opt_retention(value: Any) -> float | None:
+    """A retention: a duration of at least a day (rows are summed by day), or nothing."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "off")):
+        return None
+    seconds = as_duration(value)
+    if seconds < 86400:
+        raise ValueError("a retention must be at least a day (1d): past it, usage is "
+                         "kept as totals per day")
+    return seconds
+
+
 def as_log_level(value: Any) -> str:
     level = as_str(value).upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import trio
 
-from ingress import keystore, prices, usage
+from ingress import keystore, prices, retention, usage
 from ingress.access import Access
 from ingress.database import Database, DatabaseUrl
 from ingress.keystore import KeySpec
@@ -81,6 +81,20 @@ def test_schema_keys_and_usage_in_postgresql(postgres_db):
     rest, done_paging = usage.request_log(db, filters={"team": "physics"}, limit=2,
                                           after=page[-1]["id"])
     assert more and not done_paging and len({e["id"] for e in page + rest}) == 3
+    # Rolled up past a retention, by two connections at once: counted once, still counted.
+    totals = [t.to_dict() for t in usage.aggregate(db, "team")]
+    other = Database.connect(DatabaseUrl.parse(postgres_db))
+    gone: list[int] = []
+    racers = [threading.Thread(target=lambda d=d: gone.append(retention.roll_up(
+        d, time.time() + 60))) for d in (db, other)]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join()
+    other.close()
+    assert sorted(gone) == [0, 4] and usage.request_log(db)[0] == []
+    assert [t.to_dict() for t in usage.aggregate(db, "team")] == totals
+    assert keystore.used_tokens(db) == {made.id: 10, teamed.id: 330}
     service = IngressService(db, "ingress-1")
     service.access.load()
     assert service.authenticate(f"Bearer {secret}".encode()).id == made.id

@@ -178,3 +178,46 @@ def test_prompts_are_kept_only_where_the_operator_opted_in(tmp_path):
     assert kept["ingress-False"] is None
     assert kept["ingress-True"].startswith("secret plans\ufffd")
     assert len(kept["ingress-True"]) == usage.MAX_PROMPT
+
+
+def test_rows_past_the_retention_become_daily_totals_that_still_count(tmp_path):
+    """Rolled up, the old rows leave the request log, but usage reports, budgets and
+    lifetime totals count them as before; a second roll-up adds nothing."""
+    from ingress import retention
+
+    db = sqlite(tmp_path / "keep.db")
+    made, _ = keystore.create(db, KeySpec(owner="ada", team="physics", budget_tokens=10**6))
+    prices.set_price(db, Price("m", "", 1.0, 1.0))
+    access = Access(db, "ingress-1")
+    access.load()
+    writer = usage.UsageWriter(db, "ingress-1", context=access)
+    day = 86400.0
+    for days_ago, tokens, status in ((40, (100, 50), 200), (40, (10, 0), 429),
+                                     (35, (7, 3), 200), (1, (1, 1), 200)):
+        writer.finished(done(made.id, "m", "uni", tokens, status=status,
+                             arrival=1_800_000_000.0 - days_ago * day))
+    trio.run(writer.flush)
+    before = {by: [t.to_dict() for t in usage.aggregate(db, by)]
+              for by in ("key", "team", "owner", "model", "status")}
+    lifetime = keystore.used_tokens(db, [made.id])[made.id]
+    assert retention.roll_up(db, 1_800_000_000.0 - 30 * day) == 3
+    assert retention.roll_up(db, 1_800_000_000.0 - 30 * day) == 0
+    entries, _ = usage.request_log(db)
+    assert len(entries) == 1  # the request log keeps what is within the retention
+    after = {by: [t.to_dict() for t in usage.aggregate(db, by)] for by in before}
+    assert after == before  # means too: latency and TTFT sums are rolled up with counts
+    assert keystore.used_tokens(db, [made.id])[made.id] == lifetime == 172
+    reloaded = Access(db, "ingress-2")
+    reloaded.load()
+    assert reloaded.used(made.id) == lifetime
+    by_node = {t.group for t in usage.aggregate(db, "node")}
+    assert by_node == {None, "peer-1"}  # a day's totals keep no node
+
+
+def test_a_retention_is_at_least_a_day():
+    from otela.config.values import as_opt_retention
+
+    assert as_opt_retention("90d") == 90 * 86400 and as_opt_retention(None) is None
+    assert as_opt_retention("off") is None
+    with pytest.raises(ValueError, match="at least a day"):
+        as_opt_retention("6h")
