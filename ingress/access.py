@@ -58,6 +58,16 @@ _HEADER_MEMO_MAX = 4096  # Authorization headers whose secret hash is remembered
 DEFAULT_RESERVE = 1024
 
 
+@dataclass(frozen=True)
+class KeyBudgets:
+    """A key's budgets as its requests check them, worked out once per key change: each
+    (account, budget, how an error names it), the accounts, whether any is in money."""
+
+    checks: tuple[tuple[Account, Budget, str], ...]
+    accounts: tuple[Account, ...]
+    money: bool
+
+
 @dataclass
 class Grant:
     """A request admitted under ``key``: the routing trust set and what to charge."""
@@ -67,6 +77,7 @@ class Grant:
     reserved: int = 0  # budget tokens held for this request (budgeted accounts only)
     reserved_spend: float = 0.0  # and money
     team_limits: KeyLimits | None = None  # its team's limits, shared by the team's keys
+    charged: tuple[Account, ...] = ()  # the accounts its use is recorded in: key, team
     accounts: tuple[Account, ...] = ()  # the budgeted accounts holding them
     model: str = ""  # to price what it used (budgeted requests only)
 
@@ -97,7 +108,7 @@ class Access:
         # served and what others wrote since; and what requests in flight here hold.
         self.ledger = Ledger(time.time())
         self.reservation = Reservation()
-        self._budgets: dict[str, tuple[tuple[Account, Budget, str], ...]] = {}  # per key
+        self._budgets: dict[str, KeyBudgets] = {}  # per key: its and its team's budgets
         self._keys_seen_at = 0.0
         self._others_after = 0.0  # database clock; set by ``load``
         self._others_seen: dict[str, float] = {}
@@ -142,9 +153,9 @@ class Access:
         """What can be refused before a request's body is read: the key (401), its budget
         (403) and its limits (429); raises the error, takes nothing."""
         key = self.authenticate(authorization)
-        budgets = self._budgets_of(key)
-        if budgets:
-            self._check_budgets(budgets, time.time())
+        budgets = self._budgets.get(key.id)
+        if budgets is not None:
+            self._check_budgets(budgets.checks, time.time())
         limits = self.limits.get(key.id)
         if limits is not None:
             limits.check(time.monotonic())
@@ -165,11 +176,6 @@ class Access:
                 team.rpm, team.tpm, team.max_concurrent, f"Team {team.name[:100]}")
         return limits
 
-    def _budgets_of(self, key: ApiKey) -> tuple[tuple[Account, Budget, str], ...]:
-        """The budgeted accounts a request of ``key`` counts towards: the key's, its
-        team's (with how an error names each)."""
-        return self._budgets.get(key.id, ())
-
     def _check_budgets(self, budgets: tuple[tuple[Account, Budget, str], ...],
                        now: float) -> None:
         for account, budget, whose in budgets:
@@ -189,8 +195,10 @@ class Access:
     def over_budget(self, key: ApiKey) -> bool:
         """Whether ``key`` or its team has used its budget up (the key's status)."""
         now = time.time()
-        return any(over(budget, self.ledger.spent(account, budget.period, now))
-                   for account, budget, _ in self._budgets_of(key))
+        budgets = self._budgets.get(key.id)
+        return budgets is not None and any(
+            over(budget, self.ledger.spent(account, budget.period, now))
+            for account, budget, _ in budgets.checks)
 
     def admit(self, key: ApiKey, model: str, max_tokens: int | None = None,
               prompt_bound: int = 0) -> Grant:
@@ -198,19 +206,19 @@ class Access:
         under a budget, reserves ``max_tokens`` (``DEFAULT_RESERVE``) plus
         ``prompt_bound`` of it (see the module docstring)."""
         key_id = key.id
-        budgets = self._budgets.get(key_id, ())
+        budgets = self._budgets.get(key_id)
         if key.models is not None:
             check(key, model, time.time(), 0)
         reserve_spend = 0.0
         reserve = 0
-        if budgets:
+        if budgets is not None:
             now = time.time()
-            self._check_budgets(budgets, now)
+            self._check_budgets(budgets.checks, now)
             prompt_reserve = max(0, prompt_bound)
             output_reserve = max_tokens if max_tokens is not None and max_tokens > 0 \
                 else DEFAULT_RESERVE
             reserve = prompt_reserve + output_reserve
-            if any(budget.spend is not None for _, budget, _ in budgets):
+            if budgets.money:
                 highest = self.prices.highest(model)
                 if highest is None:
                     raise RequestError(
@@ -224,7 +232,10 @@ class Access:
             limits = self.limits.get(key_id)
             if limits is None:
                 limits = self.limits[key_id] = limits_for(key.rpm, key.tpm, key.max_concurrent)
-            grant = self._grants[key_id] = Grant(key, limits, team_limits=team_limits)
+            charged: tuple[Account, ...] = (("key", key_id),) if not key.team else (
+                ("key", key_id), ("team", key.team))
+            grant = self._grants[key_id] = Grant(key, limits, team_limits=team_limits,
+                                                 charged=charged)
         mono = time.monotonic()
         if team_limits is None:
             grant.limits.admit(mono)
@@ -232,13 +243,13 @@ class Access:
             team_limits.check(mono)
             grant.limits.admit(mono)
             team_limits.admit(mono)
-        if not budgets:
+        if budgets is None:
             return grant
-        accounts = tuple(account for account, _, _ in budgets)
-        for account in accounts:
+        for account in budgets.accounts:
             self.reservation.hold(account, reserve, reserve_spend)
         # Its own grant: it carries the reservation.
-        return Grant(key, grant.limits, reserve, reserve_spend, team_limits, accounts, model)
+        return Grant(key, grant.limits, reserve, reserve_spend, team_limits, grant.charged,
+                     budgets.accounts, model)
 
     def finished(self, grant: Grant, tokens: int, prompt_tokens: int = 0,
                  provider: str = "") -> None:
@@ -252,14 +263,12 @@ class Access:
             self.reservation.release(account, grant.reserved, grant.reserved_spend)
         if tokens:
             now = time.time()
-            key = grant.key
             spend = 0.0
             if grant.accounts:  # priced only where a budget counts money or tokens
                 spend = self.prices.spend(grant.model, provider, prompt_tokens,
                                           tokens - prompt_tokens) or 0.0
-            self.ledger.add(("key", key.id), tokens, spend, now)
-            if key.team:
-                self.ledger.add(("team", key.team), tokens, spend, now)
+            for account in grant.charged:
+                self.ledger.add(account, tokens, spend, now)
 
     def team_of(self, key_id: str | None) -> str | None:
         """A key's team now (a usage row's ``team``)."""
@@ -344,7 +353,11 @@ class Access:
             limits = self.limits.get(key.id)
             if limits is not None:
                 limits.reconfigure(key.rpm, key.tpm, key.max_concurrent)
-            self._budgets[key.id] = self._accounts(key)
+            budgets = self._key_budgets(key)
+            if budgets is None:
+                self._budgets.pop(key.id, None)
+            else:
+                self._budgets[key.id] = budgets
 
     def _in_team(self, key: ApiKey) -> ApiKey:
         """``key`` as its team holds it: the team's weight, and the models and providers
@@ -356,15 +369,18 @@ class Access:
                        models=_narrowest(key.models, team.models),
                        providers=_narrowest(key.providers, team.providers))
 
-    def _accounts(self, key: ApiKey) -> tuple[tuple[Account, Budget, str], ...]:
-        """The budgeted accounts of ``key``'s requests: its own, its team's."""
+    def _key_budgets(self, key: ApiKey) -> KeyBudgets | None:
+        """The budgeted accounts of ``key``'s requests (its own, its team's), if any."""
         found: list[tuple[Account, Budget, str]] = []
         if key.budget:
             found.append((("key", key.id), key.budget, "This API key's"))
         team = self.teams.get(key.team) if key.team else None
         if team is not None and team.budget:
             found.append((("team", team.name), team.budget, f"Team {team.name[:100]}'s"))
-        return tuple(found)
+        if not found:
+            return None
+        return KeyBudgets(tuple(found), tuple(account for account, _, _ in found),
+                          any(budget.spend is not None for _, budget, _ in found))
 
     def _take_others(self, rows: list[usage.OtherRow], db_now: float) -> None:
         """Others' rows count towards budgets (all) and this node's buckets (those that

@@ -68,19 +68,29 @@ class Spent:
     spend: float = 0.0
 
 
+_WINDOW = {"lifetime": 0, "month": 1, "day": 2}  # a window's place in an account's list
+
+
 @dataclass
 class Ledger:
-    """What each account used in each period window, as this ingress knows it."""
+    """What each account used in each period window, as this ingress knows it: per
+    account a list of three ``Spent`` (lifetime, this month, today), so recording a
+    request is one dictionary lookup (it runs on every keyed request)."""
 
     now: float = 0.0
-    used: dict[str, dict[Account, Spent]] = field(
-        default_factory=lambda: {p: {} for p in PERIODS})
-    starts: dict[str, float] = field(default_factory=dict)
+    accounts: dict[Account, list[Spent]] = field(default_factory=dict)
+    month_start: float = 0.0
+    day_start: float = 0.0
     _next_turn: float = 0.0
 
     def __post_init__(self) -> None:
-        self.starts = {p: period_start(p, self.now) for p in PERIODS}
-        self._next_turn = min(e for p in PERIODS if (e := period_end(p, self.now)))
+        self.month_start = period_start("month", self.now)
+        self.day_start = period_start("day", self.now)
+        self._next_turn = period_end("day", self.now) or 0.0
+
+    @property
+    def starts(self) -> dict[str, float]:
+        return {"lifetime": 0.0, "month": self.month_start, "day": self.day_start}
 
     @classmethod
     def from_totals(cls, totals: Iterable[tuple[str, str | None, dict[str, tuple[int, float]]]],
@@ -91,41 +101,53 @@ class Ledger:
         for key_id, team, windows in totals:
             accounts: tuple[Account, ...] = (("key", key_id),) if not team else (
                 ("key", key_id), ("team", team))
-            for period, (tokens, spend) in windows.items():
-                for account in accounts:
-                    spent = ledger.used[period].setdefault(account, Spent())
-                    spent.tokens += tokens
-                    spent.spend += spend
+            for account in accounts:
+                mine = ledger._windows(account)
+                for period, (tokens, spend) in windows.items():
+                    mine[_WINDOW[period]].tokens += tokens
+                    mine[_WINDOW[period]].spend += spend
         return ledger
+
+    def _windows(self, account: Account) -> list[Spent]:
+        windows = self.accounts.get(account)
+        if windows is None:
+            windows = self.accounts[account] = [Spent(), Spent(), Spent()]
+        return windows
 
     def turn(self, now: float) -> None:
         """Start the windows whose period has turned since we last looked afresh."""
         if now < self._next_turn:
             return
-        for period in ("month", "day"):
-            start = period_start(period, now)
-            if start > self.starts[period]:
-                self.starts[period] = start
-                self.used[period] = {}
-        self._next_turn = min(e for p in PERIODS if (e := period_end(p, now)))
+        month, day = period_start("month", now), period_start("day", now)
+        for windows in self.accounts.values():
+            if month > self.month_start:
+                windows[1] = Spent()
+            if day > self.day_start:
+                windows[2] = Spent()
+        self.month_start, self.day_start = max(month, self.month_start), max(day, self.day_start)
+        self._next_turn = period_end("day", now) or 0.0
 
     def add(self, account: Account, tokens: int, spend: float, now: float,
             finished_at: float | None = None) -> None:
         """``account`` used this; ``finished_at`` (default now) decides which windows
         it falls in (a row read late still belongs to the day it was served)."""
-        self.turn(now)
+        if now >= self._next_turn:
+            self.turn(now)
+        windows = self.accounts.get(account)
+        if windows is None:
+            windows = self.accounts[account] = [Spent(), Spent(), Spent()]
         when = now if finished_at is None else finished_at
-        for period in PERIODS:
-            if when >= self.starts[period] or period == "lifetime":
-                spent = self.used[period].get(account)
-                if spent is None:
-                    spent = self.used[period][account] = Spent()
+        for index, start in ((0, 0.0), (1, self.month_start), (2, self.day_start)):
+            if when >= start:
+                spent = windows[index]
                 spent.tokens += tokens
                 spent.spend += spend
 
     def spent(self, account: Account, period: str, now: float) -> Spent:
-        self.turn(now)
-        return self.used[period].get(account) or Spent()
+        if now >= self._next_turn:
+            self.turn(now)
+        windows = self.accounts.get(account)
+        return Spent() if windows is None else windows[_WINDOW[period]]
 
 
 @dataclass
@@ -158,25 +180,25 @@ def refusal(budget: Budget, spent: Spent, held: Spent, whose: str, now: float
             ) -> RequestError | None:
     """Why a request of an account with ``budget`` may not start now, if it may not:
     403 ``budget_exceeded`` when the period's budget is used up (with when it resets),
-    429 ``budget_reserved`` when the rest is held by requests in flight."""
-    label = {"lifetime": "", "month": "monthly ", "day": "daily "}[budget.period]
-    end = period_end(budget.period, now)
-    resets = "" if end is None else (
-        " It resets at " + datetime.fromtimestamp(end, UTC).strftime("%Y-%m-%dT%H:%MZ") + ".")
+    429 ``budget_reserved`` when the rest is held by requests in flight. On the request
+    path: the messages are made only for a refusal."""
     for kind, limit, used, reserved in (
             ("token", budget.tokens, spent.tokens, held.tokens),
             ("spend", budget.spend, spent.spend, held.spend)):
-        if limit is None:
+        if limit is None or used + reserved < limit:
             continue
+        label = {"lifetime": "", "month": "monthly ", "day": "daily "}[budget.period]
         shown = f"{limit:g}" if kind == "spend" else str(limit)
         if used >= limit:
+            end = period_end(budget.period, now)
+            resets = "" if end is None else " It resets at " + datetime.fromtimestamp(
+                end, UTC).strftime("%Y-%m-%dT%H:%MZ") + "."
             return RequestError(403, f"{whose} {label}{kind} budget ({shown}) is used up."
                                 + resets, code="budget_exceeded")
-        if used + reserved >= limit:
-            return RequestError(
-                429, f"The rest of {whose[0].lower() + whose[1:]} {label}{kind} budget "
-                f"({shown}) is reserved by requests in flight; retry when they have "
-                "finished.", code="budget_reserved", headers={"Retry-After": "1"})
+        return RequestError(
+            429, f"The rest of {whose[0].lower() + whose[1:]} {label}{kind} budget "
+            f"({shown}) is reserved by requests in flight; retry when they have "
+            "finished.", code="budget_reserved", headers={"Retry-After": "1"})
     return None
 
 
