@@ -36,13 +36,14 @@ from typing import Any
 import trio
 
 from ingress import keystore, prices, usage
-from ingress.budgets import Account, Budget, Ledger, Reservation, Spent, over, refusal
+from ingress.budgets import Account, Budget, Ledger, Reservation, refusal
 from ingress.database import Database
 from ingress.internal_auth import InternalCredentials
 from ingress.keys import ApiKey, bearer, check, hash_secret
 from ingress.keystore import Team
 from ingress.limits import KeyLimits, limits_for
 from ingress.prices import PriceList
+from ingress.standing import Standing, standing_of
 from otela.dataplane.errors import RequestError
 
 log = logging.getLogger("otela.ingress.access")
@@ -78,7 +79,7 @@ class Grant:
     reserved_spend: float = 0.0  # and money
     team_limits: KeyLimits | None = None  # its team's limits, shared by the team's keys
     charged: tuple[Account, ...] = ()  # the accounts its use is recorded in: key, team
-    accounts: tuple[Account, ...] = ()  # the budgeted accounts holding them
+    budgeted: tuple[Account, ...] = ()  # the budgeted accounts holding the reservation
     model: str = ""  # to price what it used (budgeted requests only)
 
     @property
@@ -100,7 +101,6 @@ class Access:
         self._grants: dict[str, Grant] = {}  # one per key (it holds no per-request state)
         self.by_id: dict[str, ApiKey] = {}
         self.teams: dict[str, Team] = {}  # weights and budgets; a team not listed: 1, none
-        self.team_weights: dict[str, float] = {}  # fair sharing: a team not listed weighs 1
         self.prices = PriceList()  # usage rows' spend (``ingress.prices``), as last read
         self.limits: dict[str, KeyLimits] = {}
         self.team_limits: dict[str, KeyLimits] = {}  # teams with limits of their own
@@ -188,17 +188,11 @@ class Access:
         """A key's tokens used over its life, as this process knows now."""
         return self.ledger.spent(("key", key_id), "lifetime", time.time()).tokens
 
-    def spent(self, key: ApiKey) -> Spent:
-        """What ``key`` used in its budget's period, as this process knows now."""
-        return self.ledger.spent(("key", key.id), key.budget.period, time.time())
-
-    def over_budget(self, key: ApiKey) -> bool:
-        """Whether ``key`` or its team has used its budget up (the key's status)."""
-        now = time.time()
-        budgets = self._budgets.get(key.id)
-        return budgets is not None and any(
-            over(budget, self.ledger.spent(account, budget.period, now))
-            for account, budget, _ in budgets.checks)
+    def standing(self, key: ApiKey) -> Standing:
+        """``key``'s standing as this process knows it now (its use in its budget's
+        period, whether it or its team is over budget): the rule every view applies
+        (``ingress.standing``), on this process's ledger instead of the database."""
+        return standing_of(key, self.ledger, self.teams, time.time())
 
     def admit(self, key: ApiKey, model: str, max_tokens: int | None = None,
               prompt_bound: int = 0) -> Grant:
@@ -259,12 +253,12 @@ class Access:
         grant.limits.finished(tokens, mono)
         if grant.team_limits is not None:
             grant.team_limits.finished(tokens, mono)
-        for account in grant.accounts:
+        for account in grant.budgeted:
             self.reservation.release(account, grant.reserved, grant.reserved_spend)
         if tokens:
             now = time.time()
             spend = 0.0
-            if grant.accounts:  # priced only where a budget counts money or tokens
+            if grant.budgeted:  # priced only where a budget counts money or tokens
                 spend = self.prices.spend(grant.model, provider, prompt_tokens,
                                           tokens - prompt_tokens) or 0.0
             for account in grant.charged:
@@ -299,7 +293,6 @@ class Access:
         if teams == self.teams:
             return False
         self.teams = teams
-        self.team_weights = {name: team.weight for name, team in teams.items()}
         for name, limits in list(self.team_limits.items()):
             team = teams.get(name)
             if team is None or not team.limited:

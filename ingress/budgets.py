@@ -88,10 +88,6 @@ class Ledger:
         self.day_start = period_start("day", self.now)
         self._next_turn = period_end("day", self.now) or 0.0
 
-    @property
-    def starts(self) -> dict[str, float]:
-        return {"lifetime": 0.0, "month": self.month_start, "day": self.day_start}
-
     @classmethod
     def from_totals(cls, totals: Iterable[tuple[str, str | None, dict[str, tuple[int, float]]]],
                     now: float) -> Ledger:

@@ -19,7 +19,6 @@ from typing import Any
 from ingress.budgets import Budget
 from ingress.database import Database, Row
 from ingress.keys import ApiKey, hash_secret, new_id, new_secret
-from ingress.usage import window_totals
 
 _COLUMNS = ("id, secret_hash, owner, name, created_at, expires_at, revoked_at, models, "
             "providers, rpm, tpm, max_concurrent, budget_tokens, updated_at, team, weight, "
@@ -264,12 +263,6 @@ def set_team(db: Database, name: str, change: dict[str, Any], now: float | None 
     return team
 
 
-def set_team_weight(db: Database, team: str, weight: float, now: float | None = None
-                    ) -> None:
-    """A team's weight in fair sharing (its budget stays)."""
-    set_team(db, team, {"weight": weight}, now)
-
-
 def _team(row: Row) -> Team:
     name, weight, tokens, spend, period, models, providers, rpm, tpm, concurrent = row
     return Team(str(name), float(weight), None if tokens is None else int(tokens),
@@ -281,9 +274,6 @@ def teams(db: Database) -> dict[str, Team]:
     return {str(row[0]): _team(row) for row in db.query_sync(
         f"SELECT {_TEAM_COLUMNS} FROM teams ORDER BY name")}
 
-
-def team_weights(db: Database) -> dict[str, float]:
-    return {name: team.weight for name, team in teams(db).items()}
 
 
 # -- a key's history ---------------------------------------------------------------------
@@ -324,11 +314,3 @@ def history(db: Database, key_id: str) -> list[Change]:
                          "WHERE key_id = ? ORDER BY at, id", (key_id,))
     return [Change(str(k), float(at), str(actor), str(action), json.loads(changes))
             for k, at, actor, action, changes in rows]
-
-
-def used_tokens(db: Database, key_ids: list[str] | None = None) -> dict[str, int]:
-    """Tokens (prompt + completion) each key has used over its life (rows and roll-ups)."""
-    used: dict[str, int] = {}
-    for key_id, _team, windows in window_totals(db, time.time()):
-        used[key_id] = used.get(key_id, 0) + windows["lifetime"][0]
-    return used if key_ids is None else {k: used.get(k, 0) for k in key_ids}

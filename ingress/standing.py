@@ -43,8 +43,10 @@ def standing_of(key: ApiKey, ledger: Ledger, teams: dict[str, Team], now: float)
 
 def standings(db: Database, keys: list[ApiKey], now: float) -> dict[str, Standing]:
     """Every one of ``keys``' standing, from one read of the usage table's sums."""
-    ledger = Ledger.from_totals(usage.window_totals(db, now), now)
     teams = keystore.teams(db)
+    named = sorted({key.team for key in keys if key.team})
+    ledger = Ledger.from_totals(usage.window_totals(db, now, [key.id for key in keys], named),
+                                now)
     return {key.id: standing_of(key, ledger, teams, now) for key in keys}
 
 

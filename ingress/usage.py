@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -257,10 +258,6 @@ _SUMS = ("COALESCE(SUM(requests), 0), COALESCE(SUM(prompt_tokens), 0), "
          "COALESCE(SUM(unpriced), 0)")
 
 
-def _source() -> str:
-    return _SOURCE
-
-
 def _window(since: float | None, until: float | None, key_id: str | None = None,
             filters: dict[str, Any] | None = None) -> tuple[str, list[Any]]:
     """The WHERE clause of a time window, a key and exact-match ``filters`` (``FILTERS``'
@@ -299,7 +296,7 @@ def aggregate(db: Database, by: str, since: float | None = None,
     column = GROUPS[by]
     where, params = _window(since, until, key_id, filters)
     rows: list[Row] = db.query_sync(
-        f"SELECT {column}, {_SUMS} FROM {_source()}{where} GROUP BY 1 "
+        f"SELECT {column}, {_SUMS} FROM {_SOURCE}{where} GROUP BY 1 "
         "ORDER BY 2 DESC, 1", params)
     return [_totals(row[0], row[1:]) for row in rows]
 
@@ -310,7 +307,7 @@ def buckets(db: Database, since: float, until: float, bucket_s: float,
     """Usage over time: one entry per ``bucket_s`` from ``since`` (empty ones included)."""
     where, params = _window(since, until, key_id, filters)
     rows = db.query_sync(
-        f"SELECT FLOOR((finished_at - ?) / ?), {_SUMS} FROM {_source()}{where} GROUP BY 1",
+        f"SELECT FLOOR((finished_at - ?) / ?), {_SUMS} FROM {_SOURCE}{where} GROUP BY 1",
         [since, bucket_s, *params])
     found = {int(row[0]): _totals(None, row[1:]) for row in rows}
     count = max(1, int((until - since) // bucket_s + (1 if (until - since) % bucket_s else 0)))
@@ -420,9 +417,27 @@ def _totals_of(rows: list[Row]) -> list[tuple[str, str | None, Windows]]:
               "day": (int(r[7] or 0), float(r[8] or 0))}) for r in rows if r[0] == 0]
 
 
-def window_totals(db: Database, now: float) -> list[tuple[str, str | None, Windows]]:
-    """Tokens and spend per (key, team) over all time, this month and today (UTC)."""
-    return _totals_of(db.query_sync(_WINDOW_SUMS, _window_params(now)))
+def window_totals(db: Database, now: float, key_ids: Sequence[str] | None = None,
+                  teams: Sequence[str] = ()) -> list[tuple[str, str | None, Windows]]:
+    """Tokens and spend per (key, team) over all time, this month and today (UTC); with
+    ``key_ids``, only the rows of those keys and of ``teams`` (one key's standing reads
+    its key's and its team's rows, not the whole table)."""
+    if key_ids is None:
+        return _totals_of(db.query_sync(_WINDOW_SUMS, _window_params(now)))
+    marks = ", ".join("?" * len(key_ids)) or "NULL"
+    teamed = f" OR team IN ({', '.join('?' * len(teams))})" if teams else ""
+    sql = _WINDOW_SUMS.replace(
+        "WHERE key_id IS NOT NULL",
+        f"WHERE key_id IS NOT NULL AND (key_id IN ({marks}){teamed})")
+    return _totals_of(db.query_sync(sql, (*_window_params(now), *key_ids, *teams)))
+
+
+def used_tokens(db: Database, key_ids: list[str] | None = None) -> dict[str, int]:
+    """Tokens (prompt + completion) each key has used over its life (rows and roll-ups)."""
+    used: dict[str, int] = {}
+    for key_id, _team, windows in window_totals(db, time.time(), key_ids):
+        used[key_id] = used.get(key_id, 0) + windows["lifetime"][0]
+    return used if key_ids is None else {k: used.get(k, 0) for k in key_ids}
 
 
 def totals_and_recent(db: Database, recorded_after: float, now: float

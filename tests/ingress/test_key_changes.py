@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ingress import keystore
+from ingress import keystore, usage
 from ingress.database import Database, DatabaseUrl
 from ingress.keystore import KeySpec
 from ingress.migrations import LATEST, MIGRATIONS, migrate
@@ -201,7 +201,7 @@ def test_the_history_migration_keeps_every_key_and_row(tmp_path: Path) -> None:
     assert migrate(db) == 2 and LATEST >= 3
     old = keystore.get(db, "key_0123456789ab")
     assert (old.owner, old.rpm) == ("old", 60)
-    assert keystore.used_tokens(db) == {"key_0123456789ab": 7}
+    assert usage.used_tokens(db) == {"key_0123456789ab": 7}
     assert keystore.history(db, old.id) == []
     keystore.update(db, old.id, {"rpm": 30}, actor="test")
     assert [c.changes for c in keystore.history(db, old.id)] == [{"rpm": [60, 30]}]

@@ -55,7 +55,7 @@ def test_schema_keys_and_usage_in_postgresql(postgres_db):
     done.tap.prompt_tokens, done.tap.completion_tokens = 4, 6
     writer.finished(done)
     trio.run(writer.flush)
-    assert keystore.used_tokens(db) == {made.id: 10}
+    assert usage.used_tokens(db) == {made.id: 10}
     assert usage.aggregate(db, "model")[0].to_dict()["completion_tokens"] == 6
     hour = usage.buckets(db, time.time() - 3600, time.time() + 1, 600)
     assert sum(b["requests"] for b in hour) == 1
@@ -94,7 +94,7 @@ def test_schema_keys_and_usage_in_postgresql(postgres_db):
     other.close()
     assert sorted(gone) == [0, 4] and usage.request_log(db)[0] == []
     assert [t.to_dict() for t in usage.aggregate(db, "team")] == totals
-    assert keystore.used_tokens(db) == {made.id: 10, teamed.id: 330}
+    assert usage.used_tokens(db) == {made.id: 10, teamed.id: 330}
     service = IngressService(db, "ingress-1")
     service.access.load()
     assert service.authenticate(f"Bearer {secret}".encode()).id == made.id

@@ -109,10 +109,10 @@ def test_a_daily_token_budget_refuses_until_midnight_utc(tmp_path, clock):
     with pytest.raises(RequestError) as caught:
         access.admit(key, "m", max_tokens=1)
     assert caught.value.status == 403 and "daily" in caught.value.message
-    assert access.over_budget(key)
+    assert access.standing(key).over_budget
     clock.now = at("2026-11-28T00:00:05")
     access.admit(key, "m", max_tokens=1)  # a new day
-    assert not access.over_budget(key)
+    assert not access.standing(key).over_budget
 
 
 def test_a_money_budget_prices_each_request_and_refuses_unpriced_models(tmp_path, clock):
@@ -129,7 +129,7 @@ def test_a_money_budget_prices_each_request_and_refuses_unpriced_models(tmp_path
     grant = access.admit(key, "m", max_tokens=10, prompt_bound=10)
     assert grant.reserved_spend == pytest.approx(0.2)
     access.finished(grant, 20, 10, "uni")  # served by the cheaper provider: 0.02
-    assert access.spent(key).spend == pytest.approx(0.02)
+    assert access.standing(key).period_spend == pytest.approx(0.02)
     serve(access, key, "m", 200, 280, "uni")  # 0.48: 0.5 reached
     with pytest.raises(RequestError) as caught:
         access.admit(key, "m", max_tokens=1)
@@ -183,14 +183,14 @@ def test_use_from_the_database_counts_in_its_window_and_the_standing_agrees(tmp_
     trio.run(writer.flush)
     access = Access(db, "ingress-1")
     access.load()
-    assert access.spent(key).tokens == 70  # this month
-    assert not access.over_budget(key)  # the team: 30 today, of 50
+    assert access.standing(key).period_tokens == 70  # this month
+    assert not access.standing(key).over_budget  # the team: 30 today, of 50
     standing = standings(db, [key], clock.now)[key.id]
     assert (standing.period_tokens, standing.over_budget) == (70, False)
     assert standing.resets_at == at("2026-12-01T00:00:00")
     keystore.set_team(db, "astro", {"budget_tokens": 30})
     access.refresh()
-    assert access.over_budget(key) and standings(db, [key], clock.now)[key.id].over_budget
+    assert access.standing(key).over_budget and standings(db, [key], clock.now)[key.id].over_budget
     assert key.to_dict(clock.now, 70, True)["status"] == "over budget"
 
 

@@ -284,7 +284,7 @@ def test_usage_rows_are_written_in_batches_and_aggregated(tmp_path):
     assert writer.written == 5 and writer.pending() == 0
     by_key = {t.group: t for t in usage.aggregate(db, "key")}
     assert by_key["key_a"].requests == 3 and by_key["key_a"].prompt_tokens == 6
-    assert keystore.used_tokens(db) == {"key_a": 15, "key_b": 10}
+    assert usage.used_tokens(db) == {"key_a": 15, "key_b": 10}
     rows = sqlite3.connect(tmp_path / "u.db").execute("SELECT COUNT(DISTINCT id) FROM usage")
     assert rows.fetchone()[0] == 5  # the client's request id never merges rows
 

@@ -200,14 +200,14 @@ def test_rows_past_the_retention_become_daily_totals_that_still_count(tmp_path):
     trio.run(writer.flush)
     before = {by: [t.to_dict() for t in usage.aggregate(db, by)]
               for by in ("key", "team", "owner", "model", "status")}
-    lifetime = keystore.used_tokens(db, [made.id])[made.id]
+    lifetime = usage.used_tokens(db, [made.id])[made.id]
     assert retention.roll_up(db, 1_800_000_000.0 - 30 * day) == 3
     assert retention.roll_up(db, 1_800_000_000.0 - 30 * day) == 0
     entries, _ = usage.request_log(db)
     assert len(entries) == 1  # the request log keeps what is within the retention
     after = {by: [t.to_dict() for t in usage.aggregate(db, by)] for by in before}
     assert after == before  # means too: latency and TTFT sums are rolled up with counts
-    assert keystore.used_tokens(db, [made.id])[made.id] == lifetime == 172
+    assert usage.used_tokens(db, [made.id])[made.id] == lifetime == 172
     reloaded = Access(db, "ingress-2")
     reloaded.load()
     assert reloaded.used(made.id) == lifetime
