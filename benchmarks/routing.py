@@ -17,6 +17,13 @@ engine, as a real engine's batch does):
    went to their prefix's most used node, and the busiest node's requests over the mean.
    Goal: >= 90 % on the prefix's node, no node above 1.5x the mean.
 
+3. **Cache** (``--phases cache``, not run by default: it needs scripts/setup-vllm, ~10 GB
+   and ~10 minutes) — three real vLLM CPU nodes with prefix caching and KV events, a
+   multi-turn chat trace routed by ``power_of_two``, ``prefix_affinity`` and
+   ``cache_aware``: the engines' own prefix-cache hit rate, TTFT and the busiest node
+   (``benchmarks/cache_routing.py``; ``benchmarks/cache_scale.py`` has the summaries'
+   bytes at 50 nodes and the decision time at 1,000).
+
 Run: ``python benchmarks/routing.py [--seconds 20] [--rate 200]``; figures go in
 docs/routing.md.
 """
@@ -37,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cache_routing  # the cache phase (benchmarks/ is on the path when run as a script)
 import httptools
 import trio
 
@@ -279,6 +287,7 @@ def main() -> None:
     parser.add_argument("--phases", type=lambda s: s.split(","), default=["load", "affinity"])
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    cache_routing.add_arguments(parser)
     args = parser.parse_args()
     # Thousands of requests may queue behind a slow node under a blind policy.
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -291,6 +300,8 @@ def main() -> None:
             results["load"] = load_phase(args, root)
         if "affinity" in args.phases:
             results["affinity"] = affinity_phase(args, root)
+        if "cache" in args.phases:
+            results["cache"] = cache_routing.cache_phase(args, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if "load" in results:

@@ -46,10 +46,12 @@ from otela.engine.command import (
     command_concurrency,
     parse_engine_command,
 )
+from otela.engine.kv_events import events_endpoint, follow_events
 from otela.engine.metadata import split_overrides
 from otela.engine.supervisor import Supervisor
 from otela.failures import os_error_in
 from otela.identity import Identity, load_or_create
+from otela.kvcache.index import CacheIndex
 from otela.liveness.detector import DetectorConfig, FailureDetector
 from otela.load.capacity import capacity_of
 from otela.load.reports import LoadReports
@@ -92,6 +94,7 @@ log = logging.getLogger("otela.node")
 
 EXIT_OK = 0
 EXIT_ENGINE_FAILED = 3
+OWN_CACHE_TTL_S = 3600.0  # our own engine's summary is current for as long as we run
 
 
 class Node:
@@ -245,7 +248,7 @@ class Node:
             session=lambda: self.session_id,
             serving=lambda: self.serving_engine_url() is not None, client=self.client,
             signer=self.hop_signer, verifier=self.hop_verifier, receive=config.ingress,
-            min_interval=config.load_interval)
+            min_interval=config.load_interval, on_cache=self.router.take_cache)
         load_report_routes.install(self.api, self.load_reports)
         # With --workers N the port is served by N data-path processes instead.
         worker_state = WorkerState(self.registry, self.avoided, lambda: self.session_id,
@@ -253,7 +256,7 @@ class Node:
                                    self.router, self.recorder, self.warmup.warming)
         self.workers = None if config.workers <= 1 else WorkerPool(
             config, config.workers, worker_state.key, worker_state.snapshot,
-            worker_state.record_traces, worker_state.load_state)
+            worker_state.record_traces, worker_state.load_state, worker_state.start_state)
         self.routing = RoutingStatus(self.router, lambda: self.registry, self.load,
                                      self.load_reports, self.workers, path.inference.queue)
         self.metrics_source = NodeMetricsSource(
@@ -437,9 +440,28 @@ class Node:
                           lambda reason: self.request_stop(EXIT_ENGINE_FAILED), self._stop)
 
     def _start_engine(self, nursery: trio.Nursery, supervisor: Supervisor) -> None:
+        self._follow_kv_events(nursery, supervisor.command)
         nursery.start_soon(supervisor.run)
         nursery.start_soon(poll_engine, self.load, self.pool, self.serving_engine_url,
                            self.config.load_interval)
+
+    def _follow_kv_events(self, nursery: trio.Nursery, command: EngineCommand) -> None:
+        """Index what the engine's KV cache holds, from its events, for the ingresses'
+        cache-aware routing (sent with our load reports; straight to our own router when
+        this node is an ingress too). Connected before the engine starts: nothing missed."""
+        found = events_endpoint(command.argv, self.config.kv_events)
+        if found is None:
+            return
+        index = self.load_reports.cache = CacheIndex()
+
+        def own_board() -> None:
+            summary = index.summary_for(self.router.cache.board.held(self.session_id))
+            if summary is not None:
+                # our own engine: no report interval to wait for, so no ttl to speak of
+                self.router.take_cache(self.session_id, summary, OWN_CACHE_TTL_S)
+
+        nursery.start_soon(follow_events, found[0], found[1], index,
+                           own_board if self.config.ingress else lambda: None)
 
     # -- assignments (otela.assignments.acceptor) ---------------------------------------
 

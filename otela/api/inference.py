@@ -167,7 +167,8 @@ class InferenceRoutes:
             before = time.perf_counter()
             routed = await route_or_hold(self.hold, model, lambda: self.router.route(
                 model, path, header_rules.forwarded(request.headers, request_id), ask,
-                affinity_key, self.router.settings.timeouts.for_body(body)), self.warming)
+                affinity_key, self.router.settings.timeouts.for_body(body), body=body),
+                self.warming)
         except (RequestError, BodyError) as caught:
             # BodyError: a long body's prompt, parsed in full to rewrite the body
             error = caught if isinstance(caught, RequestError) else RequestError(

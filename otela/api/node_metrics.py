@@ -89,6 +89,15 @@ def install(metrics: Registry, node: NodeParts) -> Histogram:
     load_bytes = metrics.counter("otela_load_report_payload_bytes_total", "Load report "
                                  "payload bytes sent (out) and received (in).",
                                  ("direction",))
+    cache_decisions = metrics.counter(
+        "otela_routing_cache_decisions_total", "cache_aware's placements on this ingress: "
+        "by what the node's engine has cached (cache), passed over for load (load_won), "
+        "or without cache information (fallback: prefix affinity).", ("outcome",))
+    cache_blocks = metrics.gauge("otela_kv_cache_blocks", "Blocks this node's engine holds "
+                                 "as its KV events say (indexed), and of those advertised "
+                                 "to the ingresses (anchors).", ("kind",))
+    cache_bytes = metrics.counter("otela_kv_cache_report_bytes_total", "Bytes of load "
+                                  "reports that carried a cache summary (sent).")
     hop_refused = metrics.counter("otela_engine_hop_refusals_total", "Engine hop requests "
                                   "refused to non-members, by reason.", ("code",))
 
@@ -122,6 +131,12 @@ def install(metrics: Registry, node: NodeParts) -> Histogram:
         load_reports.set("in", value=routing["received"])
         load_bytes.set("out", value=routing["bytes_sent"])
         load_bytes.set("in", value=routing["bytes_received"])
+        cache_decisions.set("cache", value=routing["cache_routed"])
+        cache_decisions.set("load_won", value=routing["cache_load_won"])
+        cache_decisions.set("fallback", value=routing["cache_fallback"])
+        cache_blocks.set("indexed", value=routing["cache_blocks"])
+        cache_blocks.set("advertised", value=routing["cache_anchors"])
+        cache_bytes.set(value=routing["cache_bytes_sent"])
         for code, count in node.hop_refusals().items():
             hop_refused.set(code, value=count)
 

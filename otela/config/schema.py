@@ -178,6 +178,14 @@ class NodeConfig:
         help="Metadata for the served models, overriding what the engine and its command "
         "line say (dtype, quantization, tensor_parallel, max_context or any key). "
         "Repeatable; env: comma separated.")
+    kv_events: str = setting(
+        "engine", "auto", parse=v.as_kv_events, example="tcp://127.0.0.1:5557",
+        metavar="auto|off|ENDPOINT",
+        help="Where this node reads its engine's KV-cache events (blocks stored and "
+        "removed) for cache-aware routing: auto reads the endpoint from a vLLM command's "
+        "--kv-events-config (ZMQ publisher, prefix caching on); or an explicit ZMQ "
+        "endpoint; off: none. The node then reports which prompt prefixes its engine "
+        "holds to the ingresses with its load (docs/routing.md, cache_aware).")
     ready_timeout: float = setting(
         "engine", 1800.0, parse=v.as_float, example="600", metavar="SECONDS",
         help="Seconds to wait for the engine to answer before giving up; large models load "
@@ -352,8 +360,9 @@ class NodeConfig:
         "routing", "power_of_two", parse=v.as_policy, example="least_in_flight",
         metavar="NAME",
         help="How this ingress picks among the nodes that may serve a request: random, "
-        "round_robin, weighted, least_in_flight, power_of_two, prefix_affinity, or an "
-        "installed plugin's name. A request may ask for another with X-Otela-Policy.")
+        "round_robin, weighted, least_in_flight, power_of_two, prefix_affinity, cache_aware "
+        "(what the engines' KV caches hold; --tokenizer), or an installed plugin's name. "
+        "A request may ask for another with X-Otela-Policy.")
     trusted_providers: list[str] = setting(
         "routing", factory=list, parse=v.as_providers, example="cscs,epfl", metavar="IDS",
         help="Providers whose nodes this ingress ever sends requests to (default: any). "
@@ -394,8 +403,17 @@ class NodeConfig:
         "key when it has no `user` field.")
     affinity_balance: float = setting(
         "routing", 2.0, parse=v.as_balance, example="1.5", metavar="FACTOR",
-        help="prefix_affinity: a key's node is passed over while its load would exceed "
-        "this many times the mean (lower: evener load, fewer warm-cache hits; > 1).")
+        help="prefix_affinity and cache_aware: a key's (or cached prefix's) node is passed "
+        "over while its load would exceed this many times the mean (lower: evener load, "
+        "fewer warm-cache hits; > 1).")
+    tokenizers: dict[str, str] = setting(
+        "routing", factory=dict, parse=v.as_tokenizer_dirs, flag="--tokenizer",
+        example="tiny-llama=/models/tiny-llama", metavar="MODEL=DIR",
+        help="cache_aware: where a model's tokenizer is (the directory with its "
+        "tokenizer.json, tokenizer_config.json and chat template, as the engine loads "
+        "it), so this ingress can hash a request's prompt as the engine's prefix cache "
+        "does. A model without one routes as prefix_affinity. Repeatable; env: comma "
+        "separated.")
     hold_models: list[str] = setting(
         "routing", factory=list, parse=v.as_globs, example="Qwen/*,meta-llama/*",
         metavar="GLOBS",

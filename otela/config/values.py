@@ -285,6 +285,32 @@ def as_claim_map(value: Any) -> dict[str, str]:
     return out
 
 
+def as_tokenizer_dirs(value: Any) -> dict[str, str]:
+    """Model -> tokenizer directory: a TOML table, or ``MODEL=DIR`` pairs (comma separated
+    or repeated); each directory must hold a ``tokenizer.json`` (a typo fails the start,
+    not every request's cache lookup)."""
+    out: dict[str, str] = {}
+    for model, directory in pairs(value, "model=directory"):
+        if not isinstance(directory, str) or not directory.strip():
+            raise ValueError(f"the tokenizer directory for {model!r} must be a path")
+        path = os.path.expanduser(directory.strip())
+        if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+            raise ValueError(f"no tokenizer.json in {path} (the tokenizer for {model!r})")
+        out[model] = path
+    return out
+
+
+def as_kv_events(value: Any) -> str:
+    """``auto``, ``off``, or a ZMQ endpoint (``tcp://HOST:PORT``, ``ipc://PATH``)."""
+    text = as_str(value).strip()
+    if text.lower() in ("auto", "off"):
+        return text.lower()
+    if not re.fullmatch(r"(tcp://[^\s]+:\d{1,5}|ipc://\S+)", text):
+        raise ValueError(f"expected auto, off or a ZMQ endpoint such as "
+                         f"tcp://127.0.0.1:5557, got {text!r}")
+    return text
+
+
 def as_words(value: Any) -> list[str]:
     """Words, space or comma separated, or a list (OAuth scopes, claim values)."""
     items = value if isinstance(value, list) else [value]

@@ -30,6 +30,14 @@ federation sends none. ``benchmarks/convergence.py --load-reports`` measures it.
 A report names the sender's session; the receiver drops it unless the registry says that
 session belongs to the member that signed the request: a node cannot describe another's
 load.
+
+Cache summaries ride on the same reports (``"c"``, ``otela.kvcache``): a node whose
+engine publishes KV events sends each ingress what changed in its advertised blocks since
+that ingress last took a report (or the whole set, the first time, after an answer of 409
+``cache_resync`` or when the engine's cache started over). A node with pending changes
+reports at the next interval even if its load did not change, and one that advertises
+anything refreshes at least every ``TTL_INTERVALS - 1`` intervals, so an ingress's view is
+at most one interval old and goes stale (ignored) when its node stops reporting.
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ import trio
 
 from otela.dataplane.errors import RequestError
 from otela.dataplane.hop_auth import HOP_HEADER, HopRefused, HopSigner, HopVerifier
+from otela.kvcache.index import CacheIndex, Summary
+from otela.kvcache.wire import MAX_SUMMARY_BYTES, from_wire, to_wire
 from otela.load.source import LoadSource
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.store import Registry
@@ -53,7 +63,8 @@ from otela.routing.load import NodeLoad, parse_load
 log = logging.getLogger("otela.load")
 
 PATH = "/v1/load-reports"
-MAX_REPORT_BYTES = 512
+MAX_REPORT_BYTES = 512 + MAX_SUMMARY_BYTES  # a load report alone is < 200 bytes
+CACHE_RESYNC = "cache_resync"  # the 409 an ingress answers when it needs a whole set
 TTL_INTERVALS = 3  # a report expires after this many of its sender's intervals
 SEND_TIMEOUT_S = 5.0
 
@@ -85,23 +96,47 @@ def ingresses(registry: Iterable[NodeRecord], own_peer_id: str) -> dict[str, Nod
     return out
 
 
-def encode(session: str, load: NodeLoad, ttl: float) -> bytes:
-    return orjson.dumps({"s": session, "l": load.header().decode(), "t": round(ttl, 1)})
+def encode(session: str, load: NodeLoad, ttl: float, cache: Summary | tuple[int, int]
+           | None = None) -> bytes:
+    """A report; ``cache``: a summary, or (epoch, seq) to say the receiver's is current."""
+    fields: dict[str, Any] = {"s": session, "l": load.header().decode(), "t": round(ttl, 1)}
+    if isinstance(cache, Summary):
+        fields["c"] = to_wire(cache)
+    elif cache is not None:
+        fields["c"] = {"e": cache[0], "q": cache[1]}
+    return orjson.dumps(fields)
 
 
 def decode(data: bytes) -> tuple[str, NodeLoad, float] | None:
     """A report's session, load and ttl; ``None`` for anything malformed."""
+    report = decode_report(data)
+    return None if report is None else report[:3]
+
+
+def decode_report(data: bytes) -> tuple[str, NodeLoad, float,
+                                        Summary | tuple[int, int] | None] | None:
+    """A report's session, load, ttl and cache part (a summary, or (epoch, seq) when
+    nothing changed); ``None`` for anything malformed."""
     if len(data) > MAX_REPORT_BYTES:
         return None
     try:
         fields = orjson.loads(data)
         session, text, ttl = str(fields["s"]), str(fields["l"]), float(fields["t"])
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        raw_cache = fields.get("c")
+        cache: Summary | tuple[int, int] | None = None
+        if isinstance(raw_cache, dict) and set(raw_cache) == {"e", "q"}:
+            epoch, seq = raw_cache["e"], raw_cache["q"]
+            if not isinstance(epoch, int) or not isinstance(seq, int):
+                return None
+            cache = (epoch, seq)
+        elif raw_cache is not None:
+            cache = from_wire(raw_cache)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None
     load = parse_load(text)
     if load is None or not 0 < ttl <= 3600:  # also refuses nan
         return None
-    return session, load, ttl
+    return session, load, ttl, cache
 
 
 class ReportSchedule:
@@ -117,15 +152,19 @@ class ReportSchedule:
         self.last_at = -1e9
 
     def due(self, now: float, members: int, serving: bool,
-            load: Callable[[], NodeLoad]) -> tuple[NodeLoad, float] | None:
-        """(the load to report, its ttl) if a report is due now, else None."""
+            load: Callable[[], NodeLoad], cache_pending: bool = False,
+            cache_held: bool = False) -> tuple[NodeLoad, float] | None:
+        """(the load to report, its ttl) if a report is due now, else None.
+        ``cache_pending``: an ingress's cache summary is behind; ``cache_held``: this node
+        advertises cached blocks (so it refreshes like a loaded node)."""
         interval = interval_for(members, self.min_interval, self.per_member_s)
         if not serving or now - self.last_at < interval:
             return None
         current = load()
-        refresh = self.last is not None and self.last.outstanding > 0 and \
+        refresh = self.last is not None and \
+            (self.last.outstanding > 0 or cache_held) and \
             now - self.last_at >= (TTL_INTERVALS - 1) * interval
-        if not (changed(self.last, current) or refresh):
+        if not (changed(self.last, current) or refresh or cache_pending):
             return None
         self.last, self.last_at = current, now
         return current, TTL_INTERVALS * interval
@@ -139,8 +178,10 @@ class LoadReports:
                  on_report: Callable[[str, NodeLoad, float], None],
                  session: Callable[[], str], serving: Callable[[], bool],
                  client: httpx.AsyncClient, signer: HopSigner, verifier: HopVerifier, *,
-                 receive: bool, min_interval: float = 2.0, per_member_s: float = 0.5
-                 ) -> None:
+                 receive: bool, min_interval: float = 2.0, per_member_s: float = 0.5,
+                 cache: CacheIndex | None = None,
+                 on_cache: Callable[[str, Summary | tuple[int, int], float], bool]
+                 | None = None) -> None:
         self.registry = registry
         self.source = source
         self.on_report = on_report  # (session, load, ttl): an ingress's LoadBoard
@@ -152,8 +193,14 @@ class LoadReports:
         self.receive = receive
         self.min_interval = min_interval
         self.per_member_s = per_member_s
+        # This node's engine's cache (sending), and where an ingress's board takes the
+        # summaries (receiving: False when a delta does not apply to what it holds).
+        self.cache = cache
+        self.on_cache = on_cache
+        self.cache_held: dict[str, tuple[int, int] | None] = {}  # per ingress peer id
         self.stats = {"published": 0, "sent": 0, "send_failures": 0, "received": 0,
-                      "refused": 0, "bytes_sent": 0, "bytes_received": 0}
+                      "refused": 0, "bytes_sent": 0, "bytes_received": 0,
+                      "cache_bytes_sent": 0, "cache_resyncs": 0}
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -163,9 +210,19 @@ class LoadReports:
         while True:
             await trio.sleep(self.min_interval)
             due = schedule.due(trio.current_time(), len(self.registry()), self.serving(),
-                               self.source.current)
+                               self.source.current, self._cache_pending(),
+                               self.cache is not None and bool(self.cache.anchors))
             if due is not None:
                 await self.publish(*due)
+
+    def _cache_pending(self) -> bool:
+        """Whether some ingress's view of our cache is behind."""
+        cache = self.cache
+        if cache is None or not cache.ready:
+            return False
+        current = (cache.epoch, cache.seq)
+        targets = ingresses(self.registry(), self.signer.peer_id)
+        return any(self.cache_held.get(peer) != current for peer in targets)
 
     # -- sending -------------------------------------------------------------------
 
@@ -175,13 +232,23 @@ class LoadReports:
         targets = ingresses(self.registry(), self.signer.peer_id)
         if not targets:
             return
-        data = encode(self.session(), load, ttl)
         self.stats["published"] += 1
+        session = self.session()
+        for peer in [p for p in self.cache_held if p not in targets]:
+            del self.cache_held[peer]  # an ingress gone: it holds nothing of ours
         async with trio.open_nursery() as nursery:
-            for record in targets.values():
-                nursery.start_soon(self._send, record, data)
+            for peer, record in targets.items():
+                cache: Summary | tuple[int, int] | None = None
+                sent = None
+                if self.cache is not None and self.cache.ready:
+                    held = self.cache_held.get(peer)
+                    sent = (self.cache.epoch, self.cache.seq)
+                    cache = self.cache.summary_for(held) or sent
+                data = encode(session, load, ttl, cache)
+                nursery.start_soon(self._send, record, data, sent)
 
-    async def _send(self, record: NodeRecord, data: bytes) -> None:
+    async def _send(self, record: NodeRecord, data: bytes,
+                    cache_sent: tuple[int, int] | None = None) -> None:
         token = self.signer.token(record.peer_id, "POST", PATH, data)
         try:
             answer = await self.client.post(
@@ -191,6 +258,10 @@ class LoadReports:
             log.debug("load report to %s failed: %s", record.peer_id, exc)
             self.stats["send_failures"] += 1
             return
+        if answer.status_code == 409 and CACHE_RESYNC in answer.text:
+            self.stats["cache_resyncs"] += 1  # it took the load, not our delta
+            self.cache_held[record.peer_id] = None
+            return
         if answer.status_code != 204:
             log.debug("load report to %s refused: %s %s", record.peer_id,
                       answer.status_code, answer.text[:200])
@@ -198,6 +269,9 @@ class LoadReports:
             return
         self.stats["sent"] += 1
         self.stats["bytes_sent"] += len(data)
+        if cache_sent is not None:
+            self.cache_held[record.peer_id] = cache_sent
+            self.stats["cache_bytes_sent"] += len(data)
 
     # -- receiving -----------------------------------------------------------------
 
@@ -213,7 +287,7 @@ class LoadReports:
             self.stats["refused"] += 1
             raise RequestError(refused.status, refused.message, code=refused.code) from None
         self.stats["bytes_received"] += len(body)
-        report = decode(body)
+        report = decode_report(body)
         if report is None:
             self.stats["refused"] += 1
             raise RequestError(400, "a load report is {\"s\": session, \"l\": load, "
@@ -225,4 +299,10 @@ class LoadReports:
             raise RequestError(403, "the report's session is not the sender's (or not "
                                "known here yet)", code="not_your_session")
         self.stats["received"] += 1
-        self.on_report(*report)
+        session, load, ttl, cache = report
+        self.on_report(session, load, ttl)
+        if cache is not None and self.on_cache is not None and \
+                not self.on_cache(session, cache, ttl):
+            raise RequestError(409, "this ingress does not hold the cache summary that "
+                               "report's changes apply to: send the whole set",
+                               code=CACHE_RESYNC)

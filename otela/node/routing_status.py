@@ -4,6 +4,7 @@ and the capacity claims as checked."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -39,12 +40,27 @@ class RoutingStatus:
                     merged[session] = ejection
         return merged
 
+    def cache_decisions(self) -> Counter[str]:
+        """How cache_aware placed requests, in this process and every data-path worker."""
+        total = Counter(self.router.cache.stats)
+        for worker in self.workers.workers if self.workers else ():
+            total.update({k.removeprefix("cache_"): int(v) for k, v in worker.report.items()
+                          if k.startswith("cache_")})
+        return total
+
     def stats(self) -> dict[str, int]:
         """``ejections`` so far, ``ejected`` nodes now, and the load reports' counters."""
         ejections = self.router.ejections.total + (
             self.workers.total("ejections") if self.workers else 0)
+        cache = self.load_reports.cache
+        decisions = self.cache_decisions()
         return {"ejections": ejections, "ejected": len(self.ejected_nodes()),
-                **self.load_reports.stats}
+                **self.load_reports.stats,
+                "cache_routed": decisions["cache_hit_routed"],
+                "cache_load_won": decisions["load_won"],
+                "cache_fallback": decisions["fallback"],
+                "cache_blocks": len(cache.blocks) if cache is not None else 0,
+                "cache_anchors": len(cache.anchors) if cache is not None else 0}
 
     def report(self) -> dict[str, Any]:
         """For /v1/network: how this node routes, whom it keeps out, what loads it sees."""
@@ -62,4 +78,16 @@ class RoutingStatus:
                 "engine_metrics": self.load.engine_source,
                 "load_reports": dict(self.load_reports.stats),
                 # requests waiting here for room, per model and class (this process's)
-                "queue": self.queue.waiting() if self.queue is not None else {}}
+                "queue": self.queue.waiting() if self.queue is not None else {},
+                # cache_aware: each serving node's KV-cache summary as held here, and how
+                # this process's requests were placed (by cache, or load won, or fallback)
+                "cache": {"nodes": router.cache.board.report(trio.current_time()),
+                          "decisions": dict(self.cache_decisions()),
+                          "own": None if self.load_reports.cache is None else
+                          {"epoch": self.load_reports.cache.epoch,
+                           "seq": self.load_reports.cache.seq,
+                           "anchors": len(self.load_reports.cache.anchors),
+                           "blocks": len(self.load_reports.cache.blocks),
+                           "algorithm": self.load_reports.cache.algorithm,
+                           "block_size": self.load_reports.cache.block_size,
+                           **self.load_reports.cache.stats}}}

@@ -12,6 +12,9 @@ Built in:
   all pick the same node at once (herding).
 - ``power_of_two``: two random candidates, the less loaded wins (Mitzenmacher's "power of
   two choices"): almost all of least-loaded's benefit, and no herding.
+- ``cache_aware``: where the longest prefix of the request is already in the engine's KV
+  cache, as the engines' own KV events say, within prefix affinity's load bound; else
+  ``prefix_affinity`` (``otela.routing.cache_aware``).
 - ``prefix_affinity``: the same key (the request's ``user`` field, else the first
   characters of its prompt) goes to the same node, so repeated prefixes hit a warm KV
   cache: rendezvous hashing (consistent: a node joining or leaving moves only its share
@@ -28,12 +31,15 @@ import hashlib
 import logging
 import math
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from otela.registry.records import NodeRecord
+
+if TYPE_CHECKING:
+    from otela.routing.cache_aware import CacheContext
 
 log = logging.getLogger("otela.routing")
 
@@ -64,6 +70,10 @@ class Pick:
     model: str
     affinity_key: str | None = None  # for prefix_affinity; None: none given
     stream: bool = False
+    # The request's body, for policies that read its prompt (``uses_body``), and what
+    # they worked out from it, kept across the request's attempts.
+    body: Mapping[str, Any] | None = None
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False)
 
 
 @runtime_checkable
@@ -237,17 +247,27 @@ class UnknownPolicy(ValueError):
     pass
 
 
+CACHE_AWARE = "cache_aware"  # built in too: otela.routing.cache_aware, given a context
+
+
 def available() -> list[str]:
     """Policy names: built-in ones, then installed plugins."""
-    return sorted(BUILT_IN) + sorted(
-        ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILT_IN)
+    built_in = {*BUILT_IN, CACHE_AWARE}
+    return sorted(built_in) + sorted(
+        ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in built_in)
 
 
-def load_policy(name: str, affinity_balance: float = 2.0) -> Policy:
+def load_policy(name: str, affinity_balance: float = 2.0,
+                cache: CacheContext | None = None) -> Policy:
     """A new instance of the policy called ``name``: built in, or from a plugin's entry
-    point (a class or factory taking no arguments); ``UnknownPolicy`` otherwise."""
+    point (a class or factory taking no arguments); ``UnknownPolicy`` otherwise.
+    ``cache``: what ``cache_aware`` reads (without it, it is ``prefix_affinity``)."""
     if name == PrefixAffinity.name:
         return PrefixAffinity(affinity_balance)
+    if name == CACHE_AWARE:
+        from otela.routing.cache_aware import CacheAware  # it builds on this module
+
+        return CacheAware(cache, affinity_balance)
     if name in BUILT_IN:
         return BUILT_IN[name]()
     for ep in entry_points(group=ENTRY_POINT_GROUP):

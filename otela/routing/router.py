@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -49,10 +50,14 @@ from otela.dataplane.errors import (
 )
 from otela.dataplane.headers import Headers
 from otela.dataplane.upstream import Reply, Upstreams
+from otela.kvcache.board import CacheBoard
+from otela.kvcache.index import Summary
+from otela.kvcache.tokenize import Tokenizers
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.store import Registry
 from otela.routing.abandon import FailedWhileWaiting, NodeWatch, failed_sessions
 from otela.routing.ask import Ask
+from otela.routing.cache_aware import CacheContext
 from otela.routing.candidates import eligible
 from otela.routing.ejection import Ejections
 from otela.routing.load import LOAD_HEADER, LoadBoard, NodeLoad, parse_load
@@ -101,6 +106,8 @@ class RoutingSettings:
     # Time a request may spend on connections nobody answers before they use up attempts
     # (--connect-timeout): nothing was sent, so only the client's wait bounds them.
     unanswered_budget: float
+    # cache_aware: each model's tokenizer directory (--tokenizer MODEL=DIR)
+    tokenizers: Mapping[str, str] = field(default_factory=dict)
 
 
 LOAD_TTL_FLOOR_S = 15.0
@@ -122,7 +129,7 @@ def routing_settings(config: NodeConfig | None = None, **overrides: Any) -> Rout
         stream_migrations=max(0, config.stream_migrations),
         balance_providers=config.balance_providers,
         failover_connect_timeout=config.failover_connect_timeout,
-        unanswered_budget=config.connect_timeout)
+        unanswered_budget=config.connect_timeout, tokenizers=dict(config.tokenizers))
     return dataclasses.replace(settings, **overrides) if overrides else settings
 
 
@@ -152,6 +159,7 @@ class _Policies:
 
     default: Policy
     affinity_balance: float = 2.0
+    cache: CacheContext | None = None
     named: dict[str, Policy] = field(default_factory=dict)
 
     def get(self, name: str | None) -> Policy:
@@ -160,7 +168,7 @@ class _Policies:
         policy = self.named.get(name)
         if policy is None:
             try:
-                policy = load_policy(name, self.affinity_balance)
+                policy = load_policy(name, self.affinity_balance, self.cache)
             except UnknownPolicy as exc:
                 raise RequestError(400, str(exc), code="unknown_policy",
                                    param="X-Otela-Policy") from None
@@ -212,8 +220,16 @@ class Router:
         self.suspected = suspected  # peers the failure detector currently suspects
         self.clock = clock
         self.trust = ANY.narrowed(settings.trusted_providers, "--trusted-providers")
-        self.policies = _Policies(load_policy(settings.policy, settings.affinity_balance),
-                                  settings.affinity_balance)
+        # What cache_aware reads: the engines' cache summaries (on their load reports)
+        # and this ingress's own recent dispatches, and the models' tokenizers.
+        self.cache = CacheContext(CacheBoard(), Tokenizers(
+            {model: Path(d) for model, d in settings.tokenizers.items()}), clock)
+        if settings.policy == "cache_aware" and not settings.tokenizers:
+            log.warning("cache_aware without a --tokenizer for any model: every request "
+                        "routes as prefix_affinity (docs/routing.md, cache_aware)")
+        self.policies = _Policies(load_policy(settings.policy, settings.affinity_balance,
+                                              self.cache),
+                                  settings.affinity_balance, self.cache)
         self.ejections = Ejections(settings.eject_after, settings.eject_time,
                                    settings.eject_max_time, settings.eject_max_share)
         self.loads = LoadBoard(settings.load_ttl)
@@ -264,10 +280,20 @@ class Router:
                 routed.pick is not None:
             routed.policy.on_end(routed.candidate, routed.pick, routed.outcome)
 
+    def take_cache(self, session: str, cache: Summary | tuple[int, int],
+                   ttl: float) -> bool:
+        """A serving node's cache summary (or, as (epoch, seq), word that ours is still
+        current) from its load report; ``False``: it needs to send its whole set."""
+        board, now = self.cache.board, self.clock()
+        if isinstance(cache, Summary):
+            return board.take(session, cache, now, ttl)
+        return board.touch(session, cache[0], cache[1], now, ttl)
+
     async def route(self, model_id: str, path: str, headers: Headers, ask: Ask,
                     affinity_key: Callable[[], str | None] | None = None,
                     first_byte_timeout: float | None = None,
-                    avoid: Collection[str] = ()) -> Routed:
+                    avoid: Collection[str] = (),
+                    body: Mapping[str, Any] | None = None) -> Routed:
         """Send ``ask.body`` to ``path`` on a node serving ``model_id`` that ``ask``
         allows, waiting ``first_byte_timeout`` for its first byte (default: the longest,
         ``otela.dataplane.deadline``), never one of the sessions in ``avoid``; raises
@@ -278,7 +304,8 @@ class Router:
         now = self.clock()
         nodes = self._eligible(model_id, ask, now)
         pick = Pick(model_id, affinity_key() if policy.uses_affinity_key and affinity_key
-                    else None, ask.stream)
+                    else None, ask.stream,
+                    body if getattr(policy, "uses_body", False) else None)
         tried: set[str] = set(avoid)
         declined: set[str] = set()  # did not know us yet: worth asking again
         attempts = 0  # nodes asked
@@ -521,4 +548,7 @@ class Router:
         self.ejections.forget_except(live)
         self.loads.forget_except(live)
         self.speeds.forget_except(live)
+        self.cache.board.prune({r.session_id for r in self.registry.snapshot()
+                                if r.state is not Lifecycle.LEFT})
+        self.cache.board.expire(self.clock())
         self._plausible = {s: v for s, v in self._plausible.items() if s in live}

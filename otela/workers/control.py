@@ -86,13 +86,15 @@ class WorkerPool:
     def __init__(self, config: NodeConfig, count: int, state_key: Callable[[], Any],
                  snapshot: Callable[[], dict[str, Any]],
                  on_traces: Callable[[list[dict[str, Any]]], None],
-                 load_state: Callable[[], dict[str, Any]] = dict) -> None:
+                 load_state: Callable[[], dict[str, Any]] = dict,
+                 start_state: Callable[[], dict[str, Any]] = dict) -> None:
         self.config = config
         self.count = count
         self.state_key = state_key  # cheap: changes whenever ``snapshot`` would
         self.snapshot = snapshot  # the current state to route with (``view.snapshot_of``)
         self.on_traces = on_traces
         self.load_state = load_state  # the node's load and others' reports, for routing
+        self.start_state = start_state  # what a worker starting is sent after the snapshot
         self.token = os.urandom(16).hex().encode()
         self.workers = [_Worker(i + 1) for i in range(count)]
         self.port = 0
@@ -196,6 +198,9 @@ class WorkerPool:
                                         "internal_port": self.internal_port,
                                         "token": self.token})
                     await channel.send(self.snapshot())
+                    start = self.start_state()
+                    if start:
+                        await channel.send(start)
                     nursery.start_soon(self._listen, worker, channel)
                     started.set()
                     code = await wait_exited(process, pidfd)

@@ -32,6 +32,8 @@ class WorkerState:
         self.router = router
         self.recorder = recorder
         self.warming = warming
+        # cache_aware: each node's summary version and freshness last pushed to workers
+        self._cache_sent: dict[str, tuple[int, int, float]] = {}
 
     def key(self) -> tuple[Any, ...]:
         """Changes whenever ``snapshot`` would (checked every push interval)."""
@@ -48,12 +50,20 @@ class WorkerState:
             for record in records:
                 self.recorder.record(**record)
 
-    def load_state(self) -> dict[str, Any]:
-        """The node's engine figures and in-flight total, and the load reports serving
-        nodes sent here (workers see only their own answers' reports)."""
+    def load_state(self, whole_cache: bool = False) -> dict[str, Any]:
+        """The node's engine figures and in-flight total, the load reports serving nodes
+        sent here (workers see only their own answers' reports), and the cache summaries
+        that changed since the last push (all of them for a worker starting)."""
         engine = self.load.engine
+        now = trio.current_time()
         return {"engine": {"running": engine.running, "waiting": engine.waiting,
                            "kv_usage": engine.kv_usage}, "capacity": self.load.capacity,
                 "slots": self.load.slots,
                 "engine_in_flight": self.load.in_flight + self.load.others_in_flight(),
-                "reports": self.router.loads.snapshot(trio.current_time())}
+                "reports": self.router.loads.snapshot(now),
+                "cache": self.router.cache.board.export(
+                    now, None if whole_cache else self._cache_sent)}
+
+    def start_state(self) -> dict[str, Any]:
+        """What a (re)started worker is sent after the federation's snapshot."""
+        return {"load": self.load_state(whole_cache=True)}

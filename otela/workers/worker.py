@@ -186,6 +186,8 @@ class Worker:
         if "load" in snapshot:
             load = self.view.load
             self.router.loads.absorb(load.get("reports", {}), trio.current_time())
+            if "cache" in load:
+                self.router.cache.board.absorb(load["cache"], trio.current_time())
             engine = load.get("engine") or {}
             self.load.engine = EngineLoad(engine.get("running"), engine.get("waiting"),
                                           engine.get("kv_usage"))
@@ -209,6 +211,7 @@ class Worker:
                 "ejected": self.router.ejections.report(trio.current_time()),
                 "retries": self.router.retries, "resent": self.router.resent,
                 "migrated": self.router.migrated,
+                **{f"cache_{k}": v for k, v in self.router.cache.stats.items()},
                 "abandoned": self.router.watch.abandoned, "connects": self.pool.connects,
                 "connect_failures": self.pool.connect_failures,
                 "metrics": self.metrics.state(), "traces": traces})

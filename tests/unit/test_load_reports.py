@@ -125,3 +125,37 @@ def test_a_node_that_is_not_an_ingress_takes_no_reports() -> None:
     body = encode(own.session_id, NodeLoad(in_flight=1), 6.0)
     token = HopSigner(sender.seed, sender.peer_id).token(node.peer_id, "POST", PATH, body)
     assert refused(reports, token, body) == (403, "not_an_ingress") and taken == []
+
+
+def test_a_cache_summary_rides_on_a_report_and_a_delta_it_cannot_apply_asks_for_all(
+) -> None:
+    from otela.kvcache.board import CacheBoard
+    from otela.kvcache.events import Batch, Stored
+    from otela.kvcache.hashing import BlockHasher
+    from otela.kvcache.index import CacheIndex
+
+    ingress, sender = Member(), Member()
+    own = record("own", peer_id=sender.peer_id)
+    reports, taken = receiver([own], {ingress.peer_id, sender.peer_id}, ingress)
+    board = CacheBoard()
+    reports.on_cache = lambda session, cache, ttl: board.take(session, cache, 0.0, ttl) \
+        if not isinstance(cache, tuple) else board.touch(session, *cache, 0.0, ttl)
+    signer = HopSigner(sender.seed, sender.peer_id)
+    index = CacheIndex()
+    tokens = list(range(64))
+    index.apply(Batch(0, (Stored(tuple(BlockHasher("sha256", 16).chain(tokens)), None,
+                                 tuple(tokens), 16, True),)))
+    whole = index.summary_for(None)
+    assert whole is not None
+    body = encode(own.session_id, NodeLoad(in_flight=1), 6.0, whole)
+    reports.take(signer.token(ingress.peer_id, "POST", PATH, body), body)
+    assert board.held(own.session_id) == (index.epoch, index.seq)
+    assert len(board.nodes[own.session_id].anchors) == 3  # depths 1, 2 and 4
+    current = encode(own.session_id, NodeLoad(in_flight=1), 6.0, (index.epoch, index.seq))
+    reports.take(signer.token(ingress.peer_id, "POST", PATH, current), current)
+    # a delta from a state the ingress never had: the load is taken, the delta is not
+    wrong = encode(own.session_id, NodeLoad(in_flight=2), 6.0,
+                   (index.epoch + 1, index.seq))
+    assert refused(reports, signer.token(ingress.peer_id, "POST", PATH, wrong), wrong) == \
+        (409, "cache_resync")
+    assert taken[-1] == (own.session_id, NodeLoad(in_flight=2), 6.0)

@@ -1,0 +1,163 @@
+"""The ``cache_aware`` policy: send a request where the longest prefix of it is already
+in the engine's KV cache, unless that node is too busy.
+
+What a node holds comes from the engines themselves (``otela.kvcache``): their KV events
+become summaries on the load reports, and this ingress adds its own recent dispatches
+(predictions) until the summaries catch up. The request's blocks are hashed as the node's
+engine hashes them, from the prompt's token ids (the model's tokenizer and chat template
+at the ingress, ``otela.kvcache.tokenize``).
+
+The rule, in order:
+
+1. **Cache, within a load bound.** Among the candidates whose fresh summary (or this
+   ingress's prediction) holds some of the request's blocks, the one holding the most
+   wins (a tie: the less loaded), unless its load per unit of capacity, with this request,
+   would exceed ``balance`` times the mean (at least 2): then **load wins** and the next
+   holder is tried. This is prefix affinity's bounded load (``--affinity-balance``) applied
+   to what is really cached: a hot prefix spreads over as many nodes as its load needs,
+   and each of them ends up caching it.
+2. **Otherwise today's policy**: ``prefix_affinity`` on the request's ``user`` (its
+   session, for clients that send one) or its prompt's first characters. So a
+   conversation's first turn and a node without KV events route as before, and a
+   session's later turns find its cache where the first landed.
+
+Trust, constraints, suspicion and ejection have already chosen the candidates.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from otela.kvcache.anchors import anchor_depths
+from otela.kvcache.board import CacheBoard
+from otela.kvcache.hashing import BlockHasher, Fingerprint
+from otela.kvcache.tokenize import Tokenizers
+from otela.routing.policies import Candidate, Pick, PrefixAffinity
+
+Anchors = list[tuple[int, Fingerprint]]  # (depth, fingerprint), deepest first
+
+
+@dataclass
+class CacheContext:
+    """What the policy reads: the board of summaries, the tokenizers, the clock."""
+
+    board: CacheBoard
+    tokenizers: Tokenizers
+    clock: Callable[[], float]
+    hashers: dict[tuple[str, int], BlockHasher] = field(default_factory=dict)
+    stats: Counter[str] = field(default_factory=Counter)
+
+    def hasher(self, hashing: tuple[str, int]) -> BlockHasher:
+        hasher = self.hashers.get(hashing)
+        if hasher is None:
+            hasher = self.hashers[hashing] = BlockHasher(*hashing)
+        return hasher
+
+
+LOAD_SAMPLE = 32  # beyond this many candidates, the mean load is estimated from a sample
+
+
+def _mean_load(candidates: Sequence[Candidate], rng: random.Random) -> float:
+    """The mean load per unit of capacity with the request being placed counted: exact up
+    to ``LOAD_SAMPLE`` candidates, estimated from as many random ones beyond (the bound
+    is a rule of thumb; a scan of every node's load would cost more than the decision)."""
+    sample = candidates if len(candidates) <= LOAD_SAMPLE else \
+        rng.choices(candidates, k=LOAD_SAMPLE)
+    return sum(c.relative_load for c in sample) / len(sample) + 1 / len(candidates)
+
+
+class CacheAware:
+    name = "cache_aware"
+    uses_affinity_key = True
+    uses_body = True
+
+    def __init__(self, context: CacheContext | None = None, balance: float = 2.0) -> None:
+        self.context = context
+        self.balance = balance
+        self.fallback = PrefixAffinity(balance)
+
+    # -- the request's blocks ---------------------------------------------------------
+
+    def _anchors(self, request: Pick, hashing: tuple[str, int]) -> Anchors | None:
+        """The request's anchors hashed as ``hashing``, computed once per request."""
+        memo = request.memo
+        key = ("anchors", hashing)
+        if key in memo:
+            cached: Anchors | None = memo[key]
+            return cached
+        assert self.context is not None
+        tokens = memo.get("tokens", False)
+        if tokens is False:
+            tokens = None
+            tokenizer = self.context.tokenizers.for_model(request.model)
+            if tokenizer is not None and request.body is not None:
+                tokens = tokenizer.prompt_ids(request.body)
+            memo["tokens"] = tokens
+            self.context.stats["tokenized" if tokens is not None else "untokenized"] += 1
+        anchors: Anchors | None = None
+        if tokens:
+            chain = self.context.hasher(hashing).chain(tokens)
+            anchors = [(d, chain[d - 1]) for d in anchor_depths(len(chain))]
+        memo[key] = anchors
+        return anchors
+
+    def _held(self, request: Pick, now: float) -> dict[str, int]:
+        """Blocks of the request each node holds (session: depth)."""
+        assert self.context is not None
+        board = self.context.board
+        found: dict[str, int] = {}
+        for hashing in board.hashings():
+            anchors = self._anchors(request, hashing)
+            if anchors:
+                for session, depth in board.matches(anchors, now, hashing).items():
+                    if depth > found.get(session, 0):
+                        found[session] = depth
+        return found
+
+    # -- the policy -----------------------------------------------------------------
+
+    def pick(self, candidates: Sequence[Candidate], request: Pick, rng: random.Random
+             ) -> Candidate:
+        if self.context is None or len(candidates) == 1 or request.body is None:
+            return self.fallback.pick(candidates, request, rng)
+        held = self._held(request, self.context.clock())
+        if held:
+            # The holders among the candidates: one scan, the decision's only O(nodes)
+            # step (~35 us at 1,000 nodes; benchmarks/cache_scale.py).
+            holders = [c for c in candidates if c.record.session_id in held]
+            if holders:
+                bound = max(2, math.ceil(self.balance * _mean_load(candidates, rng)))
+                holders.sort(key=lambda c: (-held[c.record.session_id], c.relative_load))
+                for candidate in holders:
+                    if candidate.relative_load + 1 <= bound:
+                        self.context.stats["cache_hit_routed"] += 1
+                        return candidate
+                self.context.stats["load_won"] += 1
+        self.context.stats["fallback"] += 1
+        return self.fallback.pick(candidates, request, rng)
+
+    def on_start(self, node: Candidate, request: Pick) -> None:
+        keys = self._node_keys(node, request)
+        if keys:
+            assert self.context is not None
+            self.context.board.predict(node.session, keys, self.context.clock())
+
+    def on_end(self, node: Candidate, request: Pick, outcome: str) -> None:
+        keys = self._node_keys(node, request)
+        if keys:
+            assert self.context is not None
+            self.context.board.ended(node.session, keys, self.context.clock())
+
+    def _node_keys(self, node: Candidate, request: Pick) -> list[Fingerprint] | None:
+        """The request's anchors as ``node`` hashes blocks (None: it sends no summary)."""
+        if self.context is None or request.body is None:
+            return None
+        hashing = self.context.board.hashing_of(node.session, self.context.clock())
+        if hashing is None:
+            return None
+        anchors = self._anchors(request, hashing)
+        return [key for _depth, key in anchors] if anchors else None
