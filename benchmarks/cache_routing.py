@@ -4,11 +4,12 @@ nodes, routed by ``power_of_two``, ``prefix_affinity`` and ``cache_aware`` in tu
 One federation: an ingress (with the tiny model's tokenizer) and three nodes, each
 ``otela start --process`` wrapping vLLM (CPU build, the tiny random Llama, prefix caching
 on, KV events on, ``--cache-blocks`` blocks of 32 tokens: a cache smaller than the trace's
-working set, as in production). Each run is ``--conversations`` chats of ``--turns`` turns
-that all open with one system prompt (new for every run, so no run inherits another's
-cache), ``--chats-at-once`` chats at once, each turn streamed; the clients send no ``user``
-field (many do not). The policy is chosen per request (``X-Otela-Policy``); runs are
-interleaved over ``--rounds`` rounds so that a drift of the machine hits each policy alike.
+working set, as in production; the model built for 2,048 positions, served with
+1,024). Each run is ``--conversations`` chats of ``--turns`` turns that all open with one
+system prompt (new for every run, so no run inherits another's cache), ``--chats-at-once``
+chats at once, each turn streamed; the clients send no ``user`` field (many do not). The
+policy is chosen per request (``X-Otela-Policy``); runs are interleaved over ``--rounds``
+rounds so that a drift of the machine hits each policy alike.
 
 Per policy: the engines' own prefix-cache hit rate (``vllm:prefix_cache_hits_total`` over
 ``..._queries_total``, tokens, summed over the three engines), mean and p90 time to first
@@ -48,6 +49,7 @@ from otela.testing.localfed import (
 
 MODEL = "tiny-llama"
 POLICIES = ("power_of_two", "prefix_affinity", "cache_aware")
+MAX_CONTEXT = 1024  # a chat of six turns fits: the tiny model is built for 2,048
 WORDS = ["river", "mountain", "cloud", "engine", "garden", "copper", "violet", "harbor",
          "lantern", "meadow", "signal", "orchard", "canyon", "marble", "falcon", "ember",
          "thistle", "quartz", "willow", "beacon"]
@@ -56,7 +58,8 @@ WORDS = ["river", "mountain", "cloud", "engine", "garden", "copper", "violet", "
 def engine_args(events_port: int, cache_blocks: int) -> list[str]:
     config = {"enable_kv_cache_events": True, "publisher": "zmq",
               "endpoint": f"tcp://*:{events_port}", "topic": "kv"}
-    return ["--block-size", "32", "--num-gpu-blocks-override", str(cache_blocks),
+    return ["--max-model-len", str(MAX_CONTEXT), "--block-size", "32",
+            "--num-gpu-blocks-override", str(cache_blocks),
             "--kv-events-config", json.dumps(config)]
 
 
@@ -113,7 +116,7 @@ async def run_trace(url: str, policy: str, args: argparse.Namespace, seed: int
         local = random.Random(seed * 1000 + number)
         messages = [{"role": "system", "content": system}]
         for _turn in range(args.turns):
-            messages.append({"role": "user", "content": sentence(local, 5)})
+            messages.append({"role": "user", "content": sentence(local, 8)})
             ttft, session, text = await one_turn(client, url, policy, messages,
                                                  args.reply_tokens)
             ttfts.append(ttft)
@@ -134,7 +137,7 @@ async def run_trace(url: str, policy: str, args: argparse.Namespace, seed: int
 
 def cache_phase(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     python = vllm_python()
-    model = build_tiny_model(python, root / "tiny-llama")
+    model = build_tiny_model(python, root / "tiny-llama", "--max-positions", "2048")
     with LocalFederation(root / "fed") as fed:
         ingress = fed.start_node("ingress", ingress=True, extra_args=[
             "--tokenizer", f"{MODEL}={model}", "--log-level", "WARNING"])
@@ -204,11 +207,11 @@ def cache_phase(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conversations", type=int, default=24)
-    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--chats-at-once", dest="chats_at_once", type=int, default=6)
-    parser.add_argument("--reply-tokens", type=int, default=12)
+    parser.add_argument("--reply-tokens", type=int, default=24)
     parser.add_argument("--think-s", type=float, default=1.0)
-    parser.add_argument("--cache-blocks", type=int, default=40)
+    parser.add_argument("--cache-blocks", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cache-policies", type=lambda s: s.split(","),
                         default=list(POLICIES))

@@ -406,6 +406,12 @@ class NodeConfig:
         help="prefix_affinity and cache_aware: a key's (or cached prefix's) node is passed "
         "over while its load would exceed this many times the mean (lower: evener load, "
         "fewer warm-cache hits; > 1).")
+    cache_balance: float = setting(
+        "routing", 1.5, parse=v.as_balance, example="2", metavar="FACTOR",
+        help="cache_aware: a node holding a request's prefix is passed over while its load, "
+        "with the request, would exceed this many times the mean, so the busiest node "
+        "stays within about this factor of the mean (higher: more cache hits, less even "
+        "load; > 1).")
     tokenizers: dict[str, str] = setting(
         "routing", factory=dict, parse=v.as_tokenizer_dirs, flag="--tokenizer",
         example="tiny-llama=/models/tiny-llama", metavar="MODEL=DIR",

@@ -12,11 +12,14 @@ The rule, in order:
 1. **Cache, within a load bound.** Among the candidates whose fresh summary (or this
    ingress's prediction) holds some of the request's blocks, the one holding the most
    wins (a tie: the less loaded), unless its load per unit of capacity, with this request,
-   would exceed ``balance`` times the mean (at least 2): then **load wins** and the next
-   holder is tried. This is prefix affinity's bounded load (``--affinity-balance``) applied
-   to what is really cached: a hot prefix spreads over as many nodes as its load needs,
-   and each of them ends up caching it.
-2. **Otherwise today's policy**: ``prefix_affinity`` on the request's ``user`` (its
+   would exceed ``--cache-balance`` (1.5) times the mean: then **load wins** and the next
+   holder is tried. This is prefix affinity's bounded load applied to what is really
+   cached, without prefix affinity's floor of 2 requests (which let one node take every
+   chat of a small federation, since they all share a system prompt cached there first):
+   a hot prefix spreads over as many nodes as its load needs, each of them comes to cache
+   it, and the busiest node stays within about the factor of the mean.
+2. **Otherwise today's policy** (among the nodes within the bound, when load won):
+   ``prefix_affinity`` on the request's ``user`` (its
    session, for clients that send one) or its prompt's first characters. So a
    conversation's first turn and a node without KV events route as before, and a
    session's later turns find its cache where the first landed.
@@ -48,6 +51,7 @@ class CacheContext:
     board: CacheBoard
     tokenizers: Tokenizers
     clock: Callable[[], float]
+    balance: float = 1.5  # --cache-balance
     hashers: dict[tuple[str, int], BlockHasher] = field(default_factory=dict)
     stats: Counter[str] = field(default_factory=Counter)
 
@@ -75,10 +79,11 @@ class CacheAware:
     uses_affinity_key = True
     uses_body = True
 
-    def __init__(self, context: CacheContext | None = None, balance: float = 2.0) -> None:
+    def __init__(self, context: CacheContext | None = None,
+                 affinity_balance: float = 2.0) -> None:
         self.context = context
-        self.balance = balance
-        self.fallback = PrefixAffinity(balance)
+        self.balance = context.balance if context is not None else affinity_balance
+        self.fallback = PrefixAffinity(affinity_balance)
 
     # -- the request's blocks ---------------------------------------------------------
 
@@ -130,13 +135,16 @@ class CacheAware:
             # step (~35 us at 1,000 nodes; benchmarks/cache_scale.py).
             holders = [c for c in candidates if c.record.session_id in held]
             if holders:
-                bound = max(2, math.ceil(self.balance * _mean_load(candidates, rng)))
+                bound = math.ceil(self.balance * _mean_load(candidates, rng))
                 holders.sort(key=lambda c: (-held[c.record.session_id], c.relative_load))
                 for candidate in holders:
                     if candidate.relative_load + 1 <= bound:
                         self.context.stats["cache_hit_routed"] += 1
                         return candidate
                 self.context.stats["load_won"] += 1
+                # and the fallback keeps to the bound too (prefix affinity's own is looser)
+                within = [c for c in candidates if c.relative_load + 1 <= bound]
+                return self.fallback.pick(within or candidates, request, rng)
         self.context.stats["fallback"] += 1
         return self.fallback.pick(candidates, request, rng)
 

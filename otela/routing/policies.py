@@ -267,7 +267,7 @@ def load_policy(name: str, affinity_balance: float = 2.0,
     if name == CACHE_AWARE:
         from otela.routing.cache_aware import CacheAware  # it builds on this module
 
-        return CacheAware(cache, affinity_balance)
+        return CacheAware(cache, affinity_balance)  # its own bound: cache.balance
     if name in BUILT_IN:
         return BUILT_IN[name]()
     for ep in entry_points(group=ENTRY_POINT_GROUP):

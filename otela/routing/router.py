@@ -99,6 +99,7 @@ class RoutingSettings:
     # report lost or late must not make a busy node look idle at once). Derived, not set.
     load_ttl: float
     affinity_balance: float
+    cache_balance: float  # cache_aware's load bound
     balance_providers: bool  # an equal share per provider, then per node
     retry_broken: bool  # re-send a request whose node broke off before answering
     stream_migrations: int  # continuations of a stream whose node broke off mid-answer
@@ -125,7 +126,8 @@ def routing_settings(config: NodeConfig | None = None, **overrides: Any) -> Rout
         eject_after=config.eject_after, eject_time=config.eject_time,
         eject_max_time=config.eject_max_time, eject_max_share=config.eject_max_share,
         load_ttl=max(LOAD_TTL_FLOOR_S, 3 * config.load_interval),
-        affinity_balance=config.affinity_balance, retry_broken=config.retry_broken,
+        affinity_balance=config.affinity_balance, cache_balance=config.cache_balance,
+        retry_broken=config.retry_broken,
         stream_migrations=max(0, config.stream_migrations),
         balance_providers=config.balance_providers,
         failover_connect_timeout=config.failover_connect_timeout,
@@ -223,7 +225,8 @@ class Router:
         # What cache_aware reads: the engines' cache summaries (on their load reports)
         # and this ingress's own recent dispatches, and the models' tokenizers.
         self.cache = CacheContext(CacheBoard(), Tokenizers(
-            {model: Path(d) for model, d in settings.tokenizers.items()}), clock)
+            {model: Path(d) for model, d in settings.tokenizers.items()}), clock,
+            settings.cache_balance)
         if settings.policy == "cache_aware" and not settings.tokenizers:
             log.warning("cache_aware without a --tokenizer for any model: every request "
                         "routes as prefix_affinity (docs/routing.md, cache_aware)")

@@ -97,10 +97,11 @@ def vllm_python(explicit: Path | None = None) -> Path:
     return candidate
 
 
-def build_tiny_model(python: Path, target: Path) -> Path:
-    """Build the tiny random-weight Llama (``otela.engine.demo.tiny_model``) with ``python``."""
+def build_tiny_model(python: Path, target: Path, *extra: str) -> Path:
+    """Build the tiny random-weight Llama (``otela.engine.demo.tiny_model``, ``extra``: its
+    options) with ``python``."""
     result = subprocess.run(
-        [str(python), "-m", "otela.engine.demo.tiny_model", str(target)],
+        [str(python), "-m", "otela.engine.demo.tiny_model", str(target), *extra],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,

@@ -321,7 +321,8 @@ def test_cache_aware_sends_a_request_where_its_prefix_is_cached() -> None:
 def test_load_wins_above_the_bound_and_a_prediction_follows_the_request() -> None:
     system = "Summarise this document please. " * 3
     context = context_with({"a": system})
-    policy = CacheAware(context, balance=2.0)
+    context.balance = 2.0
+    policy = CacheAware(context)
     busy = [Candidate(record("a"), 6.0, 1.0), Candidate(record("b"), 0.0, 1.0),
             Candidate(record("c"), 0.0, 1.0)]
     pick = Pick("m", "user-1", body={"prompt": system + "doc"})
@@ -346,6 +347,25 @@ def _empty_summary():  # type: ignore[no-untyped-def]
 def anchors_of_prompt(prompt: str) -> list[tuple[int, int]]:
     chain = BlockHasher("sha256", 4).chain([ord(c) for c in prompt])
     return [(d, chain[d - 1]) for d in anchor_depths(len(chain))]
+
+
+def test_the_bound_keeps_the_busiest_node_near_the_mean() -> None:
+    """With --cache-balance 1.5 and no floor: a holder already running a request while
+    two nodes idle is passed over (it would be at 3x the mean); at 2 while the others run
+    1 each, it is not (1.2x)."""
+    context = context_with({"a": "Shared system prompt. " * 3})
+    policy = CacheAware(context)
+    body = {"prompt": "Shared system prompt. " * 3 + "question"}
+    lonely = [Candidate(record("a"), 1.0, 1.0), Candidate(record("b"), 0.0, 1.0),
+              Candidate(record("c"), 0.0, 1.0)]
+    for seed in range(10):  # then prefix affinity's choice among the nodes in bound
+        assert policy.pick(lonely, Pick("m", f"k{seed}", body=body),
+                           random.Random(seed)).session != "a"
+    assert context.stats["load_won"] == 10
+    busy = [Candidate(record("a"), 2.0, 1.0), Candidate(record("b"), 1.0, 1.0),
+            Candidate(record("c"), 1.0, 1.0)]
+    assert policy.pick(busy, Pick("m", "k", body=body), random.Random(0)).session == "a"
+    assert context.stats["cache_hit_routed"] == 1
 
 
 def test_without_tokenizer_or_summaries_it_is_prefix_affinity() -> None:

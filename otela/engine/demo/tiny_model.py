@@ -39,7 +39,7 @@ MAX_POSITIONS = 512
 MARKER = "otela-tiny-model.json"
 
 
-def build(target: Path, seed: int = 0) -> Path:
+def build(target: Path, seed: int = 0, max_positions: int = MAX_POSITIONS) -> Path:
     """Write the model and tokenizer into ``target`` (skipped if already built there)."""
     marker = target / MARKER
     if marker.exists():
@@ -64,7 +64,7 @@ def build(target: Path, seed: int = 0) -> Path:
         eos_token="</s>",
         unk_token="<unk>",
         pad_token="<pad>",
-        model_max_length=MAX_POSITIONS,
+        model_max_length=max_positions,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(target)
@@ -77,14 +77,15 @@ def build(target: Path, seed: int = 0) -> Path:
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=max_positions,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="bfloat16",
     )
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(target)
-    marker.write_text(json.dumps({"seed": seed, "vocab_size": VOCAB_SIZE}))
+    marker.write_text(json.dumps({"seed": seed, "vocab_size": VOCAB_SIZE,
+                                  "max_positions": max_positions}))
     return target
 
 
@@ -118,9 +119,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("target", type=Path, help="directory to write the model into")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-positions", type=int, default=MAX_POSITIONS,
+                        help="longest context (RoPE: no learned positions to size)")
     parser.add_argument("--lora", type=Path, help="also write a LoRA adapter here")
     args = parser.parse_args()
-    print(build(args.target, args.seed))
+    print(build(args.target, args.seed, args.max_positions))
     if args.lora is not None:
         print(build_lora(args.lora, args.seed))
 
