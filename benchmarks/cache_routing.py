@@ -36,6 +36,8 @@ from typing import Any
 import httpx
 import trio
 
+from otela.kvcache.hashing import BlockHasher
+from otela.kvcache.tokenize import ModelTokenizer
 from otela.testing.localfed import (
     VLLM_ENV,
     LocalFederation,
@@ -104,19 +106,46 @@ async def one_turn(client: httpx.AsyncClient, url: str, policy: str,
         "".join(text)
 
 
-async def run_trace(url: str, policy: str, args: argparse.Namespace, seed: int
-                    ) -> tuple[list[float], Counter[str]]:
+class Reuse:
+    """The trace's own ceiling: the prompt tokens, in full blocks, that an earlier request
+    of the run already had as a prefix (what an unbounded cache that every request could
+    reach would hit; vLLM recomputes a prompt's last token, as counted here)."""
+
+    def __init__(self, model: Path) -> None:
+        self.tokenizer = ModelTokenizer(model)
+        self.hasher = BlockHasher("sha256", 32)
+        self.seen: set[int] = set()
+        self.reusable = self.prompt = 0
+
+    def add(self, messages: list[dict[str, str]]) -> None:
+        ids = self.tokenizer.prompt_ids({"messages": messages}) or []
+        chain = self.hasher.chain(ids[:-1])
+        shared = 0
+        for key in chain:
+            if key not in self.seen:
+                break
+            shared += 1
+        self.seen.update(chain)
+        self.reusable += shared * 32
+        self.prompt += len(ids)
+
+
+async def run_trace(url: str, policy: str, args: argparse.Namespace, seed: int,
+                    reuse: Reuse) -> tuple[list[float], Counter[str]]:
     rng = random.Random(seed)
-    system = f"Session {seed}. " + " ".join(sentence(rng, 8) for _ in range(3))
+    shared = f"Session {seed}. " + " ".join(sentence(rng, 8) for _ in range(3))
     ttfts: list[float] = []
     served: Counter[str] = Counter()
     conversations = list(range(args.conversations))
 
     async def chat(client: httpx.AsyncClient, number: int) -> None:
         local = random.Random(seed * 1000 + number)
+        system = shared if not args.own_system_prompts else \
+            f"Chat {seed}-{number}. " + " ".join(sentence(local, 8) for _ in range(3))
         messages = [{"role": "system", "content": system}]
         for _turn in range(args.turns):
             messages.append({"role": "user", "content": sentence(local, 8)})
+            reuse.add(messages)
             ttft, session, text = await one_turn(client, url, policy, messages,
                                                  args.reply_tokens)
             ttfts.append(ttft)
@@ -155,7 +184,10 @@ def cache_phase(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
         for node in nodes:
             wait_for(lambda n=node: ingress.states().get(n.session_id) == "SERVING", 600,
                      f"{node.name} to serve", interval=1.0)
-        print(f"cache phase: 3 vLLM CPU nodes ({args.cache_blocks} blocks of 32 tokens "
+        opening = "a system prompt per chat" if args.own_system_prompts else \
+            "one shared system prompt"
+        print(f"cache phase ({opening}): "
+              f"3 vLLM CPU nodes ({args.cache_blocks} blocks of 32 tokens "
               f"each), {args.conversations} chats x {args.turns} turns per run, "
               f"{args.chats_at_once} at once, {args.rounds} round(s)")
         totals: dict[str, dict[str, Any]] = {
@@ -168,7 +200,12 @@ def cache_phase(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
             for policy in order:
                 seed += 1
                 before = {s: prefix_counters(u) for s, u in engines.items()}
-                ttfts, served = trio.run(run_trace, ingress.http_url, policy, args, seed)
+                reuse = Reuse(model)
+                ttfts, served = trio.run(run_trace, ingress.http_url, policy, args, seed,
+                                         reuse)
+                totals[policy]["reusable"] = totals[policy].get("reusable", 0) + \
+                    reuse.reusable
+                totals[policy]["prompt"] = totals[policy].get("prompt", 0) + reuse.prompt
                 after = {s: prefix_counters(u) for s, u in engines.items()}
                 total = totals[policy]
                 total["ttft"] += ttfts
@@ -185,15 +222,18 @@ def cache_phase(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
             rows.append({
                 "policy": policy,
                 "hit_rate": total["hits"] / max(1.0, total["queries"]),
+                "ceiling": total["reusable"] / max(1, total["prompt"]),
                 "mean_ttft_ms": statistics.mean(ttft) * 1000,
                 "p90_ttft_ms": ttft[int(len(ttft) * 0.9)] * 1000,
                 "busiest_over_mean": max(counts) / statistics.mean(counts),
                 "requests": counts})
         decisions = ingress.get("/v1/network")["routing"]["cache"]["decisions"]
-        print(f"{'policy':<16} {'hit rate':>9} {'TTFT mean':>10} {'TTFT p90':>9} "
-              f"{'busiest/mean':>13}  requests per node")
+        staleness = measure_staleness(ingress, nodes, engines, args.staleness_samples)
+        print(f"{'policy':<16} {'hit rate':>9} {'of ceiling':>11} {'TTFT mean':>10} "
+              f"{'TTFT p90':>9} {'busiest/mean':>13}  requests per node")
         for row in rows:
             print(f"{row['policy']:<16} {row['hit_rate']:>9.1%} "
+                  f"{row['hit_rate'] / max(1e-9, row['ceiling']):>11.0%} "
                   f"{row['mean_ttft_ms']:>8.0f}ms {row['p90_ttft_ms']:>7.0f}ms "
                   f"{row['busiest_over_mean']:>13.2f}  {row['requests']}")
         by_policy = {r["policy"]: r for r in rows}
@@ -202,7 +242,38 @@ def cache_phase(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
                 max(1e-9, by_policy["power_of_two"]["hit_rate"])
             print(f"cache_aware's hit rate: {ratio:.2f}x power_of_two's")
         print(f"cache_aware decisions at the ingress: {decisions}")
+        if staleness:
+            ordered = sorted(staleness)
+            print(f"staleness (a request answered straight by an engine -> the ingress "
+                  f"holds the summary with its blocks), {len(ordered)} samples: "
+                  f"p50 {ordered[len(ordered) // 2]:.2f} s, max {ordered[-1]:.2f} s")
+        rows.append({"staleness_s": staleness})
         return rows
+
+
+def measure_staleness(ingress: LocalNode, nodes: list[LocalNode], engines: dict[str, str],
+                      samples: int) -> list[float]:
+    """Seconds from an answer straight from an engine (its blocks stored, their events
+    published) until the ingress holds that node's summary including them."""
+    rng = random.Random(1)
+    out: list[float] = []
+    for i in range(samples):
+        node = nodes[i % len(nodes)]
+        own_before = node.get("/v1/network")["routing"]["cache"]["own"]
+        body = {"model": MODEL, "max_tokens": 1, "prompt": sentence(rng, 60)}
+        httpx.post(f"{engines[node.session_id]}/v1/completions", json=body, timeout=60)
+        answered = time.monotonic()
+
+        def caught_up(n: LocalNode = node, before: dict[str, Any] = own_before) -> bool:
+            own = n.get("/v1/network")["routing"]["cache"]["own"]
+            held = ingress.get("/v1/network")["routing"]["cache"]["nodes"].get(
+                n.session_id)
+            return own["stored"] > before["stored"] and held is not None and \
+                (held["epoch"], held["seq"]) == (own["epoch"], own["seq"])
+
+        wait_for(caught_up, 60, "the ingress to hold the new summary", interval=0.05)
+        out.append(time.monotonic() - answered)
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -213,6 +284,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--think-s", type=float, default=1.0)
     parser.add_argument("--cache-blocks", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--staleness-samples", type=int, default=9)
+    parser.add_argument("--own-system-prompts", action="store_true",
+                        help="every chat opens with a system prompt of its own (agents, "
+                        "per-user memory) instead of one shared by all")
     parser.add_argument("--cache-policies", type=lambda s: s.split(","),
                         default=list(POLICIES))
 

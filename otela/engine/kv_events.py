@@ -66,7 +66,12 @@ async def follow_events(endpoint: str, topic: str, index: CacheIndex,
     try:
         socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
         socket.setsockopt(zmq.RCVHWM, 100_000)
-        socket.connect(endpoint)
+        try:
+            socket.connect(endpoint)
+        except zmq.ZMQError as exc:  # e.g. a host name that does not resolve
+            log.error("cannot follow the engine's KV events at %s: %s (no cache-aware "
+                      "summaries from this node)", endpoint, exc)
+            return
         log.info("following the engine's KV events at %s", endpoint)
         descriptor = int(socket.getsockopt(zmq.FD))
         while True:
@@ -76,9 +81,15 @@ async def follow_events(endpoint: str, topic: str, index: CacheIndex,
                 except zmq.Again:
                     break
                 batch = decode(frames)
-                if batch is not None:
+                if batch is None:
+                    continue
+                try:
                     index.apply(batch)
-                    on_batch()
+                except Exception:  # an engine's odd event must not stop the node
+                    log.exception("KV event batch %d could not be indexed; starting "
+                                  "the index over", batch.seq)
+                    index.reset()
+                on_batch()
             with trio.move_on_after(RECHECK_S):
                 await trio.lowlevel.wait_readable(descriptor)
     finally:

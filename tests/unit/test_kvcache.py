@@ -493,3 +493,17 @@ def test_data_path_workers_get_the_boards_summaries_changes_and_refreshes() -> N
     control.forget("a")
     worker.absorb(control.export(10.0, sent), 10.0)
     assert set(worker.nodes) == {"b"} and "a" not in sent
+
+
+def test_an_endpoint_that_cannot_be_followed_is_logged_not_fatal(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import trio
+
+    from otela.engine.kv_events import follow_events
+
+    async def main() -> None:
+        with trio.fail_after(10):
+            await follow_events("tcp://no such host:1", "", CacheIndex())
+
+    trio.run(main)  # returns: the node goes on without summaries
+    assert "cannot follow the engine's KV events" in caplog.text
