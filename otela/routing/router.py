@@ -227,6 +227,7 @@ class Router:
         self.cache = CacheContext(CacheBoard(), Tokenizers(
             {model: Path(d) for model, d in settings.tokenizers.items()}), clock,
             settings.cache_balance)
+        self.cache.tokenizers.preload()
         if settings.policy == "cache_aware" and not settings.tokenizers:
             log.warning("cache_aware without a --tokenizer for any model: every request "
                         "routes as prefix_affinity (docs/routing.md, cache_aware)")
