@@ -269,6 +269,11 @@ class Access:
         key = None if key_id is None else self.by_id.get(key_id)
         return None if key is None else key.team
 
+    def user_of(self, key_id: str | None) -> str | None:
+        """A key's single sign-on user now (a usage row's ``user_id``)."""
+        key = None if key_id is None else self.by_id.get(key_id)
+        return None if key is None else key.user_id
+
     # -- keeping the copy fresh --------------------------------------------------------
 
     def load(self) -> None:

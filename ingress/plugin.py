@@ -67,9 +67,12 @@ class Plugin:
             batch_api.install(api, service)
             visibility.install(api, service.audience)
             if service.sso is not None:
+                from ingress.sso import own_keys
                 from ingress.sso.routes import install as install_sso
 
                 install_sso(api, service.db, service.sso)
+                own_keys.install(api, service.db, service.sso, service.ingress_id,
+                                 service.access.remember)
 
 
 SERVICE = Plugin()

@@ -179,7 +179,8 @@ def test_use_from_the_database_counts_in_its_window_and_the_standing_agrees(tmp_
         done.tap.prompt_tokens, done.tap.completion_tokens = tokens, 0
         writer.finished(done)
     writer.context = SimpleNamespace(prices=prices.PriceList(),  # type: ignore[assignment]
-                                     team_of=lambda key_id: "astro")
+                                     team_of=lambda key_id: "astro",
+                                     user_of=lambda key_id: None)
     trio.run(writer.flush)
     access = Access(db, "ingress-1")
     access.load()
@@ -233,3 +234,4 @@ def test_a_teams_models_providers_and_limits_hold_its_keys_the_tighter_wins(tmp_
     assert "bio" not in access.team_limits
     grants = [access.admit(access.by_id[wide.id], "z") for _ in range(3)]
     assert len(grants) == 3
+
