@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from ingress.keystore import KEY_FIELDS, KeySpec
+from ingress.keystore import KEY_FIELDS, TEAM_FIELDS, KeySpec
 from ingress.prices import Price, checked
 from ingress.usage import FILTERS, GROUPS
 from otela.dataplane.errors import RequestError
@@ -202,10 +202,9 @@ def key_change(body: dict[str, Any], now: float | None = None) -> dict[str, Any]
 def team_change(team: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """A team's name and the settings to change (``PUT /v1/admin/teams/{team}``, ``otela
     keys team``): ``weight``, ``budget_tokens``, ``budget_spend``, ``budget_period``,
-    ``models``, ``providers``, ``rpm``, ``tpm``, ``max_concurrent``, checked as for a key;
-    null puts one back to its default."""
-    fields = ("weight", "budget_tokens", "budget_spend", "budget_period", "models",
-              "providers", "rpm", "tpm", "max_concurrent")
+    ``models``, ``providers``, ``rpm``, ``tpm``, ``max_concurrent``, ``priority``, checked
+    as for a key; null puts one back to its default."""
+    fields = TEAM_FIELDS
     unknown = sorted(set(body) - set(fields))
     if unknown:
         raise _bad(f"unknown field '{unknown[0][:40]}' (expected: {', '.join(fields)})",

@@ -412,24 +412,27 @@ def team(
     tpm: int | None = typer.Option(None, "--tpm", help="The whole team's tokens per minute."),
     max_concurrent: int | None = typer.Option(None, "--max-concurrent", help="The whole "
                                               "team's requests in flight at once."),
+    priority: str | None = typer.Option(None, "--priority", metavar="CLASS", help="The best "
+                                        "priority class the team's keys may use (a key's "
+                                        "own applies too: the lower class wins)."),
     clear: list[str] = typer.Option([], "--clear", metavar="FIELD", help="Back to the "
                                     "default: weight, budget_tokens, budget_spend, "
                                     "budget_period, models, providers, rpm, tpm, "
-                                    "max_concurrent. Repeatable."),
+                                    "max_concurrent, priority. Repeatable."),
     db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
     config_file: Path | None = _CONFIG,
 ) -> None:
     """Set a team's weight in fair sharing (docs/scheduling.md: two teams flooding one
     model get tokens in the ratio of their weights), its budget, limits (shared by all its
-    keys' requests) and the models and providers its keys may use. A key's own settings
-    apply too: the tighter wins."""
+    keys' requests), the models and providers its keys may use and the best priority
+    class they may ask for. A key's own settings apply too: the tighter wins."""
     def work() -> dict[str, Any]:
         change: dict[str, Any] = {field: None for field in clear}
         for field, value in (("weight", weight), ("budget_tokens", budget_tokens),
                              ("budget_spend", budget_spend),
                              ("budget_period", budget_period), ("models", model or None),
                              ("providers", provider or None), ("rpm", rpm), ("tpm", tpm),
-                             ("max_concurrent", max_concurrent)):
+                             ("max_concurrent", max_concurrent), ("priority", priority)):
             if value is not None:
                 change[field] = value
         return _Way(db, url, config_file).set_team(name, change)
@@ -438,7 +441,7 @@ def team(
         typer.echo(json.dumps(result, indent=2))
     else:
         typer.echo(f"team {result['name']}: weight {result['weight']:g}, budget "
-                   f"{_budget_text(result)}")
+                   f"{_budget_text(result)}, priority {result.get('priority') or 'any'}")
 
 
 def _budget_text(item: dict[str, Any]) -> str:

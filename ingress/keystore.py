@@ -265,7 +265,7 @@ def update(db: Database, key_id: str, change: dict[str, Any], now: float | None 
 # -- teams -----------------------------------------------------------------------------
 
 TEAM_FIELDS = ("weight", "budget_tokens", "budget_spend", "budget_period", "models",
-               "providers", "rpm", "tpm", "max_concurrent")
+               "providers", "rpm", "tpm", "max_concurrent", "priority")
 _TEAM_COLUMNS = "name, " + ", ".join(TEAM_FIELDS)
 
 
@@ -284,6 +284,7 @@ class Team:
     rpm: int | None = None  # the whole team's requests per minute
     tpm: int | None = None
     max_concurrent: int | None = None  # the whole team's requests in flight, per ingress
+    priority: str | None = None  # the best class its keys may use (None: any)
 
     @property
     def budget(self) -> Budget:
@@ -300,7 +301,8 @@ class Team:
                 "models": None if self.models is None else sorted(self.models),
                 "providers": None if self.providers is None else sorted(self.providers),
                 "limits": {"rpm": self.rpm, "tpm": self.tpm,
-                           "max_concurrent": self.max_concurrent}}
+                           "max_concurrent": self.max_concurrent},
+                "priority": self.priority}
 
 
 def set_team(db: Database, name: str, change: dict[str, Any], now: float | None = None
@@ -325,10 +327,10 @@ def set_team(db: Database, name: str, change: dict[str, Any], now: float | None 
 
 
 def _team(row: Row) -> Team:
-    name, weight, tokens, spend, period, models, providers, rpm, tpm, concurrent = row
+    name, weight, tokens, spend, period, models, providers, rpm, tpm, concurrent, priority = row
     return Team(str(name), float(weight), None if tokens is None else int(tokens),
                 None if spend is None else float(spend), period, _from_names(models),
-                _from_names(providers), rpm, tpm, concurrent)
+                _from_names(providers), rpm, tpm, concurrent, priority)
 
 
 def teams(db: Database) -> dict[str, Team]:

@@ -252,6 +252,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE usage_rollup ADD COLUMN user_id TEXT",
         "CREATE INDEX usage_user_time ON usage (user_id, finished_at)",
     ),
+    (
+        # A team's priority: the best class its keys' requests may use (NULL: any); a
+        # key's own applies too, the tighter wins (``ingress.access``).
+        "ALTER TABLE teams ADD COLUMN priority TEXT",
+    ),
 )
 LATEST = len(MIGRATIONS)
 _LOCK_ID = 0x6F74656C61  # "otela": the advisory lock migrating PostgreSQL databases

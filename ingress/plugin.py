@@ -56,7 +56,9 @@ class Plugin:
             batch_runner=RunnerSettings(per_batch=config.batch_concurrency,
                                         per_ingress=config.batch_in_flight),
             internal_secret=node_secret(config.home), sso=sso_settings(config),
-            log_prompts=config.log_prompts, usage_retention=config.usage_retention)
+            log_prompts=config.log_prompts, usage_retention=config.usage_retention,
+            priority_classes=tuple(config.priority_classes),
+            default_priority=config.default_priority)
 
     def install(self, api: FastAPI, service: Any) -> None:
         install_dashboard(api)

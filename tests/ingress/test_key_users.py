@@ -1,5 +1,5 @@
 """Keys of single sign-on users, on real databases: the migrations from the schema before
-them (version 7) on SQLite and PostgreSQL keep every key, team and
+them (version 7; then teams' priority) on SQLite and PostgreSQL keep every key, team and
 row; a key is given a user by id or email (an unknown or ambiguous one is refused and
 writes nothing); usage rows keep the key's user of their time, through roll-ups too, and
 group and filter by user in reports, the request log and ``otela usage``/``otela
@@ -103,9 +103,13 @@ def test_the_migration_keeps_every_key_and_row_and_keys_then_take_users(db_url: 
                     "latency_n, ttft_sum, ttft_n, spend, unpriced) VALUES (0, "
                     "'key_00000000000a', 'physics', 'm', 'p', 200, 3, 30, 30, 0, 3, 3, 0, 0, "
                     "0, 3)")
+        db.run_sync("INSERT INTO teams (name, weight, updated_at, rpm) VALUES "
+                    "('physics', 2, 1, 600)")
         ann = sign_in(db, "ann", "Ann@Uni.example", "physics")
 
         assert migrate(db) == BEFORE_USERS and LATEST > BEFORE_USERS
+        physics = keystore.teams(db)["physics"]
+        assert (physics.weight, physics.rpm, physics.priority) == (2.0, 600, None)
         old = keystore.get(db, "key_00000000000a")
         assert (old.owner, old.team, old.rpm, old.user_id) == ("ann", "physics", 60, None)
         assert usage.used_tokens(db) == {"key_00000000000a": 71}

@@ -298,6 +298,33 @@ def test_keys_of_single_sign_on_users_through_the_admin_api_and_me(fed):
     assert nobody.status_code == 400 and nobody.json()["error"]["code"] == "user_not_found"
 
 
+def test_a_teams_priority_caps_its_keys_class(fed):
+    """A team's priority class and a key's: the tighter wins, and the answer says which
+    class a request was served in."""
+    ingress, _ = fed
+    key = new_key(ingress, team="night-shift", priority="interactive")
+
+    def served_in(asked: str) -> str:
+        answer = httpx.post(f"{ingress.http_url}/v1/chat/completions", trust_env=False,
+                            timeout=20, headers={"authorization": f"Bearer {key['key']}",
+                                                 "x-otela-priority": asked},
+                            json={"model": MODEL, "messages": [
+                                {"role": "user", "content": "x"}]})
+        assert answer.status_code == 200, answer.text
+        return answer.headers["x-otela-priority"]
+    assert served_in("interactive") == "interactive"  # the key's own class
+    team = admin(ingress, "PUT", "/teams/night-shift", json={"priority": "batch"})
+    assert team.status_code == 200 and team.json()["priority"] == "batch"
+    assert served_in("interactive") == "batch"  # the team's is tighter
+    assert served_in("batch") == "batch"
+    admin(ingress, "PATCH", f"/keys/{key['id']}", json={"priority": None})
+    wait_for(lambda: served_in("default") == "batch", 5, "the team's class without the key's")
+    admin(ingress, "PUT", "/teams/night-shift", json={"priority": None})
+    assert served_in("interactive") == "interactive"
+    bad = admin(ingress, "PUT", "/teams/night-shift", json={"priority": "Not A Class"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority"
+
+
 def test_data_path_workers_check_keys_and_count_usage(tmp_path):
     """With --workers, each data-path process runs the key gate and writes usage rows of its
     own; a revocation made through the control's admin API reaches every worker."""
