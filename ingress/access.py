@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,6 +45,7 @@ from ingress.keystore import Team
 from ingress.limits import KeyLimits, limits_for
 from ingress.prices import PriceList
 from ingress.standing import Standing, standing_of
+from otela.config.schema import default_of
 from otela.dataplane.errors import RequestError
 
 log = logging.getLogger("otela.ingress.access")
@@ -88,8 +90,16 @@ class Grant:
 
 
 class Access:
-    def __init__(self, db: Database, ingress_id: str, refresh_interval: float = 1.0) -> None:
+    def __init__(self, db: Database, ingress_id: str, refresh_interval: float = 1.0,
+                 priority_classes: Sequence[str] | None = None,
+                 default_priority: str | None = None) -> None:
         self.db = db
+        # The ingress's priority classes, best first (``[routing] priority_classes``): a
+        # key's and its team's best class compare on them (``tighter_class``).
+        classes = list(priority_classes or default_of("priority_classes"))
+        self.class_rank = {name: rank for rank, name in enumerate(classes)}
+        self.default_rank = self.class_rank.get(
+            default_priority or default_of("default_priority"), 0)
         self.ingress_id = ingress_id
         self.refresh_interval = refresh_interval
         self.by_hash: dict[str, ApiKey] = {}
@@ -269,6 +279,11 @@ class Access:
         key = None if key_id is None else self.by_id.get(key_id)
         return None if key is None else key.team
 
+    def user_of(self, key_id: str | None) -> str | None:
+        """A key's single sign-on user now (a usage row's ``user_id``)."""
+        key = None if key_id is None else self.by_id.get(key_id)
+        return None if key is None else key.user_id
+
     # -- keeping the copy fresh --------------------------------------------------------
 
     def load(self) -> None:
@@ -353,14 +368,27 @@ class Access:
                 self._budgets[key.id] = budgets
 
     def _in_team(self, key: ApiKey) -> ApiKey:
-        """``key`` as its team holds it: the team's weight, and the models and providers
-        both allow (a key narrows its team's lists, never widens them)."""
+        """``key`` as its team holds it: the team's weight, the models and providers both
+        allow (a key narrows its team's lists, never widens them), and the tighter of
+        their best priority classes."""
         team = self.teams.get(key.team or "")
         if team is None:
             return replace(key, team_weight=1.0)
         return replace(key, team_weight=team.weight,
                        models=_narrowest(key.models, team.models),
-                       providers=_narrowest(key.providers, team.providers))
+                       providers=_narrowest(key.providers, team.providers),
+                       priority=self.tighter_class(key.priority, team.priority))
+
+    def tighter_class(self, mine: str | None, theirs: str | None) -> str | None:
+        """The tighter of two best allowed priority classes (a key's, its team's): the one
+        further down the ingress's list. None allows any class; a class this ingress does
+        not have counts as its default class, as the queue reads it
+        (``otela.routing.admission.AdmissionQueue.class_of``)."""
+        if mine is None or theirs is None:
+            return theirs if mine is None else mine
+        rank = self.class_rank.get
+        return theirs if rank(theirs, self.default_rank) > rank(mine, self.default_rank) \
+            else mine
 
     def _key_budgets(self, key: ApiKey) -> KeyBudgets | None:
         """The budgeted accounts of ``key``'s requests (its own, its team's), if any."""

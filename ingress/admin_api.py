@@ -1,7 +1,7 @@
 """The ingress service's HTTP API (on the node's FastAPI app, off the request path).
 
 Key holders (``Authorization: Bearer <API key>``):
-- ``GET /v1/me``: their key's settings and the tokens it has used;
+- ``GET /v1/me``: their key's settings, the tokens it has used, and its user;
 - ``GET /v1/me/usage?since&until&bucket``: their usage over time (the dashboard's chart).
 
 Admins (``Authorization: Bearer <admin token>``, ``OTELA_ADMIN_TOKEN``):
@@ -10,9 +10,10 @@ Admins (``Authorization: Bearer <admin token>``, ``OTELA_ADMIN_TOKEN``):
   as at creation), ``POST /v1/admin/keys/{id}/revoke`` (or ``DELETE``),
   ``POST /v1/admin/keys/{id}/rotate``, ``GET /v1/admin/keys/{id}/history`` (who changed
   what, when);
-- ``GET /v1/admin/usage?since&until&by=key|team|owner|model|provider|node|ingress|status``
-  and filters (``key``, ``team``, ``model``, ``provider``, ``node``, ``ingress``,
-  ``status``): requests, tokens, errors, latency and spend per group;
+- ``GET /v1/admin/usage?since&until&by=key|team|user|owner|model|provider|node|ingress|``
+  ``status`` and filters (``key``, ``team``, ``user``: an id or an email, ``model``,
+  ``provider``, ``node``, ``ingress``, ``status``): requests, tokens, errors, latency and
+  spend per group;
 - ``GET /v1/admin/requests`` (and ``GET /v1/me/requests``, a key holder's own): the
   request log, newest first, with the same window and filters, paged (``limit``,
   ``after``) or exported whole (``format=csv`` or ``jsonl``);
@@ -34,11 +35,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ingress import admin_input, export, keystore, prices, usage
 from ingress.keys import ApiKey, bearer, same_secret
-from ingress.keystore import KeyNotFound, KeyRevoked
+from ingress.keystore import KeyNotFound, KeyRevoked, UserNotFound
 from ingress.paging import limit_of, list_object
 from ingress.service import IngressService
 from ingress.sso.gate import signed_in
-from ingress.standing import shown, standings
+from ingress.standing import described
 from otela.api.errors import read_json_object
 from otela.dataplane.errors import RequestError
 
@@ -59,6 +60,12 @@ def _admin(service: IngressService, request: Request) -> None:
     token = bearer(request.headers.get("authorization", "").encode("latin-1"))
     if token is None or not same_secret(token.decode("latin-1"), service.admin_token):
         raise RequestError(401, _ADMIN_UNAUTHORIZED, code="invalid_admin_token")
+
+
+def _no_user(exc: UserNotFound) -> RequestError:
+    return RequestError(400, str(exc)[0].upper() + str(exc)[1:] + ".",
+                        code="user_ambiguous" if exc.ambiguous else "user_not_found",
+                        param="user")
 
 
 def _not_found() -> RequestError:
@@ -94,9 +101,19 @@ def install(app: FastAPI, service: IngressService) -> None:
     db = service.db
 
     async def key_object(key: ApiKey) -> dict[str, Any]:
-        now = time.time()
-        found = await db.in_thread(standings, db, [key], now)
-        return shown(key, found[key.id], now)
+        found: list[dict[str, Any]] = await db.in_thread(described, db, [key], time.time())
+        return found[0]
+
+    async def by_user_id(filters: dict[str, Any]) -> dict[str, Any]:
+        """Usage filters with a user named by email taken to the user's id (400 for
+        none)."""
+        if "user" not in filters:
+            return filters
+        try:
+            return {**filters, "user": await db.in_thread(keystore.user_id_of, db,
+                                                          filters["user"])}
+        except UserNotFound as exc:
+            raise _no_user(exc) from None
 
     def holder(request: Request) -> ApiKey:
         authorization = request.headers.get("authorization")
@@ -131,18 +148,19 @@ def install(app: FastAPI, service: IngressService) -> None:
     async def list_keys(request: Request) -> dict[str, Any]:
         _admin(service, request)
         keys = await db.in_thread(keystore.all_keys, db)
-        now = time.time()
-        found = await db.in_thread(standings, db, keys, now)
-        return {"object": "list", "data": [shown(k, found[k.id], now) for k in keys]}
+        return {"object": "list", "data": await db.in_thread(described, db, keys, time.time())}
 
     @app.post("/v1/admin/keys")
     async def create_key(request: Request) -> dict[str, Any]:
         _admin(service, request)
         spec = admin_input.key_spec(await read_json_object(request))
-        key, secret = await db.in_thread(keystore.create, db, spec, None,
-                                         _actor(service, request))
+        try:
+            key, secret = await db.in_thread(keystore.create, db, spec, None,
+                                             _actor(service, request))
+        except UserNotFound as exc:
+            raise _no_user(exc) from None
         service.access.remember([key])
-        return {**key.to_dict(time.time(), 0), "key": secret}
+        return {**(await key_object(key)), "key": secret}
 
     async def on_key(request: Request, key_id: str, change: Any, *args: Any,
                      doing: str = "changed") -> Any:
@@ -155,6 +173,8 @@ def install(app: FastAPI, service: IngressService) -> None:
             raise _not_found() from None
         except KeyRevoked:
             raise _revoked(doing) from None
+        except UserNotFound as exc:
+            raise _no_user(exc) from None
 
     @app.get("/v1/admin/keys/{key_id}")
     async def show_key(request: Request, key_id: str) -> dict[str, Any]:
@@ -216,7 +236,7 @@ def install(app: FastAPI, service: IngressService) -> None:
         _admin(service, request)
         group = admin_input.group_by(by)
         start, end = admin_input.window(since, until)
-        filters = admin_input.usage_filters(request.query_params)
+        filters = await by_user_id(admin_input.usage_filters(request.query_params))
         rows = await db.in_thread(usage.aggregate, db, group, start, end, None, filters)
         return {"object": "list", "by": group, "since": start, "until": end,
                 "filters": filters, "data": [r.to_dict() for r in rows]}
@@ -226,7 +246,7 @@ def install(app: FastAPI, service: IngressService) -> None:
         it as a file (``csv``, ``jsonl``), streamed a page at a time."""
         query = request.query_params
         start, end = admin_input.window(query.get("since"), query.get("until"))
-        filters = admin_input.usage_filters(query)
+        filters = await by_user_id(admin_input.usage_filters(query))
         fmt = admin_input.export_format(query.get("format"))
         if fmt == "json":
             try:
@@ -255,7 +275,7 @@ def install(app: FastAPI, service: IngressService) -> None:
 
     @app.get("/v1/admin/requests")
     async def admin_requests(request: Request) -> Response:
-        """The request log of every key (filters: key, team, model, provider, node,
+        """The request log of every key (filters: key, team, user, model, provider, node,
         ingress, status; a window; ``format``)."""
         _admin(service, request)
         return await request_log(request, None)

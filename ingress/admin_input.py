@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from ingress.keystore import KEY_FIELDS, KeySpec
+from ingress.keystore import KEY_FIELDS, TEAM_FIELDS, KeySpec
 from ingress.prices import Price, checked
 from ingress.usage import FILTERS, GROUPS
 from otela.dataplane.errors import RequestError
@@ -26,7 +26,10 @@ EARLIEST = datetime(1, 1, 1, tzinfo=UTC).timestamp()
 LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 _FIELDS = {"owner", "name", "expires_in", "expires_at", "models", "providers", "rpm", "tpm",
            "max_concurrent", "budget_tokens", "team", "weight", "priority", "queue_wait",
-           "budget_spend", "budget_period"}
+           "budget_spend", "budget_period", "user"}
+# Key fields that the API and the command line name otherwise: a key's ``user`` is given
+# as a user's id or email, and kept as its id.
+_GIVEN_AS = {"user_id": "user"}
 MAX_WEIGHT = 1000.0
 _CLASS = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
@@ -125,7 +128,9 @@ def _expiry(body: dict[str, Any], now: float) -> float | None:
 
 def _value(field: str, body: dict[str, Any]) -> Any:
     """One key field read from ``body`` by the rule both creation and change apply."""
-    value = body.get(field)
+    value = body.get(_GIVEN_AS.get(field, field))
+    if field == "user_id":  # an id or an email: the key store resolves it
+        return _text(value, "user") or None
     if field == "owner":
         return _text(value, "owner", required=True)
     if field == "name":
@@ -179,8 +184,8 @@ def key_spec(body: dict[str, Any], now: float | None = None) -> KeySpec:
 def key_change(body: dict[str, Any], now: float | None = None) -> dict[str, Any]:
     """The fields of a key to change, from an admin API ``PATCH`` body (or the CLI's
     options): checked exactly as at creation. A field given as ``null`` goes back to its
-    default (no limit, every model, the ingress's providers, no expiry, no name); the
-    owner cannot be removed. Raises 400 for an empty change."""
+    default (no limit, every model, the ingress's providers, no expiry, no name, no
+    user); the owner cannot be removed. Raises 400 for an empty change."""
     _known(body)
     if not body:
         raise _bad(f"nothing to change: give one of {', '.join(sorted(_FIELDS))}", "body")
@@ -189,7 +194,7 @@ def key_change(body: dict[str, Any], now: float | None = None) -> dict[str, Any]
     if "expires_in" in body or "expires_at" in body:
         change["expires_at"] = _expiry(body, now)
     for field in KEY_FIELDS:
-        if field in body and field != "expires_at":
+        if _GIVEN_AS.get(field, field) in body and field != "expires_at":
             change[field] = _value(field, body)
     return change
 
@@ -197,10 +202,9 @@ def key_change(body: dict[str, Any], now: float | None = None) -> dict[str, Any]
 def team_change(team: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """A team's name and the settings to change (``PUT /v1/admin/teams/{team}``, ``otela
     keys team``): ``weight``, ``budget_tokens``, ``budget_spend``, ``budget_period``,
-    ``models``, ``providers``, ``rpm``, ``tpm``, ``max_concurrent``, checked as for a key;
-    null puts one back to its default."""
-    fields = ("weight", "budget_tokens", "budget_spend", "budget_period", "models",
-              "providers", "rpm", "tpm", "max_concurrent")
+    ``models``, ``providers``, ``rpm``, ``tpm``, ``max_concurrent``, ``priority``, checked
+    as for a key; null puts one back to its default."""
+    fields = TEAM_FIELDS
     unknown = sorted(set(body) - set(fields))
     if unknown:
         raise _bad(f"unknown field '{unknown[0][:40]}' (expected: {', '.join(fields)})",
@@ -275,8 +279,9 @@ def bucket_seconds(value: str | None, since: float, until: float) -> float:
 
 def usage_filters(query: Any) -> dict[str, Any]:
     """The exact-match filters of a usage or request-log query (``key``, ``team``,
-    ``model``, ``provider``, ``node``, ``ingress``, ``status``) from a query string's
-    mapping; absent or empty ones are not filters."""
+    ``user``, ``model``, ``provider``, ``node``, ``ingress``, ``status``) from a query
+    string's mapping; absent or empty ones are not filters (a ``user`` given by email is
+    taken to its id by the caller, ``keystore.user_id_of``)."""
     filters: dict[str, Any] = {}
     for name in FILTERS:
         value = query.get(name)

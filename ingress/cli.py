@@ -25,7 +25,7 @@ from ingress import admin_input, export, keystore, prices, usage
 from ingress.database import Database, DatabaseError, DatabaseUrl
 from ingress.keys import ApiKey
 from ingress.migrations import migrate, open_existing
-from ingress.standing import shown, standings
+from ingress.standing import described
 from otela.config import resolve
 from otela.config.values import parse_duration
 from otela.console import make_console
@@ -98,7 +98,7 @@ class _Way:
         if self.db is None:
             return dict(self._api("POST", "/keys", json=spec))
         key, secret = keystore.create(self.db, admin_input.key_spec(spec), actor=_actor())
-        return {**key.to_dict(time.time(), 0), "key": secret}
+        return {**self._shown(key), "key": secret}
 
     def update(self, key_id: str, change: dict[str, Any]) -> dict[str, Any]:
         if self.db is None:
@@ -115,10 +115,7 @@ class _Way:
     def all_keys(self) -> list[dict[str, Any]]:
         if self.db is None:
             return list(self._api("GET", "/keys")["data"])
-        keys = keystore.all_keys(self.db)
-        now = time.time()
-        found = standings(self.db, keys, now)
-        return [shown(k, found[k.id], now) for k in keys]
+        return described(self.db, keystore.all_keys(self.db), time.time())
 
     def show(self, key_id: str) -> dict[str, Any]:
         if self.db is None:
@@ -127,8 +124,7 @@ class _Way:
 
     def _shown(self, key: ApiKey) -> dict[str, Any]:
         assert self.db is not None
-        now = time.time()
-        return shown(key, standings(self.db, [key], now)[key.id], now)
+        return described(self.db, [key], time.time())[0]
 
     def set_team(self, name: str, change: dict[str, Any]) -> dict[str, Any]:
         if self.db is None:
@@ -139,21 +135,29 @@ class _Way:
     def revoke(self, key_id: str) -> dict[str, Any]:
         if self.db is None:
             return dict(self._api("POST", f"/keys/{key_id}/revoke"))
-        return keystore.revoke(self.db, admin_input.key_id(key_id),
-                               actor=_actor()).to_dict(time.time())
+        return self._shown(keystore.revoke(self.db, admin_input.key_id(key_id),
+                                           actor=_actor()))
 
     def rotate(self, key_id: str) -> dict[str, Any]:
         if self.db is None:
             return dict(self._api("POST", f"/keys/{key_id}/rotate"))
         key, secret = keystore.rotate(self.db, admin_input.key_id(key_id), actor=_actor())
-        return {**key.to_dict(time.time()), "key": secret}
+        return {**self._shown(key), "key": secret}
 
     def usage(self, by: str, since: float | None, until: float | None,
               filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         if self.db is None:
             params = {"by": by, **_window_params(since, until), **(filters or {})}
             return list(self._api("GET", "/usage", params=params)["data"])
-        return [t.to_dict() for t in usage.aggregate(self.db, by, since, until, None, filters)]
+        return [t.to_dict() for t in usage.aggregate(self.db, by, since, until, None,
+                                                     self._resolved(filters))]
+
+    def _resolved(self, filters: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Filters with a user named by email taken to the user's id."""
+        assert self.db is not None
+        if not filters or "user" not in filters:
+            return filters
+        return {**filters, "user": keystore.user_id_of(self.db, filters["user"])}
 
     def requests(self, since: float | None, until: float | None, filters: dict[str, Any],
                  limit: int, after: str | None) -> tuple[list[dict[str, Any]], bool]:
@@ -163,7 +167,8 @@ class _Way:
                       **({"after": after} if after else {})}
             page = self._api("GET", "/requests", params=params)
             return list(page["data"]), bool(page["has_more"])
-        return usage.request_log(self.db, since, until, None, filters, limit, after)
+        return usage.request_log(self.db, since, until, None, self._resolved(filters), limit,
+                                 after)
 
     def prices(self) -> list[dict[str, Any]]:
         if self.db is None:
@@ -204,6 +209,9 @@ def _run(work: Any) -> Any:
     except keystore.KeyNotFound as exc:
         typer.echo(f"otela: no such API key: {exc}", err=True)
         raise typer.Exit(1) from None
+    except keystore.UserNotFound as exc:
+        typer.echo(f"otela: {exc}", err=True)
+        raise typer.Exit(1) from None
     except keystore.KeyRevoked as exc:
         typer.echo(f"otela: the API key {exc} is revoked, for good: create a new one",
                    err=True)
@@ -218,14 +226,14 @@ def _print_keys(keys: list[dict[str, Any]], as_json: bool) -> None:
         typer.echo(json.dumps(keys if len(keys) != 1 else keys[0], indent=2))
         return
     table = Table(show_edge=False)
-    for column in ("id", "owner", "name", "status", "models", "providers", "rpm", "tpm",
-                   "budget", "used tokens", "expires"):
+    for column in ("id", "owner", "user", "name", "status", "models", "providers", "rpm",
+                   "tpm", "budget", "used tokens", "expires"):
         table.add_column(column)
     for key in keys:
         limits = key.get("limits") or {}
         expires = key.get("expires_at")
         table.add_row(*_plain(
-            key["id"], key["owner"], key.get("name") or "", key["status"],
+            key["id"], key["owner"], _user_text(key), key.get("name") or "", key["status"],
             ",".join(key["models"]) if key.get("models") else "any",
             ",".join(key["providers"]) if key.get("providers") else "any",
             str(limits.get("rpm") or "-"), str(limits.get("tpm") or "-"),
@@ -234,6 +242,12 @@ def _print_keys(keys: list[dict[str, Any]], as_json: bool) -> None:
             _used_text(key),
             _expiry(expires)))
     make_console().print(table)
+
+
+def _user_text(key: dict[str, Any]) -> str:
+    """A key's user as a person reads it: the email, else the name, else the id."""
+    user = key.get("user") or {}
+    return str(user.get("email") or user.get("name") or key.get("user_id") or "-")
 
 
 def _used_text(key: dict[str, Any]) -> str:
@@ -303,6 +317,9 @@ _PRIORITY = typer.Option(None, "--priority", metavar="CLASS", help="The best pri
                          "class the key may use (default: any the ingress has).")
 _QUEUE_WAIT = typer.Option(None, "--queue-wait", metavar="DURATION", help="The longest its "
                            "requests may wait in the ingress queue.")
+_USER = typer.Option(None, "--user", metavar="USER", help="The single sign-on user the key "
+                     "belongs to: a user id (user_...) or the email of one user (users are "
+                     "made on their first sign-in to the dashboard).")
 
 
 @keys_app.command("create")
@@ -326,6 +343,7 @@ def create(
     budget_period: str | None = _BUDGET_PERIOD,
     team: str | None = _TEAM, weight: float | None = _WEIGHT,
     priority: str | None = _PRIORITY, queue_wait: str | None = _QUEUE_WAIT,
+    user: str | None = _USER,
     db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
     config_file: Path | None = _CONFIG,
 ) -> None:
@@ -338,7 +356,8 @@ def create(
                              ("rpm", rpm), ("tpm", tpm), ("max_concurrent", max_concurrent),
                              ("budget_tokens", budget_tokens),
                              ("budget_spend", budget_spend), ("budget_period", budget_period),
-                             *_scheduling(team, weight, priority, queue_wait)):
+                             *_scheduling(team, weight, priority, queue_wait),
+                             ("user", user)):
             if value is not None:
                 spec[field] = value
         return _Way(db, url, config_file).create({k: v for k, v in spec.items() if v is not None})
@@ -367,7 +386,7 @@ def show(key_id: str = typer.Argument(..., metavar="KEY_ID"), db: str | None = _
 
 _CLEARABLE = ("name", "expires", "models", "providers", "rpm", "tpm", "max_concurrent",
               "budget_tokens", "budget_spend", "budget_period", "team", "weight", "priority",
-              "queue_wait")
+              "queue_wait", "user")
 
 
 def _scheduling(team: str | None, weight: float | None, priority: str | None,
@@ -393,24 +412,27 @@ def team(
     tpm: int | None = typer.Option(None, "--tpm", help="The whole team's tokens per minute."),
     max_concurrent: int | None = typer.Option(None, "--max-concurrent", help="The whole "
                                               "team's requests in flight at once."),
+    priority: str | None = typer.Option(None, "--priority", metavar="CLASS", help="The best "
+                                        "priority class the team's keys may use (a key's "
+                                        "own applies too: the lower class wins)."),
     clear: list[str] = typer.Option([], "--clear", metavar="FIELD", help="Back to the "
                                     "default: weight, budget_tokens, budget_spend, "
                                     "budget_period, models, providers, rpm, tpm, "
-                                    "max_concurrent. Repeatable."),
+                                    "max_concurrent, priority. Repeatable."),
     db: str | None = _DB, url: str | None = _URL, as_json: bool = _JSON,
     config_file: Path | None = _CONFIG,
 ) -> None:
     """Set a team's weight in fair sharing (docs/scheduling.md: two teams flooding one
     model get tokens in the ratio of their weights), its budget, limits (shared by all its
-    keys' requests) and the models and providers its keys may use. A key's own settings
-    apply too: the tighter wins."""
+    keys' requests), the models and providers its keys may use and the best priority
+    class they may ask for. A key's own settings apply too: the tighter wins."""
     def work() -> dict[str, Any]:
         change: dict[str, Any] = {field: None for field in clear}
         for field, value in (("weight", weight), ("budget_tokens", budget_tokens),
                              ("budget_spend", budget_spend),
                              ("budget_period", budget_period), ("models", model or None),
                              ("providers", provider or None), ("rpm", rpm), ("tpm", tpm),
-                             ("max_concurrent", max_concurrent)):
+                             ("max_concurrent", max_concurrent), ("priority", priority)):
             if value is not None:
                 change[field] = value
         return _Way(db, url, config_file).set_team(name, change)
@@ -419,7 +441,7 @@ def team(
         typer.echo(json.dumps(result, indent=2))
     else:
         typer.echo(f"team {result['name']}: weight {result['weight']:g}, budget "
-                   f"{_budget_text(result)}")
+                   f"{_budget_text(result)}, priority {result.get('priority') or 'any'}")
 
 
 def _budget_text(item: dict[str, Any]) -> str:
@@ -455,6 +477,7 @@ def update(
     budget_period: str | None = _BUDGET_PERIOD,
     team: str | None = _TEAM, weight: float | None = _WEIGHT,
     priority: str | None = _PRIORITY, queue_wait: str | None = _QUEUE_WAIT,
+    user: str | None = _USER,
     clear: list[str] = typer.Option(
         [], "--clear", metavar="FIELD",
         help=f"Put a setting back to its default (no limit, any model, no expiry...): "
@@ -478,7 +501,8 @@ def update(
                              ("max_concurrent", max_concurrent),
                              ("budget_tokens", budget_tokens),
                              ("budget_spend", budget_spend), ("budget_period", budget_period),
-                             *_scheduling(team, weight, priority, queue_wait)):
+                             *_scheduling(team, weight, priority, queue_wait),
+                             ("user", user)):
             if value is not None:
                 change[field] = value
         return _Way(db, url, config_file).update(key_id, change)
@@ -536,6 +560,8 @@ _UNTIL = typer.Option(None, "--until", metavar="WHEN",
                       help="Until (exclusive), same forms. Default: now.")
 _F_KEY = typer.Option(None, "--key", metavar="KEY_ID", help="Only this key's requests.")
 _F_TEAM = typer.Option(None, "--team", help="Only requests of this team's keys.")
+_F_USER = typer.Option(None, "--user", metavar="USER", help="Only requests of this user's "
+                       "keys (a user id, or the email of one user).")
 _F_MODEL = typer.Option(None, "--model", metavar="ID", help="Only this model.")
 _F_PROVIDER = typer.Option(None, "--provider", help="Only requests served by this provider.")
 _F_NODE = typer.Option(None, "--node", metavar="PEER_ID",
@@ -544,19 +570,20 @@ _F_STATUS = typer.Option(None, "--status", help="Only requests answered with thi
 
 
 def _filters(key: str | None, team: str | None, model: str | None, provider: str | None,
-             node: str | None, status: int | None) -> dict[str, Any]:
-    given = {"key": key, "team": team, "model": model, "provider": provider, "node": node,
-             "status": None if status is None else str(status)}
+             node: str | None, status: int | None, user: str | None = None
+             ) -> dict[str, Any]:
+    given = {"key": key, "team": team, "user": user, "model": model, "provider": provider,
+             "node": node, "status": None if status is None else str(status)}
     return admin_input.usage_filters({k: v for k, v in given.items() if v is not None})
 
 
 def usage_command(
     since: str | None = _SINCE, until: str | None = _UNTIL,
-    by: str = typer.Option("key", "--by", help="Group by key, team, owner (of the key), "
-                           "model, provider, node, ingress or status."),
-    key: str | None = _F_KEY, team: str | None = _F_TEAM, model: str | None = _F_MODEL,
-    provider: str | None = _F_PROVIDER, node: str | None = _F_NODE,
-    status: int | None = _F_STATUS,
+    by: str = typer.Option("key", "--by", help="Group by key, team, user (of the key), owner "
+                           "(of the key), model, provider, node, ingress or status."),
+    key: str | None = _F_KEY, team: str | None = _F_TEAM, user: str | None = _F_USER,
+    model: str | None = _F_MODEL, provider: str | None = _F_PROVIDER,
+    node: str | None = _F_NODE, status: int | None = _F_STATUS,
     output: str = typer.Option("table", "--format", help="table, csv or json."),
     db: str | None = _DB, url: str | None = _URL, config_file: Path | None = _CONFIG,
 ) -> None:
@@ -568,9 +595,10 @@ def usage_command(
         raise typer.Exit(2)
     rows = _run(lambda: _Way(db, url, config_file, reads_only=True).usage(
         admin_input.group_by(by), _when(since, "since"), _when(until, "until"),
-        _filters(key, team, model, provider, node, status)))
-    columns = ["group", "requests", "prompt_tokens", "completion_tokens", "errors",
-               "mean_latency_ms", "mean_ttft_ms", "spend", "unpriced_requests"]
+        _filters(key, team, model, provider, node, status, user)))
+    columns = ["group", *(["label"] if by == "user" else []), "requests", "prompt_tokens",
+               "completion_tokens", "errors", "mean_latency_ms", "mean_ttft_ms", "spend",
+               "unpriced_requests"]
     if output == "json":
         typer.echo(json.dumps({"by": by, "data": rows}, indent=2))
     elif output == "csv":
@@ -578,27 +606,27 @@ def usage_command(
         writer = csv.writer(out)
         writer.writerow([by if c == "group" else c for c in columns])
         for row in rows:
-            writer.writerow(["" if row[c] is None else row[c] for c in columns])
+            writer.writerow(["" if row.get(c) is None else row[c] for c in columns])
         typer.echo(out.getvalue(), nl=False)
     else:
         table = Table(show_edge=False)
         for column in columns:
             table.add_column(by if column == "group" else column.replace("_", " "),
-                             justify="left" if column == "group" else "right")
+                             justify="left" if column in ("group", "label") else "right")
         for row in rows:
-            table.add_row(*_plain(*("-" if row[c] is None else str(row[c]) for c in columns)))
+            table.add_row(*_plain(*("-" if row.get(c) is None else str(row[c]) for c in columns)))
         make_console().print(table)
 
 
-_TABLE_COLUMNS = ("finished_at", "key_id", "team", "model", "provider", "status",
+_TABLE_COLUMNS = ("finished_at", "key_id", "team", "user_id", "model", "provider", "status",
                   "prompt_tokens", "completion_tokens", "latency_ms", "ttft_ms", "spend")
 
 
 def requests_command(
     since: str | None = _SINCE, until: str | None = _UNTIL,
-    key: str | None = _F_KEY, team: str | None = _F_TEAM, model: str | None = _F_MODEL,
-    provider: str | None = _F_PROVIDER, node: str | None = _F_NODE,
-    status: int | None = _F_STATUS,
+    key: str | None = _F_KEY, team: str | None = _F_TEAM, user: str | None = _F_USER,
+    model: str | None = _F_MODEL, provider: str | None = _F_PROVIDER,
+    node: str | None = _F_NODE, status: int | None = _F_STATUS,
     limit: int | None = typer.Option(None, "--limit", min=1, help="At most this many "
                                      "(default: 50 for a table or json; every request for "
                                      "csv and jsonl)."),
@@ -610,13 +638,13 @@ def requests_command(
     db: str | None = _DB, url: str | None = _URL, config_file: Path | None = _CONFIG,
 ) -> None:
     """The request log of the public ingress service, newest first: one entry per request
-    (time, key, team, model, node, provider, status, tokens, latency, time to first
+    (time, key, team, user, model, node, provider, status, tokens, latency, time to first
     token, spend; never the prompt or the answer). csv and jsonl export every request in
     the window and filters."""
     if output not in ("table", "json", "csv", "jsonl"):
         typer.echo("otela: --format must be table, json, csv or jsonl", err=True)
         raise typer.Exit(2)
-    filters = _run(lambda: _filters(key, team, model, provider, node, status))
+    filters = _run(lambda: _filters(key, team, model, provider, node, status, user))
     start, end = _when(since, "since"), _when(until, "until")
     way = _run(lambda: _Way(db, url, config_file, reads_only=True))
     sink = out_file.open("wb") if out_file is not None else None

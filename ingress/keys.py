@@ -66,6 +66,9 @@ class ApiKey:
     team_weight: float = 1.0  # the team's, from the teams table (not a key column)
     budget_spend: float | None = None  # money (at the prices set) per budget_period
     budget_period: str | None = None  # day, month, or None: the key's life
+    # The single sign-on user the key belongs to (``ingress.sso.users``; None: nobody
+    # signed in). ``owner`` stays the free-text label it always was.
+    user_id: str | None = None
 
     @property
     def budget(self) -> Budget:
@@ -101,6 +104,7 @@ class ApiKey:
             "id": self.id,
             "name": self.name,
             "owner": self.owner,
+            "user_id": self.user_id,
             "status": self.status(now, used_tokens, over_budget),
             "created_at": self.created_at,
             "expires_at": self.expires_at,

@@ -22,17 +22,34 @@ from ingress.keys import ApiKey, hash_secret, new_id, new_secret
 
 _COLUMNS = ("id, secret_hash, owner, name, created_at, expires_at, revoked_at, models, "
             "providers, rpm, tpm, max_concurrent, budget_tokens, updated_at, team, weight, "
-            "priority, queue_wait, budget_spend, budget_period")
+            "priority, queue_wait, budget_spend, budget_period, user_id")
 
 
 # Every setting of a key, as ``KeySpec`` names them (and the api_keys columns).
 KEY_FIELDS = ("owner", "name", "expires_at", "models", "providers", "rpm", "tpm",
               "max_concurrent", "budget_tokens", "team", "weight", "priority", "queue_wait",
-              "budget_spend", "budget_period")
+              "budget_spend", "budget_period", "user_id")
 
 
 class KeyNotFound(LookupError):
     pass
+
+
+class UserNotFound(LookupError):
+    """No single sign-on user has this id or email (users are made on their first
+    sign-in), or several have this email (then the message asks for the id)."""
+
+    def __init__(self, ref: str, ambiguous: bool = False) -> None:
+        super().__init__(ref)
+        self.ref = ref
+        self.ambiguous = ambiguous
+
+    def __str__(self) -> str:
+        if self.ambiguous:
+            return (f"several users have the email {self.ref[:200]!r}: name the user by "
+                    "id (user_...)")
+        return (f"no user has the id or email {self.ref[:200]!r} (a user is made on their "
+                "first single sign-on to the dashboard)")
 
 
 class KeyRevoked(Exception):
@@ -59,6 +76,7 @@ class KeySpec:
     queue_wait: float | None = None
     budget_spend: float | None = None
     budget_period: str | None = None
+    user_id: str | None = None  # its user's id or email (``create`` resolves it)
 
 
 def _names(values: frozenset[str] | None) -> str | None:
@@ -72,7 +90,7 @@ def _from_names(text: str | None) -> frozenset[str] | None:
 def key_from_row(row: Row) -> ApiKey:
     (id_, secret_hash, owner, name, created, expires, revoked, models, providers, rpm, tpm,
      concurrent, budget, updated, team, weight, priority, queue_wait, budget_spend,
-     budget_period) = row
+     budget_period, user_id) = row
     return ApiKey(id=id_, secret_hash=secret_hash, owner=owner, name=name,
                   created_at=float(created), expires_at=expires, revoked_at=revoked,
                   models=_from_names(models), providers=_from_names(providers), rpm=rpm,
@@ -81,12 +99,50 @@ def key_from_row(row: Row) -> ApiKey:
                   weight=None if weight is None else float(weight), priority=priority,
                   queue_wait=None if queue_wait is None else float(queue_wait),
                   budget_spend=None if budget_spend is None else float(budget_spend),
-                  budget_period=budget_period)
+                  budget_period=budget_period, user_id=user_id)
+
+
+def user_id_of(db_or_cursor: Any, ref: str) -> str:
+    """The id of the user ``ref`` names: a user's id, or the email of exactly one user
+    (case-insensitive). ``UserNotFound`` otherwise. Takes a ``Database`` or, inside a
+    transaction, its cursor."""
+    sql = ("SELECT id FROM users WHERE id = ? UNION SELECT id FROM users "
+           "WHERE LOWER(email) = LOWER(?) ORDER BY 1")
+    if isinstance(db_or_cursor, Database):
+        rows = db_or_cursor.query_sync(sql, (ref, ref))
+    else:
+        db_or_cursor.execute(sql, (ref, ref))
+        rows = db_or_cursor.fetchall()
+    ids = [str(row[0]) for row in rows]
+    if ref in ids:
+        return ref
+    if len(ids) != 1:
+        raise UserNotFound(ref, ambiguous=len(ids) > 1)
+    return ids[0]
+
+
+def users_shown(db: Database, user_ids: set[str]) -> dict[str, dict[str, Any]]:
+    """How keys show their users: id, email, name (one read for all of them)."""
+    if not user_ids:
+        return {}
+    marks = ", ".join("?" * len(user_ids))
+    rows = db.query_sync(f"SELECT id, email, name FROM users WHERE id IN ({marks})",
+                         tuple(sorted(user_ids)))
+    return {str(i): {"id": str(i), "email": email, "name": name} for i, email, name in rows}
+
+
+def keys_of_user(db: Database, user_id: str) -> list[ApiKey]:
+    """The keys that belong to a user, oldest first (revoked ones too)."""
+    return [key_from_row(r) for r in db.query_sync(
+        f"SELECT {_COLUMNS} FROM api_keys WHERE user_id = ? ORDER BY created_at, id",
+        (user_id,))]
 
 
 def create(db: Database, spec: KeySpec, now: float | None = None, actor: str = ""
            ) -> tuple[ApiKey, str]:
-    """A new key and its secret (the only time the secret exists outside the caller)."""
+    """A new key and its secret (the only time the secret exists outside the caller).
+    ``spec.user_id`` may name the user by id or email (``user_id_of``: resolved in the
+    transaction that makes the key; ``UserNotFound`` makes nothing)."""
     now = time.time() if now is None else now
     secret = new_secret()
     key = ApiKey(id=new_id(), secret_hash=hash_secret(secret), owner=spec.owner,
@@ -95,8 +151,10 @@ def create(db: Database, spec: KeySpec, now: float | None = None, actor: str = "
                  max_concurrent=spec.max_concurrent, budget_tokens=spec.budget_tokens,
                  updated_at=now, team=spec.team, weight=spec.weight, priority=spec.priority,
                  queue_wait=spec.queue_wait, budget_spend=spec.budget_spend,
-                 budget_period=spec.budget_period)
+                 budget_period=spec.budget_period, user_id=spec.user_id)
     with db.transaction() as cursor:
+        if key.user_id is not None:
+            key = replace(key, user_id=user_id_of(cursor, key.user_id))
         cursor.execute(f"INSERT INTO api_keys ({_COLUMNS}) VALUES "
                        f"({', '.join('?' * len(_COLUMNS.split(', ')))})", _row(key))
         _audit(cursor, key.id, now, actor, "create",
@@ -109,7 +167,7 @@ def _row(key: ApiKey) -> tuple[Any, ...]:
     return (key.id, key.secret_hash, key.owner, key.name, key.created_at, key.expires_at,
             key.revoked_at, _names(key.models), _names(key.providers), key.rpm, key.tpm,
             key.max_concurrent, key.budget_tokens, key.updated_at, key.team, key.weight,
-            key.priority, key.queue_wait, key.budget_spend, key.budget_period)
+            key.priority, key.queue_wait, key.budget_spend, key.budget_period, key.user_id)
 
 
 def get(db: Database, key_id: str) -> ApiKey:
@@ -179,7 +237,8 @@ def update(db: Database, key_id: str, change: dict[str, Any], now: float | None 
     """Change some of a key's settings (``change``: ``KEY_FIELDS`` names to values, checked
     by ``ingress.admin_input.key_change``); its id, secret and usage stay. Fields set to
     what they already are are not recorded; a change that changes nothing writes nothing.
-    ``KeyRevoked`` for a revoked key."""
+    ``KeyRevoked`` for a revoked key; ``UserNotFound`` for a ``user_id`` (an id or an
+    email) that names no user."""
     now = time.time() if now is None else now
     unknown = set(change) - set(KEY_FIELDS)
     if unknown:
@@ -188,6 +247,8 @@ def update(db: Database, key_id: str, change: dict[str, Any], now: float | None 
         key = _locked(cursor, key_id)
         if key.revoked_at is not None:
             raise KeyRevoked(key_id)
+        if change.get("user_id") is not None:
+            change = {**change, "user_id": user_id_of(cursor, change["user_id"])}
         changed = {f: v for f, v in change.items() if getattr(key, f) != v}
         if not changed:
             return key
@@ -204,7 +265,7 @@ def update(db: Database, key_id: str, change: dict[str, Any], now: float | None 
 # -- teams -----------------------------------------------------------------------------
 
 TEAM_FIELDS = ("weight", "budget_tokens", "budget_spend", "budget_period", "models",
-               "providers", "rpm", "tpm", "max_concurrent")
+               "providers", "rpm", "tpm", "max_concurrent", "priority")
 _TEAM_COLUMNS = "name, " + ", ".join(TEAM_FIELDS)
 
 
@@ -223,6 +284,7 @@ class Team:
     rpm: int | None = None  # the whole team's requests per minute
     tpm: int | None = None
     max_concurrent: int | None = None  # the whole team's requests in flight, per ingress
+    priority: str | None = None  # the best class its keys may use (None: any)
 
     @property
     def budget(self) -> Budget:
@@ -239,7 +301,8 @@ class Team:
                 "models": None if self.models is None else sorted(self.models),
                 "providers": None if self.providers is None else sorted(self.providers),
                 "limits": {"rpm": self.rpm, "tpm": self.tpm,
-                           "max_concurrent": self.max_concurrent}}
+                           "max_concurrent": self.max_concurrent},
+                "priority": self.priority}
 
 
 def set_team(db: Database, name: str, change: dict[str, Any], now: float | None = None
@@ -264,10 +327,10 @@ def set_team(db: Database, name: str, change: dict[str, Any], now: float | None 
 
 
 def _team(row: Row) -> Team:
-    name, weight, tokens, spend, period, models, providers, rpm, tpm, concurrent = row
+    name, weight, tokens, spend, period, models, providers, rpm, tpm, concurrent, priority = row
     return Team(str(name), float(weight), None if tokens is None else int(tokens),
                 None if spend is None else float(spend), period, _from_names(models),
-                _from_names(providers), rpm, tpm, concurrent)
+                _from_names(providers), rpm, tpm, concurrent, priority)
 
 
 def teams(db: Database) -> dict[str, Team]:

@@ -241,6 +241,22 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             expires_at DOUBLE PRECISION NOT NULL
         )""",
     ),
+    (
+        # Keys of single sign-on users (``ingress.sso.users``): a key may belong to a user
+        # (NULL: to nobody signed in, as every key made before this version), and each
+        # usage row keeps the user of its key then, as it keeps the team, so usage groups
+        # by user as it was when the request ran (roll-ups too).
+        "ALTER TABLE api_keys ADD COLUMN user_id TEXT REFERENCES users (id)",
+        "CREATE INDEX api_keys_user ON api_keys (user_id)",
+        "ALTER TABLE usage ADD COLUMN user_id TEXT",
+        "ALTER TABLE usage_rollup ADD COLUMN user_id TEXT",
+        "CREATE INDEX usage_user_time ON usage (user_id, finished_at)",
+    ),
+    (
+        # A team's priority: the best class its keys' requests may use (NULL: any); a
+        # key's own applies too, the tighter wins (``ingress.access``).
+        "ALTER TABLE teams ADD COLUMN priority TEXT",
+    ),
 )
 LATEST = len(MIGRATIONS)
 _LOCK_ID = 0x6F74656C61  # "otela": the advisory lock migrating PostgreSQL databases

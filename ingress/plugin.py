@@ -56,7 +56,9 @@ class Plugin:
             batch_runner=RunnerSettings(per_batch=config.batch_concurrency,
                                         per_ingress=config.batch_in_flight),
             internal_secret=node_secret(config.home), sso=sso_settings(config),
-            log_prompts=config.log_prompts, usage_retention=config.usage_retention)
+            log_prompts=config.log_prompts, usage_retention=config.usage_retention,
+            priority_classes=tuple(config.priority_classes),
+            default_priority=config.default_priority)
 
     def install(self, api: FastAPI, service: Any) -> None:
         install_dashboard(api)
@@ -67,9 +69,12 @@ class Plugin:
             batch_api.install(api, service)
             visibility.install(api, service.audience)
             if service.sso is not None:
+                from ingress.sso import own_keys
                 from ingress.sso.routes import install as install_sso
 
                 install_sso(api, service.db, service.sso)
+                own_keys.install(api, service.db, service.sso, service.ingress_id,
+                                 service.access.remember)
 
 
 SERVICE = Plugin()

@@ -1,5 +1,6 @@
 """Usage past its retention ([ingress] usage_retention): its rows summed per UTC day, key,
-team, model, provider and status into ``usage_rollup``, then deleted, in one transaction.
+team, user, model, provider and status into ``usage_rollup``, then deleted, in one
+transaction.
 
 The request log loses those requests one by one (that is the point: a year of requests is
 hundreds of millions of rows), but nothing that counts them changes: budgets, ``otela
@@ -26,14 +27,15 @@ CHECK_EVERY_S = 3600.0  # how often an ingress looks for rows past the retention
 _LOCK_ID = 0x6F74656C62  # the advisory lock rolling up on PostgreSQL
 
 _ROLL_UP = (
-    "INSERT INTO usage_rollup (day, key_id, team, model, provider, status, requests, "
-    "prompt_tokens, completion_tokens, errors, latency_sum, latency_n, ttft_sum, ttft_n, "
-    "spend, unpriced) SELECT day, key_id, team, model, provider, status, SUM(requests), "
-    "SUM(prompt_tokens), SUM(completion_tokens), SUM(errors), SUM(latency_sum), "
-    "SUM(latency_n), SUM(ttft_sum), SUM(ttft_n), SUM(spend), SUM(unpriced) FROM ("
-    f"SELECT FLOOR(finished_at / {DAY_S}) * {DAY_S} AS day, key_id, team, model, provider, "
-    f"status, {ROW_PARTS} FROM usage WHERE finished_at < ?) AS old "
-    "GROUP BY day, key_id, team, model, provider, status")
+    "INSERT INTO usage_rollup (day, key_id, team, user_id, model, provider, status, "
+    "requests, prompt_tokens, completion_tokens, errors, latency_sum, latency_n, ttft_sum, "
+    "ttft_n, spend, unpriced) SELECT day, key_id, team, user_id, model, provider, status, "
+    "SUM(requests), SUM(prompt_tokens), SUM(completion_tokens), SUM(errors), "
+    "SUM(latency_sum), SUM(latency_n), SUM(ttft_sum), SUM(ttft_n), SUM(spend), "
+    "SUM(unpriced) FROM ("
+    f"SELECT FLOOR(finished_at / {DAY_S}) * {DAY_S} AS day, key_id, team, user_id, model, "
+    f"provider, status, {ROW_PARTS} FROM usage WHERE finished_at < ?) AS old "
+    "GROUP BY day, key_id, team, user_id, model, provider, status")
 
 
 def roll_up(db: Database, before: float) -> int:

@@ -42,13 +42,16 @@ class IngressService:
                  batch_runner: RunnerSettings | None = None,
                  internal_secret: bytes | None = None, log_prompts: bool = False,
                  usage_retention: float | None = None,
-                 sso: SsoSettings | None = None) -> None:
+                 sso: SsoSettings | None = None,
+                 priority_classes: tuple[str, ...] | None = None,
+                 default_priority: str | None = None) -> None:
         self.db = db
         self.sso = sso  # the dashboard's single sign-on (ingress.sso); None: off
         self.ingress_id = ingress_id
         self.open_access = open_access
         self.admin_token = admin_token
-        self.access = Access(db, ingress_id, refresh_interval)
+        self.access = Access(db, ingress_id, refresh_interval, priority_classes,
+                             default_priority)
         self.usage = UsageWriter(db, ingress_id, flush_interval, context=self.access,
                                  log_prompts=log_prompts)
         self.usage_retention = usage_retention  # past it, rows become per-day totals

@@ -50,9 +50,19 @@ def standings(db: Database, keys: list[ApiKey], now: float) -> dict[str, Standin
     return {key.id: standing_of(key, ledger, teams, now) for key in keys}
 
 
-def shown(key: ApiKey, standing: Standing | None, now: float) -> dict[str, Any]:
-    """The key as the admin API, ``/v1/me`` and ``otela keys`` show it."""
+def shown(key: ApiKey, standing: Standing | None, now: float,
+          user: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The key as the admin API, ``/v1/me`` and ``otela keys`` show it (``user``: its
+    user's id, email and name, ``keystore.users_shown``)."""
     if standing is None:
-        return key.to_dict(now)
+        return {**key.to_dict(now), "user": user}
     return {**key.to_dict(now, standing.used_tokens, standing.over_budget),
-            **standing.to_dict()}
+            **standing.to_dict(), "user": user}
+
+
+def described(db: Database, keys: list[ApiKey], now: float) -> list[dict[str, Any]]:
+    """``keys`` as every view shows them: settings, standing and user, from one read of
+    the usage sums and one of the users."""
+    found = standings(db, keys, now)
+    people = keystore.users_shown(db, {k.user_id for k in keys if k.user_id})
+    return [shown(k, found[k.id], now, people.get(k.user_id or "")) for k in keys]

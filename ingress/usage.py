@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ingress.budgets import period_start
@@ -31,7 +31,7 @@ log = logging.getLogger("otela.ingress.usage")
 _COLUMNS = ("id", "request_id", "key_id", "model", "route", "provider", "node_peer",
             "node_session", "prompt_tokens", "completion_tokens", "status", "error", "stream",
             "latency_ms", "ttft_ms", "started_at", "finished_at", "ingress", "spend", "team",
-            "prompt")
+            "prompt", "user_id")
 # recorded_at is the database's clock (``Database.now_sql``): the one clock every ingress
 # node's refresh compares, so nodes' clock skew does not matter.
 _MAX_TOKENS = 2**31 - 1  # what an engine may claim (a serving node could say anything)
@@ -50,28 +50,37 @@ def _count(value: int) -> int:
     return value if 0 <= value <= _MAX_TOKENS else min(max(0, value), _MAX_TOKENS)
 
 
-# What usage groups by: a column of the row, or (owner) of the row's key as it is now.
-GROUPS = {"key": "key_id", "team": "team", "model": "model", "provider": "provider",
-          "node": "node_peer", "ingress": "ingress", "status": "status",
+# What usage groups by: a column of the row (team and user: its key's then), or (owner)
+# of the row's key as it is now.
+GROUPS = {"key": "key_id", "team": "team", "user": "user_id", "model": "model",
+          "provider": "provider", "node": "node_peer", "ingress": "ingress",
+          "status": "status",
           "owner": "(SELECT owner FROM api_keys WHERE api_keys.id = usage.key_id)"}
-# What usage filters on (``?key=...&model=...``, ``--key``, ``--model``): exact matches.
-FILTERS = {"key": "key_id", "team": "team", "model": "model", "provider": "provider",
-           "node": "node_peer", "ingress": "ingress", "status": "status"}
+# What usage filters on (``?key=...&model=...``, ``--key``, ``--model``): exact matches
+# (``user``: a user's id; callers resolve an email first, ``keystore.user_id_of``).
+FILTERS = {"key": "key_id", "team": "team", "user": "user_id", "model": "model",
+           "provider": "provider", "node": "node_peer", "ingress": "ingress",
+           "status": "status"}
 
 
 class RowContext(Protocol):
     """What a usage row needs beyond its exchange (``ingress.access.Access``): the prices
-    now, and a key's team now."""
+    now, and a key's team and user now."""
 
     prices: PriceList
 
     def team_of(self, key_id: str | None) -> str | None: ...
+
+    def user_of(self, key_id: str | None) -> str | None: ...
 
 
 class _NoContext:
     prices = PriceList()
 
     def team_of(self, key_id: str | None) -> str | None:
+        return None
+
+    def user_of(self, key_id: str | None) -> str | None:
         return None
 
 
@@ -126,7 +135,8 @@ class UsageWriter:
                 exchange.status, exchange.error, int(exchange.stream),
                 round(duration * 1e3, 3), None if first is None else round(first * 1e3, 3),
                 exchange.arrival, exchange.arrival + duration, self.ingress_id, spend,
-                self.context.team_of(exchange.api_key), self._prompt(exchange))
+                self.context.team_of(exchange.api_key), self._prompt(exchange),
+                self.context.user_of(exchange.api_key))
 
     def _prompt(self, exchange: Exchange) -> str | None:
         prompt = exchange.prompt if self.log_prompts else None
@@ -218,9 +228,10 @@ class Totals:
     mean_ttft_ms: float | None
     spend: float = 0.0
     unpriced: int = 0  # requests that used tokens of a model without a price then
+    label: str | None = None  # a user group's email (else name); None for other groups
 
     def to_dict(self) -> dict[str, Any]:
-        return {"group": self.group, "requests": self.requests,
+        return {"group": self.group, "label": self.label, "requests": self.requests,
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "errors": self.errors,
                 "mean_latency_ms": self.mean_latency_ms, "mean_ttft_ms": self.mean_ttft_ms,
@@ -248,9 +259,9 @@ ROW_PARTS = (
 _PART_NAMES = ("requests, prompt_tokens, completion_tokens, errors, latency_sum, latency_n, "
                "ttft_sum, ttft_n, spend, unpriced")
 _SOURCE = (
-    f"(SELECT key_id, team, model, provider, node_peer, ingress, status, finished_at, "
-    f"{ROW_PARTS} FROM usage UNION ALL SELECT key_id, team, model, provider, NULL, NULL, "
-    f"status, day, {_PART_NAMES} FROM usage_rollup) AS usage")
+    f"(SELECT key_id, team, user_id, model, provider, node_peer, ingress, status, "
+    f"finished_at, {ROW_PARTS} FROM usage UNION ALL SELECT key_id, team, user_id, model, "
+    f"provider, NULL, NULL, status, day, {_PART_NAMES} FROM usage_rollup) AS usage")
 _SUMS = ("COALESCE(SUM(requests), 0), COALESCE(SUM(prompt_tokens), 0), "
          "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(errors), 0), "
          "SUM(latency_sum) / NULLIF(SUM(latency_n), 0), "
@@ -298,7 +309,20 @@ def aggregate(db: Database, by: str, since: float | None = None,
     rows: list[Row] = db.query_sync(
         f"SELECT {column}, {_SUMS} FROM {_SOURCE}{where} GROUP BY 1 "
         "ORDER BY 2 DESC, 1", params)
-    return [_totals(row[0], row[1:]) for row in rows]
+    found = [_totals(row[0], row[1:]) for row in rows]
+    return _labelled(db, found) if by == "user" else found
+
+
+def _labelled(db: Database, totals: list[Totals]) -> list[Totals]:
+    """User groups with their user's email (or name) beside the id: an id alone tells
+    an operator nothing."""
+    ids = sorted({t.group for t in totals if t.group is not None})
+    if not ids:
+        return totals
+    rows = db.query_sync(f"SELECT id, COALESCE(email, name) FROM users WHERE id IN "
+                         f"({', '.join('?' * len(ids))})", ids)
+    labels = {str(user_id): label for user_id, label in rows}
+    return [replace(t, label=labels.get(t.group or "")) for t in totals]
 
 
 def buckets(db: Database, since: float, until: float, bucket_s: float,
@@ -327,8 +351,8 @@ def buckets(db: Database, since: float, until: float, bucket_s: float,
 
 # One entry per request, newest first: what was asked, of whom, how it went, what it
 # cost. Never the answer; the prompt only where the operator opted in (else null).
-LOG_COLUMNS = ("id", "request_id", "finished_at", "key_id", "team", "model", "route",
-               "provider", "node_peer", "ingress", "status", "error", "stream",
+LOG_COLUMNS = ("id", "request_id", "finished_at", "key_id", "team", "user_id", "model",
+               "route", "provider", "node_peer", "ingress", "status", "error", "stream",
                "prompt_tokens", "completion_tokens", "latency_ms", "ttft_ms", "spend",
                "prompt")
 

@@ -1,7 +1,8 @@
 """What a dashboard session cookie may do, checked before the route runs.
 
 Only these paths ever look at the cookie: the admin API (``/v1/admin/...``: for users the
-provider puts in an admin group; others get 403), ``/ui/session`` and ``/ui/logout``.
+provider puts in an admin group; others get 403), a user's own keys (``/ui/keys...``,
+``ingress.sso.own_keys``), ``/ui/session`` and ``/ui/logout``.
 Everything else, the OpenAI routes first of all, takes API keys only, so a session cannot
 spend anyone's tokens and the request path never reads the session table.
 
@@ -39,6 +40,7 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 log = logging.getLogger("otela.ingress.sso")
 
 ADMIN_PREFIX = "/v1/admin"
+OWN_KEYS_PATH = "/ui/keys"
 SESSION_PATH = "/ui/session"
 LOGOUT_PATH = "/ui/logout"
 _STATE_KEY = "ui_session"
@@ -80,7 +82,8 @@ class SessionGate:
             await self.app(scope, receive, send)
             return
         path: str = scope.get("path", "")
-        admin = path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")
+        # Paths that need a live session: a cookie naming none is a 401 there.
+        admin = _under(path, ADMIN_PREFIX) or _under(path, OWN_KEYS_PATH)
         if not (admin or path in (SESSION_PATH, LOGOUT_PATH)):
             await self.app(scope, receive, send)
             return
@@ -120,6 +123,10 @@ class SessionGate:
                 return
         state[_STATE_KEY] = session
         await self.app(scope, receive, send)
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
 
 
 async def _refuse(send: Send, status: int, message: str, code: str) -> None:

@@ -40,6 +40,7 @@ class SsoSettings:
     admin_values: frozenset[str] = frozenset()
     session_ttl: float = 8 * 3600.0
     login_ttl: float = 600.0  # from /ui/login to /ui/callback, at most
+    user_keys: bool = False  # signed-in users may create keys of their own
 
     @property
     def redirect_uri(self) -> str:
@@ -71,7 +72,7 @@ class SsoSettings:
                    client_secret=secret, scopes=scopes, team_claim=config.sso_team_claim,
                    teams=dict(config.sso_teams), admin_claim=config.sso_admin_claim,
                    admin_values=frozenset(config.sso_admin_values),
-                   session_ttl=config.sso_session_ttl)
+                   session_ttl=config.sso_session_ttl, user_keys=config.sso_user_keys)
 
 
 def _check_url(url: str, name: str, *, https_unless_loopback: bool) -> None:

@@ -619,6 +619,12 @@ class NodeConfig:
     sso_session_ttl: float = setting(
         "ingress", 8 * 3600.0, parse=v.as_duration, flag=False, example="1h",
         help="With sso_issuer: how long a dashboard sign-in lasts (then: sign in again).")
+    sso_user_keys: bool = setting(
+        "ingress", False, parse=v.as_bool, flag=False, example="true",
+        help="With sso_issuer: signed-in users may create API keys of their own in the "
+        "dashboard (in their team, held to its limits, budgets, models and priority; at "
+        "most 10 live keys each; a user in no team may not). Off: an admin makes them. "
+        "Users can list and revoke their own keys either way.")
 
     # -- [trace]: recording served requests as an otela trace (docs/traces.md) --------
     record_trace: Path | None = setting(

@@ -45,7 +45,8 @@ def test_classes_and_teams_on_postgresql(tmp_path: Path, postgres_db: str) -> No
         assert admin("GET", "/teams")["data"] == [
             {"object": "team", "name": "lab", "weight": 3.0, "keys": 1, "budget_tokens": None,
              "budget_spend": None, "budget_period": "lifetime", "models": None,
-             "providers": None, "limits": {"rpm": None, "tpm": None, "max_concurrent": None}}]
+             "providers": None, "limits": {"rpm": None, "tpm": None, "max_concurrent": None},
+             "priority": None}]
 
         def chat_sync(secret: str) -> int:
             return httpx.post(f"{ingress.http_url}/v1/chat/completions", trust_env=False,

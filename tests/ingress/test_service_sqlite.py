@@ -244,6 +244,87 @@ def test_usage_report_and_me(fed):
     assert key["key"] not in metrics
 
 
+def test_keys_of_single_sign_on_users_through_the_admin_api_and_me(fed):
+    """A key given to a user (by email) through the admin API; unknown users are 400s
+    that make nothing; the key holder's ``/v1/me`` names the user; its requests are the
+    user's in the usage report and the request log, filtered by id or email."""
+    from ingress.database import Database, DatabaseUrl
+    from ingress.sso import users
+    from ingress.sso.claims import Profile
+
+    ingress, path = fed
+    db = Database.connect(DatabaseUrl.parse(path))
+    try:
+        ann = users.record_sign_in(db, "https://sso.uni.example", Profile(
+            "ann-sub", "ann@uni.example", "Ann", None, False), 1.0)
+    finally:
+        db.close()
+    before = len(admin(ingress, "GET", "/keys").json()["data"])
+    for user, code in (("eve@uni.example", "user_not_found"), ("", "invalid_request")):
+        refused = admin(ingress, "POST", "/keys", json={"owner": "x", "user": user})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == code
+        assert refused.json()["error"]["param"] == "user"
+    assert len(admin(ingress, "GET", "/keys").json()["data"]) == before
+    key = new_key(ingress, name="ann's", user="ann@uni.example")
+    assert key["user_id"] == ann.id and key["user"]["email"] == "ann@uni.example"
+    unlinked = admin(ingress, "PATCH", f"/keys/{key['id']}", json={"user": None}).json()
+    assert unlinked["user_id"] is None and unlinked["user"] is None
+    relinked = admin(ingress, "PATCH", f"/keys/{key['id']}", json={"user": ann.id})
+    assert relinked.status_code == 200 and relinked.json()["user"]["id"] == ann.id
+    unknown = admin(ingress, "PATCH", f"/keys/{key['id']}", json={"user": "user_0123456789ab"})
+    assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "user_not_found"
+
+    headers = {"authorization": f"Bearer {key['key']}"}
+    wait_for(lambda: httpx.get(f"{ingress.http_url}/v1/me", headers=headers,
+                               trust_env=False).json().get("user_id") == ann.id,
+             5, "the relinked key in the ingress's cache")
+    me = httpx.get(f"{ingress.http_url}/v1/me", headers=headers, trust_env=False).json()
+    assert me["user"] == {"id": ann.id, "email": "ann@uni.example", "name": "Ann"}
+    client(ingress, key["key"]).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}])
+
+    def ann_requests() -> int:
+        rows = admin(ingress, "GET", "/usage?by=user").json()["data"]
+        return sum(r["requests"] for r in rows if r["group"] == ann.id)
+    wait_for(lambda: ann_requests() == 1, 5, "the request counted as Ann's")
+    row = next(r for r in admin(ingress, "GET", "/usage?by=user").json()["data"]
+               if r["group"] == ann.id)
+    assert row["label"] == "ann@uni.example"
+    for who in (ann.id, "ann@uni.example"):
+        logged = admin(ingress, "GET", f"/requests?user={who}").json()["data"]
+        assert [(e["key_id"], e["user_id"]) for e in logged] == [(key["id"], ann.id)]
+    nobody = admin(ingress, "GET", "/usage?user=eve@uni.example")
+    assert nobody.status_code == 400 and nobody.json()["error"]["code"] == "user_not_found"
+
+
+def test_a_teams_priority_caps_its_keys_class(fed):
+    """A team's priority class and a key's: the tighter wins, and the answer says which
+    class a request was served in."""
+    ingress, _ = fed
+    key = new_key(ingress, team="night-shift", priority="interactive")
+
+    def served_in(asked: str) -> str:
+        answer = httpx.post(f"{ingress.http_url}/v1/chat/completions", trust_env=False,
+                            timeout=20, headers={"authorization": f"Bearer {key['key']}",
+                                                 "x-otela-priority": asked},
+                            json={"model": MODEL, "messages": [
+                                {"role": "user", "content": "x"}]})
+        assert answer.status_code == 200, answer.text
+        return answer.headers["x-otela-priority"]
+    assert served_in("interactive") == "interactive"  # the key's own class
+    team = admin(ingress, "PUT", "/teams/night-shift", json={"priority": "batch"})
+    assert team.status_code == 200 and team.json()["priority"] == "batch"
+    assert served_in("interactive") == "batch"  # the team's is tighter
+    assert served_in("batch") == "batch"
+    admin(ingress, "PATCH", f"/keys/{key['id']}", json={"priority": None})
+    wait_for(lambda: served_in("default") == "batch", 5, "the team's class without the key's")
+    admin(ingress, "PUT", "/teams/night-shift", json={"priority": None})
+    assert served_in("interactive") == "interactive"
+    bad = admin(ingress, "PUT", "/teams/night-shift", json={"priority": "Not A Class"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority"
+
+
 def test_data_path_workers_check_keys_and_count_usage(tmp_path):
     """With --workers, each data-path process runs the key gate and writes usage rows of its
     own; a revocation made through the control's admin API reaches every worker."""

@@ -5,10 +5,12 @@ through the provider's own login and consent pages.
 
 An admin (in the provider's ``otela-admins`` group) lands on the admin view and manages
 keys with the session alone (no admin token); a team member sees their team's keys and
-gets 403 from the admin API; a key holder still signs in with a key; signing out ends the
-session. Refused: a call without the CSRF header, a declined consent, an altered state, a
-replayed callback, a code used twice, an expired session, an unreachable provider. The
-pages are kept as screenshots (``OTELA_TEST_ARTIFACTS``, else the test's temp dir).
+their own (one an admin gave them, one they make in the page, in their team), revokes one
+of theirs, and gets 403 from the admin API; a key holder still signs in with a key;
+signing out ends the session. Refused: a call without the CSRF header, a declined
+consent, an altered state, a replayed callback, a code used twice, an expired session, an
+unreachable provider. The pages are kept as screenshots (``OTELA_TEST_ARTIFACTS``, else
+the test's temp dir).
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def sso_env(issuer: str, port: int, secret: str) -> dict[str, str]:
             "OTELA_SSO_CLIENT_SECRET": secret,
             "OTELA_SSO_REDIRECT_BASE": f"http://127.0.0.1:{port}",
             "OTELA_SSO_SCOPES": "openid email profile groups",
-            "OTELA_SSO_TEAMS": "physics=physics-lab", "OTELA_SSO_ADMIN_VALUES": "otela-admins"}
+            "OTELA_SSO_TEAMS": "physics=physics-lab", "OTELA_SSO_ADMIN_VALUES": "otela-admins",
+            "OTELA_SSO_USER_KEYS": "true"}
 
 
 @pytest.fixture(scope="module")
@@ -282,6 +285,7 @@ def test_a_team_member_sees_the_team_but_no_admin_data_and_keys_still_work(
 
     refused = fetch(browser, "/v1/admin/keys")
     assert refused["status"] == 403 and refused["body"]["error"]["code"] == "admin_only"
+    own_keys(browser, sso)
     browser.find_element(By.ID, "tab-admin").click()
     wait(browser).until(EC.visibility_of_element_located((By.ID, "admin-form")))
     assert not browser.find_element(By.ID, "admin").is_displayed()
@@ -300,6 +304,53 @@ def test_a_team_member_sees_the_team_but_no_admin_data_and_keys_still_work(
     wait(browser).until(EC.visibility_of_element_located((By.ID, "sso-expired")))
     expired = fetch(browser, "/v1/admin/keys")
     assert expired["status"] == 401 and expired["body"]["error"]["code"] == "session_expired"
+
+
+def own_keys(browser: WebDriver, sso: Sso) -> None:
+    """Bob (signed in, no admin) sees the key an admin gave him, makes one of his own in
+    the page (in his team, named after him, its secret shown once), and revokes the
+    given one with two clicks; his keys work, and say whose they are."""
+    wait(browser).until(EC.visibility_of_element_located((By.ID, "my-keys-none")))
+    given = httpx.post(f"{sso.url}/v1/admin/keys", trust_env=False, timeout=10,
+                       headers={"authorization": f"Bearer {sso.admin_token}"},
+                       json={"owner": "bob", "name": "given", "user": "bob@uni.example"})
+    assert given.status_code == 200, given.text
+    (bob_id,), = sso.rows("SELECT id FROM users WHERE subject = 'bob'")
+    assert given.json()["user_id"] == bob_id
+    open_page(browser, sso.url, "account")
+    given_item = f'#my-keys li[data-key="{given.json()["id"]}"]'
+    wait(browser).until(EC.visibility_of_element_located((By.CSS_SELECTOR, given_item)))
+    assert not browser.find_element(By.ID, "my-keys-none").is_displayed()
+
+    browser.find_element(By.ID, "my-key-name").send_keys("bob's laptop")
+    browser.find_element(By.ID, "my-key-create").click()
+    secret = visible_text(browser, "my-key-secret-value")
+    made_id = browser.find_element(By.ID, "my-key-secret").get_attribute("data-key")
+    wait(browser).until(EC.visibility_of_element_located(
+        (By.CSS_SELECTOR, f'#my-keys li[data-key="{made_id}"]')))
+    assert sso.rows("SELECT owner, name, team, user_id FROM api_keys WHERE id = ?",
+                    made_id) == [("bob@uni.example", "bob's laptop", "physics-lab", bob_id)]
+    me = httpx.get(f"{sso.url}/v1/me", trust_env=False, timeout=5,
+                   headers={"authorization": f"Bearer {secret}"})
+    assert me.status_code == 200 and me.json()["user"]["email"] == "bob@uni.example"
+    sso.shot(browser, "3b-member-own-keys")
+
+    def revoke_button(d: WebDriver) -> Any:
+        return d.find_element(By.CSS_SELECTOR, f"{given_item} button[data-action=revoke]")
+    revoke_button(browser).click()
+    wait(browser).until(lambda d: revoke_button(d).text == "Confirm revoke")
+    revoke_button(browser).click()
+    wait(browser).until(lambda d: "revoked" in d.find_element(By.CSS_SELECTOR,
+                                                              given_item).text)
+    (revoked_at,), = sso.rows("SELECT revoked_at FROM api_keys WHERE id = ?",
+                              given.json()["id"])
+    assert revoked_at is not None
+    (actor,), = sso.rows("SELECT actor FROM api_key_audit WHERE key_id = ? AND action = "
+                         "'revoke'", given.json()["id"])
+    assert actor.startswith(f"bob@uni.example ({bob_id}, signed in, own key)"), actor
+    assert httpx.get(f"{sso.url}/v1/me", trust_env=False, timeout=5, headers={
+        "authorization": f"Bearer {given.json()['key']}"}).status_code == 401
+    sso.shot(browser, "3c-member-revoked-own-key")
 
 
 def test_declined_altered_replayed_and_reused_sign_ins_are_refused(

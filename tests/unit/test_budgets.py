@@ -179,7 +179,8 @@ def test_use_from_the_database_counts_in_its_window_and_the_standing_agrees(tmp_
         done.tap.prompt_tokens, done.tap.completion_tokens = tokens, 0
         writer.finished(done)
     writer.context = SimpleNamespace(prices=prices.PriceList(),  # type: ignore[assignment]
-                                     team_of=lambda key_id: "astro")
+                                     team_of=lambda key_id: "astro",
+                                     user_of=lambda key_id: None)
     trio.run(writer.flush)
     access = Access(db, "ingress-1")
     access.load()
@@ -233,3 +234,48 @@ def test_a_teams_models_providers_and_limits_hold_its_keys_the_tighter_wins(tmp_
     assert "bio" not in access.team_limits
     grants = [access.admit(access.by_id[wide.id], "z") for _ in range(3)]
     assert len(grants) == 3
+
+
+def test_a_teams_priority_and_a_keys_the_tighter_class_wins(tmp_path, clock):
+    """Set per team: the best priority class its keys may use. A key's own applies too:
+    of the two, the one further down the ingress's classes; changes apply at the next
+    refresh, and a key stored keeps its own setting."""
+    db = sqlite(tmp_path / "priority.db")
+    classes = ("realtime", "interactive", "default", "batch")
+    keystore.set_team(db, "night", {"priority": "default"})
+    free, _ = keystore.create(db, KeySpec(owner="a", team="night"))
+    urgent, _ = keystore.create(db, KeySpec(owner="b", team="night", priority="realtime"))
+    humble, _ = keystore.create(db, KeySpec(owner="c", team="night", priority="batch"))
+    alone, _ = keystore.create(db, KeySpec(owner="d", priority="interactive"))
+    access = Access(db, "ingress-1", priority_classes=classes, default_priority="default")
+    access.load()
+    assert [access.by_id[k.id].priority for k in (free, urgent, humble, alone)] == [
+        "default", "default", "batch", "interactive"]
+    assert keystore.get(db, urgent.id).priority == "realtime"  # as stored: the key's own
+    assert keystore.teams(db)["night"].to_dict()["priority"] == "default"
+
+    keystore.set_team(db, "night", {"priority": "batch", "weight": 2})
+    access.refresh()
+    assert {access.by_id[k.id].priority for k in (free, urgent, humble)} == {"batch"}
+    keystore.set_team(db, "night", {"priority": None})
+    access.refresh()
+    assert [access.by_id[k.id].priority for k in (free, urgent, humble)] == [
+        None, "realtime", "batch"]
+    assert keystore.teams(db)["night"].weight == 2  # other settings kept
+
+    # A class this ingress does not have counts as its default class (as the queue reads
+    # it), so it never loosens a known one below the default.
+    assert access.tighter_class("gold", "batch") == "batch"
+    assert access.tighter_class("gold", "realtime") == "gold"
+    assert access.tighter_class(None, None) is None
+
+
+def test_a_teams_priority_is_checked_like_a_keys():
+    from ingress.admin_input import team_change
+
+    assert team_change("night", {"priority": " Batch "}) == ("night", {"priority": "batch"})
+    assert team_change("night", {"priority": None}) == ("night", {"priority": None})
+    for bad in ("very important", 3, ""):
+        with pytest.raises(RequestError) as caught:
+            team_change("night", {"priority": bad})
+        assert caught.value.status == 400 and caught.value.param == "priority"

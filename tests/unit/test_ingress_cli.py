@@ -175,6 +175,11 @@ def test_fair_sharing_settings_of_keys_and_teams(run):
     assert json.loads(out)["scheduling"]["weight"] == 0.5
     code, out, err = run("keys", "team", "lab", "--weight", "3")
     assert code == 0 and "team lab: weight 3" in out, err
+    code, out, err = run("keys", "team", "lab", "--priority", "Batch")
+    assert code == 0 and out.strip().endswith("priority batch"), err
+    code, out, err = run("keys", "team", "lab", "--clear", "priority", "--json")
+    assert code == 0 and json.loads(out)["priority"] is None and \
+        json.loads(out)["weight"] == 3.0, err
     code, _, err = run("keys", "team", "lab", "--weight", "0")
     assert code == 2 and err.startswith("otela: ") and "weight" in err  # bad input: one line
     code, out, err = run("keys", "create", "--owner", "x", "--priority", "very important")

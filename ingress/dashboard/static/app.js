@@ -1009,12 +1009,19 @@
 
   /** The keys the search box matches: its words, each in the key's id, name, owner, team
    * or status (case-insensitive). */
+  /** A key's user as people read it: email, else name, else id. */
+  function userName(key) {
+    const user = key.user || {};
+    return user.email || user.name || key.user_id || "";
+  }
+
   function matchingKeys(keys) {
     const words = $("keys-search").value.toLowerCase().split(/\s+/).filter(Boolean);
     if (!words.length) return keys;
     return keys.filter((key) => {
       const text = [key.id, key.name, key.owner, key.scheduling && key.scheduling.team,
-        keyStatus(key)[0]].filter(Boolean).join(" ").toLowerCase();
+        key.user && key.user.email, key.user_id, keyStatus(key)[0]].filter(Boolean).join(" ")
+        .toLowerCase();
       return words.every((word) => text.includes(word));
     });
   }
@@ -1110,7 +1117,8 @@
       body.append(el("tr", { "data-key": key.id },
         el("th", { scope: "row" }, key.name || "(unnamed)",
           el("span", { class: "sub-line mono" }, key.id)),
-        el("td", {}, key.owner || "—"),
+        el("td", {}, key.owner || "—",
+          key.user_id ? el("span", { class: "sub-line" }, `user ${userName(key)}`) : null),
         el("td", {}, pill(status, tone),
           key.expires_at && !key.revoked_at ? el("span", { class: "sub-line" }, `expires ${when(key.expires_at)}`) : null,
           key.revoked_at ? el("span", { class: "sub-line" }, when(key.revoked_at)) : null),
@@ -1191,6 +1199,7 @@
     const body = {
       owner: String(form.get("owner") || "").trim(),
       name: String(form.get("name") || "").trim() || undefined,
+      user: String(form.get("user") || "").trim() || undefined,
       expires_in: days === "" ? undefined : Math.round(Number(days) * 86400),
       models: names(form.get("models")),
       providers: names(form.get("providers")),
@@ -1277,8 +1286,8 @@
       share.style.width = `${((tokens(row) / most) * 100).toFixed(1)}%`;
       const group = row.group === null ? `(no ${by})` : row.group;
       return el("tr", { "data-group": group },
-        el("th", { scope: "row" }, key ? `${key.name || "(unnamed)"} · ${key.owner}` : group,
-          key ? el("span", { class: "sub-line mono" }, row.group) : null),
+        el("th", { scope: "row" }, key ? `${key.name || "(unnamed)"} · ${key.owner}` : (row.label || group),
+          key || (row.label && row.group) ? el("span", { class: "sub-line mono" }, row.group) : null),
         el("td", { class: "num" }, fmt(row.requests)),
         el("td", { class: "num" }, fmt(row.prompt_tokens)),
         el("td", { class: "num" }, fmt(row.completion_tokens)),
@@ -1302,8 +1311,8 @@
   /** The log form's filters (empty fields filter nothing). */
   function logFilters() {
     const filters = {};
-    for (const [name, id] of [["key", "log-key"], ["team", "log-team"], ["model", "log-model"],
-      ["status", "log-status"]]) {
+    for (const [name, id] of [["key", "log-key"], ["team", "log-team"], ["user", "log-user"],
+      ["model", "log-model"], ["status", "log-status"]]) {
       const value = $(id).value.trim();
       if (value) filters[name] = value;
     }
@@ -1336,7 +1345,8 @@
       body.append(el("tr", { "data-request": entry.id },
         el("td", {}, when(entry.finished_at)),
         el("td", {}, el("span", { class: "mono" }, entry.key_id || "—"),
-          entry.team ? el("span", { class: "sub-line" }, `team ${entry.team}`) : null),
+          entry.team ? el("span", { class: "sub-line" }, `team ${entry.team}`) : null,
+          entry.user_id ? el("span", { class: "sub-line mono" }, entry.user_id) : null),
         el("td", {}, entry.model, entry.stream ? el("span", { class: "sub-line" }, "stream") : null),
         el("td", {}, entry.provider || "—",
           el("span", { class: "sub-line mono", title: entry.node_peer || "" }, shortId(entry.node_peer || ""))),
@@ -1404,6 +1414,7 @@
     $("sso-name").textContent = user.name || user.email || user.id;
     $("sso-facts").textContent = [user.email, `team: ${user.team || "none"}`,
       user.admin ? "admin" : "not an admin"].filter(Boolean).join(" · ");
+    await refreshMyKeys();
     $("sso-team-keys").replaceChildren(...(info.team_keys || []).map((k) => {
       const li = document.createElement("li");
       li.dataset.key = k.id;
@@ -1415,6 +1426,83 @@
       showAdmin(true);
       if (currentTab() === "admin") await refreshAdmin();
     }
+  }
+
+  // The signed-in user's own keys (GET /ui/keys): listed always, revoked by them, and
+  // created by them where the operator allows it (docs/ingress.md#keys-of-single-sign-on-users).
+  const mine = { arming: null };
+
+  async function refreshMyKeys() {
+    let listing;
+    try {
+      listing = await api("/ui/keys", { token: SSO });
+    } catch (err) {
+      showError("my-keys-error", String(err));
+      return;
+    }
+    showError("my-keys-error", "");
+    const keys = listing.data || [];
+    $("my-keys-none").hidden = keys.length > 0;
+    $("my-key-form").hidden = !listing.can_create;
+    $("my-keys").replaceChildren(...keys.map((key) => {
+      const [status, tone] = keyStatus(key);
+      const used = key.used_tokens === undefined ? "" : ` · ${fmt(key.used_tokens)} tokens used`;
+      const item = el("li", { "data-key": key.id },
+        el("span", {}, key.name || "(unnamed)"), " ",
+        el("span", { class: "mono" }, key.id), " ", pill(status, tone),
+        el("span", { class: "muted" }, `${key.scheduling && key.scheduling.team
+          ? ` · team ${key.scheduling.team}` : ""}${used}`));
+      if (!key.revoked_at) {
+        const armed = mine.arming === key.id;
+        const button = el("button", { type: "button", class: "danger", "data-action": "revoke",
+          "aria-label": `${armed ? "Confirm: " : ""}Revoke key ${key.name || key.id}` },
+          armed ? "Confirm revoke" : "Revoke");
+        button.addEventListener("click", () => revokeMyKey(key).catch(reportBug));
+        item.append(" ", button);
+      }
+      return item;
+    }));
+  }
+
+  /** Two clicks revoke a key, as in the admin view: the first arms the button. */
+  async function revokeMyKey(key) {
+    if (mine.arming !== key.id) {
+      mine.arming = key.id;
+      await refreshMyKeys();
+      return;
+    }
+    mine.arming = null;
+    try {
+      await api(`/ui/keys/${encodeURIComponent(key.id)}/revoke`, { method: "POST", token: SSO });
+    } catch (err) {
+      showError("my-keys-error", String(err));
+    }
+    await refreshMyKeys();
+  }
+
+  async function createMyKey(event) {
+    event.preventDefault();
+    const name = $("my-key-name").value.trim();
+    $("my-key-create").disabled = true;
+    try {
+      const made = await api("/ui/keys", { method: "POST", token: SSO,
+        body: name ? { name } : {} });
+      $("my-key-secret-value").textContent = made.key || "(the server returned no secret)";
+      $("my-key-secret").setAttribute("data-key", made.id);
+      $("my-key-secret").hidden = false;
+      $("my-key-form").reset();
+      showError("my-keys-error", "");
+    } catch (err) {
+      showError("my-keys-error", String(err));
+    } finally {
+      $("my-key-create").disabled = false;
+    }
+    await refreshMyKeys();
+  }
+
+  function hideMySecret() {
+    $("my-key-secret-value").textContent = "";
+    $("my-key-secret").hidden = true;
   }
 
   async function signOutSso() {
@@ -1466,6 +1554,8 @@
     onShow.account = () => refreshAccount().catch(reportBug);
     onShow.admin = () => refreshAdmin().catch(reportBug);
     $("sso-signout").addEventListener("click", () => signOutSso().catch(reportBug));
+    $("my-key-form").addEventListener("submit", (e) => createMyKey(e).catch(reportBug));
+    $("my-key-secret-dismiss").addEventListener("click", hideMySecret);
 
     account.key = sessionStorage.getItem(STORE.key);
     admin.token = sessionStorage.getItem(STORE.admin);
