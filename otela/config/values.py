@@ -287,16 +287,13 @@ def as_claim_map(value: Any) -> dict[str, str]:
 
 def as_tokenizer_dirs(value: Any) -> dict[str, str]:
     """Model -> tokenizer directory: a TOML table, or ``MODEL=DIR`` pairs (comma separated
-    or repeated); each directory must hold a ``tokenizer.json`` (a typo fails the start,
-    not every request's cache lookup)."""
+    or repeated). The node loads them as it starts (``otela.kvcache.tokenize``): a typo
+    fails the start, not every request's cache lookup."""
     out: dict[str, str] = {}
     for model, directory in pairs(value, "model=directory"):
         if not isinstance(directory, str) or not directory.strip():
             raise ValueError(f"the tokenizer directory for {model!r} must be a path")
-        path = os.path.expanduser(directory.strip())
-        if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-            raise ValueError(f"no tokenizer.json in {path} (the tokenizer for {model!r})")
-        out[model] = path
+        out[model] = os.path.expanduser(directory.strip())
     return out
 
 

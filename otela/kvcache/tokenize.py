@@ -161,9 +161,14 @@ class Tokenizers:
 
     def preload(self) -> None:
         """Load every configured tokenizer now (tens of milliseconds each), at start-up
-        rather than in the first request's path."""
-        for model in self.directories:
-            self.for_model(model)
+        rather than in the first request's path; ``TokenizerError`` (a ``ValueError``:
+        the node does not start) for one that cannot be loaded."""
+        for model, directory in self.directories.items():
+            if model not in self._loaded:
+                try:
+                    self._loaded[model] = ModelTokenizer(directory)
+                except TokenizerError as exc:
+                    raise TokenizerError(f"the tokenizer for {model!r}: {exc}") from None
 
     def for_model(self, model: str) -> ModelTokenizer | None:
         if model in self._loaded:
