@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import trio
 from fastapi import FastAPI, Request
 
 from ingress import admin_input, keystore
@@ -79,6 +80,8 @@ def install(app: FastAPI, db: Database, settings: SsoSettings, ingress_id: str,
     """Add the routes; ``remember`` takes a changed key into this node's key cache (the
     other ingress nodes see it within their refresh interval)."""
 
+    creating = trio.Lock()
+
     async def listing(user_id: str) -> list[dict[str, Any]]:
         keys = await db.in_thread(keystore.keys_of_user, db, user_id)
         found: list[dict[str, Any]] = await db.in_thread(described, db, keys, time.time())
@@ -100,13 +103,16 @@ def install(app: FastAPI, db: Database, settings: SsoSettings, ingress_id: str,
                                "is off).", code="user_keys_disabled")
         now = time.time()
         spec = own_key_spec(session, await read_json_object(request), now)
-        live = [k for k in await db.in_thread(keystore.keys_of_user, db, session.user.id)
-                if k.usable(now)]
-        if len(live) >= MAX_LIVE_KEYS:
-            raise RequestError(403, f"You have {len(live)} live keys, the most a user may "
-                               "have: revoke one first.", code="too_many_keys")
-        key, secret = await db.in_thread(keystore.create, db, spec, now,
-                                         _actor(session, request, ingress_id))
+        # Counted and made under one lock: two creates at once on this ingress cannot
+        # both pass the count (two ingresses at once could: one key over, at most).
+        async with creating:
+            live = [k for k in await db.in_thread(keystore.keys_of_user, db,
+                                                  session.user.id) if k.usable(now)]
+            if len(live) >= MAX_LIVE_KEYS:
+                raise RequestError(403, f"You have {len(live)} live keys, the most a user "
+                                   "may have: revoke one first.", code="too_many_keys")
+            key, secret = await db.in_thread(keystore.create, db, spec, now,
+                                             _actor(session, request, ingress_id))
         remember([key])
         found: list[dict[str, Any]] = await db.in_thread(described, db, [key], now)
         return {**found[0], "key": secret}
