@@ -44,7 +44,7 @@ from otela.load.reports import TTL_INTERVALS, ReportSchedule, decode_report, enc
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.routing.cache_aware import CacheAware, CacheContext
 from otela.routing.load import NodeLoad
-from otela.routing.policies import Candidate, Pick, PowerOfTwo
+from otela.routing.policies import Candidate, Pick, Policy, PowerOfTwo, load_policy
 
 
 class BlockPool:
@@ -136,7 +136,8 @@ def simulate(args: argparse.Namespace) -> None:
     boards = {name: CacheBoard() for name in ingresses}
     clock = [0.0]
     context = CacheContext(boards[ingresses[0]], TokenTokenizers(), lambda: clock[0])
-    policy = CacheAware(context)
+    policy: Policy = CacheAware(context) if args.policy == "cache_aware" else \
+        load_policy(args.policy)
     records = [record(n.session) for n in nodes]
     in_flight = {n.session: 0 for n in nodes}
     by_session = {n.session: n for n in nodes}
@@ -196,7 +197,8 @@ def simulate(args: argparse.Namespace) -> None:
         assert isinstance(item, Conversation)
         conversation = item
         body = {"prompt": conversation.history}
-        pick = Pick("m", None, body=body)
+        # prefix_affinity's key: the prompt's start (512 characters: ~128 tokens)
+        pick = Pick("m", " ".join(map(str, conversation.history[:128])), body=body)
         candidates = [Candidate(r, float(in_flight[r.session_id]), 1.0) for r in records]
         chosen = policy.pick(candidates, pick, rng)
         policy.on_start(chosen, pick)
@@ -233,7 +235,8 @@ def simulate(args: argparse.Namespace) -> None:
     print(f"{args.nodes} serving nodes, {args.ingresses} ingress(es), {args.duration:.0f} s "
           f"simulated, {requests} requests ({requests / args.duration:.1f}/s), block size "
           f"{args.block_size}, cache {args.cache_blocks} blocks a node")
-    print(f"  prefix-cache hit rate (tokens): {cached_tokens / max(1, prompt_tokens):.1%}")
+    print(f"  policy {args.policy}: prefix-cache hit rate (tokens) "
+          f"{cached_tokens / max(1, prompt_tokens):.1%}")
     print(f"  report interval: {max(2.0, 0.5 * members):.1f} s")
     print(f"  bytes/s per serving node, all reports to {args.ingresses} ingress(es): "
           f"mean {statistics.mean(sent):.0f}, max {max(sent):.0f} "
@@ -317,11 +320,15 @@ def main(argv: Iterator[str] | None = None) -> None:
     parser.add_argument("--anchors-per-node", type=int, default=2000)
     parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--policy", default="cache_aware",
+                        help="the simulation's routing: cache_aware, power_of_two, ...")
     parser.add_argument("--skip-simulation", action="store_true")
+    parser.add_argument("--skip-decision", action="store_true")
     args = parser.parse_args(list(argv) if argv is not None else None)
     if not args.skip_simulation:
         simulate(args)
-    decision(args)
+    if not args.skip_decision:
+        decision(args)
 
 
 if __name__ == "__main__":
