@@ -17,13 +17,17 @@ only while each account's used plus reserved amount is below its budget; on comp
 the reservation is replaced by what the engine reported. Requests in flight at once
 therefore cannot each spend the same remainder: on one ingress process a budget is
 overshot by at most the last admitted request's own use; a remainder held by requests in
-flight is a 429 ``budget_reserved`` until they finish.
+flight is a 429 ``budget_reserved`` until they finish. On PostgreSQL (several ingress
+nodes) a request must also fit in this ingress's lease of each budget
+(``ingress.leases``): when it does not, the request is refused with a 429 at once (this
+gate is synchronous) and a background task takes more through the database; a lease
+running low is topped up before it runs out, so the common case waits for nothing.
 
 ``run`` refreshes the copy every ``refresh_interval`` (1 s): keys changed
 since the last refresh (so a revocation anywhere takes effect here within about a second;
 the promise is 5 s), the tokens each key has used (budgets), and the keyed requests other
 ingress nodes sharing the database served (charged to the buckets here, so a key's limits
-hold across nodes).
+hold across nodes); and it renews this ingress's leases, and gives back idle ones.
 """
 
 from __future__ import annotations

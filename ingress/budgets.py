@@ -12,7 +12,10 @@ requests, on the side of the user.
 
 A request reserves what it may use at most (``Reservation``) until it is over, as before
 for lifetime token budgets (``ingress.access``): a budget is overshot by at most the last
-admitted request's own use.
+admitted request's own use. Where several ingress processes share a database, each admits
+only from its ``Lease`` of a budget, a share handed out by ``lease_grant`` through the
+database (``ingress.leases``), so that together they overshoot it by less than one
+request's reservation.
 """
 
 from __future__ import annotations
