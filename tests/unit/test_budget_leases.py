@@ -6,7 +6,9 @@ back once it expires, and a stopping ingress gives back what it did not use."""
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import trio
@@ -86,6 +88,10 @@ def test_an_idle_lease_is_given_back_when_it_holds_much_of_the_rest_or_for_long(
 
 
 # -- two gates on one database -----------------------------------------------------------
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
 
 def sqlite(path: Path) -> Database:
@@ -209,3 +215,32 @@ def test_a_stopping_gate_gives_back_what_it_did_not_use(tmp_path):
     # less what its usage rows show).
     assert committed(made, key.id) == 6 and not access.leases
     assert made.query_sync("SELECT tokens FROM budget_leases") == [(6,)]
+
+
+def test_at_midnight_a_new_window_is_leased_for_the_requests_still_in_flight(
+        tmp_path, monkeypatch):
+    clock = SimpleNamespace(now=at("2026-11-27T23:59:50"))
+    monkeypatch.setattr("ingress.access.time", SimpleNamespace(
+        time=lambda: clock.now, monotonic=lambda: 1000.0))
+    path = tmp_path / "midnight.db"
+    made = sqlite(path)
+    key, _ = keystore.create(made, KeySpec(owner="o", budget_tokens=1000,
+                                            budget_period="day"))
+    access = gate(path, "ingress-1")
+    with pytest.raises(RequestError):
+        access.admit(key, "m", max_tokens=100)
+    take_wanted(access)
+    late = access.admit(key, "m", max_tokens=100)  # still in flight at midnight
+    clock.now = at("2026-11-28T00:00:05")
+    with pytest.raises(RequestError) as caught:  # yesterday's lease is no use today
+        access.admit(key, "m", max_tokens=50)
+    assert caught.value.code == "budget_reserved"
+    assert access._wanted[("key", key.id)][1] == Spent(150, 0.0)  # with what it holds
+    take_wanted(access)
+    lease = access.leases[("key", key.id)]
+    assert lease.window == at("2026-11-28T00:00:00") and lease.tokens == 250
+    access.finished(late, 80, 20)  # it finishes today: today's lease pays for it
+    assert lease.unused(access.reservation.of(("key", key.id))) == Spent(170, 0.0)
+    trio.run(access._tend_leases)  # yesterday's window is gone from the database
+    assert made.query_sync("SELECT window_start FROM budget_windows") == [
+        (at("2026-11-28T00:00:00"),)]
