@@ -348,3 +348,46 @@ def test_a_teams_budget_holds_across_two_ingress_nodes(pair):
                             json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
         assert answer.status_code == 403
         assert "Team pg-team's daily token budget" in answer.json()["error"]["message"]
+
+
+def test_budget_leases_on_postgresql_hand_out_no_more_than_the_rest(postgres_db):
+    """Takes from four connections at once hand out the budget and at most one need more
+    (the window's row is locked); a share its ingress stopped renewing is taken back once
+    it expires; a share given back is free again."""
+    from ingress import leases
+    from ingress.budgets import Budget, Spent
+
+    url = DatabaseUrl.parse(postgres_db)
+    db = Database.connect(url)
+    migrate(db)
+    budget, account = Budget(tokens=10_000), ("team", "t")
+    granted: list[int] = []
+
+    def taker(name: str) -> None:
+        mine = Database.connect(url)
+        while (got := leases.take(mine, name, account, budget, 0.0, Spent(50),
+                                  time.time())) is not None:
+            granted.append(got.tokens)
+        mine.close()
+
+    racers = [threading.Thread(target=taker, args=(f"ingress-{i}",)) for i in range(4)]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join()
+    assert 10_000 <= sum(granted) < 10_000 + 50 and len(granted) > 4
+    # A share that is not renewed is taken back, less its ingress's use (none here).
+    lapsed = ("key", "k")
+    assert leases.take(db, "dead", lapsed, budget, 0.0, Spent(10), time.time(),
+                       ttl=0.3) == Spent(2500, 0.0)
+    assert leases.take(db, "alive", lapsed, budget, 0.0, Spent(0), time.time()) == \
+        Spent(1875, 0.0)
+    expires = db.query_sync("SELECT expires_at FROM budget_leases WHERE ingress = 'dead'")
+    wait_for(lambda: db.now() > expires[0][0], 5, "the dead ingress's share to expire")
+    assert leases.take(db, "alive", lapsed, budget, 0.0, Spent(0), time.time()) == \
+        Spent(2032, 0.0)  # a quarter of 10,000 - 1,875
+    assert db.query_sync("SELECT ingress, tokens FROM budget_leases WHERE name = 'k'") == [
+        ("alive", 3907)]
+    leases.give_back(db, "alive", lapsed, "lifetime", 0.0, Spent(3907))
+    assert db.query_sync("SELECT tokens FROM budget_windows WHERE name = 'k'") == [(0,)]
+    db.close()
