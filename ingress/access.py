@@ -73,6 +73,11 @@ _HEADER_MEMO_MAX = 4096  # Authorization headers whose secret hash is remembered
 # Tokens a request that sets no max_tokens reserves against its key's budget until it is
 # over (docs/ingress.md#limits).
 DEFAULT_RESERVE = 1024
+# After a take found nothing left of a budget, the next is made no sooner than this: near
+# a budget's end the ingress nodes pass what is left between them (each gives back what
+# its lease cannot use), one round per take, so a round must be short; but a budget that
+# is spent must not cost a transaction per refused request.
+_DRY_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -352,8 +357,8 @@ class Access:
 
     async def _keep_leases(self) -> None:
         """Make the takes the request path asked for, one at a time, in a worker thread;
-        an account whose last take found nothing left is not asked again within a
-        refresh interval (its use reaches the ledger meanwhile: then a 403)."""
+        an account whose last take found nothing left is not asked again for ``_DRY_S``
+        (its use reaches the ledger within a refresh: then a 403)."""
         while True:
             if not self._wanted:
                 self._lease_wake = trio.Event()
@@ -375,8 +380,9 @@ class Access:
             log.warning("ingress: could not take a budget lease (%s)", exc)
             granted = None
         if granted is None:
-            self._dry_until[account] = time.monotonic() + self.refresh_interval
-            await self._give_back(account)
+            self._dry_until[account] = time.monotonic() + _DRY_S
+            if need.tokens > 0 or need.spend > 1e-12:  # a request waited: this is stranded
+                await self._give_back(account)
             return
         self._dry_until.pop(account, None)
         valid_until = started + self.lease_ttl - self._lease_margin()
