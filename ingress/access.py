@@ -148,6 +148,9 @@ class Access:
         self.leases: dict[Account, Lease] = {}
         self._wanted: dict[Account, tuple[Budget, Spent]] = {}  # takes to make: the need
         self._lease_wake: trio.Event | None = None  # set when ``_wanted`` gains one
+        # Set when the round of takes that includes the wants asked for so far is over
+        # (``lease_taken``: a request refused for want of a lease waits for it once).
+        self._round_over = trio.Event()
         self._dry_until: dict[Account, float] = {}  # monotonic: the last take found none
         self._forgotten_day = 0.0  # the day whose earlier windows were removed
         self._keys_seen_at = 0.0
@@ -347,6 +350,20 @@ class Access:
                 "out between ingress nodes; retry in a second.", code="budget_reserved",
                 headers={"Retry-After": "1"})
 
+    async def lease_taken(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, until the takes of budget leases asked for so
+        far are made; ``False`` at once where nothing was asked (no leases here, or a
+        refusal for another reason). The request path calls it after a 429
+        ``budget_reserved`` and asks again once: so an account's first request on an
+        ingress, or one that finds the lease run down, waits for the database's answer
+        (milliseconds) instead of being refused."""
+        if not self.lease_budgets or not self._wanted:
+            return False
+        with trio.move_on_after(timeout):
+            await self._round_over.wait()
+            return True
+        return False
+
     def _want(self, account: Account, budget: Budget, need: Spent) -> None:
         old = self._wanted.get(account)
         if old is not None:
@@ -364,9 +381,13 @@ class Access:
                 self._lease_wake = trio.Event()
                 await self._lease_wake.wait()
             wanted, self._wanted = self._wanted, {}
-            for account, (budget, need) in wanted.items():
-                if self._dry_until.get(account, 0.0) <= time.monotonic():
-                    await self._take(account, budget, need)
+            over, self._round_over = self._round_over, trio.Event()
+            try:
+                for account, (budget, need) in wanted.items():
+                    if self._dry_until.get(account, 0.0) <= time.monotonic():
+                        await self._take(account, budget, need)
+            finally:
+                over.set()
             await trio.sleep(0.002)  # gather the next requests' wants: one take each
 
     async def _take(self, account: Account, budget: Budget, need: Spent) -> None:

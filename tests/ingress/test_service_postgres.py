@@ -299,6 +299,13 @@ def test_a_teams_budget_holds_across_two_ingress_nodes(pair):
     last_429: dict[str, str] = {}
     body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
     reservation = 4 + len(httpx.Request("POST", first.http_url, json=body).content)
+    # An account's first budgeted request on an ingress has no lease there yet: it waits
+    # for the take (milliseconds), it is not refused.
+    for key, node in zip(keys, (first, second), strict=True):
+        answer = httpx.post(f"{node.http_url}/v1/chat/completions", json=body,
+                            trust_env=False, timeout=10,
+                            headers={"authorization": f"Bearer {key['key']}"})
+        assert answer.status_code == 200, answer.text
 
     def hammer(key: dict, node: LocalNode) -> None:
         with httpx.Client(trust_env=False, timeout=10) as client:
