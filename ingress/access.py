@@ -17,13 +17,17 @@ only while each account's used plus reserved amount is below its budget; on comp
 the reservation is replaced by what the engine reported. Requests in flight at once
 therefore cannot each spend the same remainder: on one ingress process a budget is
 overshot by at most the last admitted request's own use; a remainder held by requests in
-flight is a 429 ``budget_reserved`` until they finish.
+flight is a 429 ``budget_reserved`` until they finish. On PostgreSQL (several ingress
+nodes) a request must also fit in this ingress's lease of each budget
+(``ingress.leases``): when it does not, the request is refused with a 429 at once (this
+gate is synchronous) and a background task takes more through the database; a lease
+running low is topped up before it runs out, so the common case waits for nothing.
 
 ``run`` refreshes the copy every ``refresh_interval`` (1 s): keys changed
 since the last refresh (so a revocation anywhere takes effect here within about a second;
 the promise is 5 s), the tokens each key has used (budgets), and the keyed requests other
 ingress nodes sharing the database served (charged to the buckets here, so a key's limits
-hold across nodes).
+hold across nodes); and it renews this ingress's leases, and gives back idle ones.
 """
 
 from __future__ import annotations
@@ -36,8 +40,18 @@ from typing import Any
 
 import trio
 
-from ingress import keystore, prices, usage
-from ingress.budgets import Account, Budget, Ledger, Reservation, refusal
+from ingress import keystore, leases, prices, usage
+from ingress.budgets import (
+    Account,
+    Budget,
+    Lease,
+    Ledger,
+    Reservation,
+    Spent,
+    give_back_idle,
+    period_start,
+    refusal,
+)
 from ingress.database import Database
 from ingress.internal_auth import InternalCredentials
 from ingress.keys import ApiKey, bearer, check, hash_secret
@@ -59,6 +73,11 @@ _HEADER_MEMO_MAX = 4096  # Authorization headers whose secret hash is remembered
 # Tokens a request that sets no max_tokens reserves against its key's budget until it is
 # over (docs/ingress.md#limits).
 DEFAULT_RESERVE = 1024
+# After a take found nothing left of a budget, the next is made no sooner than this: near
+# a budget's end the ingress nodes pass what is left between them (each gives back what
+# its lease cannot use), one round per take, so a round must be short; but a budget that
+# is spent must not cost a transaction per refused request.
+_DRY_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -92,7 +111,8 @@ class Grant:
 class Access:
     def __init__(self, db: Database, ingress_id: str, refresh_interval: float = 1.0,
                  priority_classes: Sequence[str] | None = None,
-                 default_priority: str | None = None) -> None:
+                 default_priority: str | None = None, lease_budgets: bool | None = None,
+                 lease_ttl: float = leases.LEASE_TTL_S) -> None:
         self.db = db
         # The ingress's priority classes, best first (``[routing] priority_classes``): a
         # key's and its team's best class compare on them (``tighter_class``).
@@ -119,6 +139,20 @@ class Access:
         self.ledger = Ledger(time.time())
         self.reservation = Reservation()
         self._budgets: dict[str, KeyBudgets] = {}  # per key: its and its team's budgets
+        # Budget leases (``ingress.leases``): on PostgreSQL, where several ingress nodes
+        # share the database, a budgeted request is admitted only from this ingress's
+        # share of the budget; on SQLite (one ingress process) the ledger is exact.
+        self.lease_budgets = db.dialect == "postgresql" if lease_budgets is None \
+            else lease_budgets
+        self.lease_ttl = lease_ttl
+        self.leases: dict[Account, Lease] = {}
+        self._wanted: dict[Account, tuple[Budget, Spent]] = {}  # takes to make: the need
+        self._lease_wake: trio.Event | None = None  # set when ``_wanted`` gains one
+        # Set when the round of takes that includes the wants asked for so far is over
+        # (``lease_taken``: a request refused for want of a lease waits for it once).
+        self._round_over = trio.Event()
+        self._dry_until: dict[Account, float] = {}  # monotonic: the last take found none
+        self._forgotten_day = 0.0  # the day whose earlier windows were removed
         self._keys_seen_at = 0.0
         self._others_after = 0.0  # database clock; set by ``load``
         self._others_seen: dict[str, float] = {}
@@ -230,6 +264,8 @@ class Access:
                         "has a budget in money: its use could not be counted.",
                         code="model_unpriced", param="model")
                 reserve_spend = highest.spend(prompt_reserve, output_reserve)
+            if self.lease_budgets:
+                self._check_leases(budgets.checks, reserve, reserve_spend)
         team_limits = self._team_limits(key)
         grant = self._grants.get(key_id)
         if grant is None or grant.key is not key or grant.team_limits is not team_limits:
@@ -273,6 +309,177 @@ class Access:
                                           tokens - prompt_tokens) or 0.0
             for account in grant.charged:
                 self.ledger.add(account, tokens, spend, now)
+            if self.leases:  # what it held of its lease is now used
+                for account in grant.budgeted:
+                    lease = self.leases.get(account)
+                    if lease is not None:
+                        lease.used_tokens += tokens
+                        lease.used_spend += spend
+
+    # -- budget leases (``ingress.leases``) ---------------------------------------------
+
+    def _window(self, period: str) -> float:
+        """The start of ``period``'s current window, as the ledger last turned it."""
+        if period == "lifetime":
+            return 0.0
+        return self.ledger.month_start if period == "month" else self.ledger.day_start
+
+    def _check_leases(self, checks: tuple[tuple[Account, Budget, str], ...], tokens: int,
+                      spend: float) -> None:
+        """A budgeted request may start only if this ingress's lease of each of its
+        budgets covers its reservation (on top of what requests in flight here hold);
+        otherwise a take is asked of the background task and the request is refused
+        with a 429 to retry (``admit`` is synchronous: it cannot wait for the database).
+        A lease running low is topped up before it runs out."""
+        mono = time.monotonic()
+        for account, budget, whose in checks:
+            lease = self.leases.get(account)
+            held = self.reservation.of(account)
+            if lease is not None and lease.fits(budget, self._window(budget.period), mono):
+                short = lease.shortfall(held, tokens, spend)
+                if short is None:
+                    lease.last_used = mono
+                    if lease.low(Spent(held.tokens + tokens, held.spend + spend)):
+                        self._want(account, budget, Spent())
+                    continue
+            else:
+                short = Spent(tokens + held.tokens, spend + held.spend)
+            self._want(account, budget, short)
+            raise RequestError(
+                429, f"The rest of {whose[0].lower() + whose[1:]} budget is being shared "
+                "out between ingress nodes; retry in a second.", code="budget_reserved",
+                headers={"Retry-After": "1"})
+
+    async def lease_taken(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, until the takes of budget leases asked for so
+        far are made; ``False`` at once where nothing was asked (no leases here, or a
+        refusal for another reason). The request path calls it after a 429
+        ``budget_reserved`` and asks again once: so an account's first request on an
+        ingress, or one that finds the lease run down, waits for the database's answer
+        (milliseconds) instead of being refused."""
+        if not self.lease_budgets or not self._wanted:
+            return False
+        with trio.move_on_after(timeout):
+            await self._round_over.wait()
+            return True
+        return False
+
+    def _want(self, account: Account, budget: Budget, need: Spent) -> None:
+        old = self._wanted.get(account)
+        if old is not None:
+            need = Spent(max(need.tokens, old[1].tokens), max(need.spend, old[1].spend))
+        self._wanted[account] = (budget, need)
+        if self._lease_wake is not None:
+            self._lease_wake.set()
+
+    async def _keep_leases(self) -> None:
+        """Make the takes the request path asked for, one at a time, in a worker thread;
+        an account whose last take found nothing left is not asked again for ``_DRY_S``
+        (its use reaches the ledger within a refresh: then a 403)."""
+        while True:
+            if not self._wanted:
+                self._lease_wake = trio.Event()
+                await self._lease_wake.wait()
+            wanted, self._wanted = self._wanted, {}
+            over, self._round_over = self._round_over, trio.Event()
+            try:
+                for account, (budget, need) in wanted.items():
+                    if self._dry_until.get(account, 0.0) <= time.monotonic():
+                        await self._take(account, budget, need)
+            finally:
+                over.set()
+            await trio.sleep(0.002)  # gather the next requests' wants: one take each
+
+    async def _take(self, account: Account, budget: Budget, need: Spent) -> None:
+        window = self._window(budget.period)
+        started = time.monotonic()
+        try:
+            granted = await self.db.in_thread(
+                leases.take, self.db, self.ingress_id, account, budget, window, need,
+                time.time(), self.lease_ttl)
+        except Exception as exc:  # the database is away: requests keep getting 429
+            log.warning("ingress: could not take a budget lease (%s)", exc)
+            granted = None
+        if granted is None:
+            self._dry_until[account] = time.monotonic() + _DRY_S
+            if need.tokens > 0 or need.spend > 1e-12:  # a request waited: this is stranded
+                await self._give_back(account)
+            return
+        self._dry_until.pop(account, None)
+        valid_until = started + self.lease_ttl - self._lease_margin()
+        lease = self.leases.get(account)
+        if lease is None or started >= lease.valid_until or lease.window != window \
+                or lease.budget.period != budget.period \
+                or (lease.tokens is None) != (budget.tokens is None) \
+                or (lease.spend is None) != (budget.spend is None):
+            # A new window (the old one's rest belongs to a period that is over), a budget
+            # of another kind, or a lease that lapsed (it may have been taken back: what
+            # it had left must not be used): afresh. The take asked for what the
+            # requests in flight hold (``_check_leases``).
+            lease = self.leases[account] = Lease(
+                budget, window, None if budget.tokens is None else 0,
+                None if budget.spend is None else 0.0, valid_until, last_used=started)
+        lease.budget = budget
+        lease.add(granted, started, valid_until)
+
+    async def _give_back(self, account: Account) -> None:
+        """Free what this ingress's lease of ``account`` has left (neither used nor held
+        by requests in flight), here and in the database at once: when nothing is left
+        to take (too little for the request that asked, it may do for another ingress's),
+        when the lease is idle, when the ingress stops. The lease itself stays: the
+        requests in flight settle against it, and a take adds to it again."""
+        lease = self.leases.get(account)
+        if lease is None:
+            return
+        unused = lease.unused(self.reservation.of(account))
+        if unused.tokens <= 0 and unused.spend <= 1e-12:
+            return
+        lease.shrink(unused)
+        try:
+            await self.db.in_thread(leases.give_back, self.db, self.ingress_id, account,
+                                    lease.period, lease.window, unused)
+        except Exception as exc:  # it stays spoken for until it expires
+            log.warning("ingress: could not give back a budget lease (%s)", exc)
+
+    def _lease_margin(self) -> float:
+        return min(leases.LEASE_MARGIN_S, self.lease_ttl / 6)
+
+    async def _tend_leases(self) -> None:
+        """At every refresh: renew this ingress's leases (one whose row is gone was taken
+        back: it is not extended, and lapses), take the next window's share of those whose
+        window ended, and give back idle ones (``give_back_idle``). A lease taken while
+        the renewal ran is not among those renewed, and needs not be: its take set its
+        expiry."""
+        started = time.monotonic()
+        wall = time.time()
+        if self._forgotten_day != period_start("day", wall):
+            await self.db.in_thread(leases.forget_ended, self.db,
+                                    period_start("month", wall), period_start("day", wall))
+            self._forgotten_day = period_start("day", wall)
+        if not self.leases:
+            return
+        kept = await self.db.in_thread(leases.renew, self.db, self.ingress_id,
+                                       self.lease_ttl)
+        valid_until = started + self.lease_ttl - self._lease_margin()
+        self.ledger.turn(wall)  # the windows the request path and the takes use
+        for account, lease in list(self.leases.items()):
+            held = self.reservation.of(account)
+            if self._window(lease.period) != lease.window:
+                del self.leases[account]
+                if held.tokens > 0 or started - lease.last_used < leases.LEASE_TTL_S:
+                    self._want(account, lease.budget, Spent(held.tokens, held.spend))
+            else:
+                if (account, lease.period, lease.window) in kept:
+                    lease.valid_until = max(lease.valid_until, valid_until)
+                if give_back_idle(lease, held,
+                                  self.ledger.spent(account, lease.period, wall), started):
+                    await self._give_back(account)
+
+    async def _give_back_all(self) -> None:
+        """This ingress stops: what its leases hold unused is free for the others."""
+        for account in list(self.leases):
+            await self._give_back(account)
+        self.leases.clear()
 
     def team_of(self, key_id: str | None) -> str | None:
         """A key's team now (a usage row's ``team``)."""
@@ -317,15 +524,29 @@ class Access:
         return True
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            await trio.sleep(self.refresh_interval)
-            try:
-                await self.db.in_thread(self.refresh)
-            except Exception as exc:  # the database is away: keep serving from the copy
-                self.refresh_failures += 1
-                self.last_refresh_ok = False
-                log.warning("ingress: could not refresh keys and usage (%s)", exc)
+        try:
+            async with trio.open_nursery() as nursery:
+                if self.lease_budgets:
+                    nursery.start_soon(self._keep_leases)
+                task_status.started()
+                while True:
+                    await trio.sleep(self.refresh_interval)
+                    try:
+                        await self.db.in_thread(self.refresh)
+                        if self.lease_budgets:
+                            await self._tend_leases()
+                    except Exception as exc:  # the database is away: serve from the copy
+                        self.refresh_failures += 1
+                        self.last_refresh_ok = False
+                        log.warning("ingress: could not refresh keys and usage (%s)", exc)
+        finally:
+            if self.leases:
+                with trio.move_on_after(5.0) as scope:
+                    scope.shield = True
+                    try:
+                        await self._give_back_all()
+                    except Exception as exc:  # they expire instead
+                        log.warning("ingress: could not give back budget leases (%s)", exc)
 
     def refresh(self) -> None:
         """What changed since the last refresh: keys, and the rows other ingress processes

@@ -12,11 +12,15 @@ requests, on the side of the user.
 
 A request reserves what it may use at most (``Reservation``) until it is over, as before
 for lifetime token budgets (``ingress.access``): a budget is overshot by at most the last
-admitted request's own use.
+admitted request's own use. Where several ingress processes share a database, each admits
+only from its ``Lease`` of a budget, a share handed out by ``lease_grant`` through the
+database (``ingress.leases``), so that together they overshoot it by less than one
+request's reservation.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -203,3 +207,139 @@ def over(budget: Budget, spent: Spent) -> bool:
     return bool(budget) and (
         (budget.tokens is not None and spent.tokens >= budget.tokens)
         or (budget.spend is not None and spent.spend >= budget.spend))
+
+
+# -- leases: shares of a budget handed out through the database (``ingress.leases``) -----
+
+# A take hands out this fraction of what is left of a budget (at least what the request
+# waiting for it needs): far from the end an ingress takes a database round trip rarely,
+# near it the shares shrink with the rest, down to one request's reservation.
+LEASE_FRACTION = 0.25
+
+
+def lease_grant(budget: Budget, committed: Spent, need: Spent,
+                fraction: float = LEASE_FRACTION) -> Spent | None:
+    """What a take hands out of ``budget`` when ``committed`` (what was used in the period
+    window before any lease, plus every lease still counted) is already spoken for, to an
+    ingress that needs ``need`` more to admit its waiting request (0: a top-up); None when
+    nothing is left in one of the budget's measures.
+
+    The share is ``fraction`` of the rest, at least ``need``: so only the take that finds
+    the rest smaller than its need hands out more than the rest, and after it nothing is
+    left for anyone. The budget is thereby overshot by less than one request's
+    reservation, whatever the number of ingress nodes. A measure the budget does not
+    limit is granted nothing (it is not counted)."""
+    tokens = 0
+    spend = 0.0
+    if budget.tokens is not None:
+        left = budget.tokens - committed.tokens
+        if left <= 0:
+            return None
+        tokens = max(need.tokens, math.ceil(left * fraction))
+    if budget.spend is not None:
+        left_spend = budget.spend - committed.spend
+        if left_spend <= 1e-12:
+            return None
+        spend = max(need.spend, left_spend * fraction)
+    return Spent(tokens, spend)
+
+
+@dataclass
+class Lease:
+    """This ingress's share of one account's budget in one period window, as granted by
+    the database (cumulative over the window), and what it has used of it: requests over
+    (``used``), and those in flight (the account's ``Reservation``, passed in). A measure
+    the budget does not limit is None: nothing to check."""
+
+    budget: Budget  # as when taken: a top-up or the next window's take asks for it
+    window: float  # the period window's start (``period_start``)
+    tokens: int | None
+    spend: float | None
+    valid_until: float  # monotonic: past it the lease may have been taken back
+    share_tokens: int = 0  # the last take's share: a top-up is asked for below half
+    share_spend: float = 0.0
+    used_tokens: int = 0
+    used_spend: float = 0.0
+    last_used: float = 0.0  # monotonic; an idle lease is given back
+
+    def fits(self, budget: Budget, window: float, mono: float) -> bool:
+        """Whether this lease may admit requests under ``budget`` in ``window`` now."""
+        return (mono < self.valid_until and window == self.window
+                and budget.period == self.budget.period
+                and (self.tokens is None) == (budget.tokens is None)
+                and (self.spend is None) == (budget.spend is None))
+
+    @property
+    def period(self) -> str:
+        return self.budget.period
+
+    def room(self, held: Spent) -> Spent:
+        """What is left to admit requests from (may be negative: nothing)."""
+        return Spent(0 if self.tokens is None else self.tokens - self.used_tokens - held.tokens,
+                     0.0 if self.spend is None else self.spend - self.used_spend - held.spend)
+
+    def shortfall(self, held: Spent, tokens: int, spend: float) -> Spent | None:
+        """How much more a request reserving ``tokens`` and ``spend`` needs than is left
+        (None: it fits)."""
+        room = self.room(held)
+        short_tokens = 0 if self.tokens is None else max(0, tokens - room.tokens)
+        short_spend = 0.0 if self.spend is None else max(0.0, spend - room.spend)
+        if short_tokens == 0 and short_spend <= 1e-12:
+            return None
+        return Spent(short_tokens, short_spend)
+
+    def low(self, held: Spent) -> bool:
+        """Whether less than half the last share is left: time to top up, before a
+        request has to wait for it."""
+        room = self.room(held)
+        return (self.tokens is not None and room.tokens * 2 < self.share_tokens) or (
+            self.spend is not None and room.spend * 2 < self.share_spend)
+
+    def unused(self, held: Spent) -> Spent:
+        """What may be given back: granted but neither used nor held."""
+        room = self.room(held)
+        return Spent(max(0, room.tokens), max(0.0, room.spend))
+
+    def shrink(self, back: Spent) -> None:
+        """``back`` was given back (``unused``)."""
+        if self.tokens is not None:
+            self.tokens -= back.tokens
+        if self.spend is not None:
+            self.spend -= back.spend
+
+    def add(self, granted: Spent, mono: float, valid_until: float) -> None:
+        """A take granted this much more (``valid_until``: by the database's lease)."""
+        if self.tokens is not None:
+            self.tokens += granted.tokens
+        if self.spend is not None:
+            self.spend += granted.spend
+        self.share_tokens, self.share_spend = granted.tokens, granted.spend
+        self.valid_until = max(self.valid_until, valid_until)
+        self.last_used = max(self.last_used, mono)
+
+
+# An idle lease is given back once it holds more than this part of what is left of the
+# budget as this ingress knows it (so that near the end the others can have it), and in
+# any case after ``LEASE_IDLE_MAX_S``: a key used now and then keeps its share (no wait
+# for a take) while the budget is far from spent.
+LEASE_IDLE_S = 2.0
+LEASE_IDLE_MAX_S = 600.0
+LEASE_IDLE_PART = 0.5
+
+
+def give_back_idle(lease: Lease, held: Spent, spent: Spent, mono: float) -> bool:
+    """Whether this ingress should give back ``lease`` now: idle (no request admitted
+    from it for ``LEASE_IDLE_S``, none in flight), and either idle for long or holding
+    much of what is left of its budget (``spent``: the period's use, as this ingress
+    knows it)."""
+    idle = mono - lease.last_used
+    if idle < LEASE_IDLE_S or held.tokens > 0 or held.spend > 1e-12:
+        return False
+    if idle >= LEASE_IDLE_MAX_S:
+        return True
+    unused = lease.unused(held)
+    budget = lease.budget
+    return (budget.tokens is not None
+            and unused.tokens > LEASE_IDLE_PART * (budget.tokens - spent.tokens)) or (
+        budget.spend is not None
+        and unused.spend > LEASE_IDLE_PART * (budget.spend - spent.spend))

@@ -257,6 +257,33 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # key's own applies too, the tighter wins (``ingress.access``).
         "ALTER TABLE teams ADD COLUMN priority TEXT",
     ),
+    (
+        # Budget leases (``ingress.leases``): per account and period window, what is spoken
+        # for (the window's use before its first lease, plus every share handed out since,
+        # less what was given back), and each ingress's share, which counts until it is
+        # given back or, for an ingress that stopped renewing it (killed), expires.
+        """CREATE TABLE budget_windows (
+            kind TEXT NOT NULL,
+            name TEXT NOT NULL,
+            period TEXT NOT NULL,
+            window_start DOUBLE PRECISION NOT NULL,
+            tokens BIGINT NOT NULL,
+            spend DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (kind, name, period, window_start)
+        )""",
+        """CREATE TABLE budget_leases (
+            kind TEXT NOT NULL,
+            name TEXT NOT NULL,
+            period TEXT NOT NULL,
+            window_start DOUBLE PRECISION NOT NULL,
+            ingress TEXT NOT NULL,
+            tokens BIGINT NOT NULL,
+            spend DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (kind, name, period, window_start, ingress)
+        )""",
+        "CREATE INDEX budget_leases_ingress ON budget_leases (ingress)",
+    ),
 )
 LATEST = len(MIGRATIONS)
 _LOCK_ID = 0x6F74656C61  # "otela": the advisory lock migrating PostgreSQL databases

@@ -69,6 +69,8 @@ class IngressService:
         # to ``Access`` where nothing is added, one call less per request.
         self.admit: Callable[[ApiKey, str], Any] = self.access.admit
         self.finished: Callable[[Any, int], None] = self.access.finished
+        # After a 429 budget_reserved: wait for the budget lease being taken, once.
+        self.lease_taken = self.access.lease_taken
         if not open_access:
             self.authenticate: Callable[[bytes | None], ApiKey | None] = \
                 self.access.authenticate

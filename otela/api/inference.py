@@ -52,6 +52,7 @@ log = logging.getLogger("otela.api")
 
 MIGRATIONS_HEADER = b"x-otela-migrations"
 
+LEASE_WAIT_S = 2.0  # a request refused for want of a budget lease waits this long, once
 _ID_PREFIX = os.urandom(6).hex()  # this process; ids are unique across a federation
 _ID_COUNTER = itertools.count()
 
@@ -142,7 +143,7 @@ class InferenceRoutes:
             hide_usage = None
             if key is not None:
                 assert self.keys is not None
-                grant = self.keys.admit(key, model, exchange.max_tokens, len(raw))
+                grant = await self._admit(key, model, exchange.max_tokens, len(raw))
                 if ask_for_usage(body, exchange.route):
                     hide_usage, raw = UsageChunkFilter(), orjson.dumps(materialized(body))
             if self.keep_prompts:
@@ -215,6 +216,21 @@ class InferenceRoutes:
                                    exchange.node_provider)
             if self.queue is not None:
                 self._ended(exchange, waiter, (tap.prompt_tokens or 0) + tap.output_tokens)
+
+    async def _admit(self, key: Any, model: str, max_tokens: int | None,
+                     prompt_bound: int) -> Any:
+        """The key gate's grant; where it refused for want of a budget lease that it is
+        taking from the database (several ingresses share a budget), after waiting once
+        for that take (at most ``LEASE_WAIT_S``), instead of a 429 to the client."""
+        assert self.keys is not None
+        try:
+            return self.keys.admit(key, model, max_tokens, prompt_bound)
+        except RequestError as refused:
+            wait = getattr(self.keys, "lease_taken", None)
+            if refused.code != "budget_reserved" or wait is None or \
+                    not await wait(LEASE_WAIT_S):
+                raise
+        return self.keys.admit(key, model, max_tokens, prompt_bound)
 
     async def _turn(self, queue: AdmissionQueue, model: str, ask: Ask, key: Any,
                     exchange: Exchange, body_bytes: int) -> Waiter | None:

@@ -30,6 +30,9 @@ class KeyGate(Protocol):
         the body is read); takes nothing."""
         ...
 
+    # Optional: ``async lease_taken(timeout) -> bool`` — after a 429 ``budget_reserved``,
+    # wait for the budget lease this gate is taking (the request path asks once more).
+
     def finished(self, grant: Any, tokens: int, prompt_tokens: int = 0,
                  provider: str = "") -> None:
         """A granted request is over: it used ``tokens``, ``prompt_tokens`` of them its
