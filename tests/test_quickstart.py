@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -99,6 +100,9 @@ def test_ctrl_c_or_kill_stops_the_demo_and_every_node_cleanly(tmp_path, how, cod
         logs = {str(log.relative_to(tmp_path)): log.read_text(errors="replace")[-3000:]
                 for log in tmp_path.glob("otela-demo-*/**/node.log")}
         os.killpg(demo.pid, signal.SIGKILL)
+        for pid in _processes_mentioning(str(tmp_path)):  # nodes: sessions of their own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         pytest.fail(f"the demo did not end within 90 s of {how}; node logs: {logs}")
     text = "".join(output) + rest
     assert demo.returncode == code, text
