@@ -40,7 +40,7 @@ from otela.kvcache.events import Batch, Removed, Stored
 from otela.kvcache.hashing import BlockHasher
 from otela.kvcache.index import CacheIndex
 from otela.kvcache.tokenize import Tokenizers
-from otela.load.reports import TTL_INTERVALS, ReportSchedule, decode_report, encode
+from otela.load.reports import TTL_INTERVALS, ReportSchedule, decode, encode
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.routing.cache_aware import CacheAware, CacheContext
 from otela.routing.load import NodeLoad
@@ -180,7 +180,7 @@ def simulate(args: argparse.Namespace) -> None:
                     cache = summary or (node.index.epoch, node.index.seq)
                     data = encode(node.session, due[0], due[1], cache)
                     node.bytes_sent += len(data)
-                    report = decode_report(data)
+                    report = decode(data)
                     assert report is not None and report[3] is not None
                     board = boards[name]
                     taken = board.take(node.session, report[3], now, ttl) if not \

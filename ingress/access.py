@@ -408,10 +408,7 @@ class Access:
         self._dry_until.pop(account, None)
         valid_until = started + self.lease_ttl - self._lease_margin()
         lease = self.leases.get(account)
-        if lease is None or started >= lease.valid_until or lease.window != window \
-                or lease.budget.period != budget.period \
-                or (lease.tokens is None) != (budget.tokens is None) \
-                or (lease.spend is None) != (budget.spend is None):
+        if lease is None or not lease.fits(budget, window, started):
             # A new window (the old one's rest belongs to a period that is over), a budget
             # of another kind, or a lease that lapsed (it may have been taken back: what
             # it had left must not be used): afresh. The take asked for what the

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import msgpack
 
+from otela.kvcache.hashing import LOW64, fingerprint
+
 # Cache tiers that save a prefill: the accelerator's own memory (``medium`` unset on
 # older engines). Offloaded tiers (CPU, storage) still need a copy back: not advertised.
 SERVING_MEDIA = frozenset({None, "GPU"})
@@ -57,9 +59,9 @@ def _hash_value(value: object) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value & ((1 << 64) - 1)
+        return value & LOW64
     if isinstance(value, bytes | bytearray):
-        return int.from_bytes(value, "big") & ((1 << 64) - 1)
+        return fingerprint(bytes(value))
     return None
 
 

@@ -26,7 +26,7 @@ from typing import Any
 Fingerprint = int  # a block hash's low 64 bits, as vLLM's KV events give it
 DEFAULT_SEED = "vllm-none-hash"
 ALGORITHMS = ("sha256", "sha256_cbor")
-_LOW64 = (1 << 64) - 1
+LOW64 = (1 << 64) - 1  # a fingerprint's bits: vLLM's events keep the low 64
 
 
 def _sha256_pickle(value: Any) -> bytes:
@@ -45,7 +45,7 @@ _FUNCTIONS: dict[str, Callable[[Any], bytes]] = {
 
 def fingerprint(digest: bytes) -> Fingerprint:
     """The integer vLLM's KV events carry for a block whose hash is ``digest``."""
-    return int.from_bytes(digest, "big") & _LOW64
+    return int.from_bytes(digest, "big") & LOW64
 
 
 class BlockHasher:

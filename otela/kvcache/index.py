@@ -178,6 +178,12 @@ class CacheIndex:
         if len(self._log) > 2 * self.log_limit:  # trimmed in chunks: appends stay O(1)
             del self._log[:len(self._log) - self.log_limit]
 
+    def report(self) -> dict[str, object]:
+        """What ``/v1/network`` shows of this node's index (``routing.cache.own``)."""
+        return {"epoch": self.epoch, "seq": self.seq, "anchors": len(self.anchors),
+                "blocks": len(self.blocks), "algorithm": self.algorithm,
+                "block_size": self.block_size, **self.stats}
+
     # -- summaries out ----------------------------------------------------------------
 
     @property

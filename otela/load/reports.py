@@ -107,13 +107,7 @@ def encode(session: str, load: NodeLoad, ttl: float, cache: Summary | tuple[int,
     return orjson.dumps(fields)
 
 
-def decode(data: bytes) -> tuple[str, NodeLoad, float] | None:
-    """A report's session, load and ttl; ``None`` for anything malformed."""
-    report = decode_report(data)
-    return None if report is None else report[:3]
-
-
-def decode_report(data: bytes) -> tuple[str, NodeLoad, float,
+def decode(data: bytes) -> tuple[str, NodeLoad, float,
                                         Summary | tuple[int, int] | None] | None:
     """A report's session, load, ttl and cache part (a summary, or (epoch, seq) when
     nothing changed); ``None`` for anything malformed."""
@@ -287,7 +281,7 @@ class LoadReports:
             self.stats["refused"] += 1
             raise RequestError(refused.status, refused.message, code=refused.code) from None
         self.stats["bytes_received"] += len(body)
-        report = decode_report(body)
+        report = decode(body)
         if report is None:
             self.stats["refused"] += 1
             raise RequestError(400, "a load report is {\"s\": session, \"l\": load, "

@@ -84,10 +84,4 @@ class RoutingStatus:
                 "cache": {"nodes": router.cache.board.report(trio.current_time()),
                           "decisions": dict(self.cache_decisions()),
                           "own": None if self.load_reports.cache is None else
-                          {"epoch": self.load_reports.cache.epoch,
-                           "seq": self.load_reports.cache.seq,
-                           "anchors": len(self.load_reports.cache.anchors),
-                           "blocks": len(self.load_reports.cache.blocks),
-                           "algorithm": self.load_reports.cache.algorithm,
-                           "block_size": self.load_reports.cache.block_size,
-                           **self.load_reports.cache.stats}}}
+                          self.load_reports.cache.report()}}

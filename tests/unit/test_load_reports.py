@@ -39,8 +39,8 @@ def test_reports_go_to_live_ingresses_only_one_per_peer_never_to_ourselves() -> 
 
 def test_a_report_round_trips_and_anything_malformed_is_dropped() -> None:
     load = NodeLoad(in_flight=3, running=2, waiting=1, kv_usage=0.25, capacity=1.5)
-    session, back, ttl = decode(encode("s1", load, 6.0)) or ("", None, 0.0)
-    assert (session, back, ttl) == ("s1", load, 6.0)
+    session, back, ttl, cache = decode(encode("s1", load, 6.0)) or ("", None, 0.0, None)
+    assert (session, back, ttl) == ("s1", load, 6.0) and cache is None
     for bad in (b"", b"not json", b"[]", b'{"s": "s1", "l": "f=1"}',
                 b'{"s": "s1", "l": "f=1", "t": 0}', b'{"s": "s1", "l": "f=1", "t": 1e9}',
                 b'{"s": "s1", "l": "f=1", "t": NaN}', b'{"s": "s1", "l": "f=x", "t": 1}',
