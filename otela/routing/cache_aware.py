@@ -39,7 +39,13 @@ from otela.kvcache.anchors import anchor_depths
 from otela.kvcache.board import CacheBoard
 from otela.kvcache.hashing import BlockHasher, Fingerprint
 from otela.kvcache.tokenize import Tokenizers
-from otela.routing.policies import Candidate, Pick, PrefixAffinity
+from otela.routing.policies import (
+    Candidate,
+    Pick,
+    PrefixAffinity,
+    having,
+    mean_relative_load,
+)
 
 Anchors = list[tuple[int, Fingerprint]]  # (depth, fingerprint), deepest first
 
@@ -60,18 +66,6 @@ class CacheContext:
         if hasher is None:
             hasher = self.hashers[hashing] = BlockHasher(*hashing)
         return hasher
-
-
-LOAD_SAMPLE = 32  # beyond this many candidates, the mean load is estimated from a sample
-
-
-def _mean_load(candidates: Sequence[Candidate], rng: random.Random) -> float:
-    """The mean load per unit of capacity with the request being placed counted: exact up
-    to ``LOAD_SAMPLE`` candidates, estimated from as many random ones beyond (the bound
-    is a rule of thumb; a scan of every node's load would cost more than the decision)."""
-    sample = candidates if len(candidates) <= LOAD_SAMPLE else \
-        rng.choices(candidates, k=LOAD_SAMPLE)
-    return sum(c.relative_load for c in sample) / len(sample) + 1 / len(candidates)
 
 
 class CacheAware:
@@ -131,11 +125,10 @@ class CacheAware:
             return self.fallback.pick(candidates, request, rng)
         held = self._held(request, self.context.clock())
         if held:
-            # The holders among the candidates: one scan, the decision's only O(nodes)
-            # step (~35 us at 1,000 nodes; benchmarks/cache_scale.py).
-            holders = [c for c in candidates if c.record.session_id in held]
+            # The holders among the candidates: looked up (a view), not scanned.
+            holders = having(candidates, held)
             if holders:
-                bound = math.ceil(self.balance * _mean_load(candidates, rng))
+                bound = math.ceil(self.balance * mean_relative_load(candidates, rng))
                 holders.sort(key=lambda c: (-held[c.record.session_id], c.relative_load))
                 for candidate in holders:
                     if candidate.relative_load + 1 <= bound:
@@ -143,8 +136,7 @@ class CacheAware:
                         return candidate
                 self.context.stats["load_won"] += 1
                 # and the fallback keeps to the bound too (prefix affinity's own is looser)
-                within = [c for c in candidates if c.relative_load + 1 <= bound]
-                return self.fallback.pick(within or candidates, request, rng)
+                return self.fallback.pick_within(candidates, request, rng, bound)
         self.context.stats["fallback"] += 1
         return self.fallback.pick(candidates, request, rng)
 

@@ -17,17 +17,47 @@ own answer when nothing passes it. Pure.
 
 Trust comes before everything a node could influence, so no later step (a policy, a
 retry, a fallback) can ever see an untrusted node.
+
+Each filter's answer is remembered (``FilterMemo``) for the tuple it was given and what it
+filtered by: the registry hands out the same tuple of a model's SERVING sessions until one
+of them changes, so at 1,000 nodes a request does not rescan them all
+(``benchmarks/routing_decision.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
+from typing import TypeVar, cast
 
 from otela.dataplane.errors import RequestError, clip
 from otela.registry.records import NodeRecord
 from otela.registry.store import Registry
 from otela.routing.constraints import Clause, select
 from otela.routing.trust import ANY, TrustSet
+
+Nodes = tuple[NodeRecord, ...]
+T = TypeVar("T")
+
+
+class FilterMemo:
+    """Filters' answers, per input tuple (by identity: the input is kept, so its id is not
+    reused while remembered) and per what they filtered by. Bounded: cleared when full,
+    which costs one rescan per filter."""
+
+    def __init__(self, size: int = 512) -> None:
+        self.size = size
+        self._answers: dict[tuple[int, Hashable], tuple[Nodes, object]] = {}
+
+    def get(self, nodes: Nodes, key: Hashable, compute: Callable[[], T]) -> T:
+        slot = (id(nodes), key)
+        known = self._answers.get(slot)
+        if known is not None and known[0] is nodes:
+            return cast(T, known[1])
+        answer = compute()
+        if len(self._answers) >= self.size:
+            self._answers.clear()
+        self._answers[slot] = (nodes, answer)
+        return answer
 
 
 def eligible(
@@ -38,32 +68,51 @@ def eligible(
     clauses: Sequence[Clause] = (),
     suspected: Collection[str] = frozenset(),
     ejected: Callable[[Collection[str]], Collection[str]] | None = None,
-) -> tuple[NodeRecord, ...]:
+    memo: FilterMemo | None = None,
+) -> Nodes:
     """The nodes a request for ``model_id`` may go to, or the ``RequestError`` that says
-    why there are none."""
+    why there are none. ``ejected`` is asked only when it may leave some out (a caller
+    with no ejection in force passes None); ``memo`` remembers the filters' answers."""
     serving = registry.serving_candidates(model_id)  # the hot path: one cached lookup
     if not serving:
         _none_serving(registry, model_id)
     if trust.providers is not None:
-        serving = tuple(r for r in serving if r.provider_id in trust.providers)
+        providers = trust.providers
+        serving = _filtered(memo, serving, ("trust", providers), lambda nodes: tuple(
+            r for r in nodes if r.provider_id in providers))
         if not serving:
             raise RequestError(
                 503, f"No node of a trusted provider serves `{clip(model_id)}` right now "
                 f"(trust set applied: {clip(trust.describe(), 300)}).",
                 code="no_trusted_node")
     if suspected:
-        serving = tuple(r for r in serving if r.peer_id not in suspected) or serving
+        out = suspected if isinstance(suspected, frozenset) else frozenset(suspected)
+        serving = _filtered(memo, serving, ("suspected", out), lambda nodes: tuple(
+            r for r in nodes if r.peer_id not in out) or nodes)
     if clauses:
-        serving, excluded_by = select(clauses, serving, model_id)
+        key = ("clauses", model_id, tuple(clauses))
+        if memo is None:
+            serving, excluded_by = select(clauses, serving, model_id)
+        else:
+            before = serving
+            serving, excluded_by = memo.get(
+                before, key, lambda: select(clauses, before, model_id))
         if excluded_by is not None:
             raise RequestError(
                 503, f"No node serving `{clip(model_id)}` meets the requirement "
                 f"`{excluded_by.text}`.", code="no_matching_node", param="X-Otela-Require")
     if ejected is not None and len(serving) > 1:
-        out = ejected([r.session_id for r in serving])
-        if out and len(out) < len(serving):  # (the ejection policy never asks for all)
-            serving = tuple(r for r in serving if r.session_id not in out)
+        ejecting = ejected([r.session_id for r in serving])
+        if ejecting and len(ejecting) < len(serving):  # (it never asks for all of them)
+            serving = tuple(r for r in serving if r.session_id not in ejecting)
     return serving
+
+
+def _filtered(memo: FilterMemo | None, nodes: Nodes, key: Hashable,
+              keep: Callable[[Nodes], Nodes]) -> Nodes:
+    if memo is None:
+        return keep(nodes)
+    return memo.get(nodes, key, lambda: keep(nodes))
 
 
 def _none_serving(registry: Registry, model_id: str) -> None:

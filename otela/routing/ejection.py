@@ -41,6 +41,9 @@ class Ejections:
     max_share: float = 0.5
     _health: dict[str, _Health] = field(default_factory=dict)
     total: int = 0  # ejections so far (metrics)
+    # When the last ejection in force ends: before it, routing asks ``ejected``; after it,
+    # no node is ejected and the per-request scan of candidates is skipped.
+    in_force_until: float = 0.0
 
     def success(self, session: str) -> None:
         health = self._health.get(session)
@@ -59,8 +62,13 @@ class Ejections:
         health.ejected_at = now
         health.ejected_until = now + min(self.max_time,
                                          self.base * 2 ** (health.ejections - 1))
+        self.in_force_until = max(self.in_force_until, health.ejected_until)
         self.total += 1
         return True
+
+    def any_in_force(self, now: float) -> bool:
+        """Whether some node may be ejected now (False: ``ejected`` would leave none out)."""
+        return self.in_force_until > now
 
     def ejected(self, sessions: Collection[str], now: float) -> frozenset[str]:
         """Which of ``sessions`` (one model's candidates) to leave out now."""

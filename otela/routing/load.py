@@ -164,6 +164,16 @@ class LoadBoard:
             return float(ours)
         return float(max(ours, report.load.outstanding + report.sent_since))
 
+    def estimate_and_capacity(self, session: str, ours: int, now: float
+                              ) -> tuple[float, float]:
+        """``estimate`` and ``capacity`` at once: what routing reads for every candidate
+        it looks at, with one lookup."""
+        report = self._reports.get(session)
+        if report is None or now - report.at > report.ttl:
+            return float(ours), 1.0
+        load = report.load
+        return float(max(ours, load.outstanding + report.sent_since)), load.capacity
+
     def in_flight(self, session: str, ours: int, now: float) -> float:
         """Requests open at the node through otela, as well as this ingress can tell: the
         room a node has is counted in these (its engine's own running and waiting counts

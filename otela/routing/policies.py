@@ -27,16 +27,16 @@ Plugins implement ``Policy`` and register under the entry point group
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload, runtime_checkable
 
 from otela.registry.records import NodeRecord
+from otela.routing.rendezvous import FLAT_MAX, Tree, hash64, score, session_hash
 
 if TYPE_CHECKING:
     from otela.routing.cache_aware import CacheContext
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("otela.routing")
 
 ENTRY_POINT_GROUP = "otela.routing_policies"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,105 @@ class Candidate:
     @property
     def relative_load(self) -> float:
         return self.load / self.capacity
+
+
+class CandidateView(Sequence[Candidate]):
+    """The eligible nodes as a policy sees them, each made a ``Candidate`` (its load
+    estimate and capacity) only when the policy first looks at it, and once. At 1,000
+    nodes making them all cost ~2.5 ms a request, while ``power_of_two`` looks at two and
+    ``cache_aware`` at the few holding the request's prefix plus a sample for the mean
+    load (``benchmarks/routing_decision.py``). A policy that iterates gets them all, as
+    from a list, in the same order."""
+
+    __slots__ = ("_made", "_make", "_mean", "_memo", "records")
+
+    def __init__(self, records: Sequence[NodeRecord], make: Callable[[NodeRecord], Candidate],
+                 memo: Memo | None = None, mean_load: Callable[[], float] | None = None
+                 ) -> None:
+        self.records = records
+        self._make = make
+        self._made: dict[int, Candidate] = {}
+        # What is worked out once per candidate set (where each session is, the rendezvous
+        # tree) and kept across requests while the set is the same (the router's).
+        self._memo = memo
+        self._mean = mean_load  # the mean load, as ``mean_relative_load``, kept a moment
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @overload
+    def __getitem__(self, index: int) -> Candidate: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Candidate]: ...
+
+    def __getitem__(self, index: int | slice) -> Candidate | list[Candidate]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self.records)))]
+        if index < 0:
+            index += len(self.records)
+        made = self._made.get(index)
+        if made is None:
+            made = self._made[index] = self._make(self.records[index])
+        return made
+
+    def __iter__(self) -> Iterator[Candidate]:
+        for index in range(len(self.records)):
+            yield self[index]
+
+    def shared(self, name: Hashable, build: Callable[[Sequence[NodeRecord]], T]) -> T:
+        """``build(records)``, worked out once per candidate set where the router keeps
+        it."""
+        if self._memo is None:
+            return build(self.records)
+        records = self.records
+        return self._memo(name, lambda: build(records))
+
+    def having(self, sessions: Collection[str]) -> list[Candidate]:
+        """The candidates whose session is one of ``sessions``, looked up, not scanned."""
+        positions = self.shared("positions", lambda records: {
+            r.session_id: i for i, r in enumerate(records)})
+        return [self[i] for s in sessions if (i := positions.get(s)) is not None]
+
+    def mean_load(self, rng: random.Random) -> float:
+        if self._mean is not None and len(self.records) > LOAD_SAMPLE:
+            return self._mean()
+        return sampled_mean_load(self, rng)
+
+
+Memo = Callable[[Hashable, Callable[[], Any]], Any]
+LOAD_SAMPLE = 32  # beyond this many candidates, the mean load is estimated from a sample
+
+
+def having(candidates: Sequence[Candidate], sessions: Collection[str]) -> list[Candidate]:
+    """The candidates whose session is one of ``sessions`` (a view looks them up)."""
+    if isinstance(candidates, CandidateView):
+        return candidates.having(sessions)
+    return [c for c in candidates if c.session in sessions]
+
+
+def mean_relative_load(candidates: Sequence[Candidate], rng: random.Random) -> float:
+    """The mean load per unit of capacity with the request being placed counted: exact up
+    to ``LOAD_SAMPLE`` candidates, estimated from as many random ones beyond (the load
+    bounds are rules of thumb; reading every node's load would cost more than the
+    decision), which the router keeps for a moment (``Router.choose``)."""
+    if isinstance(candidates, CandidateView):
+        return candidates.mean_load(rng)
+    return sampled_mean_load(candidates, rng)
+
+
+def sampled_mean_load(candidates: Sequence[Candidate], rng: random.Random) -> float:
+    sample = candidates if len(candidates) <= LOAD_SAMPLE else \
+        rng.choices(candidates, k=LOAD_SAMPLE)
+    return sum(c.relative_load for c in sample) / len(sample) + 1 / len(candidates)
+
+
+def tree_of(candidates: Sequence[Candidate]) -> Tree:
+    """The candidates' rendezvous tree (kept per candidate set by a view)."""
+    if isinstance(candidates, CandidateView):
+        return candidates.shared("rendezvous", lambda records: Tree(
+            [r.session_id for r in records]))
+    return Tree([c.session for c in candidates])
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,48 +273,45 @@ class PrefixAffinity(_Base):
 
     def pick(self, candidates: Sequence[Candidate], request: Pick, rng: random.Random
              ) -> Candidate:
+        return self.pick_within(candidates, request, rng)
+
+    def pick_within(self, candidates: Sequence[Candidate], request: Pick,
+                    rng: random.Random, bound: int | None = None) -> Candidate:
+        """The key's first node whose load, with this request, stays within ``bound``
+        (default: ``balance`` times the mean, at least 2); the least loaded of those
+        ranked when none does."""
         if request.affinity_key is None or len(candidates) == 1:
             return PowerOfTwo().pick(candidates, request, rng)
-        key = _hash64(request.affinity_key.encode("utf-8", "surrogatepass"))
-        ranked = sorted(candidates, key=lambda c: _score(key, c), reverse=True)
+        key = hash64(request.affinity_key.encode("utf-8", "surrogatepass"))
         # Bounded load: the mean includes the request being placed, so an idle
         # federation always admits the first choice. The bound is at least 2: loads are
         # partly reported, and one stale count (an engine's metrics polled while the
         # user's previous request ran) must not move a user off an otherwise idle node.
-        total = sum(c.relative_load for c in candidates) + 1
-        bound = max(2, math.ceil(self.balance * total / len(candidates)))
+        if bound is None:
+            bound = max(2, math.ceil(self.balance * mean_relative_load(candidates, rng)))
+        if len(candidates) <= FLAT_MAX:
+            ranked = sorted(candidates, key=lambda c: _score(key, c), reverse=True)
+        else:  # a tree: the nodes of the key's first leaves, not all of them
+            ranked = []
+            for leaf in tree_of(candidates).leaves(key):
+                members = sorted((candidates[i] for i in leaf),
+                                 key=lambda c: _score(key, c), reverse=True)
+                for candidate in members:
+                    if candidate.relative_load + 1 <= bound:
+                        return candidate
+                ranked += members
+                if len(ranked) >= FLAT_MAX:
+                    break
         for candidate in ranked:
             if candidate.relative_load + 1 <= bound:
                 return candidate
         return min(ranked, key=lambda c: c.relative_load)
 
 
-def _hash64(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
-
-
-_SESSION_HASH: dict[str, int] = {}
-
-
 def _score(key: int, candidate: Candidate) -> float:
     """Rendezvous (highest random weight) score, weighted by capacity: a node with twice
-    the capacity wins about twice the keys (-w / ln(u), Schindelhauer & Schomaker)."""
-    session = candidate.session
-    salt = _SESSION_HASH.get(session)
-    if salt is None:
-        if len(_SESSION_HASH) > 65536:
-            _SESSION_HASH.clear()
-        salt = _SESSION_HASH[session] = _hash64(session.encode())
-    mixed = _mix64(key ^ salt)
-    unit = (mixed + 1) / (2**64 + 1)  # in (0, 1)
-    return -candidate.capacity / math.log(unit)
-
-
-def _mix64(x: int) -> int:
-    """SplitMix64's finalizer: a fast, well-spread 64-bit mix."""
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
+    the capacity wins about twice the keys (``otela.routing.rendezvous``)."""
+    return score(key, session_hash(candidate.session), candidate.capacity)
 
 
 def provider_share(candidates: Sequence[Candidate], rng: random.Random

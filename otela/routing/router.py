@@ -58,16 +58,18 @@ from otela.registry.store import Registry
 from otela.routing.abandon import FailedWhileWaiting, NodeWatch, failed_sessions
 from otela.routing.ask import Ask
 from otela.routing.cache_aware import CacheContext
-from otela.routing.candidates import eligible
+from otela.routing.candidates import FilterMemo, eligible
 from otela.routing.ejection import Ejections
 from otela.routing.load import LOAD_HEADER, LoadBoard, NodeLoad, parse_load
 from otela.routing.policies import (
     Candidate,
+    CandidateView,
     Pick,
     Policy,
     UnknownPolicy,
     load_policy,
     provider_share,
+    sampled_mean_load,
 )
 from otela.routing.speed import Speeds
 from otela.routing.trust import ANY, TrustSet
@@ -76,6 +78,7 @@ log = logging.getLogger("otela.routing")
 
 DECLINED_PAUSE_S = 0.5  # before asking again the nodes that did not know us yet (x round)
 ASK_AGAIN_ROUNDS = 3  # times those are asked again, once nobody else is left to ask
+MEAN_LOAD_KEPT_S = 0.1  # a large federation's sampled mean load is reused this long
 
 OK, CLIENT_ERROR, FAILED, NOT_DELIVERED = "ok", "client_error", "failed", "not_delivered"
 
@@ -237,6 +240,7 @@ class Router:
         self.ejections = Ejections(settings.eject_after, settings.eject_time,
                                    settings.eject_max_time, settings.eject_max_share)
         self.loads = LoadBoard(settings.load_ttl)
+        self.filters = FilterMemo()  # eligible's answers, per registry tuple
         self.retries = 0  # attempts after a first one that was not delivered
         self.resent = 0  # of those, after a node broke off before answering (retry_broken)
         self.migrated = 0  # chat streams continued on another node after theirs broke off
@@ -306,7 +310,7 @@ class Router:
         timeout = first_byte_timeout or self.settings.timeouts.ceiling_s
         policy = self.policies.get(ask.policy)
         now = self.clock()
-        nodes = self._eligible(model_id, ask, now)
+        nodes = self.nodes_for(model_id, ask, now)
         pick = Pick(model_id, affinity_key() if policy.uses_affinity_key and affinity_key
                     else None, ask.stream,
                     body if getattr(policy, "uses_body", False) else None)
@@ -334,11 +338,7 @@ class Router:
                 remaining = [r for r in nodes if r.session_id not in tried]
             if not remaining:
                 break
-            candidates: Sequence[Candidate] = [self._candidate(r, now, pick)
-                                               for r in remaining]
-            if self.settings.balance_providers:
-                candidates = provider_share(candidates, self.rng)
-            candidate = policy.pick(candidates, pick, self.rng)
+            candidate = self.choose(remaining, policy, pick, now)
             node = candidate.record
             if attempts:
                 self.retries += 1
@@ -371,6 +371,31 @@ class Router:
             502, f"All {len(tried)} candidate node(s) for `{clip(model_id)}` were "
             f"unreachable{why}.", code="all_nodes_unreachable")
 
+    def choose(self, nodes: Sequence[NodeRecord], policy: Policy, pick: Pick, now: float
+               ) -> Candidate:
+        """The routing decision proper, among ``nodes`` (eligible, not tried yet, never
+        empty): each as the policy sees it (load estimate, capacity), made only when the
+        policy looks at it, then the policy's pick. Synchronous: measured on its own by
+        ``benchmarks/routing_decision.py``."""
+        own = self.upstreams.self_session()
+
+        def make(record: NodeRecord) -> Candidate:
+            return self._candidate(record, now, pick, own)
+
+        if not isinstance(nodes, tuple):  # a retry's remaining nodes: nothing to keep
+            view = CandidateView(nodes, make)
+        else:  # the registry's tuple (or a filter's), the same until a node changes
+            memo = partial(self.filters.get, nodes)
+            # A large federation's mean load is a sample's, kept a moment: the reports it
+            # is made of are seconds old anyway.
+            moment = ("mean load", pick.model, pick.stream, int(now / MEAN_LOAD_KEPT_S))
+            view = CandidateView(nodes, make, memo, lambda: memo(
+                moment, lambda: sampled_mean_load(view, self.rng)))
+        candidates: Sequence[Candidate] = view
+        if self.settings.balance_providers:
+            candidates = provider_share(candidates, self.rng)
+        return policy.pick(candidates, pick, self.rng)
+
     def room(self, model_id: str, ask: Ask, reserved: int = 0, held_back: float = 0.0
              ) -> bool:
         """Whether a node ``ask`` may use has room for one more request beyond
@@ -382,7 +407,7 @@ class Router:
             return True
         now = self.clock()
         try:
-            nodes = self._eligible(model_id, ask, now)
+            nodes = self.nodes_for(model_id, ask, now)
         except RequestError:
             return True
         free = 0.0
@@ -407,16 +432,17 @@ class Router:
         sessions meanwhile: the only candidate at first may be one that declined); the
         earlier ones if none serves now."""
         try:
-            return self._eligible(model_id, ask, self.clock())
+            return self.nodes_for(model_id, ask, self.clock())
         except RequestError:
             return nodes
 
-    def _eligible(self, model_id: str, ask: Ask, now: float) -> tuple[NodeRecord, ...]:
+    def nodes_for(self, model_id: str, ask: Ask, now: float) -> tuple[NodeRecord, ...]:
         """The nodes ``ask`` may go to now (``candidates.eligible`` with this router's
         suspects and ejections)."""
+        ejected = (lambda sessions: self.ejections.ejected(sessions, now)) \
+            if self.ejections.any_in_force(now) else None
         return eligible(self.registry, model_id, trust=ask.trust, clauses=ask.clauses,
-                        suspected=self.suspected(),
-                        ejected=lambda sessions: self.ejections.ejected(sessions, now))
+                        suspected=self.suspected(), ejected=ejected, memo=self.filters)
 
     def _another_serves(self, model_id: str, ask: Ask, tried: set[str]) -> bool:
         """Whether a node not tried yet, and not suspected, could take the request now."""
@@ -427,24 +453,27 @@ class Router:
         suspected = self.suspected()
         return any(r.session_id not in tried and r.peer_id not in suspected for r in nodes)
 
-    def _candidate(self, record: NodeRecord, now: float, pick: Pick) -> Candidate:
+    def _candidate(self, record: NodeRecord, now: float, pick: Pick, own: str | None
+                   ) -> Candidate:
         session = record.session_id
         ours = self.busy.get(session, 0)
         if self.shared_busy:
             ours = max(ours, self.shared_busy.get(session, 0))
-        if session == self.upstreams.self_session():
-            own = self.own_load()
-            if own is not None:
-                return Candidate(record, float(max(ours, own.outstanding)), own.capacity)
-        return Candidate(record, self.loads.estimate(session, ours, now),
-                         self.capacity(record, now, pick))
+        if session == own:
+            mine = self.own_load()
+            if mine is not None:
+                return Candidate(record, float(max(ours, mine.outstanding)), mine.capacity)
+        load, claimed = self.loads.estimate_and_capacity(session, ours, now)
+        return Candidate(record, load, self._weight(record, claimed, pick))
 
     def capacity(self, record: NodeRecord, now: float, pick: Pick) -> float:
         """A node's capacity weight as routing uses it: what it claims, at most what its
         hardware can serve, scaled down when it answers more slowly than its peers here
         (``speed``)."""
+        return self._weight(record, self.loads.capacity(record.session_id, now), pick)
+
+    def _weight(self, record: NodeRecord, claimed: float, pick: Pick) -> float:
         session = record.session_id
-        claimed = self.loads.capacity(session, now)
         if self.plausible is not None:
             cached = self._plausible.get(session)
             if cached is None or cached[0] != record.version:
