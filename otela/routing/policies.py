@@ -72,7 +72,7 @@ class CandidateView(Sequence[Candidate]):
     load (``benchmarks/routing_decision.py``). A policy that iterates gets them all, as
     from a list, in the same order."""
 
-    __slots__ = ("_made", "_make", "_mean", "_memo", "records")
+    __slots__ = ("_all", "_made", "_make", "_mean", "_memo", "records")
 
     def __init__(self, records: Sequence[NodeRecord], make: Callable[[NodeRecord], Candidate],
                  memo: Memo | None = None, mean_load: Callable[[], float] | None = None
@@ -80,6 +80,7 @@ class CandidateView(Sequence[Candidate]):
         self.records = records
         self._make = make
         self._made: dict[int, Candidate] = {}
+        self._all: list[Candidate] | None = None  # once a policy has iterated: every one
         # What is worked out once per candidate set (where each session is, the rendezvous
         # tree) and kept across requests while the set is the same (the router's).
         self._memo = memo
@@ -95,6 +96,8 @@ class CandidateView(Sequence[Candidate]):
     def __getitem__(self, index: slice) -> list[Candidate]: ...
 
     def __getitem__(self, index: int | slice) -> Candidate | list[Candidate]:
+        if self._all is not None:
+            return self._all[index]
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self.records)))]
         if index < 0:
@@ -105,8 +108,10 @@ class CandidateView(Sequence[Candidate]):
         return made
 
     def __iter__(self) -> Iterator[Candidate]:
-        for index in range(len(self.records)):
-            yield self[index]
+        if self._all is None:
+            made, make = self._made, self._make
+            self._all = [made.get(i) or make(r) for i, r in enumerate(self.records)]
+        return iter(self._all)
 
     def shared(self, name: Hashable, build: Callable[[Sequence[NodeRecord]], T]) -> T:
         """``build(records)``, worked out once per candidate set where the router keeps
