@@ -81,6 +81,13 @@ class Figure:
         return f"{self.model} {bits} {self.gpu} {lay}{extra} {self.isl}/{self.osl} {self.metric}"
 
 
+def spans_nodes(f: Figure) -> bool:
+    """Whether one replica of figure f spans several nodes (its TP x PP group is larger than
+    the GPU's node): the figures that exercise the inter-node link model."""
+    per_node = get_gpu(f.gpu).efficiency.gpus_per_node
+    return per_node > 0 and f.tp * f.pp > per_node
+
+
 def _row_id(table: str, row: dict[str, Any]) -> str:
     parts = []
     if "model" in row:
@@ -322,6 +329,7 @@ def evaluate(half: str | None = CALIBRATION, path: Path = DATA) -> list[dict[str
                 "published": f.published,
                 "predicted": pred,
                 "error": rel_err(pred, f.published),
+                "multi_node": spans_nodes(f),
             }
         )
     return rows

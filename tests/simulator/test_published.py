@@ -206,6 +206,8 @@ def test_serve_figures_run_the_client_at_its_request_rate() -> None:
     serve = [f for f in FIGS if f.protocol == "serve"]
     assert len(serve) == 8 and len({f.rate for f in serve}) == 4
     assert all(f.tp * f.pp > get_gpu(f.gpu).efficiency.gpus_per_node for f in serve)
+    # they are the only figures whose replica spans nodes (405B TP8 fills one 8-GPU node)
+    assert {f.id for f in FIGS if P.spans_nodes(f)} == {f.id for f in serve}
     f = next(x for x in serve if x.rate == 1 and x.bits[2] == 16)
     assert f.id.endswith("/rps1/1024-1024") and f.mem_util == 0.8
     res = P.serve(f.model, f.gpu, f.tp, f.pp, f.bits, f.engine, f.isl, f.osl, f.n, f.rate,
