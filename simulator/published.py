@@ -18,6 +18,7 @@ unless asked for the held-out one.
 from __future__ import annotations
 
 import hashlib
+import math
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -65,6 +66,8 @@ class Figure:
     inner: str = ""
     layouts: tuple[tuple[int, int], ...] = ()
     layout: int = 0  # ratio figures: which layout is over layouts[0]
+    rate: float = 0.0  # serve figures: the client's request rate (0: all at once)
+    mem_util: float = 0.9  # serve figures: the engine's share of GPU memory (weights + KV)
 
     @property
     def setting(self) -> str:
@@ -78,6 +81,13 @@ class Figure:
         return f"{self.model} {bits} {self.gpu} {lay}{extra} {self.isl}/{self.osl} {self.metric}"
 
 
+def spans_nodes(f: Figure) -> bool:
+    """Whether one replica of figure f spans several nodes (its TP x PP group is larger than
+    the GPU's node): the figures that exercise the inter-node link model."""
+    per_node = get_gpu(f.gpu).efficiency.gpus_per_node
+    return per_node > 0 and f.tp * f.pp > per_node
+
+
 def _row_id(table: str, row: dict[str, Any]) -> str:
     parts = []
     if "model" in row:
@@ -86,6 +96,8 @@ def _row_id(table: str, row: dict[str, Any]) -> str:
         parts.append(f"tp{row['tp']}")
     if "batch" in row:
         parts.append(f"b{row['batch']}")
+    if "rate" in row:
+        parts.append(f"rps{row['rate']:g}")
     parts.append(f"{row['isl']}-{row['osl']}")
     return table + "/" + "/".join(parts)
 
@@ -102,6 +114,7 @@ def _figures_of(t: dict[str, Any]) -> Iterable[Figure]:
         "kv_fraction": float(t.get("kv_fraction", 0.95)),
         "offline": bool(t.get("offline", t["protocol"] != "vllm-bench-serve")),
         "inner": str(t.get("inner", "")),
+        "mem_util": float(t.get("gpu_memory_utilization", 0.9)),
     }
     layouts = tuple((int(a), int(b)) for a, b in t.get("layouts", ()))
     for row in t["rows"]:
@@ -115,6 +128,7 @@ def _figures_of(t: dict[str, Any]) -> Iterable[Figure]:
             osl=int(row["osl"]),
             n=int(row.get("n", 0)),
             batch=int(row.get("batch", 0)),
+            rate=float(row.get("rate", 0.0)),
         )
         rid = _row_id(t["id"], row)
         if t["protocol"] == "ratio":
@@ -219,6 +233,35 @@ def trtllm_bench(
     return measure(per_request(out), proto) | {"max_batch": max_bs, "max_tokens": max_tokens}
 
 
+@lru_cache(maxsize=64)
+def serve(
+    model: str,
+    gpu: str,
+    tp: int,
+    pp: int,
+    bits: tuple[float, float, float],
+    engine: str,
+    isl: int,
+    osl: int,
+    n: int,
+    rate: float,
+    mem_util: float,
+) -> dict[str, Any]:
+    """`vllm bench serve` / SGLang's `bench_serving` against an online server: `n` prompts of
+    isl/osl (random dataset, `--random-range-ratio 1`: fixed lengths) sent at `rate` requests/s
+    (Poisson; 0: all at once), through the HTTP front end; the client's figures."""
+    dep = deployment(get_model(model), gpu, engine, tp=tp, pp=pp, precision=Precision(*bits),
+                     gpu_memory_utilization=mem_util)
+    plan = dep.memory()
+    if not plan.fits:
+        raise ValueError(f"{model} on {tp}x{pp} {gpu} does not fit: {plan.reason}")
+    proto = ClientProtocol("vllm-bench-serve", num_prompts=n,
+                           request_rate=rate if rate > 0 else math.inf)
+    out = simulate(client_workload(proto, isl, osl), dep.cost(), plan, dep.engine_config, 1,
+                   "least_outstanding", None, 0)
+    return measure(per_request(out), proto)
+
+
 def _static(f: Figure, tp: int, pp: int) -> dict[str, Any]:
     dep = deployment(get_model(f.model), f.gpu, f.engine, tp=tp, pp=pp,
                      precision=Precision(*f.bits), frontend=not f.offline)
@@ -251,6 +294,15 @@ def predict(f: Figure) -> float:
             return float(tot["e2e_s"]) * 1e3
         if f.metric == "ttft_ms":
             return float(tot["ttft_s"]) * 1e3
+    if f.protocol == "serve":
+        res = serve(f.model, f.gpu, f.tp, f.pp, f.bits, f.engine, f.isl, f.osl, f.n, f.rate,
+                    f.mem_util)
+        if f.metric == "median_tpot_ms":
+            return float(res["median_tpot_s"]) * 1e3
+        if f.metric == "median_ttft_ms":
+            return float(res["median_ttft_s"]) * 1e3
+        if f.metric == "output_tok_s":
+            return float(res["output_throughput"])
     raise ValueError(f"no prediction for protocol {f.protocol!r} metric {f.metric!r}")
 
 
@@ -277,6 +329,7 @@ def evaluate(half: str | None = CALIBRATION, path: Path = DATA) -> list[dict[str
                 "published": f.published,
                 "predicted": pred,
                 "error": rel_err(pred, f.published),
+                "multi_node": spans_nodes(f),
             }
         )
     return rows

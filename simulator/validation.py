@@ -283,12 +283,26 @@ def print_published(half: str) -> list[float]:
         f"median |error| {100 * np.median(errs):.1f}%, max {100 * max(errs):.1f}%, "
         f"{sum(e > 0.15 for e in errs)} beyond 15 %, {sum(e > 0.25 for e in errs)} beyond 25 %"
     )
+    single = [abs(r["error"]) for r in rows if not r["multi_node"]]
+    if len(single) != len(errs):
+        print(
+            f"without the {len(errs) - len(single)} multi-node figures: median "
+            f"{100 * np.median(single):.1f}%, max {100 * max(single):.1f}%, "
+            f"{sum(e > 0.15 for e in single)} beyond 15 %, "
+            f"{sum(e > 0.25 for e in single)} beyond 25 %"
+        )
     if half == published.HELD_OUT and len(blind) != len(errs):
         print(
             f"without the {len(errs) - len(blind)} seen after the split: median "
             f"{100 * np.median(blind):.1f}%, max {100 * max(blind):.1f}%, "
             f"{sum(e > 0.25 for e in blind)} beyond 25 %"
         )
+        both = [abs(r["error"]) for r in rows if r["id"] not in seen and not r["multi_node"]]
+        if len(both) != len(blind):
+            print(
+                f"without both: median {100 * np.median(both):.1f}%, max {100 * max(both):.1f}%, "
+                f"{sum(e > 0.25 for e in both)} beyond 25 %"
+            )
     return errs
 
 

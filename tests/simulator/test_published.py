@@ -198,3 +198,21 @@ def test_fast_subset_matches_as_documented() -> None:
     cal = [abs(e) for k, e in errs.items() if HALVES[k] == P.CALIBRATION]
     assert float(np.median(cal)) <= 0.10
     assert not math.isnan(sum(errs.values()))
+
+
+def test_serve_figures_run_the_client_at_its_request_rate() -> None:
+    """The multi-node SGLang figures: one id per request rate, reproduced as `bench_serving`
+    at that rate on a TP16 replica that spans two 8-GPU nodes."""
+    serve = [f for f in FIGS if f.protocol == "serve"]
+    assert len(serve) == 8 and len({f.rate for f in serve}) == 4
+    assert all(f.tp * f.pp > get_gpu(f.gpu).efficiency.gpus_per_node for f in serve)
+    # they are the only figures whose replica spans nodes (405B TP8 fills one 8-GPU node)
+    assert {f.id for f in FIGS if P.spans_nodes(f)} == {f.id for f in serve}
+    f = next(x for x in serve if x.rate == 1 and x.bits[2] == 16)
+    assert f.id.endswith("/rps1/1024-1024") and f.mem_util == 0.8
+    res = P.serve(f.model, f.gpu, f.tp, f.pp, f.bits, f.engine, f.isl, f.osl, f.n, f.rate,
+                  f.mem_util)
+    assert res["measured_requests"] == f.n
+    # the client's window: 300 prompts at 1/s take at least ~300 s to send
+    assert res["duration_s"] > 250
+    assert P.predict(f) == pytest.approx(res["median_tpot_s"] * 1e3)
