@@ -16,9 +16,11 @@ Printed: report bytes a second per serving node (and per ingress), and for every
 block the delay from the engine's event to the ingress's board.
 
 **Decision time.** A board holding ``--decision-nodes`` nodes' summaries
-(``--anchors-per-node`` each), and the policy's ``pick`` over that many candidates, for a
-request whose blocks were hashed already (the decision proper), and separately the hashing
-of a ``--prompt-tokens`` prompt (per request, whatever the federation's size).
+(``--anchors-per-node`` each), and the policy's ``pick`` over that many candidates given
+as a list, for a request whose blocks were hashed already, and separately the hashing of a
+``--prompt-tokens`` prompt (per request, whatever the federation's size). The router's
+whole decision (filters, the lazy candidate view, the pick) is
+``benchmarks/routing_decision.py``'s.
 
 Run: ``python benchmarks/cache_scale.py`` (about a minute).
 """
