@@ -6,8 +6,13 @@ A node forwards a message it sees first, and its validator accepts, to its mesh 
 (not back to the sender nor to the origin); duplicates cost bytes and a little CPU. Every
 heartbeat (1 s) a node that saw messages in the last ``HISTORY`` heartbeats advertises
 their ids (IHAVE) to ``D_LAZY`` connections outside its mesh, which ask (IWANT) for those
-they lack: the repair path for a message a mesh link did not deliver. Message sizes:
-the payload plus the signed envelope's fields (``RPC_OVERHEAD``).
+they lack: the repair path for a message a mesh link did not deliver.
+
+Message sizes are py-libp2p's own protobufs, measured (``Wire``): otela's payload plus
+the message's fields (origin, seqno, topic; the signature and public key of a strictly
+signed message) and the RPC's length prefix; IHAVE and IWANT by their id lists.
+py-libp2p also attaches the sender's signed peer record (177 bytes with one address) to
+every RPC it sends (``Wire.sender_record``).
 """
 
 from __future__ import annotations
@@ -23,8 +28,38 @@ D, D_LO, D_HI, D_LAZY = 6, 4, 12, 6
 HISTORY = 3  # heartbeats a message id is advertised for
 HEARTBEAT_S = 1.0
 SEEN_TTL_S = 120.0
-RPC_OVERHEAD = 160  # from, seqno, topic, signature and key of a strictly signed message
-MID_BYTES = 46  # a message id (seqno + origin peer id)
+# An RPC carrying one message, beyond its data, as py-libp2p 0.8.1 serialises it (with
+# its uvarint length prefix): origin peer id (38 bytes), seqno (8), the topic, and for a
+# strictly signed message the signature (64) and the public key (36).
+MESSAGE_SIGNED = 180
+MESSAGE_UNSIGNED = 76
+SENDER_RECORD = 177  # the sender's signed peer record (one address) in an RPC, if attached
+IHAVE_BYTES, IWANT_BYTES = 24, 6  # an IHAVE (with its topic) or IWANT RPC, without ids
+MID_BYTES = 48  # a message id (origin peer id + seqno) in an IHAVE or IWANT
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What py-libp2p puts around otela's data on a GossipSub connection."""
+
+    signed: bool = True  # strict signing: every message carries a signature and key
+    sender_record: bool = True  # every RPC carries the sender's signed peer record
+
+    @property
+    def rpc(self) -> int:
+        """Bytes every RPC carries beyond its messages or control ids."""
+        return SENDER_RECORD if self.sender_record else 0
+
+    @property
+    def message(self) -> int:
+        """Bytes a message carries beyond its data, in an RPC of its own."""
+        return (MESSAGE_SIGNED if self.signed else MESSAGE_UNSIGNED) + self.rpc
+
+
+# The daemon's wire (``otela/mesh/host.py``, ``workarounds.py``) and what-ifs the daemon
+# does not run (docs/scale.md).
+WIRES = {"peer-record": Wire(), "signed": Wire(sender_record=False),
+         "unsigned": Wire(signed=False, sender_record=False)}
 
 
 @dataclass
@@ -49,8 +84,9 @@ class Gossip:
                  connections: Callable[[int], set[int]],
                  alive: Callable[[int], bool],
                  validate: Callable[[int, int, Message], bool],
-                 deliver: Callable[[int, Message], None]) -> None:
+                 deliver: Callable[[int, Message], None], wire: Wire | None = None) -> None:
         self.net = net
+        self.wire = wire or Wire()
         self.rng = rng
         self.connections = connections
         self.alive = alive
@@ -59,6 +95,15 @@ class Gossip:
         self.nodes: dict[int, GossipNode] = {}
         self._mid = 0
         self.duplicates = 0
+        # What the churn breakdown reads (docs/scale.md): copies of a message received
+        # (first ones and duplicates), and the bytes of gossip sent split into the
+        # payload (otela's delta) and what GossipSub adds around it.
+        self.firsts = 0
+        self.payload_bytes = 0
+        self.envelope_bytes = 0
+
+    def reset_counts(self) -> None:
+        self.duplicates = self.firsts = self.payload_bytes = self.envelope_bytes = 0
 
     def node(self, index: int) -> GossipNode:
         state = self.nodes.get(index)
@@ -110,10 +155,19 @@ class Gossip:
         return message
 
     def _forward(self, index: int, sender: int, message: Message) -> None:
-        size = len(message.data) + RPC_OVERHEAD
         for peer in sorted(self.node(index).mesh):
             if peer != sender and peer != message.origin:
-                self.net.send(index, peer, size, "gossip", self.receive, peer, index, message)
+                self._send_message(index, peer, message)
+
+    def _send_message(self, index: int, peer: int, message: Message,
+                      overhead: int | None = None) -> None:
+        """Send ``message`` to ``peer``; ``overhead``: its bytes beyond the data when not
+        an RPC of its own (a second message in an IWANT's answer)."""
+        extra = self.wire.message if overhead is None else overhead
+        if self.net.send(index, peer, len(message.data) + extra,
+                         f"gossip {message.topic}", self.receive, peer, index, message):
+            self.payload_bytes += len(message.data)
+            self.envelope_bytes += extra
 
     def receive(self, index: int, sender: int, message: Message) -> None:
         if not self.alive(index):
@@ -123,6 +177,7 @@ class Gossip:
             self.duplicates += 1
             return
         self.net.charge(index, self.net.config.cpu_gossip_s)
+        self.firsts += 1
         state.seen[message.mid] = self.net.loop.now
         if not self.validate(index, sender, message):
             return
@@ -153,8 +208,8 @@ class Gossip:
         self.rng.shuffle(others)
         mids = [m for _, m in state.recent]
         for peer in others[:D_LAZY]:
-            self.net.send(index, peer, 8 + MID_BYTES * len(mids), "ihave", self._ihave, peer,
-                          index, mids)
+            self.net.send(index, peer, self.wire.rpc + IHAVE_BYTES + MID_BYTES * len(mids),
+                          "ihave", self._ihave, peer, index, mids)
         self.net.loop.after(HEARTBEAT_S, self._heartbeat, index)
 
     def _ihave(self, index: int, sender: int, messages: list[Message]) -> None:
@@ -163,13 +218,14 @@ class Gossip:
         seen = self.node(index).seen
         wanted = [m for m in messages if m.mid not in seen]
         if wanted:
-            self.net.send(index, sender, 8 + MID_BYTES * len(wanted), "iwant", self._iwant,
-                          sender, index, wanted)
+            self.net.send(index, sender, self.wire.rpc + IWANT_BYTES + MID_BYTES * len(wanted),
+                          "iwant", self._iwant, sender, index, wanted)
 
     def _iwant(self, index: int, asker: int, messages: list[Message]) -> None:
-        for message in messages:
-            self.net.send(index, asker, len(message.data) + RPC_OVERHEAD, "gossip",
-                          self.receive, asker, index, message)
+        # One RPC answers them all (py-libp2p's handle_iwant): one record, if any.
+        for k, message in enumerate(messages):
+            self._send_message(index, asker, message,
+                               None if k == 0 else self.wire.message - self.wire.rpc)
 
     def spare(self, index: int) -> Any:
         return self.nodes.get(index)
