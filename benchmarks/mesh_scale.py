@@ -44,10 +44,11 @@ def main() -> None:
     parser.add_argument("--nat-share", type=float, default=0.0,
                         help="share of nodes behind NAT, reached through the relays")
     parser.add_argument("--relays", type=int, default=0, help="public relays (the first nodes)")
-    parser.add_argument("--wire", choices=sorted(WIRES), default="peer-record",
-                        help="what GossipSub puts around otela's data: 'peer-record' is the "
-                        "daemon's (every RPC with the sender's signed peer record); "
-                        "'signed' (without it) and 'unsigned' are what-ifs (docs/scale.md)")
+    parser.add_argument("--wire", choices=sorted(WIRES), default="signed",
+                        help="what GossipSub puts around otela's data: 'signed' is the "
+                        "daemon's, 'peer-record' the daemon's before issue 38's churn fix "
+                        "(every RPC with the sender's signed peer record), 'unsigned' a "
+                        "what-if (docs/scale.md)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # the simulated nodes' own warnings (suspicions, ...)
     for n in args.nodes:

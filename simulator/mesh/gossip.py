@@ -12,7 +12,8 @@ Message sizes are py-libp2p's own protobufs, measured (``Wire``): otela's payloa
 the message's fields (origin, seqno, topic; the signature and public key of a strictly
 signed message) and the RPC's length prefix; IHAVE and IWANT by their id lists.
 py-libp2p also attaches the sender's signed peer record (177 bytes with one address) to
-every RPC it sends (``Wire.sender_record``).
+every RPC it sends, which otela stopped sending (``otela/mesh/workarounds.py``, issue
+38's churn fix): ``Wire(sender_record=True)`` models the daemon before that change.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Wire:
     """What py-libp2p puts around otela's data on a GossipSub connection."""
 
     signed: bool = True  # strict signing: every message carries a signature and key
-    sender_record: bool = True  # every RPC carries the sender's signed peer record
+    sender_record: bool = False  # every RPC carries the sender's signed peer record
 
     @property
     def rpc(self) -> int:
@@ -56,10 +57,10 @@ class Wire:
         return (MESSAGE_SIGNED if self.signed else MESSAGE_UNSIGNED) + self.rpc
 
 
-# The daemon's wire (``otela/mesh/host.py``, ``workarounds.py``) and what-ifs the daemon
-# does not run (docs/scale.md).
-WIRES = {"peer-record": Wire(), "signed": Wire(sender_record=False),
-         "unsigned": Wire(signed=False, sender_record=False)}
+# The daemon's wire (``otela/mesh/host.py``, ``workarounds.py``), before and after issue
+# 38's churn fix; "unsigned" is a what-if the daemon does not run (docs/scale.md).
+WIRES = {"peer-record": Wire(sender_record=True), "signed": Wire(),
+         "unsigned": Wire(signed=False)}
 
 
 @dataclass
