@@ -49,6 +49,9 @@ def main() -> None:
                         "daemon's, 'peer-record' the daemon's before issue 38's churn fix "
                         "(every RPC with the sender's signed peer record), 'unsigned' a "
                         "what-if (docs/scale.md)")
+    parser.add_argument("--gossip-degree", type=int, nargs=4, default=None,
+                        metavar=("D", "D_LO", "D_HI", "D_LAZY"),
+                        help="a what-if GossipSub mesh (the daemon's: 6 4 12 6)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # the simulated nodes' own warnings (suspicions, ...)
     for n in args.nodes:
@@ -59,7 +62,8 @@ def main() -> None:
                 net.cores_per_host, net.nodes_per_host = args.host_cores, n + 64
             started = time.process_time()
             world = World(n, seed=args.seed, net=net, ingresses=args.ingresses,
-                          wire=WIRES[args.wire])
+                          wire=WIRES[args.wire],
+                          degree=tuple(args.gossip_degree) if args.gossip_degree else None)
             if name in THIN:
                 world.seed_thin()
             else:
@@ -69,6 +73,7 @@ def main() -> None:
             figures = SCENARIOS[name](world, **kwargs)
             print(json.dumps({
                 "nodes": n, "scenario": name, "wire": args.wire,
+                **({"degree": args.gossip_degree} if args.gossip_degree else {}),
                 **{k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()},
                 "simulated_s": round(world.loop.now, 1),
                 "cpu_s": round(time.process_time() - started, 1),

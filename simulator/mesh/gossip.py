@@ -85,9 +85,12 @@ class Gossip:
                  connections: Callable[[int], set[int]],
                  alive: Callable[[int], bool],
                  validate: Callable[[int, int, Message], bool],
-                 deliver: Callable[[int, Message], None], wire: Wire | None = None) -> None:
+                 deliver: Callable[[int, Message], None], wire: Wire | None = None,
+                 degree: tuple[int, int, int, int] = (D, D_LO, D_HI, D_LAZY)) -> None:
         self.net = net
         self.wire = wire or Wire()
+        # D, D_lo, D_hi, D_lazy: the daemon's (otela/mesh/host.py) unless a what-if
+        self.d, self.d_lo, self.d_hi, self.d_lazy = degree
         self.rng = rng
         self.connections = connections
         self.alive = alive
@@ -117,7 +120,8 @@ class Gossip:
     def connected(self, a: int, b: int) -> None:
         """A new connection: each end grafts the other while its mesh is under ``D``."""
         na, nb = self.node(a), self.node(b)
-        if (len(na.mesh) < D and len(nb.mesh) < D_HI) or (len(nb.mesh) < D and len(na.mesh) < D_HI):
+        d, d_hi = self.d, self.d_hi
+        if (len(na.mesh) < d and len(nb.mesh) < d_hi) or (len(nb.mesh) < d and len(na.mesh) < d_hi):
             na.mesh.add(b)
             nb.mesh.add(a)
 
@@ -126,15 +130,15 @@ class Gossip:
             state = self.nodes.get(x)
             if state is not None and y in state.mesh:
                 state.mesh.discard(y)
-                if len(state.mesh) < D_LO:
+                if len(state.mesh) < self.d_lo:
                     self._top_up(x)
 
     def _top_up(self, index: int) -> None:
         state = self.node(index)
         spare = sorted(self.connections(index) - state.mesh)
         self.rng.shuffle(spare)
-        for peer in spare[: D - len(state.mesh)]:
-            if len(self.node(peer).mesh) < D_HI:
+        for peer in spare[: self.d - len(state.mesh)]:
+            if len(self.node(peer).mesh) < self.d_hi:
                 state.mesh.add(peer)
                 self.node(peer).mesh.add(index)
 
@@ -208,7 +212,7 @@ class Gossip:
         others = sorted(self.connections(index) - state.mesh)
         self.rng.shuffle(others)
         mids = [m for _, m in state.recent]
-        for peer in others[:D_LAZY]:
+        for peer in others[:self.d_lazy]:
             self.net.send(index, peer, self.wire.rpc + IHAVE_BYTES + MID_BYTES * len(mids),
                           "ihave", self._ihave, peer, index, mids)
         self.net.loop.after(HEARTBEAT_S, self._heartbeat, index)
