@@ -138,6 +138,7 @@ def without_sender_record(write: Any) -> Any:
         return bool(await write(self, stream, rpc_msg))
 
     write_msg.__qualname__ = "without_sender_record.write_msg"
+    write_msg.__wrapped_write__ = write  # type: ignore[attr-defined]  # benchmarks/gossip_wire.py
     return write_msg
 
 
