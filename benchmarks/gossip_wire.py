@@ -15,6 +15,7 @@ Run:  .venv/bin/python benchmarks/gossip_wire.py --messages 20
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import tempfile
 from collections import Counter
@@ -47,7 +48,7 @@ async def measure(messages: int, root: Path) -> Counter[str]:
             await stack.enter_async_context(background_trio_service(mesh.gossipsub))
             await mesh.pubsub.wait_until_ready()
         subscriptions = [await m.pubsub.subscribe(REGISTRY_TOPIC) for m in meshes]
-        for left, right in zip(meshes, meshes[1:], strict=False):
+        for left, right in itertools.pairwise(meshes):
             addr = right.host.get_addrs()[0]
             await left.host.connect(info_from_p2p_addr(addr))
         await trio.sleep(3.0)  # hellos, subscriptions, GRAFTs: not counted
