@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import logging
 
+from simulator.mesh.gossip import WIRES
 from simulator.mesh.network import NetConfig
 from simulator.mesh.scenarios import SCENARIOS, THIN
 from simulator.mesh.world import World
@@ -43,6 +44,14 @@ def main() -> None:
     parser.add_argument("--nat-share", type=float, default=0.0,
                         help="share of nodes behind NAT, reached through the relays")
     parser.add_argument("--relays", type=int, default=0, help="public relays (the first nodes)")
+    parser.add_argument("--wire", choices=sorted(WIRES), default="signed",
+                        help="what GossipSub puts around otela's data: 'signed' is the "
+                        "daemon's, 'peer-record' the daemon's before issue 38's churn fix "
+                        "(every RPC with the sender's signed peer record), 'unsigned' a "
+                        "what-if (docs/scale.md)")
+    parser.add_argument("--gossip-degree", type=int, nargs=4, default=None,
+                        metavar=("D", "D_LO", "D_HI", "D_LAZY"),
+                        help="a what-if GossipSub mesh (the daemon's: 6 4 12 6)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # the simulated nodes' own warnings (suspicions, ...)
     for n in args.nodes:
@@ -52,7 +61,9 @@ def main() -> None:
             if args.host_cores:
                 net.cores_per_host, net.nodes_per_host = args.host_cores, n + 64
             started = time.process_time()
-            world = World(n, seed=args.seed, net=net, ingresses=args.ingresses)
+            world = World(n, seed=args.seed, net=net, ingresses=args.ingresses,
+                          wire=WIRES[args.wire],
+                          degree=tuple(args.gossip_degree) if args.gossip_degree else None)
             if name in THIN:
                 world.seed_thin()
             else:
@@ -61,8 +72,9 @@ def main() -> None:
                 "churn", "flaky") else {}
             figures = SCENARIOS[name](world, **kwargs)
             print(json.dumps({
-                "nodes": n, "scenario": name, **{k: round(v, 4) if isinstance(v, float) else v
-                                                 for k, v in figures.items()},
+                "nodes": n, "scenario": name, "wire": args.wire,
+                **({"degree": args.gossip_degree} if args.gossip_degree else {}),
+                **{k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()},
                 "simulated_s": round(world.loop.now, 1),
                 "cpu_s": round(time.process_time() - started, 1),
                 "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,

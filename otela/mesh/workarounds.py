@@ -21,6 +21,16 @@ Applied once, on import of ``otela.mesh.host`` (see docs/mesh.md for the table):
   for ``RECORD_REUSE_S`` seconds, and a receiver verifies each distinct (record, sender)
   pair once; a record that fails verification is still rejected, as before. (otela
   learns addresses from its signed registry, not from these records.)
+- ...and otela no longer sends them on its RPCs at all (issue 38's churn fix): the
+  record, ~174 bytes with one address, rode on every gossip message and every IHAVE and
+  IWANT, a fifth of a registry delta's bytes on the wire and more than half of an
+  IHAVE's. Nothing here reads it: GossipSub uses peer records only for peer exchange on
+  PRUNE, which otela leaves off (peering owns the connections), and identify carries the
+  same record once per connection. The field is removed as an RPC is written; a
+  receiver of any version takes an RPC without one (py-libp2p's
+  ``maybe_consume_signed_record`` accepts its absence), and records from peers that
+  still send them are verified once as above. Subscription announcements still carry
+  one (they bypass ``write_msg``; once per topic and connection).
 - Replay of the message cache to every new subscriber: on each new connection py-libp2p
   sends the peer every message of its last few heartbeats, one RPC each (a guard for
   messages published while the connection was being set up). Under connection churn this
@@ -73,6 +83,8 @@ def apply() -> None:
         module.env_to_send_in_RPC = reuse  # type: ignore[attr-defined]
         module.maybe_consume_signed_record = once  # type: ignore[attr-defined]
     _pubsub.Pubsub._replay_recent_messages = no_replay  # type: ignore[method-assign]
+    _pubsub.Pubsub.write_msg = without_sender_record(  # type: ignore[method-assign]
+        _pubsub.Pubsub.write_msg)
     _pubsub.Pubsub.continuously_read_stream = (  # type: ignore[method-assign]
         tolerant_reader(_pubsub.Pubsub.continuously_read_stream))
 
@@ -114,6 +126,20 @@ def tolerant_reader(read: Any) -> Any:
             raise ParseError(f"malformed pubsub RPC: {type(exc).__name__}: {exc}") from exc
 
     return continuously_read_stream
+
+
+def without_sender_record(write: Any) -> Any:
+    """Wrap ``Pubsub.write_msg`` so that no RPC leaves with the sender's signed peer
+    record (see the module docstring)."""
+
+    async def write_msg(self: Any, stream: Any, rpc_msg: Any) -> bool:
+        if rpc_msg.HasField("senderRecord"):
+            rpc_msg.ClearField("senderRecord")
+        return bool(await write(self, stream, rpc_msg))
+
+    write_msg.__qualname__ = "without_sender_record.write_msg"
+    write_msg.__wrapped_write__ = write  # type: ignore[attr-defined]  # benchmarks/gossip_wire.py
+    return write_msg
 
 
 def reused_record(build: Any) -> Any:

@@ -6,8 +6,14 @@ A node forwards a message it sees first, and its validator accepts, to its mesh 
 (not back to the sender nor to the origin); duplicates cost bytes and a little CPU. Every
 heartbeat (1 s) a node that saw messages in the last ``HISTORY`` heartbeats advertises
 their ids (IHAVE) to ``D_LAZY`` connections outside its mesh, which ask (IWANT) for those
-they lack: the repair path for a message a mesh link did not deliver. Message sizes:
-the payload plus the signed envelope's fields (``RPC_OVERHEAD``).
+they lack: the repair path for a message a mesh link did not deliver.
+
+Message sizes are py-libp2p's own protobufs, measured (``Wire``): otela's payload plus
+the message's fields (origin, seqno, topic; the signature and public key of a strictly
+signed message) and the RPC's length prefix; IHAVE and IWANT by their id lists.
+py-libp2p also attaches the sender's signed peer record (177 bytes with one address) to
+every RPC it sends, which otela stopped sending (``otela/mesh/workarounds.py``, issue
+38's churn fix): ``Wire(sender_record=True)`` models the daemon before that change.
 """
 
 from __future__ import annotations
@@ -23,8 +29,38 @@ D, D_LO, D_HI, D_LAZY = 6, 4, 12, 6
 HISTORY = 3  # heartbeats a message id is advertised for
 HEARTBEAT_S = 1.0
 SEEN_TTL_S = 120.0
-RPC_OVERHEAD = 160  # from, seqno, topic, signature and key of a strictly signed message
-MID_BYTES = 46  # a message id (seqno + origin peer id)
+# An RPC carrying one message, beyond its data, as py-libp2p 0.8.1 serialises it (with
+# its uvarint length prefix): origin peer id (38 bytes), seqno (8), the topic, and for a
+# strictly signed message the signature (64) and the public key (36).
+MESSAGE_SIGNED = 180
+MESSAGE_UNSIGNED = 76
+SENDER_RECORD = 177  # the sender's signed peer record (one address) in an RPC, if attached
+IHAVE_BYTES, IWANT_BYTES = 24, 6  # an IHAVE (with its topic) or IWANT RPC, without ids
+MID_BYTES = 48  # a message id (origin peer id + seqno) in an IHAVE or IWANT
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What py-libp2p puts around otela's data on a GossipSub connection."""
+
+    signed: bool = True  # strict signing: every message carries a signature and key
+    sender_record: bool = False  # every RPC carries the sender's signed peer record
+
+    @property
+    def rpc(self) -> int:
+        """Bytes every RPC carries beyond its messages or control ids."""
+        return SENDER_RECORD if self.sender_record else 0
+
+    @property
+    def message(self) -> int:
+        """Bytes a message carries beyond its data, in an RPC of its own."""
+        return (MESSAGE_SIGNED if self.signed else MESSAGE_UNSIGNED) + self.rpc
+
+
+# The daemon's wire (``otela/mesh/host.py``, ``workarounds.py``), before and after issue
+# 38's churn fix; "unsigned" is a what-if the daemon does not run (docs/scale.md).
+WIRES = {"peer-record": Wire(sender_record=True), "signed": Wire(),
+         "unsigned": Wire(signed=False)}
 
 
 @dataclass
@@ -49,8 +85,12 @@ class Gossip:
                  connections: Callable[[int], set[int]],
                  alive: Callable[[int], bool],
                  validate: Callable[[int, int, Message], bool],
-                 deliver: Callable[[int, Message], None]) -> None:
+                 deliver: Callable[[int, Message], None], wire: Wire | None = None,
+                 degree: tuple[int, int, int, int] = (D, D_LO, D_HI, D_LAZY)) -> None:
         self.net = net
+        self.wire = wire or Wire()
+        # D, D_lo, D_hi, D_lazy: the daemon's (otela/mesh/host.py) unless a what-if
+        self.d, self.d_lo, self.d_hi, self.d_lazy = degree
         self.rng = rng
         self.connections = connections
         self.alive = alive
@@ -59,6 +99,15 @@ class Gossip:
         self.nodes: dict[int, GossipNode] = {}
         self._mid = 0
         self.duplicates = 0
+        # What the churn breakdown reads (docs/scale.md): copies of a message received
+        # (first ones and duplicates), and the bytes of gossip sent split into the
+        # payload (otela's delta) and what GossipSub adds around it.
+        self.firsts = 0
+        self.payload_bytes = 0
+        self.envelope_bytes = 0
+
+    def reset_counts(self) -> None:
+        self.duplicates = self.firsts = self.payload_bytes = self.envelope_bytes = 0
 
     def node(self, index: int) -> GossipNode:
         state = self.nodes.get(index)
@@ -71,7 +120,8 @@ class Gossip:
     def connected(self, a: int, b: int) -> None:
         """A new connection: each end grafts the other while its mesh is under ``D``."""
         na, nb = self.node(a), self.node(b)
-        if (len(na.mesh) < D and len(nb.mesh) < D_HI) or (len(nb.mesh) < D and len(na.mesh) < D_HI):
+        d, d_hi = self.d, self.d_hi
+        if (len(na.mesh) < d and len(nb.mesh) < d_hi) or (len(nb.mesh) < d and len(na.mesh) < d_hi):
             na.mesh.add(b)
             nb.mesh.add(a)
 
@@ -80,15 +130,15 @@ class Gossip:
             state = self.nodes.get(x)
             if state is not None and y in state.mesh:
                 state.mesh.discard(y)
-                if len(state.mesh) < D_LO:
+                if len(state.mesh) < self.d_lo:
                     self._top_up(x)
 
     def _top_up(self, index: int) -> None:
         state = self.node(index)
         spare = sorted(self.connections(index) - state.mesh)
         self.rng.shuffle(spare)
-        for peer in spare[: D - len(state.mesh)]:
-            if len(self.node(peer).mesh) < D_HI:
+        for peer in spare[: self.d - len(state.mesh)]:
+            if len(self.node(peer).mesh) < self.d_hi:
                 state.mesh.add(peer)
                 self.node(peer).mesh.add(index)
 
@@ -110,10 +160,19 @@ class Gossip:
         return message
 
     def _forward(self, index: int, sender: int, message: Message) -> None:
-        size = len(message.data) + RPC_OVERHEAD
         for peer in sorted(self.node(index).mesh):
             if peer != sender and peer != message.origin:
-                self.net.send(index, peer, size, "gossip", self.receive, peer, index, message)
+                self._send_message(index, peer, message)
+
+    def _send_message(self, index: int, peer: int, message: Message,
+                      overhead: int | None = None) -> None:
+        """Send ``message`` to ``peer``; ``overhead``: its bytes beyond the data when not
+        an RPC of its own (a second message in an IWANT's answer)."""
+        extra = self.wire.message if overhead is None else overhead
+        if self.net.send(index, peer, len(message.data) + extra,
+                         f"gossip {message.topic}", self.receive, peer, index, message):
+            self.payload_bytes += len(message.data)
+            self.envelope_bytes += extra
 
     def receive(self, index: int, sender: int, message: Message) -> None:
         if not self.alive(index):
@@ -123,6 +182,7 @@ class Gossip:
             self.duplicates += 1
             return
         self.net.charge(index, self.net.config.cpu_gossip_s)
+        self.firsts += 1
         state.seen[message.mid] = self.net.loop.now
         if not self.validate(index, sender, message):
             return
@@ -152,9 +212,9 @@ class Gossip:
         others = sorted(self.connections(index) - state.mesh)
         self.rng.shuffle(others)
         mids = [m for _, m in state.recent]
-        for peer in others[:D_LAZY]:
-            self.net.send(index, peer, 8 + MID_BYTES * len(mids), "ihave", self._ihave, peer,
-                          index, mids)
+        for peer in others[:self.d_lazy]:
+            self.net.send(index, peer, self.wire.rpc + IHAVE_BYTES + MID_BYTES * len(mids),
+                          "ihave", self._ihave, peer, index, mids)
         self.net.loop.after(HEARTBEAT_S, self._heartbeat, index)
 
     def _ihave(self, index: int, sender: int, messages: list[Message]) -> None:
@@ -163,13 +223,14 @@ class Gossip:
         seen = self.node(index).seen
         wanted = [m for m in messages if m.mid not in seen]
         if wanted:
-            self.net.send(index, sender, 8 + MID_BYTES * len(wanted), "iwant", self._iwant,
-                          sender, index, wanted)
+            self.net.send(index, sender, self.wire.rpc + IWANT_BYTES + MID_BYTES * len(wanted),
+                          "iwant", self._iwant, sender, index, wanted)
 
     def _iwant(self, index: int, asker: int, messages: list[Message]) -> None:
-        for message in messages:
-            self.net.send(index, asker, len(message.data) + RPC_OVERHEAD, "gossip",
-                          self.receive, asker, index, message)
+        # One RPC answers them all (py-libp2p's handle_iwant): one record, if any.
+        for k, message in enumerate(messages):
+            self._send_message(index, asker, message,
+                               None if k == 0 else self.wire.message - self.wire.rpc)
 
     def spare(self, index: int) -> Any:
         return self.nodes.get(index)

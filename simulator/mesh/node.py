@@ -390,6 +390,7 @@ class SimNode:
         other = world.nodes[peer]
         world.net.stats.sent[self.index] += STREAM_OPEN_BYTES
         world.net.stats.received[peer] += STREAM_OPEN_BYTES
+        world.net.stats.by_kind["stream"] += STREAM_OPEN_BYTES
         mine = self.replica.initiate()
         theirs = other.replica.respond(self.peer_id)
         next(theirs)  # primed: it waits for our opening

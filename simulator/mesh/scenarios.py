@@ -37,6 +37,21 @@ def _bytes(world: World, window: float, nodes: list[int] | None = None) -> dict[
             "max_Bps": max(rates, default=0.0)}
 
 
+def breakdown(world: World, window: float) -> dict[str, Any]:
+    """Where the bytes went: per kind of message, bytes moved (sent plus received) per
+    node per second, averaged over the live nodes; and per message gossiped on the
+    registry topic, how many copies a node received (the first and the duplicates)."""
+    alive = max(1, len(world.alive_nodes()))
+    gossip = world.gossip
+    kinds = {kind: round(2 * wire / alive / window, 1)
+             for kind, wire in sorted(world.net.stats.by_kind.items())}
+    copies = gossip.firsts + gossip.duplicates
+    sent = gossip.payload_bytes + gossip.envelope_bytes
+    return {"Bps_per_node_by_kind": kinds,
+            "gossip_copies_per_first": round(copies / max(1, gossip.firsts), 2),
+            "gossip_payload_share": round(gossip.payload_bytes / max(1, sent), 3)}
+
+
 def _convergence(watched: Watched, alive: list[int]) -> dict[str, float]:
     delays = [watched.applied[i] - watched.at for i in alive if i in watched.applied]
     return {"reached": len(delays) / max(1, len(alive)), "p50_s": percentile(delays, 0.5),
@@ -152,6 +167,7 @@ def churn(world: World, minutes: float = 3.0, rate: float = 0.01) -> dict[str, A
         world.loop.after(gap, step)
 
     world.net.stats.reset()
+    world.gossip.reset_counts()
     start = world.loop.now
     world.loop.after(gap / 2, step)
     world.loop.run_until(start + 60.0 * minutes)
@@ -164,6 +180,7 @@ def churn(world: World, minutes: float = 3.0, rate: float = 0.01) -> dict[str, A
     out["join_reached"] = min((c["reached"] for c in conv), default=1.0)
     out["false_evictions"] = world.false_evictions
     out["false_suspicions"] = world.false_suspicions
+    out.update(breakdown(world, window))
     return out
 
 

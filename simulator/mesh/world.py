@@ -23,7 +23,7 @@ from otela.registry.crdt import Entry
 from otela.registry.records import Lifecycle
 from otela.registry.wire import verify as wire_verify
 from otela.routing.load import NodeLoad
-from simulator.mesh.gossip import Gossip, Message
+from simulator.mesh.gossip import D_HI, D_LAZY, D_LO, D, Gossip, Message, Wire
 from simulator.mesh.loop import Loop
 from simulator.mesh.network import HANDSHAKE_BYTES, NetConfig, Network
 from simulator.mesh.node import LIVENESS_TOPIC, REGISTRY_TOPIC, WALL_EPOCH, SimNode
@@ -49,7 +49,8 @@ class Watched:
 class World:
     def __init__(self, size: int, seed: int = 1, net: NetConfig | None = None,
                  detector: DetectorConfig | None = None, kill_refuses: bool = True,
-                 ingresses: int = 0) -> None:
+                 ingresses: int = 0, wire: Wire | None = None,
+                 degree: tuple[int, int, int, int] | None = None) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.loop = Loop()
@@ -62,7 +63,8 @@ class World:
         self._dialing: dict[tuple[int, int], list[Callable[[bool], None]]] = {}
         self._verified: dict[int, tuple[Any, Any]] = {}
         self.gossip = Gossip(self.net, random.Random(seed + 11), lambda i: self.conns[i],
-                             lambda i: self.nodes[i].alive, self._validate, self._deliver)
+                             lambda i: self.nodes[i].alive, self._validate, self._deliver,
+                             wire, degree or (D, D_LO, D_HI, D_LAZY))
         self.watched: list[Watched] = []
         self.evictions: list[tuple[float, int, str]] = []
         self.false_suspicions = 0
@@ -260,6 +262,7 @@ class World:
         self.gossip.connected(a, b)
         if not quiet:
             stats = self.net.stats
+            stats.by_kind["connect"] += 2 * HANDSHAKE_BYTES
             for x in (a, b):
                 stats.sent[x] += HANDSHAKE_BYTES
                 stats.received[x] += HANDSHAKE_BYTES

@@ -128,3 +128,29 @@ def test_a_thin_federation_spreads_a_change_and_fills_a_joiner_from_its_one_full
     world.seed_thin()
     figures = scenarios.thin_joiner(world)
     assert figures["entries"] == 41 and figures["full_replica_s"] < 2.0
+
+
+def test_gossip_is_sized_as_py_libp2p_sends_it_and_the_peer_record_is_gone():
+    """A delta costs its data plus the message's measured fields on every copy; the daemon
+    before issue 38's churn fix also sent its signed peer record on every RPC."""
+    from simulator.mesh.gossip import MESSAGE_SIGNED, SENDER_RECORD, WIRES
+
+    def one_change(wire: str) -> tuple[World, int]:
+        world = World(16, seed=3, wire=WIRES[wire])
+        world.seed_state()
+        world.loop.run_until(5.0)
+        world.net.stats.reset()
+        world.gossip.reset_counts()
+        world.nodes[5].announce(models=(ModelInfo("new-model"),))
+        world.loop.run_until(world.loop.now + 5)
+        sends = world.gossip.firsts + world.gossip.duplicates
+        return world, sends
+
+    now, sends = one_change("signed")
+    assert now.gossip.firsts == 15 and now.gossip.duplicates > 0
+    assert now.gossip.envelope_bytes == MESSAGE_SIGNED * sends
+    before, sends_before = one_change("peer-record")
+    assert sends_before == sends  # the same copies, each larger
+    assert before.gossip.envelope_bytes == (MESSAGE_SIGNED + SENDER_RECORD) * sends
+    churn = scenarios.breakdown(now, 5.0)
+    assert churn["gossip_copies_per_first"] > 1 and 0.5 < churn["gossip_payload_share"] < 1

@@ -66,6 +66,35 @@ def test_each_record_is_verified_once_and_bad_ones_are_still_rejected():
     assert checked == [b"good", b"forged", b"forged", b"good"]
 
 
+def test_rpcs_leave_without_the_senders_signed_record_and_are_still_taken():
+    """otela does not send its signed peer record on every RPC (~174 bytes each); a
+    receiver of any version (py-libp2p's own consumer) takes an RPC without one."""
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.pubsub.utils import maybe_consume_signed_record
+
+    assert pubsub.Pubsub.write_msg.__qualname__ == "without_sender_record.write_msg"
+    written: list[bytes] = []
+
+    class Out:
+        async def write(self, data: bytes) -> None:
+            written.append(data)
+
+    key = create_new_key_pair(b"\x07" * 32)
+    message = rpc_pb2.Message(data=b"delta", topicIDs=["otela/registry/1"],
+                              from_id=ID.from_pubkey(key.public_key).to_bytes(),
+                              seqno=(1).to_bytes(8, "big"))
+    rpc = rpc_pb2.RPC(publish=[message], senderRecord=b"r" * 174)
+    with_record = len(rpc.SerializeToString())
+    assert trio.run(pubsub.Pubsub.write_msg, object(), Out(), rpc)
+    sent = rpc_pb2.RPC()
+    sent.ParseFromString(written[0][1:])  # after the one-byte length prefix
+    assert not sent.HasField("senderRecord") and sent.publish[0].data == b"delta"
+    assert len(written[0]) - 1 == with_record - 177  # the record, its tag and length
+    assert maybe_consume_signed_record(sent, None, None)  # type: ignore[arg-type]
+
+
 def test_junk_on_a_pubsub_stream_reaches_the_handler_as_a_parse_error():
     """Bytes that are not a protobuf RPC raised DecodeError past the library's handler,
     which killed the pubsub service and the node; the handler resets the stream and drops
