@@ -122,7 +122,10 @@ class CandidateView(Sequence[Candidate]):
         return self._memo(name, lambda: build(records))
 
     def having(self, sessions: Collection[str]) -> list[Candidate]:
-        """The candidates whose session is one of ``sessions``, looked up, not scanned."""
+        """The candidates whose session is one of ``sessions``: looked up, not scanned,
+        beyond ``LOAD_SAMPLE`` (below, a policy reads them all anyway)."""
+        if len(self.records) <= LOAD_SAMPLE:
+            return [c for c in self if c.session in sessions]
         positions = self.shared("positions", lambda records: {
             r.session_id: i for i, r in enumerate(records)})
         return [self[i] for s in sessions if (i := positions.get(s)) is not None]

@@ -62,6 +62,7 @@ from otela.routing.candidates import FilterMemo, eligible
 from otela.routing.ejection import Ejections
 from otela.routing.load import LOAD_HEADER, LoadBoard, NodeLoad, parse_load
 from otela.routing.policies import (
+    LOAD_SAMPLE,
     Candidate,
     CandidateView,
     Pick,
@@ -382,7 +383,9 @@ class Router:
         def make(record: NodeRecord) -> Candidate:
             return self._candidate(record, now, pick, own)
 
-        if not isinstance(nodes, tuple):  # a retry's remaining nodes: nothing to keep
+        if len(nodes) <= LOAD_SAMPLE or not isinstance(nodes, tuple):
+            # a small federation (every policy reads them all) or a retry's remaining
+            # nodes: nothing worth keeping across requests
             view = CandidateView(nodes, make)
         else:  # the registry's tuple (or a filter's), the same until a node changes
             memo = partial(self.filters.get, nodes)
