@@ -242,6 +242,8 @@ class Router:
                                    settings.eject_max_time, settings.eject_max_share)
         self.loads = LoadBoard(settings.load_ttl)
         self.filters = FilterMemo()  # eligible's answers, per registry tuple
+        # The sampled mean load per candidate set: (the set, when, the mean).
+        self._means: dict[tuple[int, str, bool], tuple[Sequence[NodeRecord], float, float]] = {}
         self.retries = 0  # attempts after a first one that was not delivered
         self.resent = 0  # of those, after a node broke off before answering (retry_broken)
         self.migrated = 0  # chat streams continued on another node after theirs broke off
@@ -388,16 +390,26 @@ class Router:
             # nodes: nothing worth keeping across requests
             view = CandidateView(nodes, make)
         else:  # the registry's tuple (or a filter's), the same until a node changes
-            memo = partial(self.filters.get, nodes)
-            # A large federation's mean load is a sample's, kept a moment: the reports it
-            # is made of are seconds old anyway.
-            moment = ("mean load", pick.model, pick.stream, int(now / MEAN_LOAD_KEPT_S))
-            view = CandidateView(nodes, make, memo, lambda: memo(
-                moment, lambda: sampled_mean_load(view, self.rng)))
+            view = CandidateView(nodes, make, partial(self.filters.get, nodes),
+                                 lambda: self._mean_load(view, pick, now))
         candidates: Sequence[Candidate] = view
         if self.settings.balance_providers:
             candidates = provider_share(candidates, self.rng)
         return policy.pick(candidates, pick, self.rng)
+
+    def _mean_load(self, view: CandidateView, pick: Pick, now: float) -> float:
+        """A large federation's mean load: a sample's, kept ``MEAN_LOAD_KEPT_S`` (the
+        reports it is made of are seconds old anyway), one per candidate set and kind of
+        request (capacities depend on the model and on streaming)."""
+        slot = (id(view.records), pick.model, pick.stream)
+        kept = self._means.get(slot)
+        if kept is not None and kept[0] is view.records and now - kept[1] < MEAN_LOAD_KEPT_S:
+            return kept[2]
+        mean = sampled_mean_load(view, self.rng)
+        if len(self._means) >= 256:
+            self._means.clear()
+        self._means[slot] = (view.records, now, mean)
+        return mean
 
     def room(self, model_id: str, ask: Ask, reserved: int = 0, held_back: float = 0.0
              ) -> bool:
