@@ -29,7 +29,7 @@ from typing import Any
 from otela.hardware.catalog import get_gpu
 from simulator.api import analyze
 from simulator.engine import simulate
-from simulator.engines import deployment, trtllm_bench_settings, trtllm_kv_pool_gb
+from simulator.engines import Deployment, deployment, trtllm_bench_settings, trtllm_kv_pool_gb
 from simulator.models import get_model
 from simulator.protocols import ClientProtocol, client_workload, measure
 from simulator.report import per_request
@@ -224,13 +224,20 @@ def trtllm_bench(
                      max_num_seqs=max_bs, max_batched_tokens=max_tokens, frontend=False,
                      kv_pool_gb=trtllm_kv_pool_gb(probe, kv_fraction),
                      gpu_memory_utilization=1.0)
+    proto = ClientProtocol("trtllm-bench", num_prompts=n)
+    return _client_run(dep, proto, isl, osl, f"{model} on {tp}x{pp} {gpu}") | {
+        "max_batch": max_bs, "max_tokens": max_tokens}
+
+
+def _client_run(dep: Deployment, proto: ClientProtocol, isl: int, osl: int, what: str
+                ) -> dict[str, Any]:
+    """One replica of ``dep`` driven by the benchmark client ``proto``: its figures."""
     plan = dep.memory()
     if not plan.fits:
-        raise ValueError(f"{model} on {tp}x{pp} {gpu} does not fit: {plan.reason}")
-    proto = ClientProtocol("trtllm-bench", num_prompts=n)
-    wl = client_workload(proto, isl, osl)
-    out = simulate(wl, dep.cost(), plan, dep.engine_config, 1, "least_outstanding", None, 0)
-    return measure(per_request(out), proto) | {"max_batch": max_bs, "max_tokens": max_tokens}
+        raise ValueError(f"{what} does not fit: {plan.reason}")
+    out = simulate(client_workload(proto, isl, osl), dep.cost(), plan, dep.engine_config, 1,
+                   "least_outstanding", None, 0)
+    return measure(per_request(out), proto)
 
 
 @lru_cache(maxsize=64)
@@ -252,14 +259,9 @@ def serve(
     (Poisson; 0: all at once), through the HTTP front end; the client's figures."""
     dep = deployment(get_model(model), gpu, engine, tp=tp, pp=pp, precision=Precision(*bits),
                      gpu_memory_utilization=mem_util)
-    plan = dep.memory()
-    if not plan.fits:
-        raise ValueError(f"{model} on {tp}x{pp} {gpu} does not fit: {plan.reason}")
     proto = ClientProtocol("vllm-bench-serve", num_prompts=n,
                            request_rate=rate if rate > 0 else math.inf)
-    out = simulate(client_workload(proto, isl, osl), dep.cost(), plan, dep.engine_config, 1,
-                   "least_outstanding", None, 0)
-    return measure(per_request(out), proto)
+    return _client_run(dep, proto, isl, osl, f"{model} on {tp}x{pp} {gpu}")
 
 
 def _static(f: Figure, tp: int, pp: int) -> dict[str, Any]:
