@@ -159,17 +159,14 @@ class LoadBoard:
 
     def estimate(self, session: str, ours: int, now: float) -> float:
         """Outstanding requests at the node, as well as this ingress can tell."""
-        report = self._reports.get(session)
-        if report is None or not report.live(now):
-            return float(ours)
-        return float(max(ours, report.load.outstanding + report.sent_since))
+        return self.estimate_and_capacity(session, ours, now)[0]
 
     def estimate_and_capacity(self, session: str, ours: int, now: float
                               ) -> tuple[float, float]:
         """``estimate`` and ``capacity`` at once: what routing reads for every candidate
         it looks at, with one lookup."""
         report = self._reports.get(session)
-        if report is None or now - report.at > report.ttl:
+        if report is None or not report.live(now):
             return float(ours), 1.0
         load = report.load
         return float(max(ours, load.outstanding + report.sent_since)), load.capacity

@@ -478,29 +478,25 @@ class Router:
             mine = self.own_load()
             if mine is not None:
                 return Candidate(record, float(max(ours, mine.outstanding)), mine.capacity)
-        load, weight = self.loads.estimate_and_capacity(session, ours, now)
-        if self.plausible is not None:
-            weight = min(weight, self._plausible_capacity(record))
-        return Candidate(record, load,
-                         weight * self.speeds.factor(session, pick.model, pick.stream))
+        load, claimed = self.loads.estimate_and_capacity(session, ours, now)
+        return Candidate(record, load, self._weight(record, claimed, pick))
 
     def capacity(self, record: NodeRecord, now: float, pick: Pick) -> float:
         """A node's capacity weight as routing uses it: what it claims, at most what its
         hardware can serve, scaled down when it answers more slowly than its peers here
         (``speed``)."""
-        claimed = self.loads.capacity(record.session_id, now)
-        if self.plausible is not None:
-            claimed = min(claimed, self._plausible_capacity(record))
-        return claimed * self.speeds.factor(record.session_id, pick.model, pick.stream)
+        return self._weight(record, self.loads.capacity(record.session_id, now), pick)
 
-    def _plausible_capacity(self, record: NodeRecord) -> float:
-        """What ``record``'s hardware can serve, worked out once per record version."""
-        assert self.plausible is not None
-        cached = self._plausible.get(record.session_id)
-        if cached is None or cached[0] != record.version:
-            cached = self._plausible[record.session_id] = (record.version,
-                                                           self.plausible(record))
-        return cached[1]
+    def _weight(self, record: NodeRecord, claimed: float, pick: Pick) -> float:
+        """``claimed`` capped by what the record's hardware can serve (worked out once
+        per record version), times the node's speed factor here."""
+        session = record.session_id
+        if self.plausible is not None:
+            cached = self._plausible.get(session)
+            if cached is None or cached[0] != record.version:
+                cached = self._plausible[session] = (record.version, self.plausible(record))
+            claimed = min(claimed, cached[1])
+        return claimed * self.speeds.factor(session, pick.model, pick.stream)
 
     async def _attempt(self, node: NodeRecord, candidate: Candidate, policy: Policy,
                        pick: Pick, path: str, headers: Headers, body: bytes, attempt: int,

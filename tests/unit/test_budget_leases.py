@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from ingress import keystore, leases, usage
-from ingress.access import Access
+from ingress.access import Access, Grant
 from ingress.budgets import (
     LEASE_IDLE_MAX_S,
     LEASE_IDLE_S,
@@ -25,6 +25,7 @@ from ingress.budgets import (
     lease_grant,
 )
 from ingress.database import Database, DatabaseUrl
+from ingress.keys import ApiKey
 from ingress.keystore import KeySpec
 from ingress.migrations import migrate
 from otela.dataplane.errors import RequestError
@@ -117,6 +118,16 @@ def take_wanted(access: Access) -> None:
     trio.run(takes)
 
 
+def admitted_once_leased(access: Access, key: ApiKey, max_tokens: int) -> Grant:
+    """A key's first request at a gate: refused (429 ``budget_reserved``) until the gate
+    has taken its lease, then admitted."""
+    with pytest.raises(RequestError) as refused:
+        access.admit(key, "m", max_tokens=max_tokens)
+    assert refused.value.code == "budget_reserved"
+    take_wanted(access)
+    return access.admit(key, "m", max_tokens=max_tokens)
+
+
 def committed(db: Database, name: str) -> int:
     return int(db.query_sync("SELECT tokens FROM budget_windows WHERE name = ?", (name,))[0][0])
 
@@ -166,10 +177,7 @@ def test_a_killed_gates_share_is_taken_back_when_it_expires_less_what_it_used(tm
     key, _ = keystore.create(made, KeySpec(owner="o", budget_tokens=1000,
                                             budget_period="lifetime"))
     killed, alive = gate(path, "ingress-killed", ttl=0.5), gate(path, "ingress-alive")
-    with pytest.raises(RequestError):
-        killed.admit(key, "m", max_tokens=100)
-    take_wanted(killed)  # a quarter of 1000
-    grant = killed.admit(key, "m", max_tokens=100)
+    grant = admitted_once_leased(killed, key, 100)  # its lease: a quarter of 1000
     assert killed.leases[("key", key.id)].tokens == 250
     writer = usage.UsageWriter(killed.db, "ingress-killed", context=killed)
     row = Exchange(route="/v1/chat/completions", request_id="r", model="m", status=200,
@@ -198,10 +206,7 @@ def test_a_stopping_gate_gives_back_what_it_did_not_use(tmp_path):
     key, _ = keystore.create(made, KeySpec(owner="o", budget_tokens=1000,
                                             budget_period="month"))
     access = gate(path, "ingress-1")
-    with pytest.raises(RequestError):
-        access.admit(key, "m", max_tokens=10)
-    take_wanted(access)
-    grant = access.admit(key, "m", max_tokens=10)
+    grant = admitted_once_leased(access, key, 10)
     access.finished(grant, 6, 2)
     assert committed(made, key.id) == 250
 
@@ -227,10 +232,7 @@ def test_at_midnight_a_new_window_is_leased_for_the_requests_still_in_flight(
     key, _ = keystore.create(made, KeySpec(owner="o", budget_tokens=1000,
                                             budget_period="day"))
     access = gate(path, "ingress-1")
-    with pytest.raises(RequestError):
-        access.admit(key, "m", max_tokens=100)
-    take_wanted(access)
-    late = access.admit(key, "m", max_tokens=100)  # still in flight at midnight
+    late = admitted_once_leased(access, key, 100)  # still in flight at midnight
     clock.now = at("2026-11-28T00:00:05")
     with pytest.raises(RequestError) as caught:  # yesterday's lease is no use today
         access.admit(key, "m", max_tokens=50)
