@@ -18,7 +18,7 @@ own answer when nothing passes it. Pure.
 Trust comes before everything a node could influence, so no later step (a policy, a
 retry, a fallback) can ever see an untrusted node.
 
-Each filter's answer is remembered (``FilterMemo``) for the tuple it was given and what it
+Each filter's answer is remembered (``TupleMemo``) for the tuple it was given and what it
 filtered by: the registry hands out the same tuple of a model's SERVING sessions until one
 of them changes, so at 1,000 nodes a request does not rescan them all
 (``benchmarks/routing_decision.py``).
@@ -39,10 +39,11 @@ Nodes = tuple[NodeRecord, ...]
 T = TypeVar("T")
 
 
-class FilterMemo:
-    """Filters' answers, per input tuple (by identity: the input is kept, so its id is not
-    reused while remembered) and per what they filtered by. Bounded: cleared when full,
-    which costs one rescan per filter."""
+class TupleMemo:
+    """Answers worked out from a tuple of nodes, per tuple (by identity: the tuple is
+    kept, so its id is not reused while remembered) and per question (a filter and what
+    it filtered by; the router also keeps where each session is and the rendezvous tree
+    here). Bounded: cleared when full, which costs one recomputation of each."""
 
     def __init__(self, size: int = 512) -> None:
         self.size = size
@@ -68,7 +69,7 @@ def eligible(
     clauses: Sequence[Clause] = (),
     suspected: Collection[str] = frozenset(),
     ejected: Callable[[Collection[str]], Collection[str]] | None = None,
-    memo: FilterMemo | None = None,
+    memo: TupleMemo | None = None,
 ) -> Nodes:
     """The nodes a request for ``model_id`` may go to, or the ``RequestError`` that says
     why there are none. ``ejected`` is asked only when it may leave some out (a caller
@@ -108,7 +109,7 @@ def eligible(
     return serving
 
 
-def _filtered(memo: FilterMemo | None, nodes: Nodes, key: Hashable,
+def _filtered(memo: TupleMemo | None, nodes: Nodes, key: Hashable,
               keep: Callable[[Nodes], Nodes]) -> Nodes:
     if memo is None:
         return keep(nodes)

@@ -58,7 +58,7 @@ from otela.registry.store import Registry
 from otela.routing.abandon import FailedWhileWaiting, NodeWatch, failed_sessions
 from otela.routing.ask import Ask
 from otela.routing.cache_aware import CacheContext
-from otela.routing.candidates import FilterMemo, eligible
+from otela.routing.candidates import TupleMemo, eligible
 from otela.routing.ejection import Ejections
 from otela.routing.load import LOAD_HEADER, LoadBoard, NodeLoad, parse_load
 from otela.routing.policies import (
@@ -241,7 +241,10 @@ class Router:
         self.ejections = Ejections(settings.eject_after, settings.eject_time,
                                    settings.eject_max_time, settings.eject_max_share)
         self.loads = LoadBoard(settings.load_ttl)
-        self.filters = FilterMemo()  # eligible's answers, per registry tuple
+        # What is worked out once per tuple of nodes (the registry hands out the same one
+        # until a node changes): the filters' answers, where each session is, the
+        # rendezvous tree.
+        self.per_tuple = TupleMemo()
         # The sampled mean load per candidate set: (the set, when, the mean).
         self._means: dict[tuple[int, str, bool], tuple[Sequence[NodeRecord], float, float]] = {}
         self.retries = 0  # attempts after a first one that was not delivered
@@ -390,7 +393,7 @@ class Router:
             # nodes: nothing worth keeping across requests
             view = CandidateView(nodes, make)
         else:  # the registry's tuple (or a filter's), the same until a node changes
-            view = CandidateView(nodes, make, partial(self.filters.get, nodes),
+            view = CandidateView(nodes, make, partial(self.per_tuple.get, nodes),
                                  lambda: self._mean_load(view, pick, now))
         candidates: Sequence[Candidate] = view
         if self.settings.balance_providers:
@@ -457,7 +460,7 @@ class Router:
         ejected = (lambda sessions: self.ejections.ejected(sessions, now)) \
             if self.ejections.any_in_force(now) else None
         return eligible(self.registry, model_id, trust=ask.trust, clauses=ask.clauses,
-                        suspected=self.suspected(), ejected=ejected, memo=self.filters)
+                        suspected=self.suspected(), ejected=ejected, memo=self.per_tuple)
 
     def _another_serves(self, model_id: str, ask: Ask, tried: set[str]) -> bool:
         """Whether a node not tried yet, and not suspected, could take the request now."""

@@ -1,5 +1,5 @@
 """Routing in a large federation: a request makes only the candidates its policy looks at
-(``CandidateView``), the filters' answers are kept per registry tuple (``FilterMemo``),
+(``CandidateView``), the filters' answers are kept per registry tuple (``TupleMemo``),
 and ``prefix_affinity`` beyond ``FLAT_MAX`` candidates ranks a tree of them
 (``otela.routing.rendezvous``) and stays consistent and even."""
 
@@ -13,7 +13,7 @@ from otela.registry.crdt import Entry, tiebreak_of
 from otela.registry.records import Lifecycle, NodeRecord
 from otela.registry.store import Registry
 from otela.routing.ask import Ask
-from otela.routing.candidates import FilterMemo, eligible
+from otela.routing.candidates import TupleMemo, eligible
 from otela.routing.ejection import Ejections
 from otela.routing.load import NodeLoad
 from otela.routing.policies import (
@@ -41,7 +41,7 @@ def records(n: int, offset: int = 0) -> tuple[NodeRecord, ...]:
 def counting_view(nodes: tuple[NodeRecord, ...], loads: dict[str, float] | None = None
                   ) -> tuple[CandidateView, list[str]]:
     made: list[str] = []
-    memo = FilterMemo()
+    memo = TupleMemo()
 
     def make(r: NodeRecord) -> Candidate:
         made.append(r.session_id)
@@ -71,7 +71,7 @@ def test_filters_answer_the_same_tuple_until_the_registry_changes():
                       r)
         object.__setattr__(entry, "proof", entry)
         registry.apply(entry, NOW)
-    memo = FilterMemo()
+    memo = TupleMemo()
     trust = ANY.narrowed(frozenset({"a"}), "test")
     suspected = frozenset({records(1, offset=0)[0].peer_id})
     first = eligible(registry, "m", trust=trust, suspected=suspected, memo=memo)
