@@ -111,8 +111,7 @@ class ProbeCore:
         self.periods_unchecked += 1
         if self.periods_unchecked < UNWATCHED_CHECK_PERIODS or self.health.lagging(now):
             return None
-        alive = {p for p, m in self.table.members.items() if m.status is Status.ALIVE}
-        target = self.watch.next_unwatched(alive, now)
+        target = self.watch.next_unwatched(self.table.alive(), now)
         if target is None:
             return None
         self.periods_unchecked = 0

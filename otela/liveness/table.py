@@ -150,13 +150,25 @@ class LivenessTable:
 
     def sync_members(self, peer_ids: set[str], now: float) -> None:
         """Track exactly the peers the registry lists as not LEFT (ourselves excluded)."""
-        for peer_id in peer_ids - set(self.members) - {self.self_id}:
+        for peer_id in peer_ids - self.members.keys() - {self.self_id}:
+            self.add_member(peer_id, now)
+        for peer_id in self.members.keys() - peer_ids:
+            self.remove_member(peer_id)
+
+    def add_member(self, peer_id: str, now: float) -> None:
+        """A peer the registry now lists as not LEFT (no-op for ourselves or a member)."""
+        if peer_id != self.self_id and peer_id not in self.members:
             self.members[peer_id] = Member(peer_id, self._floors.pop(peer_id, 0), last_heard=now)
-        for peer_id in set(self.members) - peer_ids:
-            self._retire(self.members.pop(peer_id))
-            self._unhealthy.discard(peer_id)
-        self.published = {key for key in self.published if key[0] in self.members}
-        self.corroborated = {key for key in self.corroborated if key[0] in self.members}
+
+    def remove_member(self, peer_id: str) -> None:
+        """A member the registry no longer lists as live (LEFT, or gone from its views)."""
+        member = self.members.pop(peer_id, None)
+        if member is None:
+            return
+        self._retire(member)
+        self._unhealthy.discard(peer_id)
+        self.published = {key for key in self.published if key[0] != peer_id}
+        self.corroborated = {key for key in self.corroborated if key[0] != peer_id}
 
     def new_session(self, peer_id: str, now: float) -> None:
         """``peer_id`` rejoined under a new session (it learned of its eviction while
@@ -183,6 +195,10 @@ class LivenessTable:
 
     def suspected(self) -> frozenset[str]:
         return frozenset(self._unhealthy)
+
+    def alive(self) -> set[str]:
+        """Members not suspected or confirmed: set arithmetic in C, not a scan in Python."""
+        return self.members.keys() - self._unhealthy
 
     def braking(self) -> bool:
         """Whether the eviction brake is on (see the module docstring): more members are

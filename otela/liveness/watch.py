@@ -28,6 +28,8 @@ a lost neighbour (``verify``).
 from __future__ import annotations
 
 import random
+from collections import deque
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 PENDING_S = 30.0  # how long a lost peer we know no record of yet stays lost
@@ -42,7 +44,10 @@ class NeighbourWatch:
     _watchable: set[str] = field(default_factory=set)
     _lost_at: dict[str, float] = field(default_factory=dict)
     _parted: set[str] = field(default_factory=set)  # closed by us since the last call
-    _checked: dict[str, float] = field(default_factory=dict)  # unwatched member -> last check
+    # Members in the order ``next_unwatched`` looks at them: never checked, then checked
+    # longest ago; and the same members as a set.
+    _rotation: deque[str] = field(default_factory=deque)
+    _rotating: set[str] = field(default_factory=set)
 
     def observe(self, connected: set[str], watchable: set[str], known: set[str], now: float,
                 appeared: frozenset[str] = frozenset()) -> list[str]:
@@ -90,18 +95,32 @@ class NeighbourWatch:
         self._lost_at[peer_id] = now
         return True
 
-    def next_unwatched(self, members: set[str], now: float) -> str | None:
+    def next_unwatched(self, members: AbstractSet[str], now: float) -> str | None:
         """Among ``members``, those we neither hold a connection to nor probe as lost, the
         one checked longest ago (never checked first, ties at random); it counts as checked
-        now. None if every member is watched."""
-        unwatched = members - self.neighbours - set(self.lost)
-        self._checked = {p: t for p, t in self._checked.items() if p in unwatched}
-        if not unwatched:
-            return None
-        target = min(sorted(unwatched),
-                     key=lambda p: (self._checked.get(p, float("-inf")), self.rng.random()))
-        self._checked[target] = now
-        return target
+        now. None if every member is watched.
+
+        A rotation, not a search: members enter it at the front when first seen (shuffled),
+        and each one looked at, checked or passed over because we watch it anyway, moves to
+        the back. So a call costs two set differences in C plus a step or two of Python,
+        where sorting every member with a Python key cost ~2 ms at 1,000 members and ~20 ms
+        at 10,000 (the trio loop stalled that long every ten periods, requests included)."""
+        new = members - self._rotating
+        if new:
+            fresh = sorted(new)
+            self.rng.shuffle(fresh)
+            self._rotation.extendleft(fresh)
+            self._rotating |= new
+        watched = self.neighbours.union(self.lost)
+        for _ in range(len(self._rotation)):
+            peer_id = self._rotation.popleft()
+            if peer_id not in members:  # gone, or not alive: re-enters as new when back
+                self._rotating.discard(peer_id)
+                continue
+            self._rotation.append(peer_id)  # checked now, or watched (as good as checked)
+            if peer_id not in watched:
+                return peer_id
+        return None
 
     def watched(self) -> set[str]:
         return (self.neighbours | set(self.lost)) & self._watchable
