@@ -61,6 +61,7 @@ class Entry:
     evicted_by: str | None = None
     cert_serial: str | None = None  # the owner's membership certificate, when there is one
     cert_expires_at: float | None = None
+    _fingerprint: bytes | None = field(default=None, init=False, compare=False, repr=False)
 
     def rank(self) -> tuple[int, int, bytes]:
         return (int(self.state), self.version, self.tiebreak)
@@ -70,8 +71,14 @@ class Entry:
         return (int(self.state), self.version, self.tiebreak[:8])
 
     def fingerprint(self) -> bytes:
-        item = f"{self.key}|{int(self.state)}|{self.version}|".encode() + self.tiebreak
-        return hashlib.blake2b(item, digest_size=_HASH_BYTES).digest()
+        """The value's hash in its bucket's digest; kept on the entry, which is immutable:
+        the map hashes a value when it stores it and again when it replaces or drops it."""
+        fingerprint = self._fingerprint
+        if fingerprint is None:
+            item = f"{self.key}|{int(self.state)}|{self.version}|".encode() + self.tiebreak
+            fingerprint = hashlib.blake2b(item, digest_size=_HASH_BYTES).digest()
+            object.__setattr__(self, "_fingerprint", fingerprint)
+        return fingerprint
 
 
 def tiebreak_of(signed_bytes: bytes) -> bytes:

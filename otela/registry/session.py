@@ -25,6 +25,7 @@ the same at every replica. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -74,6 +75,15 @@ def owns(peer_id: str, session_id: str) -> bool:
     """Whether ``session_id`` was created by ``peer_id`` (the only peer that may write it)."""
     if len(session_id) != SESSION_ID_LENGTH:
         return False
+    return _owns(peer_id, session_id)
+
+
+@functools.lru_cache(maxsize=16384)
+def _owns(peer_id: str, session_id: str) -> bool:
+    """``owns`` for a well-sized id, remembered: every copy of a gossiped record (~7 per
+    change through a mesh of ~8) and every anti-entropy entry asks it again of the same
+    pair, and each answer is a BLAKE2b (~5 us). A pure function of its two strings, so a
+    remembered answer is the answer."""
     nonce, tag = session_id[:NONCE_HEX], session_id[NONCE_HEX:]
     if not set(nonce) <= _HEX:
         return False

@@ -3,6 +3,7 @@ model objects bounded, and ``/v1/models`` computed once per registry change and 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -59,8 +60,7 @@ def federation(nodes: int, models_each: int = 1) -> Registry:
             "provider_id": f"provider-{i}",
             "hardware": Hardware(gpus=(GPU(f"gpu-{i}", 1),)),
             "models": tuple(ModelInfo(m.id, max_context=100 + i) for m in e.record.models)})
-        registry.apply(e.__class__(**{**{f: getattr(e, f) for f in e.__dataclass_fields__},
-                                      "record": record}), NOW)
+        registry.apply(dataclasses.replace(e, record=record), NOW)
     return registry
 
 
@@ -89,8 +89,7 @@ def test_a_model_object_lists_a_bounded_number_of_values():
         e = entry(f"p{i}", 1, Lifecycle.SERVING, updated_at=NOW, models=("m",))
         record = e.record.__class__(**{**{f: getattr(e.record, f) for f in e.record.__slots__},
                                        "provider_id": f"provider-{i:03d}"})
-        one_model.apply(e.__class__(**{**{f: getattr(e, f) for f in e.__dataclass_fields__},
-                                       "record": record}), NOW)
+        one_model.apply(dataclasses.replace(e, record=record), NOW)
     (model,) = get(View(one_model), "/v1/models")["data"]
     assert len(model["otela"]["providers"]) == MAX_LISTED
     assert model["otela"]["providers_total"] == 100 and model["serving_nodes"] == 100
