@@ -32,6 +32,10 @@ class EventLog:
     def suspected_since(self, peer_id: str) -> float | None:
         return self._suspected_since.get(peer_id)
 
+    def forget(self, peer_id: str) -> None:
+        """Forget the suspicion time of a peer no longer a member."""
+        self._suspected_since.pop(peer_id, None)
+
     def keep_only(self, members: Collection[str]) -> None:
         """Forget suspicion times of peers that are no longer members."""
         self._suspected_since = {p: t for p, t in self._suspected_since.items()

@@ -25,7 +25,7 @@ connections, evicting), so a fake of each drives it in unit tests on a fake cloc
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,8 +105,10 @@ class Membership(Protocol):
         """How late registry gossip arrives here now, in seconds."""
         ...
 
-    def learn_addresses(self, peers: dict[str, tuple[str, ...]]) -> None:
-        """Members' addresses, to reach those we hold no connection to."""
+    def learn_addresses(self, peers: dict[str, tuple[str, ...]],
+                        touched: Collection[str] | None = None) -> None:
+        """Members' addresses, to reach those we hold no connection to; ``touched``: the
+        members whose addresses may have changed since the last call (None: any)."""
         ...
 
     async def evict(self, peer_id: str, reason: str) -> list[str]:
@@ -163,7 +165,7 @@ class Prober(ProbeCore):
         peers, target = self.begin_period(self.node.records(), self.node.generation(),
                                           self.node.connected(), self.clock())
         if peers is not None:
-            self.node.learn_addresses(peers)
+            self.node.learn_addresses(peers, self.members.touched)
         if target is not None and await self.round(target) != "silent":
             self.watch.decided(target)
         await self._check_unwatched()

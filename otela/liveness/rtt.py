@@ -43,6 +43,11 @@ class RoundTrips:
     def smoothed(self, peer_id: str) -> float | None:
         return self._srtt.get(peer_id)
 
+    def forget(self, peer_id: str) -> None:
+        """Drop the history of a peer no longer a member."""
+        self._srtt.pop(peer_id, None)
+        self._rttvar.pop(peer_id, None)
+
     def forget_except(self, peer_ids: set[str]) -> None:
         """Drop the history of peers no longer members."""
         for table in (self._srtt, self._rttvar):

@@ -11,6 +11,7 @@ Pure and synchronous: the mesh layer feeds it verified entries, the HTTP layer r
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,10 @@ from otela.registry.crdt import Entry, GCPolicy, GMap, Rejected, Superseded
 from otela.registry.records import Lifecycle, NodeRecord
 
 __all__ = ["ModelEntry", "Registry", "Rejected", "Superseded"]
+
+# Generations ``changes_since`` reaches back: a reader polls once a probe period, and even
+# heavy churn at 10,000 nodes changes a few sessions a second.
+JOURNAL_LENGTH = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,10 @@ class Registry:
         self.received_at: dict[str, float] = {}
         # Bumped on every change to the views: lets periodic readers skip unchanged state.
         self.generation = 0
+        # The session each of the last JOURNAL_LENGTH generations changed (the journal's
+        # last item is this generation's): a reader that tracks the views follows only what
+        # changed since it last looked (``changes_since``) instead of re-reading N records.
+        self._journal: deque[str] = deque(maxlen=JOURNAL_LENGTH)
         self.superseded = 0  # sessions dropped for a newer session of the same peer
 
     @property
@@ -139,6 +148,23 @@ class Registry:
             self._serving[model_id] = cached
         return cached
 
+    def changes_since(self, generation: int) -> list[str] | None:
+        """The sessions whose view changed after ``generation`` (each once, in the order of
+        their last change; look each up with ``get``: None if it is hidden now), or None
+        if the journal no longer reaches back that far and the reader must re-read all."""
+        behind = self.generation - generation
+        if behind < 0 or behind > len(self._journal):
+            return None
+        if behind == 0:
+            return []
+        journal, end = self._journal, len(self._journal)
+        recent = [journal[i] for i in range(end - 1, end - 1 - behind, -1)]  # newest first
+        return list(dict.fromkeys(recent))[::-1]
+
+    def _changed(self, key: str) -> None:
+        self.generation += 1
+        self._journal.append(key)
+
     # -- views -----------------------------------------------------------------------
 
     def _is_visible(self, entry: Entry, now: float) -> bool:
@@ -161,7 +187,7 @@ class Registry:
             return
         self._hide(key)
         self._visible[key] = record
-        self.generation += 1
+        self._changed(key)
         if entry.state is not Lifecycle.LEFT:
             self._live_by_peer.setdefault(record.peer_id, set()).add(key)
             for model in record.models:
@@ -172,7 +198,7 @@ class Registry:
         previous = self._visible.pop(key, None)
         if previous is None:
             return
-        self.generation += 1
+        self._changed(key)
         live = self._live_by_peer.get(previous.peer_id)
         if live is not None:
             live.discard(key)

@@ -4,7 +4,7 @@ same parts run over real libp2p in tests/integration/test_failure_detection.py."
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import pytest
 import trio
@@ -86,8 +86,9 @@ class FakeNode:
     def gossip_lag(self) -> float:
         return 0.0
 
-    def learn_addresses(self, peers: dict[str, tuple[str, ...]]) -> None:
-        self.addresses = peers
+    def learn_addresses(self, peers: dict[str, tuple[str, ...]],
+                        touched: Collection[str] | None = None) -> None:
+        self.addresses = dict(peers)
 
     async def evict(self, peer_id: str, reason: str) -> list[str]:
         self.evicted.append((peer_id, reason))
