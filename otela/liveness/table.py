@@ -73,7 +73,7 @@ class Status(enum.Enum):
     CONFIRMED = "confirmed"
 
 
-@dataclass
+@dataclass(slots=True)
 class Member:
     peer_id: str
     incarnation: int = 0

@@ -176,6 +176,7 @@ class ReplicaCore:
         self.drift = DriftWatch()
         self._summary = b""
         self._summary_since = 0.0
+        self._summary_of: tuple[bytes | None, int] = (None, 0)  # (root, revocations) hashed
 
     def on_contact(self, listener: Callable[[str], None]) -> None:
         """Call ``listener`` with a peer id whenever that peer itself sent us something,
@@ -357,10 +358,15 @@ class ReplicaCore:
         """Our replica's summary and for how many seconds it has not changed (counted from
         the first time it was asked after a change: an underestimate, which only delays)."""
         now = self.clock()
-        current = summary(self.registry.map.digest_root(), sorted(self.registry.revocations))
-        if current != self._summary:
-            self._summary, self._summary_since = current, now
-        return current, now - self._summary_since
+        # Every probe and ack carries it: hashed again only when the root (a new object
+        # per change) or the grow-only revocations changed.
+        root, revoked = self.registry.map.digest_root(), len(self.registry.revocations)
+        if root is not self._summary_of[0] or revoked != self._summary_of[1]:
+            self._summary_of = (root, revoked)
+            current = summary(root, sorted(self.registry.revocations))
+            if current != self._summary:
+                self._summary, self._summary_since = current, now
+        return self._summary, now - self._summary_since
 
     def drifted(self, peer_id: str, theirs: Any, their_age: Any) -> bool:
         """A peer's summary arrived (on a probe or an ack): whether to start anti-entropy
