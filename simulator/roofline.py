@@ -36,9 +36,9 @@ class WeightFormat:
       them by every GEMM; `block = 0` is a per-tensor or per-channel scale, negligible.
     * `head_bits`: the precision of the token embedding and the lm_head. The quantizers
       that produce serving checkpoints leave both unquantized (ModelOpt disables `*lm_head*`
-      in every default config and quantizes only linear layers; vLLM's and SGLang's
-      quantization methods apply to linear and MoE layers, not to the vocab-parallel
-      embedding and head), so they stay BF16 whatever the weights' format.
+      in every default config and quantizes only linear layers; vLLM's quantization methods
+      apply to linear and MoE layers, not to the vocab-parallel embedding and head), so they
+      stay BF16 whatever the weights' format.
 
     Sources in docs/simulator.md ("Quantized checkpoints").
     """
