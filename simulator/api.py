@@ -181,6 +181,9 @@ def analyze(
             "weight_bits": prec.weight_bits,
             "act_bits": prec.act_bits,
             "kv_bits": prec.kv_bits,
+            "weight_format": prec.format.name,
+            "stored_weight_bits": prec.stored_weight_bits,
+            "head_bits": prec.head_weight_bits,
         },
         "efficiency": {
             "class": g.efficiency.name,

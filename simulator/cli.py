@@ -62,6 +62,13 @@ def _dump(obj: Any) -> str:
     return json.dumps(clean(obj), indent=2)
 
 
+FORMAT_HELP = (
+    "the checkpoint's weight format (block scales, embedding/lm_head precision): "
+    "bf16, fp8, fp8-block, int8, nvfp4, mxfp4, int4-g128; default: from --weight-bits "
+    "(8: fp8, 4: nvfp4 with --act-bits 4, else int4-g128)"
+)
+HEAD_HELP = "bits of the embedding and lm_head (default: the format's, 16 for quantized ones)"
+
 CALIB_HELP = (
     "override a calibration constant of the GPU profile, FIELD=VALUE (repeatable), e.g. "
     "step_overhead_s=0.002, tp_overhead_s=0.0005, compute_fp8=0.5, runtime_reserve_gib=2; "
@@ -83,6 +90,8 @@ def _deployment(
     overhead_ms: float | None = None,
     calib: list[str] | None = None,
     ep: bool = False,
+    weight_format: str = "",
+    head_bits: float | None = None,
 ) -> Deployment:
     try:
         dep = Deployment(
@@ -90,7 +99,8 @@ def _deployment(
             gpu=gpu,
             tp=tp,
             pp=pp,
-            precision=Precision(weight_bits, act_bits, kv_bits),
+            precision=Precision(weight_bits, act_bits, kv_bits, weight_format=weight_format,
+                                head_bits=head_bits),
             engine=engine,
             gpu_memory_utilization=mem_util,
             kv_pool_gb=kv_pool_gb,
@@ -137,12 +147,15 @@ def analyze_cmd(
     weight_bits: float = typer.Option(16, "--weight-bits"),
     act_bits: float = typer.Option(16, "--act-bits"),
     kv_bits: float = typer.Option(16, "--kv-bits"),
+    weight_format: str = typer.Option("", "--weight-format", help=FORMAT_HELP),
+    head_bits: float | None = typer.Option(None, "--head-bits", help=HEAD_HELP),
     ep: bool = typer.Option(False, "--ep/--no-ep", help="expert parallelism (MoE: EP = TP)"),
     calib: list[str] = typer.Option([], "--calib", help=CALIB_HELP),
     as_json: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
 ) -> None:
     """Per-operator roofline breakdown (time, FLOPs, bytes, bound) for prefill and decode."""
-    dep = _deployment(model, gpu, tp, pp, weight_bits, act_bits, kv_bits, calib=calib, ep=ep)
+    dep = _deployment(model, gpu, tp, pp, weight_bits, act_bits, kv_bits, calib=calib, ep=ep,
+                      weight_format=weight_format, head_bits=head_bits)
     res = analyze(dep, batch, input_len, output_len)
     if as_json:
         sys.stdout.write(_dump(res) + "\n")
@@ -303,6 +316,8 @@ def run_cmd(
     weight_bits: float = typer.Option(16, "--weight-bits"),
     act_bits: float = typer.Option(16, "--act-bits"),
     kv_bits: float = typer.Option(16, "--kv-bits"),
+    weight_format: str = typer.Option("", "--weight-format", help=FORMAT_HELP),
+    head_bits: float | None = typer.Option(None, "--head-bits", help=HEAD_HELP),
     slo_ttft: float = typer.Option(10.0, "--slo-ttft", help="seconds"),
     slo_tpot: float = typer.Option(0.1, "--slo-tpot", help="seconds"),
     seed: int = typer.Option(0, "--seed"),
@@ -351,7 +366,8 @@ def run_cmd(
     calib = [f"{k}={v}" for k, v in prof.calibration.items()] + list(calib)
     if client is not None and not client.frontend:
         calib = ["request_overhead_s=0", *calib]
-    probe = _deployment(model, gpu, tp, pp, weight_bits, act_bits, kv_bits, calib=calib, ep=ep)
+    probe = _deployment(model, gpu, tp, pp, weight_bits, act_bits, kv_bits, calib=calib, ep=ep,
+                        weight_format=weight_format, head_bits=head_bits)
     defaults = probe.engine_config
     if client is not None and client.name == "trtllm-bench" and engine_name == "trtllm":
         # trtllm-bench sizes the batch and token budget itself when not told (engines.py)
@@ -365,7 +381,8 @@ def run_cmd(
             kv_pool_gb = trtllm_kv_pool_gb(
                 _deployment(model, gpu, tp, pp, weight_bits, act_bits, kv_bits,
                             EngineConfig(max_num_seqs=bs, max_batched_tokens=toks),
-                            calib=calib, ep=ep), 0.95)
+                            calib=calib, ep=ep, weight_format=weight_format,
+                            head_bits=head_bits), 0.95)
             mem_util = 1.0
     engine = EngineConfig(
         max_num_seqs=max_num_seqs or defaults.max_num_seqs,
@@ -388,6 +405,8 @@ def run_cmd(
         kv_pool_gb,
         calib=calib,
         ep=ep,
+        weight_format=weight_format,
+        head_bits=head_bits,
     )
     try:
         wl = _workload_from_trace(trace, trace_model) if trace is not None else None

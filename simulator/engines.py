@@ -145,6 +145,9 @@ def trtllm_bench_settings(
     layers = model.layers - model.sliding_layers
     kv_bytes_token = 2 * layers * kv_heads * model.head_dim * prec.kv_bits / 8
     gpus = tp * pp
+    # trtllm-bench's own estimate: every parameter at the format's nominal bytes (its
+    # BYTES_PER_ELEM: NVFP4 0.5, FP8 1), no scales, no BF16 head; not the memory the
+    # runtime holds (memory.weight_bytes_per_gpu), which sizes the KV cache
     weights = model.total_params * prec.weight_bits / 8
     free = gpu_runtime_bytes * gpus - weights
     if free <= 0 or kv_bytes_token <= 0:

@@ -53,22 +53,31 @@ class MemoryPlan:
 
 
 def weight_bytes_total(model: ModelSpec, prec: Precision) -> float:
-    """Bytes of all weights (experts at their own precision)."""
+    """Bytes of all weights as the checkpoint stores them: quantized weights with their
+    block scales (`Precision.stored_weight_bits`), experts at their own precision, and the
+    embedding and lm_head at theirs (`Precision.head_weight_bits`: BF16 in quantized
+    checkpoints)."""
     expert = model.layers * model.experts * model.expert_params if model.is_moe else 0
-    rest = model.total_params - expert
-    return rest * prec.weight_bits / 8 + expert * prec.expert_bits_for(model) / 8
+    emb = model.embedding_params
+    rest = model.total_params - expert - emb
+    return (
+        rest * prec.stored_weight_bits / 8
+        + expert * prec.expert_bits_for(model) / 8
+        + emb * prec.head_weight_bits / 8
+    )
 
 
 def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, prec: Precision) -> float:
     """Weights on the fullest GPU: its share of layers plus the (vocab-parallel) embedding or
     lm_head that sits on the first/last pipeline stage."""
     emb_params = model.vocab * model.hidden
+    head_b = prec.head_weight_bits / 8
     layer_bytes = (
-        weight_bytes_total(model, prec) - model.embedding_params * prec.weight_bits / 8
+        weight_bytes_total(model, prec) - model.embedding_params * head_b
     ) / model.layers
     layers_stage = math.ceil(model.layers / par.pp)
     emb_stage = emb_params * (1 if par.pp > 1 or model.tie_embeddings else 2)
-    return (layers_stage * layer_bytes + emb_stage * prec.weight_bits / 8) / par.tp
+    return (layers_stage * layer_bytes + emb_stage * head_b) / par.tp
 
 
 def activation_reserve_bytes(
@@ -170,7 +179,8 @@ def plan_memory(
             f"weights {weights / GIB:.1f} GiB + activations {act / GIB:.1f} GiB"
             + (f" + sliding-window KV {sliding / GIB:.1f} GiB" if sliding else "")
             + f" exceed usable {usable / GIB:.1f} GiB per GPU"
-            + f" ({gpu.key}, TP={par.tp}, PP={par.pp}, {prec.weight_bits:g}-bit weights)"
+            + f" ({gpu.key}, TP={par.tp}, PP={par.pp}, {prec.weight_bits:g}-bit weights"
+            + f" ({prec.format.name}))"
         )
     blocks = max(0, int(pool // (per_token * block_size))) if per_token > 0 else 0
     limit = max_model_len or model.max_context

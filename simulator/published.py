@@ -68,6 +68,14 @@ class Figure:
     layout: int = 0  # ratio figures: which layout is over layouts[0]
     rate: float = 0.0  # serve figures: the client's request rate (0: all at once)
     mem_util: float = 0.9  # serve figures: the engine's share of GPU memory (weights + KV)
+    weight_format: str = ""  # the checkpoint's weight format ("": the default for its bits)
+    head_bits: float = 0.0  # its embedding / lm_head precision (0: the format's, BF16)
+
+    @property
+    def precision(self) -> Precision:
+        """Weight / activation / KV bits with the checkpoint's format and head precision."""
+        return Precision(*self.bits, weight_format=self.weight_format,
+                         head_bits=self.head_bits or None)
 
     @property
     def setting(self) -> str:
@@ -115,6 +123,8 @@ def _figures_of(t: dict[str, Any]) -> Iterable[Figure]:
         "offline": bool(t.get("offline", t["protocol"] != "vllm-bench-serve")),
         "inner": str(t.get("inner", "")),
         "mem_util": float(t.get("gpu_memory_utilization", 0.9)),
+        "weight_format": str(t.get("weight_format", "")),
+        "head_bits": float(t.get("head_bits", 0.0)),
     }
     layouts = tuple((int(a), int(b)) for a, b in t.get("layouts", ()))
     for row in t["rows"]:
@@ -199,7 +209,7 @@ def trtllm_bench(
     gpu: str,
     tp: int,
     pp: int,
-    bits: tuple[float, float, float],
+    prec: Precision,
     engine: str,
     isl: int,
     osl: int,
@@ -214,7 +224,6 @@ def trtllm_bench(
     rows (calibration half) fall within 15 % (docs/simulator.md, "Pipeline parallelism").
     """
     spec, dev = get_model(model), get_gpu(gpu)
-    prec = Precision(*bits)
     max_bs, max_tokens = trtllm_bench_settings(
         spec, dev.runtime_bytes, tp, pp, prec, isl, osl, kv_fraction
     )
@@ -246,7 +255,7 @@ def serve(
     gpu: str,
     tp: int,
     pp: int,
-    bits: tuple[float, float, float],
+    prec: Precision,
     engine: str,
     isl: int,
     osl: int,
@@ -257,7 +266,7 @@ def serve(
     """`vllm bench serve` / SGLang's `bench_serving` against an online server: `n` prompts of
     isl/osl (random dataset, `--random-range-ratio 1`: fixed lengths) sent at `rate` requests/s
     (Poisson; 0: all at once), through the HTTP front end; the client's figures."""
-    dep = deployment(get_model(model), gpu, engine, tp=tp, pp=pp, precision=Precision(*bits),
+    dep = deployment(get_model(model), gpu, engine, tp=tp, pp=pp, precision=prec,
                      gpu_memory_utilization=mem_util)
     proto = ClientProtocol("vllm-bench-serve", num_prompts=n,
                            request_rate=rate if rate > 0 else math.inf)
@@ -266,14 +275,14 @@ def serve(
 
 def _static(f: Figure, tp: int, pp: int) -> dict[str, Any]:
     dep = deployment(get_model(f.model), f.gpu, f.engine, tp=tp, pp=pp,
-                     precision=Precision(*f.bits), frontend=not f.offline)
+                     precision=f.precision, frontend=not f.offline)
     return analyze(dep, max(f.batch, 1), f.isl, f.osl)["totals"]
 
 
 def _throughput(f: Figure, tp: int, pp: int) -> float:
     """Output tokens/s of figure f's workload on a tp x pp layout (its inner protocol)."""
     if (f.inner or f.protocol) == "trtllm-bench":
-        res = trtllm_bench(f.model, f.gpu, tp, pp, f.bits, f.engine, f.isl, f.osl, f.n,
+        res = trtllm_bench(f.model, f.gpu, tp, pp, f.precision, f.engine, f.isl, f.osl, f.n,
                            f.kv_fraction)
         return float(res["output_throughput"])
     return float(_static(f, tp, pp)["output_tokens_per_s"])
@@ -297,8 +306,8 @@ def predict(f: Figure) -> float:
         if f.metric == "ttft_ms":
             return float(tot["ttft_s"]) * 1e3
     if f.protocol == "serve":
-        res = serve(f.model, f.gpu, f.tp, f.pp, f.bits, f.engine, f.isl, f.osl, f.n, f.rate,
-                    f.mem_util)
+        res = serve(f.model, f.gpu, f.tp, f.pp, f.precision, f.engine, f.isl, f.osl, f.n,
+                    f.rate, f.mem_util)
         if f.metric == "median_tpot_ms":
             return float(res["median_tpot_s"]) * 1e3
         if f.metric == "median_ttft_ms":

@@ -28,26 +28,131 @@ Array = np.ndarray
 
 
 @dataclass(frozen=True)
+class WeightFormat:
+    """How a quantized checkpoint stores its weights, beyond the values' own bits.
+
+    * `scale_bits` / `block`: a block-scaled format stores one scale (and, for asymmetric
+      integer formats, one zero point) of `scale_bits` bits per `block` weights, read with
+      them by every GEMM; `block = 0` is a per-tensor or per-channel scale, negligible.
+    * `head_bits`: the precision of the token embedding and the lm_head. The quantizers
+      that produce serving checkpoints leave both unquantized (ModelOpt disables `*lm_head*`
+      in every default config and quantizes only linear layers; vLLM's quantization methods
+      apply to linear and MoE layers, not to the vocab-parallel embedding and head), so they
+      stay BF16 whatever the weights' format.
+
+    Sources in docs/simulator.md ("Quantized checkpoints").
+    """
+
+    name: str
+    scale_bits: float = 0.0
+    block: int = 0
+    head_bits: float = 16.0
+
+    @property
+    def overhead_bits(self) -> float:
+        """Scale (and zero-point) bits per weight."""
+        return self.scale_bits / self.block if self.block else 0.0
+
+
+WEIGHT_FORMATS: dict[str, WeightFormat] = {
+    f.name: f
+    for f in (
+        # unquantized: the embedding and head at the weights' own precision
+        WeightFormat("bf16", head_bits=16.0),
+        # FP8 E4M3, one FP32 scale per tensor (ModelOpt FP8_DEFAULT_CFG, vLLM `fp8`)
+        WeightFormat("fp8"),
+        # FP8 E4M3 with one FP32 scale per 128 x 128 block (DeepSeek-V3's checkpoint)
+        WeightFormat("fp8-block", scale_bits=32.0, block=128 * 128),
+        # INT8 weights, one scale per output channel (weight-only or SmoothQuant W8A8)
+        WeightFormat("int8"),
+        # NVFP4: E2M1 values, one FP8 E4M3 scale per 16 (+ a per-tensor FP32): 4.5 bits
+        WeightFormat("nvfp4", scale_bits=8.0, block=16),
+        # MXFP4 (OCP MX): E2M1 values, one E8M0 scale per 32: 4.25 bits
+        WeightFormat("mxfp4", scale_bits=8.0, block=32),
+        # INT4 AWQ / GPTQ, group 128: an FP16 scale and a packed 4-bit zero per group
+        WeightFormat("int4-g128", scale_bits=16.0 + 4.0, block=128),
+    )
+}
+
+
+def default_weight_format(weight_bits: float, act_bits: float) -> WeightFormat:
+    """The format a checkpoint of these bits is shipped in when nothing else is said:
+    16 bits and more unquantized; 8 bits FP8 (W8A8) or INT8 (weight-only); 4 bits NVFP4
+    when the activations are 4-bit too (W4A4 is NVFP4's), else INT4 in groups of 128 (AWQ,
+    GPTQ). Any other width is taken as already including its scales, with a BF16 head."""
+    if weight_bits >= 16:
+        return WeightFormat("bf16", head_bits=weight_bits)
+    if weight_bits == 8:
+        return WEIGHT_FORMATS["fp8" if act_bits <= 8 else "int8"]
+    if weight_bits == 4:
+        return WEIGHT_FORMATS["nvfp4" if act_bits <= 4 else "int4-g128"]
+    return WeightFormat(f"{weight_bits:g}-bit")
+
+
+@dataclass(frozen=True)
 class Precision:
-    """Storage precision of weights, activations and KV cache, in bits."""
+    """Storage precision of weights, activations and KV cache, in bits.
+
+    `weight_bits` is the width of one quantized weight value; what the checkpoint stores
+    beyond it (block scales) and the precision of its embedding and lm_head come from its
+    format (`weight_format`, a key of `WEIGHT_FORMATS`; "" picks `default_weight_format`).
+    `head_bits` overrides the embedding and lm_head precision, for a checkpoint that did
+    quantize its head.
+    """
 
     weight_bits: float = 16
     act_bits: float = 16
     kv_bits: float = 16
-    expert_bits: float | None = None  # None: min(weight_bits, model's shipped expert bits)
+    expert_bits: float | None = None  # None: min(stored weight bits, model's shipped ones)
+    weight_format: str = ""
+    head_bits: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.weight_format and self.weight_format not in WEIGHT_FORMATS:
+            raise ValueError(
+                f"unknown weight format {self.weight_format!r}; "
+                f"known: {', '.join(WEIGHT_FORMATS)}"
+            )
 
     @property
     def compute_bits(self) -> int:
         """Low-precision tensor math only when both operands are that narrow (W8A8, W4A4)."""
-        widest = max(self.weight_bits, self.act_bits)
-        if widest <= 4:
-            return 4
-        return 8 if widest <= 8 else 16
+        return _compute_bits(self.weight_bits, self.act_bits)
+
+    @property
+    def format(self) -> WeightFormat:
+        """The weights' storage format (named, or the default for their bits)."""
+        if self.weight_format:
+            return WEIGHT_FORMATS[self.weight_format]
+        return default_weight_format(self.weight_bits, self.act_bits)
+
+    @property
+    def stored_weight_bits(self) -> float:
+        """Bits stored and read per quantized weight: the value and its share of the block
+        scales (NVFP4 4.5, MXFP4 4.25, INT4 group-128 4.16, FP8 and INT8 8)."""
+        return self.weight_bits + self.format.overhead_bits
+
+    @property
+    def head_weight_bits(self) -> float:
+        """Precision of the token embedding and the lm_head."""
+        return self.head_bits if self.head_bits is not None else self.format.head_bits
+
+    @property
+    def head_compute_bits(self) -> int:
+        """Tensor-math width of the lm_head GEMM (16-bit when the head is BF16)."""
+        return _compute_bits(self.head_weight_bits, self.act_bits)
 
     def expert_bits_for(self, model: ModelSpec) -> float:
         if self.expert_bits is not None:
             return self.expert_bits
-        return min(self.weight_bits, model.default_expert_bits)
+        return min(self.stored_weight_bits, model.default_expert_bits)
+
+
+def _compute_bits(weight_bits: float, act_bits: float) -> int:
+    widest = max(weight_bits, act_bits)
+    if widest <= 4:
+        return 4
+    return 8 if widest <= 8 else 16
 
 
 @dataclass(frozen=True)
@@ -330,7 +435,11 @@ class StepCost:
         self.peak = g.effective_peak(self.prec.compute_bits)
         self.bw = g.mem_bw * cal.memory
         self.sharp = cal.ridge_sharpness
-        self.wb = self.prec.weight_bits / 8
+        self.wb = self.prec.stored_weight_bits / 8
+        # the embedding and lm_head keep their own precision (BF16 in quantized checkpoints),
+        # and the lm_head GEMM runs at that precision's tensor peak
+        self.hb = self.prec.head_weight_bits / 8
+        self.head_compute_scale = g.effective_peak(self.prec.head_compute_bits) / self.peak
         self.ab = self.prec.act_bits / 8
         # The residual stream between layers stays 16-bit whatever the GEMMs' input precision:
         # FP8/FP4 GEMMs write BF16 outputs, which the TP all-reduce sums and the norms read;
@@ -428,7 +537,7 @@ class StepCost:
             terms.append(Term(label, flops, nbytes, m.moe_layers, cal.moe_compute, cal.moe_memory))
         # two RMSNorms + residual adds per layer: memory-bound elementwise passes
         terms.append(Term("norms+residual", 0.0 * t, 6 * m.hidden * t * self.sb, m.layers))
-        terms.append(Term("embedding", 0.0 * t, t * m.hidden * (self.wb + self.ab), 1))
+        terms.append(Term("embedding", 0.0 * t, t * m.hidden * (self.hb + self.ab), 1))
         return terms
 
     def comm_terms(self, t: Array) -> list[tuple[str, Array, Array]]:
@@ -465,13 +574,16 @@ class StepCost:
 
     # ---- lm_head ----------------------------------------------------------------------
     def head_term(self, sampled: int) -> Term:
-        """Final norm + lm_head (vocab-parallel) for the sequences that emit a token."""
+        """Final norm + lm_head (vocab-parallel) for the sequences that emit a token, at the
+        head's own precision (`Precision.head_weight_bits`: BF16 in quantized checkpoints, so
+        its bytes are two per weight and its GEMM runs at the 16-bit peak)."""
         m = self.model
         params = m.vocab * m.hidden / self.par.tp
         return Term(
             "lm_head",
             2 * params * sampled,
-            params * self.wb + sampled * (m.hidden + m.vocab / self.par.tp) * self.ab,
+            params * self.hb + sampled * (m.hidden + m.vocab / self.par.tp) * self.ab,
+            compute_scale=self.head_compute_scale,
         )
 
     def head_time(self, sampled: int) -> float:
@@ -480,7 +592,9 @@ class StepCost:
         t = self._head_memo.get(sampled)
         if t is None:
             h = self.head_term(sampled)
-            t = self._head_memo[sampled] = self._ts(float(h.flops), float(h.bytes))
+            t = self._head_memo[sampled] = self._ts(
+                float(h.flops) / h.compute_scale, float(h.bytes) / h.memory_scale
+            )
         return t
 
     # ---- attention --------------------------------------------------------------------

@@ -210,8 +210,8 @@ def test_serve_figures_run_the_client_at_its_request_rate() -> None:
     assert {f.id for f in FIGS if P.spans_nodes(f)} == {f.id for f in serve}
     f = next(x for x in serve if x.rate == 1 and x.bits[2] == 16)
     assert f.id.endswith("/rps1/1024-1024") and f.mem_util == 0.8
-    res = P.serve(f.model, f.gpu, f.tp, f.pp, f.bits, f.engine, f.isl, f.osl, f.n, f.rate,
-                  f.mem_util)
+    res = P.serve(f.model, f.gpu, f.tp, f.pp, f.precision, f.engine, f.isl, f.osl, f.n,
+                  f.rate, f.mem_util)
     assert res["measured_requests"] == f.n
     # the client's window: 300 prompts at 1/s take at least ~300 s to send
     assert res["duration_s"] > 250

@@ -15,6 +15,8 @@ CASES = [
     ("qwen3-30b-a3b", "h100", Parallelism(2, 1, 2), Precision()),
     ("deepseek-v2-lite", "a100-80g-sxm", Parallelism(1), Precision()),
     ("opt-13b", "a10", Parallelism(2), Precision()),
+    # NVFP4 layers at the FP4 peak, its BF16 lm_head at the 16-bit one
+    ("llama-3.3-70b", "b200", Parallelism(2), Precision(4, 4, 8)),
 ]
 
 STEPS = [
