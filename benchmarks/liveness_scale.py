@@ -73,11 +73,12 @@ def measure(n: int) -> tuple[float, float]:
     watch.observe({f"peer-{i:06d}" for i in range(12)}, set(), set(), 0.0)
 
     def unwatched() -> None:
-        if hasattr(table, "alive"):
-            alive = table.alive()
-        else:  # the call site before the table kept its alive members
+        if hasattr(table, "take_admitted"):  # ProbeCore.unwatched_target's call
+            watch.admit(table.take_admitted())
+            watch.next_unwatched(table.members, table.unhealthy, 1.0)
+        else:  # the call site before the rotation
             alive = {p for p, m in table.members.items() if m.status is Status.ALIVE}
-        watch.next_unwatched(alive, 1.0)
+            watch.next_unwatched(alive, 1.0)
 
     unwatched()  # the first call meets every member for the first time
     return followed, timeit.timeit(unwatched, number=runs) / runs

@@ -111,7 +111,8 @@ class ProbeCore:
         self.periods_unchecked += 1
         if self.periods_unchecked < UNWATCHED_CHECK_PERIODS or self.health.lagging(now):
             return None
-        target = self.watch.next_unwatched(self.table.alive(), now)
+        self.watch.admit(self.table.take_admitted())
+        target = self.watch.next_unwatched(self.table.members, self.table.unhealthy, now)
         if target is None:
             return None
         self.periods_unchecked = 0

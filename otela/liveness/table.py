@@ -57,6 +57,7 @@ import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 RETIRED_KEPT = 4096  # retired peers whose incarnation floor is remembered
@@ -131,6 +132,7 @@ class LivenessTable:
     # the brake is on and when the next grace runs out, and scanning every member for it
     # cost O(N) per period per node (at 10,000 members, four scans a second).
     _unhealthy: set[str] = field(default_factory=set)
+    _admitted: list[str] = field(default_factory=list)  # added since ``take_admitted``
 
     def __post_init__(self) -> None:
         self.base_suspicion_timeout = self.suspicion_timeout
@@ -159,6 +161,7 @@ class LivenessTable:
         """A peer the registry now lists as not LEFT (no-op for ourselves or a member)."""
         if peer_id != self.self_id and peer_id not in self.members:
             self.members[peer_id] = Member(peer_id, self._floors.pop(peer_id, 0), last_heard=now)
+            self._admitted.append(peer_id)
 
     def remove_member(self, peer_id: str) -> None:
         """A member the registry no longer lists as live (LEFT, or gone from its views)."""
@@ -196,9 +199,16 @@ class LivenessTable:
     def suspected(self) -> frozenset[str]:
         return frozenset(self._unhealthy)
 
-    def alive(self) -> set[str]:
-        """Members not suspected or confirmed: set arithmetic in C, not a scan in Python."""
-        return self.members.keys() - self._unhealthy
+    @property
+    def unhealthy(self) -> AbstractSet[str]:
+        """Members suspected or confirmed (the table's own set: read, never change it)."""
+        return self._unhealthy
+
+    def take_admitted(self) -> list[str]:
+        """The members added since the last call, in order (the unwatched check's new
+        members: ``NeighbourWatch.admit``)."""
+        admitted, self._admitted = self._admitted, []
+        return admitted
 
     def braking(self) -> bool:
         """Whether the eviction brake is on (see the module docstring): more members are

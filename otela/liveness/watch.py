@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Set as AbstractSet
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
 PENDING_S = 30.0  # how long a lost peer we know no record of yet stays lost
@@ -45,7 +45,7 @@ class NeighbourWatch:
     _lost_at: dict[str, float] = field(default_factory=dict)
     _parted: set[str] = field(default_factory=set)  # closed by us since the last call
     # Members in the order ``next_unwatched`` looks at them: never checked, then checked
-    # longest ago; and the same members as a set.
+    # longest ago; and the same members as a set (``admit`` adds them).
     _rotation: deque[str] = field(default_factory=deque)
     _rotating: set[str] = field(default_factory=set)
 
@@ -95,30 +95,33 @@ class NeighbourWatch:
         self._lost_at[peer_id] = now
         return True
 
-    def next_unwatched(self, members: AbstractSet[str], now: float) -> str | None:
-        """Among ``members``, those we neither hold a connection to nor probe as lost, the
-        one checked longest ago (never checked first, ties at random); it counts as checked
-        now. None if every member is watched.
+    def admit(self, peers: Iterable[str]) -> None:
+        """Members seen for the first time (never checked): to the front of the unwatched
+        check's rotation, in random order. A member already in it keeps its place."""
+        fresh = sorted(set(peers) - self._rotating)
+        self.rng.shuffle(fresh)
+        self._rotation.extendleft(fresh)
+        self._rotating.update(fresh)
 
-        A rotation, not a search: members enter it at the front when first seen (shuffled),
-        and each one looked at, checked or passed over because we watch it anyway, moves to
-        the back. So a call costs two set differences in C plus a step or two of Python,
-        where sorting every member with a Python key cost ~2 ms at 1,000 members and ~20 ms
-        at 10,000 (the trio loop stalled that long every ten periods, requests included)."""
-        new = members - self._rotating
-        if new:
-            fresh = sorted(new)
-            self.rng.shuffle(fresh)
-            self._rotation.extendleft(fresh)
-            self._rotating |= new
+    def next_unwatched(self, members: Container[str], unhealthy: Container[str],
+                       now: float) -> str | None:
+        """Among ``members`` (those ``admit`` has seen) not ``unhealthy``, those we neither
+        hold a connection to nor probe as lost, the one checked longest ago (never checked
+        first, ties at random); it counts as checked now. None if every member is watched.
+
+        A rotation, not a search: each member looked at, checked or passed over (watched
+        anyway, or suspected), moves to the back, and one no longer a member leaves it. So
+        a call costs a step or two, where sorting every member with a Python key cost
+        ~1 ms at 1,000 members, ~20 ms at 10,000 and ~280 ms at 100,000 (the event loop
+        stalled that long every ten periods, requests included)."""
         watched = self.neighbours.union(self.lost)
         for _ in range(len(self._rotation)):
             peer_id = self._rotation.popleft()
-            if peer_id not in members:  # gone, or not alive: re-enters as new when back
+            if peer_id not in members:  # left: re-enters through ``admit`` if it returns
                 self._rotating.discard(peer_id)
                 continue
-            self._rotation.append(peer_id)  # checked now, or watched (as good as checked)
-            if peer_id not in watched:
+            self._rotation.append(peer_id)  # checked now, or passed over until its turn
+            if peer_id not in watched and peer_id not in unhealthy:
                 return peer_id
         return None
 

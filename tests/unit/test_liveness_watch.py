@@ -104,14 +104,31 @@ def test_a_suspect_to_verify_is_probed_next_connected_or_not():
 def test_unwatched_members_are_checked_in_turn_never_checked_first():
     w = watch("a")
     members = {"a", "b", "c", "d"}
-    first = [w.next_unwatched(members, now=t) for t in (1.0, 2.0, 3.0)]
+    w.admit(members)
+    first = [w.next_unwatched(members, set(), now=t) for t in (1.0, 2.0, 3.0)]
     assert sorted(first) == ["b", "c", "d"]  # neighbour a is watched anyway
-    assert w.next_unwatched(members, now=4.0) == first[0]  # checked longest ago
+    assert w.next_unwatched(members, set(), now=4.0) == first[0]  # checked longest ago
     w.observe({"a", "c"}, MEMBERS, MEMBERS, now=5.0)  # c is a neighbour now
-    assert "c" not in [w.next_unwatched(members, now=t) for t in (6.0, 7.0, 8.0)]
+    assert "c" not in [w.next_unwatched(members, set(), now=t) for t in (6.0, 7.0, 8.0)]
+
+
+def test_new_members_come_first_suspects_wait_and_leavers_drop_out():
+    w = watch("a")
+    members = {"a", "b", "c"}
+    w.admit(members)
+    assert {w.next_unwatched(members, set(), now=t) for t in (1.0, 2.0)} == {"b", "c"}
+    members |= {"d"}
+    w.admit({"d", "b"})  # b is known: it keeps its place
+    assert w.next_unwatched(members, set(), now=3.0) == "d"  # never checked: first
+    due = w.next_unwatched(members, set(), now=4.0)
+    assert w.next_unwatched(members, {due}, now=5.0) != due  # suspected: passed over
+    members -= {"b", "c"}  # both left
+    assert [w.next_unwatched(members, set(), now=t) for t in (6.0, 7.0)] == ["d", "d"]
+    assert w.next_unwatched(members, {"d"}, now=8.0) is None
 
 
 def test_lost_neighbours_are_not_unwatched():
     w = watch("a", "b")
     w.observe({"a"}, MEMBERS, MEMBERS, now=1.0)  # b lost: probed every round already
-    assert w.next_unwatched({"a", "b"}, now=2.0) is None
+    w.admit({"a", "b"})
+    assert w.next_unwatched({"a", "b"}, set(), now=2.0) is None
