@@ -97,9 +97,11 @@ class ProbeCore:
         # Suspects stay watched while connected: our probes carry the news they must refute.
         # So are members confirmed on others' word alone (``table.unvouched``): probing
         # them adds the voice their eviction may lack.
-        watchable = {p for p in self.watch.neighbours | connected | appeared | set(self.watch.lost)
-                     if p in members and (members[p].status is not Status.CONFIRMED
-                                          or self.table.unvouched(p))}
+        watchable = members.keys() & (
+            self.watch.neighbours | connected | appeared | self.watch.lost.keys())
+        for p in watchable & self.table.unhealthy:  # only these can be confirmed
+            if members[p].status is Status.CONFIRMED and not self.table.unvouched(p):
+                watchable.discard(p)
         known = self.members.known
         for peer_id in self.watch.observe(connected, watchable, known, now, appeared):
             self.events.record(peer_id, "connection lost", "probing it first")

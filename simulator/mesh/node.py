@@ -285,7 +285,7 @@ class SimNode:
             world.net.charge(self.index, world.net.config.cpu_background_s
                              * self.probe.period_length())
             _, target = self.probe.begin_period(self.registry, self.registry.generation,
-                                                self.names(world.conns[self.index]),
+                                                set(world.conn_names[self.index]),
                                                 world.mono())
             if target is not None:
                 verdict = yield from self.round(world.index_of[target])

@@ -60,6 +60,7 @@ class World:
         self.nodes: list[SimNode] = []
         self.index_of: dict[str, int] = {}
         self.conns: list[set[int]] = []
+        self.conn_names: list[set[str]] = []  # the same connections, by peer id
         self._dialing: dict[tuple[int, int], list[Callable[[bool], None]]] = {}
         self._verified: dict[int, tuple[Any, Any]] = {}
         self.gossip = Gossip(self.net, random.Random(seed + 11), lambda i: self.conns[i],
@@ -113,6 +114,7 @@ class World:
         node = SimNode(self, index, self.seed * 1_000_003 + index, ingress=ingress)
         self.nodes.append(node)
         self.conns.append(set())
+        self.conn_names.append(set())
         self.index_of[node.peer_id] = index
         return node
 
@@ -259,6 +261,8 @@ class World:
     def _link(self, a: int, b: int, quiet: bool = False) -> None:
         self.conns[a].add(b)
         self.conns[b].add(a)
+        self.conn_names[a].add(self.nodes[b].peer_id)
+        self.conn_names[b].add(self.nodes[a].peer_id)
         self.gossip.connected(a, b)
         if not quiet:
             stats = self.net.stats
@@ -275,6 +279,8 @@ class World:
             return
         self.conns[a].discard(b)
         self.conns[b].discard(a)
+        self.conn_names[a].discard(self.nodes[b].peer_id)
+        self.conn_names[b].discard(self.nodes[a].peer_id)
         self.gossip.disconnected(a, b)
 
     def tcp_connect(self, a: int, b: int, answer: Callable[[str], None]) -> None:
