@@ -3,9 +3,9 @@
 Members are the peers with a session that is not LEFT (ourselves excluded). The list
 follows the registry's changes: a registry that keeps a journal of them
 (``Registry.changes_since``) costs O(changed sessions) per change, and anything else, or
-a journal that no longer reaches back, a re-read of every record (O(N)), which under
-churn at 10,000 nodes was a few 5 ms re-reads a second on every node. Never work per
-probe period. A member whose set of sessions gained one rejoined after an eviction, and
+a journal that no longer reaches back, a re-read of every record (O(N): 27-32 ms at
+10,000 members, which under churn there was several re-reads a second on every node,
+``benchmarks/liveness_scale.py``). Never work per probe period. A member whose set of sessions gained one rejoined after an eviction, and
 starts afresh in the liveness table. Pure: callers pass records and times.
 """
 
