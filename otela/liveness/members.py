@@ -5,8 +5,9 @@ follows the registry's changes: a registry that keeps a journal of them
 (``Registry.changes_since``) costs O(changed sessions) per change, and anything else, or
 a journal that no longer reaches back, a re-read of every record (O(N): 27-32 ms at
 10,000 members, which under churn there was several re-reads a second on every node,
-``benchmarks/liveness_scale.py``). Never work per probe period. A member whose set of sessions gained one rejoined after an eviction, and
-starts afresh in the liveness table. Pure: callers pass records and times.
+``benchmarks/liveness_scale.py``). Never work per probe period. A member whose set of
+sessions gained one rejoined after an eviction, and starts afresh in the liveness table.
+Pure: callers pass records and times.
 """
 
 from __future__ import annotations

@@ -133,6 +133,9 @@ class LivenessTable:
     # cost O(N) per period per node (at 10,000 members, four scans a second).
     _unhealthy: set[str] = field(default_factory=set)
     _admitted: list[str] = field(default_factory=list)  # added since ``take_admitted``
+    _membership_version: int = 0  # bumped whenever a member is added or removed
+    # suspect -> (membership version, whether we are one of its verifiers)
+    _verifier_picks: dict[str, tuple[int, bool]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.base_suspicion_timeout = self.suspicion_timeout
@@ -162,6 +165,7 @@ class LivenessTable:
         if peer_id != self.self_id and peer_id not in self.members:
             self.members[peer_id] = Member(peer_id, self._floors.pop(peer_id, 0), last_heard=now)
             self._admitted.append(peer_id)
+            self._membership_version += 1
 
     def remove_member(self, peer_id: str) -> None:
         """A member the registry no longer lists as live (LEFT, or gone from its views)."""
@@ -169,6 +173,7 @@ class LivenessTable:
         if member is None:
             return
         self._retire(member)
+        self._membership_version += 1
         self._unhealthy.discard(peer_id)
         self.published = {key for key in self.published if key[0] != peer_id}
         self.corroborated = {key for key in self.corroborated if key[0] != peer_id}
@@ -306,10 +311,20 @@ class LivenessTable:
         if (member is None or member.status is Status.ALIVE
                 or self.self_id in member.suspecters):
             return False
+        # The pick hashes every member: kept per suspect until the membership changes,
+        # since every piece of news about the suspect asks again (a partition's ~90
+        # suspects, each heard of many times, made this most of a 1,000-node simulation's
+        # CPU, and a real node pays it alike).
+        known = self._verifier_picks.get(peer_id)
+        if known is not None and known[0] == self._membership_version:
+            return known[1]
         voters = [p for p in self.members if p != peer_id]
         voters.append(self.self_id)
         chosen = heapq.nsmallest(self.expected_confirmations + 1, voters,
                                  key=lambda p: _rank(p, f"verify|{peer_id}"))
+        if len(self._verifier_picks) >= RETIRED_KEPT:
+            self._verifier_picks.clear()
+        self._verifier_picks[peer_id] = (self._membership_version, self.self_id in chosen)
         return self.self_id in chosen
 
     def unvouched(self, peer_id: str) -> bool:

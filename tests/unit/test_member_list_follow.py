@@ -106,3 +106,30 @@ def test_a_member_list_behind_the_journal_rereads_and_still_tracks_a_rejoin(
     members.sync(registry, registry.generation, 2.0)
     assert set(members.table.members) == {"peer-a", "peer-b0", "peer-b1", "peer-b2", "peer-c"}
     assert members.table.members["peer-a"].status is Status.ALIVE  # its new session
+
+
+def test_a_verifier_pick_kept_per_suspect_follows_membership_changes() -> None:
+    """``should_verify`` keeps its pick per suspect until a member comes or goes: each
+    answer must equal a fresh table's with the same members and the same suspicion."""
+    def suspected(members: set[str]) -> LivenessTable:
+        table = LivenessTable("me", 6.0)
+        table.sync_members(members, 0.0)
+        for peer in sorted(members):
+            table.probe_failed(peer, 1.0)
+            table.members[peer].suspecters.discard("me")  # heard of, not seen first-hand
+        return table
+
+    members = {f"p{i}" for i in range(6)}
+    kept = suspected(members)
+    answers = set()
+    for extra in range(40):  # members join one by one; the picks move
+        for peer in sorted(members):
+            answer = kept.should_verify(peer)
+            assert answer == suspected(members).should_verify(peer)
+            answers.add(answer)
+        newcomer = f"q{extra}"
+        members.add(newcomer)
+        kept.add_member(newcomer, 2.0)
+        kept.probe_failed(newcomer, 2.0)
+        kept.members[newcomer].suspecters.discard("me")
+    assert answers == {True, False}  # both answers occurred: the check can fail
