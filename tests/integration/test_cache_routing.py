@@ -36,7 +36,12 @@ from otela.testing.localfed import (
 
 from .helpers import wait_state
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("engines-and-slurm")]
+# The suite's 300 s timeout is shorter than an engine's own readiness deadline
+# (VLLM_READY_S, 400 s): a first vLLM start on a cold machine (its compile caches empty)
+# was killed before the test's wait could say which engine was not ready. The waits bound
+# the test instead.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("engines-and-slurm"),
+              pytest.mark.timeout(700)]
 
 MODEL = "tiny-llama"
 VLLM_READY_S = 400.0

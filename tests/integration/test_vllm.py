@@ -26,7 +26,12 @@ from .stalling_relay import StallingRelay
 
 # The Slurm tests' worker also runs this one, so two real vLLM starts (~3 GB, both cores
 # for ~45 s) never overlap when the suite runs on several workers (scripts/test).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("engines-and-slurm")]
+# The suite's 300 s timeout is shorter than an engine's own readiness deadline
+# (VLLM_READY_S, 400 s): a first vLLM start on a cold machine (its compile caches empty)
+# was killed before the test's wait could say which engine was not ready. The waits bound
+# the test instead.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("engines-and-slurm"),
+              pytest.mark.timeout(700)]
 
 MODEL = "tiny-llama"
 VLLM_READY_S = 400.0
