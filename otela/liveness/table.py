@@ -61,6 +61,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 RETIRED_KEPT = 4096  # retired peers whose incarnation floor is remembered
+VERIFIER_PICKS_KEPT = 4096  # suspects whose verifier pick is remembered (``should_verify``)
 
 
 def _rank(suspecter: str, suspect: str) -> bytes:
@@ -322,7 +323,7 @@ class LivenessTable:
         voters.append(self.self_id)
         chosen = heapq.nsmallest(self.expected_confirmations + 1, voters,
                                  key=lambda p: _rank(p, f"verify|{peer_id}"))
-        if len(self._verifier_picks) >= RETIRED_KEPT:
+        if len(self._verifier_picks) >= VERIFIER_PICKS_KEPT:
             self._verifier_picks.clear()
         self._verifier_picks[peer_id] = (self._membership_version, self.self_id in chosen)
         return self.self_id in chosen
