@@ -40,7 +40,8 @@ def main() -> None:
                         help="every node on one host with this many cores (0: a core each)")
     parser.add_argument("--ingresses", type=int, default=1)
     parser.add_argument("--minutes", type=float, default=None,
-                        help="simulated minutes of the churn and flaky scenarios")
+                        help="simulated minutes of the churn and flaky scenarios, "
+                        "or how long the partition scenario's region stays cut off")
     parser.add_argument("--nat-share", type=float, default=0.0,
                         help="share of nodes behind NAT, reached through the relays")
     parser.add_argument("--relays", type=int, default=0, help="public relays (the first nodes)")
@@ -68,8 +69,11 @@ def main() -> None:
                 world.seed_thin()
             else:
                 world.seed_state()
-            kwargs = {"minutes": args.minutes} if args.minutes and name in (
-                "churn", "flaky") else {}
+            kwargs: dict[str, float] = {}
+            if args.minutes and name in ("churn", "flaky"):
+                kwargs["minutes"] = args.minutes
+            elif args.minutes and name == "partition":
+                kwargs["cut_for"] = 60 * args.minutes
             figures = SCENARIOS[name](world, **kwargs)
             print(json.dumps({
                 "nodes": n, "scenario": name, "wire": args.wire,

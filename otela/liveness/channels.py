@@ -35,7 +35,7 @@ MAX_MESSAGE_BYTES = 64 * 1024
 # dropped unanswered, as a lost packet would be.
 MAX_IN_FLIGHT_PER_STREAM = 64
 
-Pack = Callable[[dict[str, Any]], bytes]
+Pack = Callable[[str, dict[str, Any]], bytes]  # (the peer it goes to, the message)
 Unpack = Callable[[str, bytes], dict[str, Any]]
 Answer = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
@@ -83,7 +83,7 @@ class Channels:
                 channel = await self._channel(peer)
                 channel.waiting[request_id] = send
                 async with channel.write_lock:
-                    await write_frame(channel.stream, self.pack({**message, "i": request_id}))
+                    await write_frame(channel.stream, self.pack(peer, {**message, "i": request_id}))
                 return await receive.receive()
             except (trio.EndOfChannel, trio.BrokenResourceError):
                 return None  # the stream broke while we waited
@@ -166,7 +166,7 @@ class Channels:
                 if response is not None:
                     async with write_lock:
                         await write_frame(stream,
-                                          self.pack({**response, "i": message.get("i")}))
+                                          self.pack(peer, {**response, "i": message.get("i")}))
             finally:
                 in_flight -= 1
 

@@ -61,12 +61,14 @@ ADDR_TTL_S = 3600  # peerstore TTL of members' addresses
 __all__ = ["LIVENESS_TOPIC", "SWIM_PROTOCOL", "DetectorConfig", "FailureDetector"]
 
 
-def stamp(message: dict[str, Any], news: News, replica: ReplicaCore) -> dict[str, Any]:
-    """What rides on every SWIM message we send (probe, ack, indirect probe): our news,
-    and our registry's summary and age, so a replica that drifted from ours gets
-    anti-entropy without a timer (``otela/replication/drift.py``). Shared with the mesh
-    simulator, which sizes its probes by this very message."""
-    message["u"] = items = news.piggyback()
+def stamp(message: dict[str, Any], news: News, replica: ReplicaCore,
+          to: str | None = None) -> dict[str, Any]:
+    """What rides on every SWIM message we send (probe, ack, indirect probe) to peer
+    ``to``: our news (our suspicion of ``to`` itself first, if we hold one: the buddy
+    system, ``News.piggyback``), and our registry's summary and age, so a replica that
+    drifted from ours gets anti-entropy without a timer (``otela/replication/drift.py``).
+    Shared with the mesh simulator, which sizes its probes by this very message."""
+    message["u"] = items = news.piggyback(to)
     marks = news.published_among(items)
     if marks:  # absent in almost every message: it costs nothing then
         message["pu"] = marks
@@ -257,7 +259,7 @@ class FailureDetector:
         self.self_id = identity.peer_id.to_base58()
         self.stats: dict[str, int] = {
             "probes": 0, "suspected": 0, "withheld": 0, "evicted": 0, "refuted": 0,
-            "brake_engaged": 0, "malformed_news": 0, "unwatched_checks": 0,
+            "brake_engaged": 0, "cut_off": 0, "malformed_news": 0, "unwatched_checks": 0,
             "unwatched_unreachable": 0}
         self.table = LivenessTable(self.self_id, config.suspicion_timeout,
                                    eviction_stagger=config.probe_interval)
@@ -297,6 +299,7 @@ class FailureDetector:
             "local_health": self.health.score,
             "health_multiplier": self.health.multiplier,
             "eviction_brake": self.prober.braking,
+            "cut_off": self.table.cut_off,
             "gossip_lag_s": round(self.replica.replicator.current_gossip_lag(), 3),
             "members": len(self.table.members),
             "stats": dict(self.stats),
@@ -352,8 +355,8 @@ class FailureDetector:
             return {"k": "bye-ack"}
         return None
 
-    def _pack(self, message: dict[str, Any]) -> bytes:
-        return msgpack.packb(stamp(message, self.news, self.replica.replicator),
+    def _pack(self, peer: str, message: dict[str, Any]) -> bytes:
+        return msgpack.packb(stamp(message, self.news, self.replica.replicator, to=peer),
                              use_bin_type=True)
 
     def _unpack(self, sender: str, data: bytes) -> dict[str, Any]:

@@ -104,11 +104,22 @@ class News:
 
     # -- what we send ------------------------------------------------------------------
 
-    def piggyback(self) -> list[list[Any]]:
-        """News to attach to an outgoing probe message (refuting first, if we must)."""
+    def piggyback(self, to: str | None = None) -> list[list[Any]]:
+        """News to attach to an outgoing probe message to ``to`` (refuting first, if we
+        must). Lifeguard's buddy system: a message to a member we suspect carries that
+        suspicion, whatever our news budget says, so a live suspect learns of it from the
+        first message that reaches it and refutes in its answer. News rides on a bounded
+        number of messages (``LivenessTable.piggyback``); without this, a suspicion whose
+        budget ran out while the suspect was unreachable (a partition) was never heard by
+        the suspect once it was reachable again, so it never refuted, and the suspicion
+        ran its course to an eviction of a live node after the heal."""
         if self.table.refute_needed:
             self.refute()
-        return encode_updates(self.table.piggyback())
+        updates = self.table.piggyback()
+        buddy = None if to is None else self.table.suspicion_of(to)
+        if buddy is not None and all(u.peer_id != to for u in updates):
+            updates.insert(0, buddy)
+        return encode_updates(updates)
 
     def published_among(self, items: list[list[Any]]) -> list[int]:
         """Which of ``items`` (``piggyback``'s) are suspicions published on the liveness

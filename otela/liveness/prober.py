@@ -11,10 +11,12 @@ robin over its connected ones). The peer is suspected only if all three paths fa
 Every ``UNWATCHED_CHECK_PERIODS`` periods it also checks one member it is not connected to
 with a plain TCP connect (``watch.next_unwatched``), and probes one that does not accept
 like a lost neighbour: the member's own neighbours watch it, unless a partition put them
-all on the other side. After the round, and whenever a grace period runs out or an
-eviction falls due between rounds, the loop confirms expired suspicions and signs the
-evictions that are due (``table.py``), unless our own event loop lags (``health.py``);
-the eviction brake's turning on and off is logged as an event.
+all on the other side. While it holds suspects it also connects to one member picked at
+random each period (``reach.py``): a node that most members do not answer is cut off (the
+smaller side of a partition) and evicts no one. After the round, and whenever a grace
+period runs out or an eviction falls due between rounds, the loop confirms expired
+suspicions and signs the evictions that are due (``table.py``), unless our own event loop
+lags (``health.py``); the eviction brake's turning on and off is logged as an event.
 
 Every decision is made by ``rounds.ProbeCore`` (sans I/O, shared with the mesh simulator);
 this loop adds the awaiting. It talks to the network only through ``ProbeTransport``
@@ -169,6 +171,7 @@ class Prober(ProbeCore):
         if target is not None and await self.round(target) != "silent":
             self.watch.decided(target)
         await self._check_unwatched()
+        await self._check_reach()
         self.watch_brake()
         await self.settle()
 
@@ -178,6 +181,18 @@ class Prober(ProbeCore):
         if target is not None:
             answer = await self.transport.reachability(target)
             self.unwatched_answer(target, answer, self.clock())
+
+    async def _check_reach(self) -> None:
+        """While suspects are held, connect to random members, all at once
+        (``ProbeCore.reach_targets``): whether most answer tells a cut-off node from one
+        that is not."""
+
+        async def connect(target: str) -> None:
+            self.reach_answer(target, await self.transport.reachability(target), self.clock())
+
+        async with trio.open_nursery() as nursery:
+            for target in self.reach_targets(self.clock()):
+                nursery.start_soon(connect, target)
 
     async def settle(self) -> None:
         """Confirm the suspicions whose grace ran out and sign the evictions now due."""

@@ -24,6 +24,7 @@ from otela.liveness.events import EventLog
 from otela.liveness.health import LocalHealth
 from otela.liveness.members import MemberList
 from otela.liveness.news import News
+from otela.liveness.reach import ReachSample
 from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable, Status
 from otela.liveness.watch import NeighbourWatch
@@ -73,6 +74,7 @@ class ProbeCore:
         self.appeared: set[str] = set()  # peers that connected since the last round
         self.refusing: set[str] = set()  # peers whose last ping found nothing listening
         self.braking = False  # mirrors ``table.braking()`` to log its changes
+        self.reach = ReachSample()  # connects to random members (``reach_target``)
         self.periods_unchecked = 0  # periods since we last checked an unwatched member
 
     # -- a period ------------------------------------------------------------------------
@@ -124,7 +126,9 @@ class ProbeCore:
     def unwatched_answer(self, target: str, answer: str, now: float) -> None:
         """How ``target``'s addresses answered the connect: one that did not accept is
         probed from the next period on as a lost neighbour (the full round decides, so a
-        member that is only slow to accept is not suspected for it)."""
+        member that is only slow to accept is not suspected for it). The answer is also
+        one more sample of how much of the federation we reach."""
+        self.reach.note(target, answer, now)
         if answer in ("accepted", "none"):  # none: behind a NAT, its relays' members watch it
             return
         self.stats["unwatched_unreachable"] += 1
@@ -135,8 +139,9 @@ class ProbeCore:
         self.watch.verify(target, now)
 
     def watch_brake(self) -> None:
-        """Record when the eviction brake goes on or off: an operator asking why a dead
-        node is still listed, or why live ones were not evicted, finds it in the events."""
+        """Record when the eviction brake goes on or off, and when this node finds itself
+        cut off from most members: an operator asking why a dead node is still listed, or
+        why live ones were not evicted, finds it in the events."""
         braking = self.table.braking()
         if braking == self.braking:
             return
@@ -154,10 +159,44 @@ class ProbeCore:
                                f"{unhealthy} of {members} members suspected")
             log.warning("eviction brake off")
 
+    def reach_targets(self, now: float) -> list[str]:
+        """While this node holds suspects (a decision may come) or is cut off, members
+        picked at random, any status, to connect to this period, all at once
+        (``otela.liveness.reach``); none while our own loop lags."""
+        if not (self.table.unhealthy or self.table.cut_off) or self.health.lagging(now):
+            return []
+        picks = {self.table.random_member(self.rng) for _ in range(self.reach.wanted(now))}
+        return sorted(p for p in picks if p is not None)
+
+    def reach_answer(self, target: str, answer: str, now: float) -> None:
+        """How a member ``reach_targets`` picked answered the connect."""
+        self.reach.note(target, answer, now)
+
+    def _observe_reach(self, now: float) -> None:
+        """Tell the table whether we are cut off, and record when that changes: an
+        operator asking why nothing was evicted finds it in the events."""
+        was, verdict = self.table.cut_off, self.reach.cut_off(now)
+        if verdict is None:
+            return  # too few recent answers: as we were
+        dropped = self.table.observe_reach(verdict)
+        if self.table.cut_off == was:
+            return
+        if self.table.cut_off:
+            self.stats["cut_off"] += 1
+            detail = ("most members picked at random did not answer a connect: this node is "
+                      "more likely the one cut off; confirming and evicting no one")
+            log.warning("cut off: %s", detail)
+            self.events.record(self.self_id, "cut off", detail)
+        else:
+            detail = f"most members answer again; dropped {dropped} suspicions raised while cut off"
+            log.warning("no longer cut off: %s", detail)
+            self.events.record(self.self_id, "reachable again", detail)
+
     def due_evictions(self, now: float, gossip_lag: float) -> list[str]:
         """Confirm the suspicions whose grace ran out; return the peers whose eviction we
         should sign now. Irreversible steps wait while our own loop lags."""
         self.table.observe_dissemination_delay(gossip_lag)
+        self._observe_reach(now)
         if self.health.lagging(now):
             return []
         for peer_id in self.table.expired_suspicions(now):

@@ -42,6 +42,16 @@ suspected (out of routing, free to refute) and a suspicion is confirmed only whe
 confirmed member awaits its eviction and none was confirmed within ``suspicion_timeout``,
 and it is the same one at every node: nodes that really died are still evicted, one at a
 time; and suspicions are not published on the liveness topic (they still ride on probes).
+Cut off: a node that cannot reach most of the federation (``otela.liveness.reach``: the
+caller's sample of connects to random members, ``observe_reach``) is on the smaller side
+of a partition, or cut off alone: whatever it suspects, it is more likely the one
+unreachable. Then it confirms no one and signs no eviction (confirmations heard from
+others included) and spreads no suspicion (the buddy system still shows a suspect its
+own); when it reaches most members again it drops the suspicions it holds, which are
+what the cut produced (a member that really died meanwhile is suspected again by
+those that probe it). Under the brake alone, the ~90 nodes of a region cut off from 1,000
+kept evicting live members of the other 910, each eviction signed by two of them: LEFT on
+every replica at the heal, and a rejoin for each.
 A peer that rejoins under a new session after an eviction starts afresh, past the
 incarnation of the news that evicted it (``new_session``, ``_retire``).
 Updates (``suspect P@i``, ``alive P@i``) ride on probe messages; each is retransmitted a
@@ -55,6 +65,7 @@ import enum
 import hashlib
 import heapq
 import math
+import random
 from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
@@ -124,8 +135,11 @@ class LivenessTable:
     # Our suspicions published again because their eviction lacked a second signer.
     corroborated: set[tuple[str, int]] = field(default_factory=set)
     refute_needed: bool = False
+    _alive: Update | None = None  # our latest refutation (``announce_alive``)
     _last_confirmation_at: float | None = None  # ours or one we heard of
     _braked_at: float | None = None  # when the brake was last seen on
+    cut_off: bool = False  # most members out of reach (``observe_reach``)
+    _member_list: tuple[int, tuple[str, ...]] = (-1, ())  # (membership version, members)
     # Per retired peer: the lowest incarnation whose news is new (see ``_retire``).
     _floors: OrderedDict[str, int] = field(default_factory=OrderedDict)
     base_suspicion_timeout: float = field(init=False)  # before local-health scaling
@@ -222,6 +236,34 @@ class LivenessTable:
         unhealthy = len(self._unhealthy)
         return unhealthy > max(self.brake_floor, self.brake_fraction * len(self.members))
 
+    def random_member(self, rng: random.Random) -> str | None:
+        """A member picked uniformly at random (the list is rebuilt only when a member
+        comes or goes: every period asks while suspects are held)."""
+        if self._member_list[0] != self._membership_version:
+            self._member_list = (self._membership_version, tuple(self.members))
+        members = self._member_list[1]
+        return rng.choice(members) if members else None
+
+    def observe_reach(self, cut_off: bool) -> int:
+        """Whether this node is cut off now (``otela.liveness.reach``). Ending a cut-off
+        drops every suspicion and confirmation held (see the module docstring); returns
+        how many."""
+        was, self.cut_off = self.cut_off, cut_off
+        if cut_off and not was:  # stop spreading suspicions: they would outlive the cut
+            self._outbox = {p: queued for p, queued in self._outbox.items()
+                            if queued[0].status is Status.ALIVE}
+        if not was or cut_off:
+            return 0
+        dropped = [self.members[p] for p in self._unhealthy if p in self.members]
+        for member in dropped:
+            member.status, member.suspected_at, member.evict_at = Status.ALIVE, None, None
+            member.suspecters, member.evidence = set(), {}
+            self._outbox.pop(member.peer_id, None)
+        self._unhealthy.clear()
+        self.published.clear()
+        self.corroborated.clear()
+        return len(dropped)
+
     # -- observations ------------------------------------------------------------------
 
     def heard_from(self, peer_id: str, now: float) -> None:
@@ -287,7 +329,8 @@ class LivenessTable:
             return None
         key = (peer_id, member.incarnation)
         strong = connection_lost or len(member.suspecters) > 1 or corroborate
-        if self.self_id not in member.suspecters or not strong or self.braking():
+        if (self.self_id not in member.suspecters or not strong or self.braking()
+                or self.cut_off):
             return None
         ours = Update(peer_id, Status.SUSPECT, member.incarnation,
                       member.evidence.get(self.self_id), by=self.self_id)
@@ -327,6 +370,15 @@ class LivenessTable:
             self._verifier_picks.clear()
         self._verifier_picks[peer_id] = (self._membership_version, self.self_id in chosen)
         return self.self_id in chosen
+
+    def suspicion_of(self, peer_id: str) -> Update | None:
+        """A signed suspicion we hold of ``peer_id``'s current incarnation (ours, if we
+        suspect it first-hand), to show it so that it can refute (``News.piggyback``)."""
+        member = self.members.get(peer_id)
+        if member is None or member.status is Status.ALIVE or not member.evidence:
+            return None
+        by = self.self_id if self.self_id in member.evidence else min(member.evidence)
+        return Update(peer_id, Status.SUSPECT, member.incarnation, member.evidence[by], by=by)
 
     def unvouched(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is confirmed here on other members' word alone: we never
@@ -392,9 +444,15 @@ class LivenessTable:
     def apply(self, update: Update, now: float, proof_valid: bool = False) -> bool:
         """Merge news from another member; return whether it changed our view."""
         if update.peer_id == self.self_id:
-            if update.status is not Status.ALIVE and update.incarnation >= self.incarnation:
+            if update.status is Status.ALIVE:
+                return False
+            if update.incarnation >= self.incarnation:
                 self.incarnation = update.incarnation + 1  # refute: outbid the suspicion
                 self.refute_needed = True
+            elif self._alive is not None and self.self_id not in self._outbox:
+                # A suspicion we refuted already, from a member our refutation missed (its
+                # news budget ran out): it rides on our messages again, this answer first.
+                self._enqueue(self._alive)
             return False
         member = self.members.get(update.peer_id)
         if member is None:
@@ -462,11 +520,13 @@ class LivenessTable:
         that lift it arrive together, and the last may be a moment behind), only one at a
         time, the one every node picks alike (see below): if each picked its own, say its
         oldest, the federation as a whole would still evict one per node per timeout."""
+        if self.braking():
+            self._braked_at = now
+        if self.cut_off:
+            return []
         expired = [m for m in self._unhealthy_members()
                    if m.status is Status.SUSPECT and m.suspected_at is not None
                    and now - m.suspected_at >= self.timeout_for(m)]
-        if self.braking():
-            self._braked_at = now
         recently = self._braked_at is not None and now - self._braked_at < self.suspicion_timeout
         if expired and recently:
             expired = self._one_at_a_time(expired, now)
@@ -526,7 +586,10 @@ class LivenessTable:
 
     def due_evictions(self, now: float) -> list[str]:
         """Confirmed peers whose eviction this node should sign now. Each is due again
-        after the backup delay in case no eviction (ours or another's) lands."""
+        after the backup delay in case no eviction (ours or another's) lands. None while
+        cut off: confirmations heard from others wait too."""
+        if self.cut_off:
+            return []
         due = []
         for member in self._unhealthy_members():
             if (member.status is Status.CONFIRMED and member.evict_at is not None
@@ -538,7 +601,7 @@ class LivenessTable:
     # -- dissemination -------------------------------------------------------------------
 
     def announce_alive(self, proof: bytes) -> Update:
-        update = Update(self.self_id, Status.ALIVE, self.incarnation, proof)
+        update = self._alive = Update(self.self_id, Status.ALIVE, self.incarnation, proof)
         self._enqueue(update)
         self.refute_needed = False
         return update
@@ -557,4 +620,6 @@ class LivenessTable:
         return out
 
     def _enqueue(self, update: Update) -> None:
+        if self.cut_off and update.status is not Status.ALIVE:
+            return  # what a cut-off node suspects is the cut's doing: it must not spread
         self._outbox[update.peer_id] = (update, 0)

@@ -74,7 +74,7 @@ class SimNode:
         self.config = config
         self.stats: dict[str, int] = {
             "probes": 0, "suspected": 0, "withheld": 0, "evicted": 0, "refuted": 0,
-            "brake_engaged": 0, "malformed_news": 0, "unwatched_checks": 0,
+            "brake_engaged": 0, "cut_off": 0, "malformed_news": 0, "unwatched_checks": 0,
             "unwatched_unreachable": 0}
         self.table = LivenessTable(self.peer_id, config.suspicion_timeout,
                                    eviction_stagger=config.probe_interval)
@@ -178,7 +178,10 @@ class SimNode:
                 return got
 
             for i, request in enumerate(op.requests):
-                self.request(request.peer, request.message, request.timeout, one(i))
+                if isinstance(request, Connect):
+                    self.world.tcp_connect(self.index, request.peer, one(i))
+                else:
+                    self.request(request.peer, request.message, request.timeout, one(i))
         elif isinstance(op, Connect):
             self.world.tcp_connect(self.index, op.peer, resume)
         else:
@@ -208,7 +211,8 @@ class SimNode:
     def _send_swim(self, peer: int, message: dict[str, Any], rid: int) -> None:
         if rid not in self._pending or not self.alive:
             return
-        body = stamp({**message, "i": rid}, self.news, self.replica)
+        body = stamp({**message, "i": rid}, self.news, self.replica,
+                     to=self.world.nodes[peer].peer_id)
         data = msgpack.packb(body, use_bin_type=True)
         self.world.net.send(self.index, peer, len(data) + 4, "swim",
                             self.world.nodes[peer].on_swim, self.index, body)
@@ -252,7 +256,8 @@ class SimNode:
     def _answer(self, peer: int, message: dict[str, Any], rid: Any) -> None:
         if not self.world.connected(self.index, peer):
             return
-        body = stamp({**message, "i": rid}, self.news, self.replica)
+        body = stamp({**message, "i": rid}, self.news, self.replica,
+                     to=self.world.nodes[peer].peer_id)
         data = msgpack.packb(body, use_bin_type=True)
         self.world.net.send(self.index, peer, len(data) + 4, "swim",
                             self.world.nodes[peer].on_swim, self.index, body)
@@ -295,6 +300,11 @@ class SimNode:
             if unwatched is not None:
                 answer = yield Connect(world.index_of[unwatched])
                 self.probe.unwatched_answer(unwatched, answer, world.mono())
+            reach = self.probe.reach_targets(world.mono())
+            if reach:
+                answers = yield Gather([Connect(world.index_of[p]) for p in reach])
+                for peer_id, answer in zip(reach, answers, strict=True):
+                    self.probe.reach_answer(peer_id, answer, world.mono())
             self.probe.watch_brake()
             self.settle()
             while True:

@@ -1,10 +1,10 @@
 """Cooperative tasks on the simulated clock: generators that yield what they wait for.
 
 A task yields ``Sleep(seconds)``, ``Request(peer, message, timeout)`` (the peer's reply,
-or None when it did not come in time), ``Gather([Request...])`` (every answer) or
-``Connect(peer)`` (how its address answers a TCP connect). This lets the simulator write
-the probe loop's I/O in the order ``otela/liveness/prober.py`` awaits it, around the
-same sans-IO decisions (``otela/liveness/rounds.py``).
+or None when it did not come in time), ``Gather([Request or Connect...])`` (every
+answer, all at once) or ``Connect(peer)`` (how its address answers a TCP connect). This
+lets the simulator write the probe loop's I/O in the order ``otela/liveness/prober.py``
+awaits it, around the same sans-IO decisions (``otela/liveness/rounds.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Request:
 
 @dataclass(frozen=True)
 class Gather:
-    requests: list[Request]
+    requests: list[Request | Connect]
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ class Detector:
 
     def __init__(self, peers: list[str], self_id: str = "me") -> None:
         self.stats: dict[str, int] = {k: 0 for k in (
-            "probes", "suspected", "withheld", "evicted", "refuted", "brake_engaged",
+            "probes", "suspected", "withheld", "evicted", "refuted", "brake_engaged", "cut_off",
             "unwatched_checks", "unwatched_unreachable")}
         self.table = LivenessTable(self_id, CONFIG.suspicion_timeout,
                                    eviction_stagger=CONFIG.probe_interval)
@@ -786,3 +786,30 @@ def test_a_peer_whose_addresses_expired_is_asked_at_its_registry_addresses() -> 
 
     assert trio.run(ask) == [True, False]
     assert host.store.addrs(peer) == [refusing]  # back in the peerstore, for dials too
+
+
+def test_a_suspect_hears_our_suspicion_in_our_next_message_and_refutes_in_its_answer():
+    """The buddy system end to end with real signatures: the suspicion's news budget ran
+    out while the suspect was unreachable (a partition); the first probe that reaches it
+    carries the suspicion anyway, and its ack carries the refutation back."""
+    me, suspect, other = Keyed(), Keyed(), Keyed()
+    ours, table, _, _ = news_for(me, [suspect.peer_id, other.peer_id],
+                                 {suspect.peer_id: SESSION})
+    theirs, their_table, _, _ = news_for(suspect, [me.peer_id, other.peer_id])
+    ours.apply(suspicion(other, suspect.peer_id), 1.0, "x")
+    while ours.piggyback():
+        pass  # budget spent while the suspect was unreachable
+    assert ours.piggyback(to=other.peer_id) == []  # only the suspect is shown it
+    probe = ours.piggyback(to=suspect.peer_id)
+    assert [item[:3] for item in probe] == [[suspect.peer_id, "suspect", 0]]
+    theirs.receive(probe, 2.0, me.peer_id)
+    ack = theirs.piggyback(to=me.peer_id)
+    ours.receive(ack, 2.1, suspect.peer_id)
+    assert table.suspected() == frozenset() and their_table.incarnation == 1
+    # A member that missed that refutation shows its old suspicion again: the answer
+    # carries the refutation again, without outbidding anything more.
+    while theirs.piggyback():
+        pass
+    theirs.receive([suspicion(other, suspect.peer_id)], 3.0, other.peer_id)
+    again = theirs.piggyback(to=other.peer_id)
+    assert [item[:3] for item in again] == [[suspect.peer_id, "alive", 1]]

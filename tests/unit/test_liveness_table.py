@@ -438,3 +438,84 @@ def test_a_further_signer_of_a_confirmed_suspicion_adds_its_evidence():
     table.sign_suspicion = lambda peer, incarnation: b"proof-me"
     assert table.probe_failed("a", 4.0) and not table.unvouched("a")
     assert not table.probe_failed("a", 5.0)
+
+
+def test_a_node_cut_off_from_most_members_confirms_and_signs_nothing():
+    """The smaller side of a partition suspects the members it probes on the larger side;
+    under the brake alone it evicted them, live as they were, two signers at a time."""
+    peers = [f"p{i}" for i in range(19)]
+    t = table(*peers, timeout=5.0)
+    t.sign_suspicion = lambda peer, incarnation: b"ours"
+    heard = "p18"  # a confirmation of one suspect reaches us from another cut-off node
+    for peer in peers[:3]:
+        t.probe_failed(peer, now=0.0)
+    t.apply(Update(heard, Status.SUSPECT, 0, b"s", by="p17"), now=0.0)
+    assert t.apply(Update(heard, Status.CONFIRMED, 0), now=0.0)
+    assert t.observe_reach(True) == 0 and t.cut_off
+    for now in (30.0, 100.0, 1000.0):
+        assert t.expired_suspicions(now=now) == [] and t.due_evictions(now=now) == []
+    assert t.next_deadline(now=1000.0) is None or t.due_evictions(now=2000.0) == []
+    # Reachable again: what the cut produced is dropped, not confirmed.
+    assert t.observe_reach(False) == 4
+    assert t.suspected() == frozenset() and t.suspicion_of("p0") is None
+    assert t.expired_suspicions(now=2000.0) == [] and t.due_evictions(now=2000.0) == []
+    assert all(m.status is Status.ALIVE for m in t.members.values())
+    assert t.observe_reach(False) == 0  # not cut off before: nothing to drop
+    # A member that really died is suspected afresh by whoever probes it.
+    assert t.probe_failed("p0", now=2001.0) and t.suspected() == {"p0"}
+
+
+def test_a_random_member_is_any_member_and_follows_membership():
+    import random
+    t = table("a", "b", "c")
+    rng = random.Random(1)
+    assert {t.random_member(rng) for _ in range(200)} == {"a", "b", "c"}
+    t.sync_members({"me", "d"}, now=1.0)
+    assert {t.random_member(rng) for _ in range(50)} == {"d"}
+    assert table().random_member(rng) is None
+
+
+def test_a_message_to_a_suspect_carries_our_suspicion_of_it():
+    """Lifeguard's buddy system: the news budget may have run out while the suspect was
+    unreachable; the suspicion still goes to the suspect itself, which can refute."""
+    t = table(*[f"p{i}" for i in range(6)])
+    t.sign_suspicion = lambda peer, incarnation: f"{peer}@{incarnation}".encode()
+    t.probe_failed("p1", now=0.0)
+    while t.piggyback():
+        pass  # the budget runs out
+    assert t.suspicion_of("p1") == Update("p1", Status.SUSPECT, 0, b"p1@0", by="me")
+    assert t.suspicion_of("p2") is None  # alive
+    t.apply(Update("p3", Status.SUSPECT, 0, b"by p4", by="p4"), now=0.0)
+    assert t.suspicion_of("p3") == Update("p3", Status.SUSPECT, 0, b"by p4", by="p4")
+
+
+def test_an_old_suspicion_of_us_sends_our_refutation_again():
+    """A member that missed our refutation still holds the suspicion and shows it to us
+    (buddy system): our refutation rides again, or the suspicion ran to an eviction."""
+    t = table(*[f"p{i}" for i in range(6)])
+    t.apply(Update("me", Status.SUSPECT, 0), now=0.0)
+    alive = t.announce_alive(b"proof")
+    while t.piggyback():
+        pass
+    assert not t.apply(Update("me", Status.SUSPECT, 0), now=5.0)
+    assert t.incarnation == 1 and not t.refute_needed  # not outbid again: already above it
+    assert t.piggyback() == [alive]
+
+
+def test_a_cut_off_node_spreads_no_suspicion_but_still_shows_a_suspect_its_own():
+    """What a cut-off node suspects is the cut's doing: spread, it outlived the cut and
+    struck live members of the larger side after the heal."""
+    t = table(*[f"p{i}" for i in range(8)])
+    t.sign_suspicion = lambda peer, incarnation: b"ours"
+    t.probe_failed("p1", now=0.0)
+    t.observe_reach(True)
+    assert t.piggyback() == []  # queued before the cut-off: withdrawn
+    t.probe_failed("p2", now=1.0)
+    t.apply(Update("p3", Status.SUSPECT, 0, b"theirs", by="p4"), now=1.0)
+    assert t.piggyback() == []
+    assert t.suspicion_to_publish("p2", connection_lost=True) is None
+    assert t.suspicion_of("p2") == Update("p2", Status.SUSPECT, 0, b"ours", by="me")
+    t.apply(Update("me", Status.SUSPECT, 0), now=2.0)  # our own refutation still goes out
+    assert [u.status for u in t.piggyback()] == [] and t.refute_needed
+    assert [u.status for u in (t.announce_alive(b"proof"), *t.piggyback())] == [
+        Status.ALIVE, Status.ALIVE]

@@ -123,7 +123,7 @@ def test_streams_over_a_peers_quota_are_reset_unread_and_others_are_served(caplo
 def test_a_swim_stream_has_at_most_64_requests_in_flight():
     """Each request (an indirect probe of a third peer) ran in its own task, unbounded."""
     me, flooder = peer_id(), peer_id()
-    channels = Channels(None, "/otela/swim/2.0.0", msgpack.packb,
+    channels = Channels(None, "/otela/swim/2.0.0", lambda _peer, message: msgpack.packb(message),
                         lambda _peer, data: msgpack.unpackb(data))
     answering = 0
     most = 0
