@@ -67,12 +67,17 @@ class ReachSample:
         return min(BATCH, max(1, SAMPLE - recent))
 
     def cut_off(self, now: float) -> bool | None:
-        """Whether more than half of the recent answers found nobody, at more than
-        ``SILENT_FLOOR`` members: most of the federation is out of this node's reach. None
-        with fewer than ``MIN_ANSWERS`` recent answers: no verdict either way (a cut-off
-        node whose loop stalled must not take silence for the heal)."""
+        """True when more than half of the recent answers found nobody, at more than
+        ``SILENT_FLOOR`` members: most of the federation is out of this node's reach. False
+        when most answers reached someone. None, no verdict either way (the caller keeps
+        its state), with fewer than ``MIN_ANSWERS`` recent answers (a cut-off node whose
+        loop stalled must not take silence for the heal) or when the silent ones are too
+        few members to tell a partition from a host or two down (a small federation's
+        cut-off side flapping out of "cut off" would confirm and evict meanwhile)."""
         recent = [(peer, reached) for at, peer, reached in self._answers if now - at <= WINDOW_S]
         if len(recent) < MIN_ANSWERS:
             return None
         silent = [peer for peer, reached in recent if not reached]
-        return 2 * len(silent) > len(recent) and len(set(silent)) > SILENT_FLOOR
+        if 2 * len(silent) <= len(recent):
+            return False
+        return True if len(set(silent)) > SILENT_FLOOR else None
