@@ -113,3 +113,72 @@ def partition_and_heal(lan: Lan, nodes: list[LocalNode]) -> tuple[float, float]:
     serving = {chat(nodes[0], "shared").headers["x-otela-session-id"] for _ in range(30)}
     assert len(serving) >= 3  # traffic spans both former halves again
     return cut, healed
+
+
+@pytest.fixture
+def lan7() -> Iterator[Lan]:
+    ensure_iptables()
+    with Lan(7) as network:
+        yield network
+
+
+def test_a_small_side_cut_off_from_most_of_the_federation_evicts_no_one(
+    lan7: Lan, federation: LocalFederation
+) -> None:
+    """Two nodes cut off from five: the five evict the two, as they would crashed nodes;
+    the two find most members out of reach (cut off) and evict none of the five, however
+    long the cut lasts, although they are two signers, as every eviction needs. Before,
+    they evicted the five one at a time (the eviction brake), each a live node made LEFT
+    on every replica at the heal."""
+    fast = ["--probe-interval", "0.5s", "--suspicion-timeout", "3s"]
+
+    def start(i: int, bootstrap: list[LocalNode]) -> LocalNode:
+        ns, ip = lan7.hosts[i]
+        return federation.start_node(
+            f"h{i}", bootstrap=bootstrap, netns=ns, host=ip, extra_args=fast,
+            process=echo_engine_command(8000, ["shared"]), provider_id=f"lab-{i}",
+        )
+
+    nodes = [start(0, [])]
+    with federation.together():
+        nodes += [start(i, [nodes[0]]) for i in range(1, 7)]
+    everyone = {n.session_id for n in nodes}
+    for node in nodes:
+        wait_for(lambda node=node: set(node.states()) == everyone
+                 and all(s == "SERVING" for s in node.states().values()),
+                 2 * CONVERGE_S, f"{node.name} to see all seven SERVING")
+    large, small = nodes[:5], nodes[5:]
+    lan7.partition(range(5), range(5, 7))
+
+    def left_seen_by(node: LocalNode) -> set[str]:
+        return {s for s, state in node.states().items() if state == "LEFT"}
+
+    cut_ids = {n.session_id for n in small}
+    for node in large:
+        wait_for(lambda node=node: left_seen_by(node) == cut_ids, EVICT_S,
+                 f"{node.name} to evict the two cut-off nodes")
+    for node in small:
+        wait_for(lambda node=node: node.get("/v1/network")["liveness"]["cut_off"], EVICT_S,
+                 f"{node.name} to find itself cut off")
+    # The large side took its grace and evicted; the small side has had as long, and gets
+    # as long again (a lone suspicion's longest grace here is 4 x 3 s): it evicts no one.
+    deadline = time.monotonic() + 15.0
+    while time.monotonic() < deadline:
+        for node in small:
+            assert not left_seen_by(node) & {n.session_id for n in large}, \
+                f"{node.name} evicted a member of the larger side"
+        time.sleep(1.0)
+    events = [e["event"] for e in small[0].get("/v1/network")["liveness"]["events"]]
+    assert "cut off" in events
+    lan7.heal()
+    # The two learn they were evicted and rejoin; the five keep their sessions.
+    large_ids = {n.session_id for n in large}
+
+    def converged() -> bool:
+        views = [n.states() for n in nodes]
+        serving = {s for s, state in views[0].items() if state == "SERVING"}
+        return all(v == views[0] for v in views) and len(serving) == 7
+
+    wait_for(converged, 90.0, "all seven registries to converge after healing")
+    for node in nodes:
+        assert not left_seen_by(node) & large_ids, f"{node.name} holds a large-side LEFT"
