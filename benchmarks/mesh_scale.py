@@ -48,8 +48,9 @@ def main() -> None:
     parser.add_argument("--wire", choices=sorted(WIRES), default="signed",
                         help="what GossipSub puts around otela's data: 'signed' is the "
                         "daemon's, 'peer-record' the daemon's before issue 38's churn fix "
-                        "(every RPC with the sender's signed peer record), 'unsigned' a "
-                        "what-if (docs/scale.md)")
+                        "(every RPC with the sender's signed peer record), 'unsigned' and "
+                        "'idontwant' (GossipSub 1.2 as py-libp2p 0.8.1 runs it) what-ifs "
+                        "(docs/scale.md)")
     parser.add_argument("--gossip-degree", type=int, nargs=4, default=None,
                         metavar=("D", "D_LO", "D_HI", "D_LAZY"),
                         help="a what-if GossipSub mesh (the daemon's: 6 4 12 6)")

@@ -45,6 +45,11 @@ class Wire:
 
     signed: bool = True  # strict signing: every message carries a signature and key
     sender_record: bool = False  # every RPC carries the sender's signed peer record
+    # GossipSub 1.2 as py-libp2p 0.8.1 runs it: on every message it publishes or forwards,
+    # an IDONTWANT RPC with the message's id to each mesh peer, whatever its size (go-libp2p
+    # only above 1 KiB); a peer skips forwarding that message to it, and forgets what it
+    # was told at each heartbeat (``_prune_idontwant_entries``), at most 10 ids per peer.
+    idontwant: bool = False
 
     @property
     def rpc(self) -> int:
@@ -60,7 +65,8 @@ class Wire:
 # The daemon's wire (``otela/mesh/host.py``, ``workarounds.py``), before and after issue
 # 38's churn fix; "unsigned" is a what-if the daemon does not run (docs/scale.md).
 WIRES = {"peer-record": Wire(sender_record=True), "signed": Wire(),
-         "unsigned": Wire(signed=False)}
+         "unsigned": Wire(signed=False), "idontwant": Wire(idontwant=True)}
+IDONTWANT_KEPT = 10  # ids a py-libp2p 0.8.1 node keeps per peer (``max_idontwant_messages``)
 
 
 @dataclass
@@ -78,6 +84,7 @@ class GossipNode:
     seen: dict[int, float] = field(default_factory=dict)
     recent: list[tuple[float, Message]] = field(default_factory=list)
     beating: bool = False
+    dont_send: dict[int, set[int]] = field(default_factory=dict)  # peer -> ids (IDONTWANT)
 
 
 class Gossip:
@@ -160,9 +167,20 @@ class Gossip:
         return message
 
     def _forward(self, index: int, sender: int, message: Message) -> None:
-        for peer in sorted(self.node(index).mesh):
-            if peer != sender and peer != message.origin:
+        state = self.node(index)
+        if self.wire.idontwant:
+            for peer in sorted(state.mesh):
+                self.net.send(index, peer, self.wire.rpc + IWANT_BYTES + MID_BYTES,
+                              "idontwant", self._idontwant, peer, index, message.mid)
+        for peer in sorted(state.mesh):
+            if (peer != sender and peer != message.origin
+                    and message.mid not in state.dont_send.get(peer, ())):
                 self._send_message(index, peer, message)
+
+    def _idontwant(self, index: int, sender: int, mid: int) -> None:
+        kept = self.node(index).dont_send.setdefault(sender, set())
+        if len(kept) < IDONTWANT_KEPT:
+            kept.add(mid)
 
     def _send_message(self, index: int, peer: int, message: Message,
                       overhead: int | None = None) -> None:
@@ -203,6 +221,7 @@ class Gossip:
         if state is None or not self.alive(index):
             return
         now = self.net.loop.now
+        state.dont_send.clear()
         state.recent = [(t, m) for t, m in state.recent if now - t < HISTORY * HEARTBEAT_S]
         if len(state.seen) > 4096:
             state.seen = {mid: t for mid, t in state.seen.items() if now - t < SEEN_TTL_S}
