@@ -204,6 +204,11 @@ def render(report: dict[str, Any], peer_id: str | None = None) -> str:
         state = "connected" if b.get("connected") else f"{b.get('failures', 0)} failed dial(s)"
         lines.append(f"bootstrap {b['addr']}: {state}")
     liveness = report.get("liveness") or {}
+    if liveness.get("cut_off"):
+        lines.append(
+            "liveness  cut off: most members picked at random do not answer a connect, so "
+            "this node evicts no one (the smaller side of a partition, or its own network "
+            "is down); it drops what it suspected once most members answer again")
     if liveness.get("eviction_brake"):
         lines.append(
             f"liveness  eviction brake on: {len(liveness.get('suspected', {}))} of "

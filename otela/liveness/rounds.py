@@ -74,7 +74,7 @@ class ProbeCore:
         self.appeared: set[str] = set()  # peers that connected since the last round
         self.refusing: set[str] = set()  # peers whose last ping found nothing listening
         self.braking = False  # mirrors ``table.braking()`` to log its changes
-        self.reach = ReachSample()  # connects to random members (``reach_target``)
+        self.reach = ReachSample()  # connects to random members (``reach_targets``)
         self.periods_unchecked = 0  # periods since we last checked an unwatched member
 
     # -- a period ------------------------------------------------------------------------
@@ -139,9 +139,8 @@ class ProbeCore:
         self.watch.verify(target, now)
 
     def watch_brake(self) -> None:
-        """Record when the eviction brake goes on or off, and when this node finds itself
-        cut off from most members: an operator asking why a dead node is still listed, or
-        why live ones were not evicted, finds it in the events."""
+        """Record when the eviction brake goes on or off: an operator asking why a dead
+        node is still listed, or why live ones were not evicted, finds it in the events."""
         braking = self.table.braking()
         if braking == self.braking:
             return

@@ -188,3 +188,11 @@ def test_doctor_shows_the_eviction_brake_only_when_it_is_on() -> None:
     report["liveness"] = {"eviction_brake": True, "members": 40,
                           "suspected": {f"p{i}": None for i in range(6)}}
     assert "eviction brake on: 6 of 40 peers suspected at once" in render(report)
+
+
+def test_doctor_says_when_a_node_is_cut_off_and_evicts_no_one() -> None:
+    report: dict[str, Any] = {"self": {"peer_id": "me", "addrs": []}, "nat": {},
+                              "verdict": "ok", "liveness": {"cut_off": False}}
+    assert "cut off" not in render(report)
+    report["liveness"]["cut_off"] = True
+    assert "cut off: most members picked at random do not answer" in render(report)
