@@ -31,14 +31,9 @@ def lan() -> Iterator[Lan]:
         yield network
 
 
-def live_view(node: LocalNode) -> dict[str, str]:
-    return node.states()
-
-
-def test_each_half_keeps_routing_and_registries_converge_after_healing(
-    lan: Lan, federation: LocalFederation
-) -> None:
-    # (``lan`` first: fixtures tear down in reverse, so the nodes stop before the network goes)
+def start_serving(lan: Lan, federation: LocalFederation) -> list[LocalNode]:
+    """A node on each of the LAN's hosts (fast liveness timeouts, an echo engine serving
+    "shared"), all bootstrapped from the first; returns once every one sees all SERVING."""
     fast = ["--probe-interval", "0.5s", "--suspicion-timeout", "3s"]
 
     def start(i: int, bootstrap: list[LocalNode]) -> LocalNode:
@@ -50,12 +45,24 @@ def test_each_half_keeps_routing_and_registries_converge_after_healing(
 
     nodes = [start(0, [])]
     with federation.together():
-        nodes += [start(i, [nodes[0]]) for i in (1, 2, 3)]
+        nodes += [start(i, [nodes[0]]) for i in range(1, len(lan.hosts))]
     everyone = {n.session_id for n in nodes}
     for node in nodes:
         wait_for(lambda node=node: set(node.states()) == everyone
                  and all(s == "SERVING" for s in node.states().values()),
-                 2 * CONVERGE_S, f"{node.name} to see all four SERVING")
+                 2 * CONVERGE_S, f"{node.name} to see all {len(nodes)} SERVING")
+    return nodes
+
+
+def live_view(node: LocalNode) -> dict[str, str]:
+    return node.states()
+
+
+def test_each_half_keeps_routing_and_registries_converge_after_healing(
+    lan: Lan, federation: LocalFederation
+) -> None:
+    # (``lan`` first: fixtures tear down in reverse, so the nodes stop before the network goes)
+    nodes = start_serving(lan, federation)
 
     # A steady load through h0 the whole time: none of it may fail, since h0's half
     # always serves the model (requests caught on the far side wait for the heal).
@@ -130,23 +137,7 @@ def test_a_small_side_cut_off_from_most_of_the_federation_evicts_no_one(
     long the cut lasts, although they are two signers, as every eviction needs. Before,
     they evicted the five one at a time (the eviction brake), each a live node made LEFT
     on every replica at the heal."""
-    fast = ["--probe-interval", "0.5s", "--suspicion-timeout", "3s"]
-
-    def start(i: int, bootstrap: list[LocalNode]) -> LocalNode:
-        ns, ip = lan7.hosts[i]
-        return federation.start_node(
-            f"h{i}", bootstrap=bootstrap, netns=ns, host=ip, extra_args=fast,
-            process=echo_engine_command(8000, ["shared"]), provider_id=f"lab-{i}",
-        )
-
-    nodes = [start(0, [])]
-    with federation.together():
-        nodes += [start(i, [nodes[0]]) for i in range(1, 7)]
-    everyone = {n.session_id for n in nodes}
-    for node in nodes:
-        wait_for(lambda node=node: set(node.states()) == everyone
-                 and all(s == "SERVING" for s in node.states().values()),
-                 2 * CONVERGE_S, f"{node.name} to see all seven SERVING")
+    nodes = start_serving(lan7, federation)
     large, small = nodes[:5], nodes[5:]
     lan7.partition(range(5), range(5, 7))
 
