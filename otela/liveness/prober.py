@@ -14,10 +14,10 @@ like a lost neighbour: the member's own neighbours watch it, unless a partition 
 all on the other side. While it holds suspects it also connects to members picked at
 random (several at once while its sample is short, then one a period: ``reach.py``): a
 node that most members do not answer is cut off (the smaller side of a partition) and
-evicts no one. After the round, and whenever a grace
-period runs out or an eviction falls due between rounds, the loop confirms expired
-suspicions and signs the evictions that are due (``table.py``), unless our own event loop
-lags (``health.py``); the eviction brake's turning on and off is logged as an event.
+evicts no one. After the round, and whenever a grace period runs out or an eviction
+falls due between rounds, the loop confirms expired suspicions and signs the evictions
+that are due (``table.py``), unless our own event loop lags (``health.py``); the eviction
+brake's turning on and off is logged as an event.
 
 Every decision is made by ``rounds.ProbeCore`` (sans I/O, shared with the mesh simulator);
 this loop adds the awaiting. It talks to the network only through ``ProbeTransport``

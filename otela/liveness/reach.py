@@ -15,10 +15,10 @@ A connect to a member picked at random does tell them apart: from the larger sid
 are answered, from the smaller side most are not. So while this node holds suspects (a
 decision may come), each probe period it connects to members picked at random (any
 status, any connection: an unbiased sample of the federation; ``BATCH`` at once while the
-sample is short, else one) and keeps the answers. An answer of
-any kind, the connection accepted or refused (nothing listens, but the host and the
-network are there), counts as reached; no answer in time counts as not reached; a member
-with no plain TCP address (behind NAT) is not counted. When more than half of the last
+sample is short, else one) and keeps the answers. An answer of any kind, the connection
+accepted or refused (nothing listens, but the host and the network are there), counts as
+reached; no answer in time counts as not reached; a member with no plain TCP address
+(behind NAT) is not counted. When more than half of the last
 ``SAMPLE`` answers within ``WINDOW_S`` (and at least ``MIN_ANSWERS``) went unanswered, by
 more than ``SILENT_FLOOR`` distinct members (one host down, picked again and again in a
 small federation, is not a partition), the node is *cut off*
@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections import deque
 
 SAMPLE = 8  # the most recent answers that count
-MIN_ANSWERS = 4  # fewer than this in the window: no opinion (not cut off)
+MIN_ANSWERS = 4  # fewer than this in the window: no verdict (the state stays)
 WINDOW_S = 30.0  # answers older than this no longer count
 SILENT_FLOOR = 3  # cut off only when more distinct members than this did not answer
 BATCH = 4  # connects at once while the sample is short

@@ -181,7 +181,7 @@ class ProbeCore:
         if self.table.cut_off == was:
             return
         if self.table.cut_off:
-            self.stats["cut_off"] += 1
+            self.stats["cut_off_entered"] += 1
             detail = ("most members picked at random did not answer a connect: this node is "
                       "more likely the one cut off; confirming and evicting no one")
             log.warning("cut off: %s", detail)

@@ -74,7 +74,7 @@ class SimNode:
         self.config = config
         self.stats: dict[str, int] = {
             "probes": 0, "suspected": 0, "withheld": 0, "evicted": 0, "refuted": 0,
-            "brake_engaged": 0, "cut_off": 0, "malformed_news": 0, "unwatched_checks": 0,
+            "brake_engaged": 0, "cut_off_entered": 0, "malformed_news": 0, "unwatched_checks": 0,
             "unwatched_unreachable": 0}
         self.table = LivenessTable(self.peer_id, config.suspicion_timeout,
                                    eviction_stagger=config.probe_interval)

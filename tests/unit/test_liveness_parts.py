@@ -102,8 +102,8 @@ class Detector:
 
     def __init__(self, peers: list[str], self_id: str = "me") -> None:
         self.stats: dict[str, int] = {k: 0 for k in (
-            "probes", "suspected", "withheld", "evicted", "refuted", "brake_engaged", "cut_off",
-            "unwatched_checks", "unwatched_unreachable")}
+            "probes", "suspected", "withheld", "evicted", "refuted", "brake_engaged",
+            "cut_off_entered", "unwatched_checks", "unwatched_unreachable")}
         self.table = LivenessTable(self_id, CONFIG.suspicion_timeout,
                                    eviction_stagger=CONFIG.probe_interval)
         self.watch = NeighbourWatch()
