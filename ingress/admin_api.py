@@ -159,7 +159,7 @@ def install(app: FastAPI, service: IngressService) -> None:
                                              _actor(service, request))
         except UserNotFound as exc:
             raise _no_user(exc) from None
-        service.access.remember([key])
+        await service.changed_keys([key])
         return {**(await key_object(key)), "key": secret}
 
     async def on_key(request: Request, key_id: str, change: Any, *args: Any,
@@ -188,7 +188,7 @@ def install(app: FastAPI, service: IngressService) -> None:
         change = admin_input.key_change(await read_json_object(request))
         key = await on_key(request, key_id, keystore.update, change, None,
                            _actor(service, request))
-        service.access.remember([key])
+        await service.changed_keys([key])
         return await key_object(key)
 
     @app.get("/v1/admin/keys/{key_id}/history")
@@ -198,7 +198,7 @@ def install(app: FastAPI, service: IngressService) -> None:
 
     async def revoke(request: Request, key_id: str) -> dict[str, Any]:
         key = await on_key(request, key_id, keystore.revoke, None, _actor(service, request))
-        service.access.remember([key])
+        await service.changed_keys([key])
         return await key_object(key)
 
     app.post("/v1/admin/keys/{key_id}/revoke")(revoke)
@@ -218,14 +218,14 @@ def install(app: FastAPI, service: IngressService) -> None:
         _admin(service, request)
         name, change = admin_input.team_change(team, await read_json_object(request))
         result: keystore.Team = await db.in_thread(keystore.set_team, db, name, change)
-        await db.in_thread(service.access.refresh)  # here at once, elsewhere within 1 s
+        await service.changed_settings()  # here at once, other ingress nodes within 1 s
         return result.to_dict()
 
     @app.post("/v1/admin/keys/{key_id}/rotate")
     async def rotate(request: Request, key_id: str) -> dict[str, Any]:
         key, secret = await on_key(request, key_id, keystore.rotate, None,
                                    _actor(service, request), doing="rotated")
-        service.access.remember([key])
+        await service.changed_keys([key])
         return {**(await key_object(key)), "key": secret}
 
     @app.get("/v1/admin/usage")
@@ -299,7 +299,7 @@ def install(app: FastAPI, service: IngressService) -> None:
         _admin(service, request)
         price = admin_input.price(await read_json_object(request))
         stamped = await db.in_thread(prices.set_price, db, price)
-        service.access.prices = await db.in_thread(prices.price_list, db)  # here: at once
+        await service.changed_settings()  # here and on the node's workers: at once
         return stamped.to_dict()
 
     @app.delete("/v1/admin/prices")
@@ -311,6 +311,6 @@ def install(app: FastAPI, service: IngressService) -> None:
         if not await db.in_thread(prices.remove_price, db, model, provider):
             raise RequestError(404, "No price is set for this model and provider.",
                                code="price_not_found", param="model")
-        service.access.prices = await db.in_thread(prices.price_list, db)
+        await service.changed_settings()
         return {"object": "price", "model": model, "provider": provider or None,
                 "deleted": True}

@@ -288,9 +288,10 @@ class BatchRunner:
                 await trio.sleep(retry_delay(attempt, None, self.settings.backoff_s))
                 continue
             status = answer.status_code
-            # A 401 for a key that made the batch: the process that took the line (a
-            # data-path worker) may not have the key yet (every process refreshes its keys
-            # every second); a few tries cover that, a revoked key still fails the line.
+            # A 401 for a key that made the batch: the process that took the line may not
+            # have the key yet (one made through another ingress sharing the database is
+            # known here after the next refresh, every second); a few tries cover that, a
+            # revoked key still fails the line.
             unknown_key = status == 401 and attempt <= UNKNOWN_KEY_TRIES
             if (status in RETRY_STATUSES or unknown_key) and attempt < attempts:
                 await trio.sleep(retry_delay(attempt, answer.headers.get("retry-after"),

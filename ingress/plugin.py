@@ -74,7 +74,7 @@ class Plugin:
 
                 install_sso(api, service.db, service.sso)
                 own_keys.install(api, service.db, service.sso, service.ingress_id,
-                                 service.access.remember)
+                                 service.changed_keys)
 
 
 SERVICE = Plugin()

@@ -11,7 +11,8 @@ refreshing keys and others' usage, running batches (once the node says where its
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from ingress.sso.settings import SsoSettings
 from ingress.usage import UsageWriter
 from otela.api.observe import Observer
 from otela.metrics import Registry
+
+log = logging.getLogger("otela.ingress.service")
 
 
 class IngressService:
@@ -63,6 +66,9 @@ class IngressService:
         self.access.internal = self.internal
         self.batch_max_file_bytes = batch_max_file_bytes
         self.batches = BatchRunner(db, ingress_id, self.internal, batch_runner)
+        # The node's other processes with a copy of the keys (data-path workers), told of
+        # a change made here: ``changed_keys``, ``changed_settings``.
+        self._tell_others: Callable[[], Awaitable[object]] | None = None
         # Who sees which inspection endpoint (``otela.api.visibility``).
         self.audience = IngressAudience(self.access, admin_token, visibility)
         # The request path calls these (``otela.api.inference.KeyGate``): bound straight
@@ -106,6 +112,36 @@ class IngressService:
     def observers(self, metrics: Registry) -> list[Observer]:
         """What watches the request path for the service: usage rows and per-key metrics."""
         return [self.usage, KeyMetrics(metrics, self.audience)]
+
+    # -- changes made through this process (admin API, a user's own keys) -------------------
+
+    def tell_others_with(self, tell: Callable[[], Awaitable[object]]) -> None:
+        self._tell_others = tell
+
+    async def changed_keys(self, keys: list[ApiKey]) -> None:
+        """These keys were created or changed here: in force in this process at once, and
+        in the node's other processes when this returns (other ingress nodes sharing the
+        database take them at their next refresh)."""
+        self.access.remember(keys)
+        if self._tell_others is not None:
+            await self._tell_others()
+
+    async def changed_settings(self) -> None:
+        """A team or a price was changed here: every key as its team now holds it, and
+        the prices, here and in the node's other processes, when this returns."""
+        await self.refresh_keys()
+        if self._tell_others is not None:
+            await self._tell_others()
+
+    async def refresh_keys(self) -> None:
+        """Read what changed now, not at the next periodic refresh; a database that fails
+        is left to it (the copy serves meanwhile)."""
+        try:
+            await self.db.in_thread(self.access.refresh)
+        except Exception as exc:
+            self.access.refresh_failures += 1
+            self.access.last_refresh_ok = False
+            log.warning("ingress: could not refresh keys (%s)", exc)
 
     # -- background ---------------------------------------------------------------------
 

@@ -257,6 +257,10 @@ class Node:
         self.workers = None if config.workers <= 1 else WorkerPool(
             config, config.workers, worker_state.key, worker_state.snapshot,
             worker_state.record_traces, worker_state.load_state, worker_state.start_state)
+        if self.workers is not None and self.ingress_service is not None:
+            # A key made or revoked through this node's admin API: in force on every
+            # worker when the call returns.
+            self.ingress_service.tell_others_with(self.workers.refresh_keys)
         self.routing = RoutingStatus(self.router, lambda: self.registry, self.load,
                                      self.load_reports, self.workers, path.inference.queue)
         self.metrics_source = NodeMetricsSource(

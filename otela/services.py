@@ -15,7 +15,7 @@ A node without the plugin installed still runs; asking it for the ingress servic
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -52,6 +52,16 @@ class IngressService(KeyGate, Protocol):
         ...
 
     def report(self) -> dict[str, Any]: ...
+
+    async def refresh_keys(self) -> None:
+        """Read the keys and teams again now (a data-path worker, told by its control
+        process that its admin API changed them)."""
+        ...
+
+    def tell_others_with(self, tell: Callable[[], Awaitable[object]]) -> None:
+        """Keys or teams changed through this process: ``tell`` the node's other processes
+        holding a copy (its data-path workers), and wait for them, before answering."""
+        ...
 
 
 class IngressPlugin(Protocol):

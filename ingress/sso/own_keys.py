@@ -23,7 +23,7 @@ admin's is. A request judged by an ``Authorization`` header never gets here as a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -76,9 +76,10 @@ def own_key_spec(session: Session, body: dict[str, Any], now: float) -> KeySpec:
 
 
 def install(app: FastAPI, db: Database, settings: SsoSettings, ingress_id: str,
-            remember: Callable[[list[ApiKey]], None]) -> None:
-    """Add the routes; ``remember`` takes a changed key into this node's key cache (the
-    other ingress nodes see it within their refresh interval)."""
+            remember: Callable[[list[ApiKey]], Awaitable[None]]) -> None:
+    """Add the routes; ``remember`` takes a changed key into this node's key cache, its
+    data-path workers' included (the other ingress nodes see it within their refresh
+    interval)."""
 
     creating = trio.Lock()
 
@@ -113,7 +114,7 @@ def install(app: FastAPI, db: Database, settings: SsoSettings, ingress_id: str,
                                    "may have: revoke one first.", code="too_many_keys")
             key, secret = await db.in_thread(keystore.create, db, spec, now,
                                              _actor(session, request, ingress_id))
-        remember([key])
+        await remember([key])
         found: list[dict[str, Any]] = await db.in_thread(described, db, [key], now)
         return {**found[0], "key": secret}
 
@@ -132,7 +133,7 @@ def install(app: FastAPI, db: Database, settings: SsoSettings, ingress_id: str,
                                param="id")
         revoked = await db.in_thread(keystore.revoke, db, key_id, None,
                                      _actor(session, request, ingress_id))
-        remember([revoked])
+        await remember([revoked])
         found: list[dict[str, Any]] = await db.in_thread(described, db, [revoked],
                                                          time.time())
         return found[0]

@@ -9,6 +9,7 @@ import struct
 from typing import Any
 
 import msgpack
+import trio
 
 from otela.dataplane import sockio
 
@@ -25,13 +26,17 @@ class Channel:
         sock.setblocking(False)
         self.sock = sock
         self._buffer = bytearray()
+        # Several tasks send (the state pusher, an admin call telling workers to refresh
+        # their keys): a message is written whole before the next one starts.
+        self._sending = trio.Lock()
 
     async def send(self, message: dict[str, Any]) -> None:
         data = msgpack.packb(message, use_bin_type=True)
-        try:
-            await sockio.send_all(self.sock, _HEADER.pack(len(data)) + data)
-        except sockio.Closed as exc:
-            raise ChannelClosed(str(exc)) from None
+        async with self._sending:
+            try:
+                await sockio.send_all(self.sock, _HEADER.pack(len(data)) + data)
+            except sockio.Closed as exc:
+                raise ChannelClosed(str(exc)) from None
 
     async def receive(self) -> dict[str, Any]:
         while True:

@@ -12,6 +12,10 @@ fed with the federation's state, add up what they report, and stop them.
 - An internal HTTP port on 127.0.0.1 serves the workers: the node's API (inspection,
   models, metrics) and requests for nodes behind NAT, sent on over libp2p (this process
   owns the libp2p host); the latter require the per-run token the workers were given.
+- When this process's admin API changes keys or teams, ``refresh_keys`` tells every
+  worker to refresh its copy of them at once and waits (bounded) until each has: a key
+  the call created works, and a key it revoked is refused, on every worker when the
+  call returns, not up to a refresh interval later.
 - A worker that dies while the node runs is started again; workers exit when told to,
   or when this process dies (the channel closes, and the parent-death signal fires).
 """
@@ -55,6 +59,9 @@ PUSH_INTERVAL_S = 0.05
 LOAD_PUSH_EVERY = 10  # push intervals between two load states (0.5 s)
 RESTART_DELAY_S = 1.0
 STOP_TIMEOUT_S = 5.0
+# How long an admin call waits for the workers to refresh their keys (a worker whose
+# database is slow refreshes on its own schedule, within a second of it answering).
+KEYS_REFRESH_TIMEOUT_S = 2.0
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -80,6 +87,7 @@ class _Worker:
     process: subprocess.Popen[bytes] | None = None
     report: dict[str, Any] = field(default_factory=dict)
     received: int = 0  # reports received from this slot, over its restarts
+    keys_round: int = 0  # the last key refresh it has done when told (``refresh_keys``)
 
 
 class WorkerPool:
@@ -103,6 +111,8 @@ class WorkerPool:
         self._stopping = False
         self._last_key: Any = None
         self._last_busy: dict[str, int] = {}
+        self._keys_round = 0
+        self._keys_refreshed = trio.Event()  # set (and replaced) at every worker's answer
 
     # -- what the workers report ---------------------------------------------------------
 
@@ -138,6 +148,20 @@ class WorkerPool:
 
     def metric_states(self) -> list[dict[str, Any]]:
         return [w.report["metrics"] for w in self.workers if "metrics" in w.report]
+
+    async def refresh_keys(self, timeout: float = KEYS_REFRESH_TIMEOUT_S) -> bool:
+        """Tell every worker to read the keys and teams again now; wait until each running
+        one has (``False`` if ``timeout`` ran out first). A worker starting meanwhile
+        reads them whole as it starts."""
+        self._keys_round += 1
+        wanted = self._keys_round
+        await self._broadcast({"refresh_keys": wanted})
+        with trio.move_on_after(timeout):
+            while any(w.channel is not None and w.keys_round < wanted
+                      for w in self.workers):
+                await self._keys_refreshed.wait()
+            return True
+        return False
 
     # -- running ---------------------------------------------------------------------------
 
@@ -223,6 +247,11 @@ class WorkerPool:
         try:
             while True:
                 report = await channel.receive()
+                if "keys_refreshed" in report:  # an answer to ``refresh_keys``, no report
+                    worker.keys_round = int(report["keys_refreshed"])
+                    self._keys_refreshed.set()
+                    self._keys_refreshed = trio.Event()
+                    continue
                 traces = report.pop("traces", None)
                 if traces:
                     self.on_traces(traces)

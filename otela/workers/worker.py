@@ -172,6 +172,9 @@ class Worker:
                     message = await self.channel.receive()
                     if message.get("stop"):
                         break
+                    if "refresh_keys" in message:
+                        nursery.start_soon(self._refresh_keys, int(message["refresh_keys"]))
+                        continue
                     self._take(message)
             except ChannelClosed:
                 log.warning("worker %d: the control process is gone; exiting", self.index)
@@ -194,6 +197,13 @@ class Worker:
             self.load.capacity = float(load.get("capacity", self.load.capacity))
             slots = load.get("slots")
             self.load.slots = None if slots is None else int(slots)
+
+    async def _refresh_keys(self, round_: int) -> None:
+        """The control process's admin API changed keys: read them again now, then say so
+        (a database that fails answers too: the periodic refresh takes over)."""
+        if self.ingress_service is not None:
+            await self.ingress_service.refresh_keys()
+        await self.channel.send({"keys_refreshed": round_})
 
     def _others_in_flight(self) -> int:
         """The node's engine requests through its other processes, as last reported."""

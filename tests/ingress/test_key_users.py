@@ -257,8 +257,11 @@ class Dashboard:
         install_error_handlers(self.app)
         own_keys.install(self.app, self.db, SsoSettings(**{**SETTINGS.__dict__,
                                                            "user_keys": user_keys}),
-                         "ingress-1", self.remembered.extend)
+                         "ingress-1", self.remember)
         self.app.add_middleware(SessionGate, db=self.db)
+
+    async def remember(self, keys: list[ApiKey]) -> None:
+        self.remembered.extend(keys)
 
     def session(self, user: users.User) -> dict[str, str]:
         """A signed-in browser's headers: its session cookie and CSRF token."""
