@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import logging
 
-from simulator.mesh.gossip import WIRES
+from simulator.mesh.gossip import PUSHES, WIRES
 from simulator.mesh.network import NetConfig
 from simulator.mesh.scenarios import SCENARIOS, THIN
 from simulator.mesh.world import World
@@ -54,6 +54,10 @@ def main() -> None:
     parser.add_argument("--gossip-degree", type=int, nargs=4, default=None,
                         metavar=("D", "D_LO", "D_HI", "D_LAZY"),
                         help="a what-if GossipSub mesh (the daemon's: 6 4 12 6)")
+    parser.add_argument("--push", choices=PUSHES, default="mesh",
+                        help="how gossip forwards: 'mesh' is GossipSub's (the daemon's), "
+                        "'tree' a what-if: Plumtree's lazy push on the same mesh "
+                        "(docs/scale.md)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # the simulated nodes' own warnings (suspicions, ...)
     for n in args.nodes:
@@ -65,7 +69,8 @@ def main() -> None:
             started = time.process_time()
             world = World(n, seed=args.seed, net=net, ingresses=args.ingresses,
                           wire=WIRES[args.wire],
-                          degree=tuple(args.gossip_degree) if args.gossip_degree else None)
+                          degree=tuple(args.gossip_degree) if args.gossip_degree else None,
+                          push=args.push)
             if name in THIN:
                 world.seed_thin()
             else:
@@ -79,6 +84,7 @@ def main() -> None:
             print(json.dumps({
                 "nodes": n, "scenario": name, "wire": args.wire,
                 **({"degree": args.gossip_degree} if args.gossip_degree else {}),
+                **({"push": args.push} if args.push != "mesh" else {}),
                 **{k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()},
                 "simulated_s": round(world.loop.now, 1),
                 "cpu_s": round(time.process_time() - started, 1),

@@ -8,6 +8,23 @@ heartbeat (1 s) a node that saw messages in the last ``HISTORY`` heartbeats adve
 their ids (IHAVE) to ``D_LAZY`` connections outside its mesh, which ask (IWANT) for those
 they lack: the repair path for a message a mesh link did not deliver.
 
+``push="tree"`` is a what-if the daemon does not run (docs/scale.md): Plumtree's lazy push
+(Leitao, Pereira, Rodrigues, "Epidemic Broadcast Trees", SRDS 2007) on GossipSub's mesh.
+A node forwards a message eagerly only to the mesh peers it has not pruned; a duplicate
+prunes the link it came on (both ends: a PRUNE back), so the eager links thin to a tree
+that carries one copy per node; the pruned (lazy) mesh peers hear each message's id
+once, ``LAZY_FLUSH_S`` after it came (the ``D_LAZY`` others at the heartbeat, as
+GossipSub), and a node missing it asks (IWANT) and grafts the link back into the tree.
+
+``push="choke"``, another what-if, is the choking proposed for GossipSub (episub; the
+libp2p specs' "gossipsub v1.2 choke" discussions): a node keeps receiving whole messages
+from only the ``CHOKE_KEEP`` mesh peers that delivered it the most messages first lately
+(counts decayed every heartbeat; an id first heard in a choked peer's IHAVE counts for
+it) and chokes the others, which then send it ids only, once, as the tree's lazy links;
+it unchokes a peer that climbs back into its best ``CHOKE_KEEP``. It chokes only on
+evidence (``CHOKE_EVIDENCE`` messages counted) and unchokes everyone when traffic goes
+quiet: a quiet mesh floods as GossipSub does, a busy one is thinned.
+
 Message sizes are py-libp2p's own protobufs, measured (``Wire``): otela's payload plus
 the message's fields (origin, seqno, topic; the signature and public key of a strictly
 signed message) and the RPC's length prefix; IHAVE and IWANT by their id lists.
@@ -37,6 +54,14 @@ MESSAGE_UNSIGNED = 76
 SENDER_RECORD = 177  # the sender's signed peer record (one address) in an RPC, if attached
 IHAVE_BYTES, IWANT_BYTES = 24, 6  # an IHAVE (with its topic) or IWANT RPC, without ids
 MID_BYTES = 48  # a message id (origin peer id + seqno) in an IHAVE or IWANT
+CONTROL_BYTES = 24  # a PRUNE, GRAFT, CHOKE or UNCHOKE for one topic, alone or in an IWANT
+PUSHES = ("mesh", "tree", "choke")
+# Lazy push: ids go to the lazy mesh peers this long after the first of a batch (0: at
+# the heartbeat, with GossipSub's IHAVEs to non-mesh peers, which stay there).
+LAZY_FLUSH_S = 0.1
+CHOKE_KEEP = 2  # choke push: mesh peers a node keeps sending it whole messages
+CHOKE_EVIDENCE = 8.0  # ... once its decayed counts hold this many first deliveries
+CHOKE_DECAY = 0.9  # ... each heartbeat (a window of ~10 s)
 
 
 @dataclass(frozen=True)
@@ -85,6 +110,12 @@ class GossipNode:
     recent: list[tuple[float, Message]] = field(default_factory=list)
     beating: bool = False
     dont_send: dict[int, set[int]] = field(default_factory=dict)  # peer -> ids (IDONTWANT)
+    lazy: set[int] = field(default_factory=set)  # mesh peers pruned from the tree (tree push)
+    unadvertised: list[Message] = field(default_factory=list)  # lazy push: ids not yet sent
+    flushed: list[Message] = field(default_factory=list)  # ... sent to lazy mesh peers only
+    choked: set[int] = field(default_factory=set)  # choke push: mesh peers sending us ids
+    choking_me: set[int] = field(default_factory=set)  # ... and those we send ids only
+    firsts: dict[int, float] = field(default_factory=dict)  # peer -> decayed first deliveries
 
 
 class Gossip:
@@ -93,9 +124,15 @@ class Gossip:
                  alive: Callable[[int], bool],
                  validate: Callable[[int, int, Message], bool],
                  deliver: Callable[[int, Message], None], wire: Wire | None = None,
-                 degree: tuple[int, int, int, int] = (D, D_LO, D_HI, D_LAZY)) -> None:
+                 degree: tuple[int, int, int, int] = (D, D_LO, D_HI, D_LAZY),
+                 push: str = "mesh") -> None:
+        if push not in PUSHES:
+            raise ValueError(f"push is one of {PUSHES}, not {push!r}")
         self.net = net
         self.wire = wire or Wire()
+        self.tree = push == "tree"  # Plumtree's lazy push (the module's docstring)
+        self.choke = push == "choke"  # choking (the module's docstring)
+        self.lazy_ids = self.tree or self.choke  # each id advertised once
         # D, D_lo, D_hi, D_lazy: the daemon's (otela/mesh/host.py) unless a what-if
         self.d, self.d_lo, self.d_hi, self.d_lazy = degree
         self.rng = rng
@@ -112,9 +149,11 @@ class Gossip:
         self.firsts = 0
         self.payload_bytes = 0
         self.envelope_bytes = 0
+        self.prunes = self.grafts = 0  # tree push's repairs and thinnings (choke: chokes)
 
     def reset_counts(self) -> None:
         self.duplicates = self.firsts = self.payload_bytes = self.envelope_bytes = 0
+        self.prunes = self.grafts = 0
 
     def node(self, index: int) -> GossipNode:
         state = self.nodes.get(index)
@@ -137,6 +176,10 @@ class Gossip:
             state = self.nodes.get(x)
             if state is not None and y in state.mesh:
                 state.mesh.discard(y)
+                state.lazy.discard(y)
+                state.choked.discard(y)
+                state.choking_me.discard(y)
+                state.firsts.pop(y, None)
                 if len(state.mesh) < self.d_lo:
                     self._top_up(x)
 
@@ -172,7 +215,9 @@ class Gossip:
             for peer in sorted(state.mesh):
                 self.net.send(index, peer, self.wire.rpc + IWANT_BYTES + MID_BYTES,
                               "idontwant", self._idontwant, peer, index, message.mid)
-        for peer in sorted(state.mesh):
+        eager = (state.mesh - state.lazy if self.tree else
+                 state.mesh - state.choking_me if self.choke else state.mesh)
+        for peer in sorted(eager):
             if (peer != sender and peer != message.origin
                     and message.mid not in state.dont_send.get(peer, ())):
                 self._send_message(index, peer, message)
@@ -198,9 +243,17 @@ class Gossip:
         state = self.node(index)
         if message.mid in state.seen:
             self.duplicates += 1
+            if self.tree and sender in state.mesh and sender not in state.lazy:
+                # Plumtree: a second eager path to us; prune it (both ends lazy).
+                state.lazy.add(sender)
+                self.prunes += 1
+                self.net.send(index, sender, self.wire.rpc + CONTROL_BYTES, "prune",
+                              self._pruned, sender, index)
             return
         self.net.charge(index, self.net.config.cpu_gossip_s)
         self.firsts += 1
+        if self.choke:
+            state.firsts[sender] = state.firsts.get(sender, 0.0) + 1
         state.seen[message.mid] = self.net.loop.now
         if not self.validate(index, sender, message):
             return
@@ -208,9 +261,18 @@ class Gossip:
         self._forward(index, sender, message)
         self.deliver(index, message)
 
+    def _pruned(self, index: int, by: int) -> None:
+        state = self.nodes.get(index)
+        if state is not None and by in state.mesh:
+            state.lazy.add(by)
+
     def _remember(self, index: int, message: Message) -> None:
         state = self.node(index)
         state.recent.append((self.net.loop.now, message))
+        if self.lazy_ids:
+            state.unadvertised.append(message)
+            if LAZY_FLUSH_S > 0 and len(state.unadvertised) == 1:
+                self.net.loop.after(LAZY_FLUSH_S, self._flush_ids, index)
         if not state.beating:
             state.beating = True
             self.net.loop.after(HEARTBEAT_S * (0.5 + self.rng.random() / 2), self._heartbeat,
@@ -231,21 +293,83 @@ class Gossip:
         others = sorted(self.connections(index) - state.mesh)
         self.rng.shuffle(others)
         mids = [m for _, m in state.recent]
-        for peer in others[:self.d_lazy]:
+        targets = others[:self.d_lazy]
+        if self.lazy_ids:  # each id once; to the lazy mesh peers too: the repair path
+            self._advertise(index, sorted(state.lazy if self.tree else state.choking_me),
+                            state.unadvertised)  # (those not flushed already)
+            mids = state.flushed + state.unadvertised
+            state.flushed, state.unadvertised = [], []
+        self._advertise(index, targets, mids)
+        if self.choke:
+            self._rechoke(index, state)
+        self.net.loop.after(HEARTBEAT_S, self._heartbeat, index)
+
+    def _advertise(self, index: int, targets: list[int], mids: list[Message]) -> None:
+        for peer in targets if mids else ():
             self.net.send(index, peer, self.wire.rpc + IHAVE_BYTES + MID_BYTES * len(mids),
                           "ihave", self._ihave, peer, index, mids)
-        self.net.loop.after(HEARTBEAT_S, self._heartbeat, index)
+
+    def _flush_ids(self, index: int) -> None:
+        """Lazy push's ids, ``LAZY_FLUSH_S`` after the first of a batch, to the mesh
+        peers that get ids instead of messages (the others at the heartbeat)."""
+        state = self.nodes.get(index)
+        if state is None or not self.alive(index) or not state.unadvertised:
+            return
+        lazy = state.lazy if self.tree else state.choking_me
+        self._advertise(index, sorted(lazy), state.unadvertised)
+        state.flushed.extend(state.unadvertised)
+        state.unadvertised = []
+
+    def _rechoke(self, index: int, state: GossipNode) -> None:
+        """Keep whole messages from the ``CHOKE_KEEP`` mesh peers that lately delivered
+        the most first and choke the rest, once the counts hold ``CHOKE_EVIDENCE``
+        messages; below half that (traffic gone quiet) unchoke every peer: a quiet mesh
+        floods, as GossipSub does."""
+        scores = {peer: state.firsts.get(peer, 0.0) for peer in state.mesh}
+        evidence = sum(scores.values())
+        if evidence >= CHOKE_EVIDENCE and len(scores) > CHOKE_KEEP:
+            ranked = sorted(scores, key=lambda p: (-scores[p], p in state.choked, p))
+            keep = set(ranked[:CHOKE_KEEP])
+        elif evidence < CHOKE_EVIDENCE / 2:
+            keep = set(scores)
+        else:
+            keep = set(scores) - state.choked
+        for peer in sorted(scores):
+            choke = peer not in keep
+            if choke != (peer in state.choked):
+                (state.choked.add if choke else state.choked.discard)(peer)
+                self.prunes += choke
+                self.grafts += not choke
+                self.net.send(index, peer, self.wire.rpc + CONTROL_BYTES,
+                              "choke" if choke else "unchoke", self._choked_by,
+                              peer, index, choke)
+        state.firsts = {peer: n * CHOKE_DECAY for peer, n in state.firsts.items()
+                        if n > 0.01}
+
+    def _choked_by(self, index: int, peer: int, choke: bool) -> None:
+        state = self.nodes.get(index)
+        if state is not None and peer in state.mesh:
+            (state.choking_me.add if choke else state.choking_me.discard)(peer)
 
     def _ihave(self, index: int, sender: int, messages: list[Message]) -> None:
         if not self.alive(index):
             return
-        seen = self.node(index).seen
-        wanted = [m for m in messages if m.mid not in seen]
+        state = self.node(index)
+        wanted = [m for m in messages if m.mid not in state.seen]
+        if wanted and self.choke and sender in state.choked:  # it had them before us
+            state.firsts[sender] = state.firsts.get(sender, 0.0) + len(wanted)
         if wanted:
-            self.net.send(index, sender, self.wire.rpc + IWANT_BYTES + MID_BYTES * len(wanted),
+            graft = self.tree and sender in state.mesh and sender in state.lazy
+            if graft:  # the tree missed us: this link carries messages eagerly again
+                state.lazy.discard(sender)
+                self.grafts += 1
+            self.net.send(index, sender, self.wire.rpc + IWANT_BYTES + MID_BYTES * len(wanted)
+                          + (CONTROL_BYTES if graft else 0),
                           "iwant", self._iwant, sender, index, wanted)
 
     def _iwant(self, index: int, asker: int, messages: list[Message]) -> None:
+        if self.tree:  # a GRAFT rides with it (``_ihave``)
+            self.node(index).lazy.discard(asker)
         # One RPC answers them all (py-libp2p's handle_iwant): one record, if any.
         for k, message in enumerate(messages):
             self._send_message(index, asker, message,

@@ -50,7 +50,9 @@ def breakdown(world: World, window: float) -> dict[str, Any]:
     sent = gossip.payload_bytes + gossip.envelope_bytes
     return {"Bps_per_node_by_kind": kinds,
             "gossip_copies_per_first": round(copies / max(1, gossip.firsts), 2),
-            "gossip_payload_share": round(gossip.payload_bytes / max(1, sent), 3)}
+            "gossip_payload_share": round(gossip.payload_bytes / max(1, sent), 3),
+            **({"tree_prunes": gossip.prunes, "tree_grafts": gossip.grafts}
+               if gossip.tree else {})}
 
 
 def _convergence(watched: Watched, alive: list[int]) -> dict[str, float]:
@@ -137,23 +139,35 @@ def _pooled(delays: list[float], reached: float) -> dict[str, Any]:
 def rechurn(world: World, churners: int = 10, every: float = 3.0,
             window: float = 15.0) -> dict[str, Any]:
     """``benchmarks/convergence.py``'s churn: ``churners`` nodes re-sign and gossip a new
-    record version every ``every`` seconds."""
+    record version every ``every`` seconds. Also how long the versions made in the window
+    took to reach every replica (pooled; those of its last ``every`` seconds excluded,
+    still spreading when it ends)."""
     world.loop.run_until(world.loop.now + SETTLE_S)
     chosen = world.rng.sample(world.alive_nodes(), churners)
+    changes: list[Watched] = []
 
     def tick() -> None:
         for index in chosen:
             node = world.nodes[index]
             if node.alive:
                 node.announce()
+                changes.append(world.watch_change(index))
         world.loop.after(every, tick)
 
     tick()
     world.loop.run_until(world.loop.now + every)
     world.net.stats.reset()
-    world.loop.run_until(world.loop.now + window)
+    world.gossip.reset_counts()
+    start = world.loop.now
+    world.loop.run_until(start + window)
     out = _bytes(world, window)
     out["false_evictions"] = world.false_evictions
+    alive = world.alive_nodes()
+    delays: list[float] = []
+    timed = [c for c in changes if start <= c.at <= world.loop.now - every]
+    reached = min((_arrivals(c, alive, delays) for c in timed), default=1.0)
+    out.update({f"change_{k}": v for k, v in _pooled(delays, reached).items()})
+    out.update(breakdown(world, window))
     return out
 
 

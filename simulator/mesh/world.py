@@ -50,7 +50,7 @@ class World:
     def __init__(self, size: int, seed: int = 1, net: NetConfig | None = None,
                  detector: DetectorConfig | None = None, kill_refuses: bool = True,
                  ingresses: int = 0, wire: Wire | None = None,
-                 degree: tuple[int, int, int, int] | None = None) -> None:
+                 degree: tuple[int, int, int, int] | None = None, push: str = "mesh") -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.loop = Loop()
@@ -65,7 +65,7 @@ class World:
         self._verified: dict[int, tuple[Any, Any]] = {}
         self.gossip = Gossip(self.net, random.Random(seed + 11), lambda i: self.conns[i],
                              lambda i: self.nodes[i].alive, self._validate, self._deliver,
-                             wire, degree or (D, D_LO, D_HI, D_LAZY))
+                             wire, degree or (D, D_LO, D_HI, D_LAZY), push)
         self.watched: list[Watched] = []
         self.evictions: list[tuple[float, int, str]] = []
         self.false_suspicions = 0
