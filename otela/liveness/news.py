@@ -149,8 +149,13 @@ class News:
         incarnation = self.table.incarnation
         proof = self.sign(alive_payload(self.self_id, incarnation))
         self.table.announce_alive(proof)  # rides on our probes and acks in any case
-        if self._refute_loudly:
+        # Loudly too while cut off or just after (``LivenessTable.observe_reach``): the
+        # other side of the cut may hold suspicions of us, which the probes we answer
+        # would not tell of our refutation in time.
+        table = self.table
+        if self._refute_loudly or table.cut_off or table.refute_loudly:
             self._refute_loudly = False
+            table.refute_loudly = table.refute_loudly and table.cut_off
             self._broadcast([self.self_id, Status.ALIVE.value, incarnation, proof, None])
         log.warning("refuting a suspicion of this node (incarnation %d)", incarnation)
 

@@ -636,6 +636,30 @@ def test_a_quiet_suspicion_of_us_is_refuted_on_probes_only():
     assert any(u[0] == me.peer_id and u[1] == "alive" for u in piggybacked)
 
 
+def test_around_a_cut_a_quiet_suspicion_of_us_is_refuted_loudly_too():
+    """While cut off, and for the first refutation after, a suspicion heard on a probe is
+    refuted on the liveness topic: the other side of the cut may hold it (its news budget
+    ran out during the cut), and a refutation on probes alone reached suspecters too late
+    (300 simulated nodes, 84 cut off for 60 s: ~50 live nodes evicted after the heal)."""
+    me, peer = Keyed(), Keyed()
+    news, table, _, _ = news_for(me, [peer.peer_id])
+
+    def refuted_on_the_topic(incarnation: int) -> bool:
+        async def go() -> list:
+            news.receive([[me.peer_id, "suspect", incarnation, None, peer.peer_id]], 1.0,
+                         peer.peer_id)
+            return news.take_broadcasts()
+        return [u[:3] for u in trio.run(go)] == [[me.peer_id, "alive", incarnation + 1]]
+
+    table.observe_reach(True)
+    assert refuted_on_the_topic(0)  # cut off: loudly
+    table.observe_reach(False)
+    assert table.refute_loudly
+    assert refuted_on_the_topic(1)  # the first after the cut: loudly
+    assert not table.refute_loudly
+    assert not refuted_on_the_topic(2)  # then on probes only, as before the cut
+
+
 def test_a_published_suspicion_is_verified_first_hand():
     me, suspect, other = Keyed(), Keyed(), Keyed()
     news, _table, events, _ = news_for(me, [suspect.peer_id, other.peer_id])
