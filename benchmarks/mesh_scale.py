@@ -1,8 +1,11 @@
 """Mesh protocols at scale, simulated: otela's own cores on a modelled network.
 
 Each scenario runs on a fresh, seeded federation (``simulator/mesh``; deterministic for a
-seed) and prints one JSON line of figures: see docs/scale.md for the model, the
-calibration against the real-process benchmarks and the tables.
+seed: the script runs itself with ``PYTHONHASHSEED=0`` unless one is set, since the cores
+iterate over sets of peer ids, whose order Python's per-process string hashing changes,
+and two runs of a seed differed slightly) and prints one JSON line of figures: see
+docs/scale.md for the model, the calibration against the real-process benchmarks and the
+tables.
 
 Run:  nice -n 10 .venv/bin/python benchmarks/mesh_scale.py --nodes 64 1000 \
           --scenarios idle change kill
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -29,6 +33,9 @@ from simulator.mesh.world import World
 
 
 def main() -> None:
+    if "PYTHONHASHSEED" not in os.environ:  # the same order of sets in every run of a seed
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[64])
     parser.add_argument("--scenarios", nargs="+", default=["idle", "change", "kill"],
