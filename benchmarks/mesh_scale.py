@@ -49,6 +49,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=None,
                         help="simulated minutes of the churn and flaky scenarios, "
                         "or how long the partition scenario's region stays cut off")
+    parser.add_argument("--cut-share", type=float, default=0.1,
+                        help="the partition scenario's region: this share of the sites")
     parser.add_argument("--nat-share", type=float, default=0.0,
                         help="share of nodes behind NAT, reached through the relays")
     parser.add_argument("--relays", type=int, default=0, help="public relays (the first nodes)")
@@ -87,6 +89,8 @@ def main() -> None:
                 kwargs["minutes"] = args.minutes
             elif args.minutes and name == "partition":
                 kwargs["cut_for"] = 60 * args.minutes
+            if name == "partition":
+                kwargs["share"] = args.cut_share
             figures = SCENARIOS[name](world, **kwargs)
             print(json.dumps({
                 "nodes": n, "scenario": name, "wire": args.wire,
