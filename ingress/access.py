@@ -528,14 +528,12 @@ class Access:
                 task_status.started()
                 while True:
                     await trio.sleep(self.refresh_interval)
+                    if not await self.refresh_now() or not self.lease_budgets:
+                        continue
                     try:
-                        await self.db.in_thread(self.refresh)
-                        if self.lease_budgets:
-                            await self._tend_leases()
+                        await self._tend_leases()
                     except Exception as exc:  # the database is away: serve from the copy
-                        self.refresh_failures += 1
-                        self.last_refresh_ok = False
-                        log.warning("ingress: could not refresh keys and usage (%s)", exc)
+                        self._refresh_failed(exc)
         finally:
             if self.leases:
                 with trio.move_on_after(5.0) as scope:
@@ -544,6 +542,22 @@ class Access:
                         await self._give_back_all()
                     except Exception as exc:  # they expire instead
                         log.warning("ingress: could not give back budget leases (%s)", exc)
+
+    async def refresh_now(self) -> bool:
+        """``refresh`` in a worker thread, now (the periodic one, or a change made through
+        this node's admin API); False, counted and logged, if the database failed: the
+        copy serves meanwhile."""
+        try:
+            await self.db.in_thread(self.refresh)
+        except Exception as exc:  # the database is away: serve from the copy
+            self._refresh_failed(exc)
+            return False
+        return True
+
+    def _refresh_failed(self, exc: Exception) -> None:
+        self.refresh_failures += 1
+        self.last_refresh_ok = False
+        log.warning("ingress: could not refresh keys and usage (%s)", exc)
 
     def refresh(self) -> None:
         """What changed since the last refresh: keys, and the rows other ingress processes

@@ -11,7 +11,6 @@ refreshing keys and others' usage, running batches (once the node says where its
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -32,8 +31,6 @@ from ingress.sso.settings import SsoSettings
 from ingress.usage import UsageWriter
 from otela.api.observe import Observer
 from otela.metrics import Registry
-
-log = logging.getLogger("otela.ingress.service")
 
 
 class IngressService:
@@ -136,12 +133,7 @@ class IngressService:
     async def refresh_keys(self) -> None:
         """Read what changed now, not at the next periodic refresh; a database that fails
         is left to it (the copy serves meanwhile)."""
-        try:
-            await self.db.in_thread(self.access.refresh)
-        except Exception as exc:
-            self.access.refresh_failures += 1
-            self.access.last_refresh_ok = False
-            log.warning("ingress: could not refresh keys (%s)", exc)
+        await self.access.refresh_now()
 
     # -- background ---------------------------------------------------------------------
 

@@ -155,7 +155,8 @@ class News:
         table = self.table
         if self._refute_loudly or table.cut_off or table.refute_loudly:
             self._refute_loudly = False
-            table.refute_loudly = table.refute_loudly and table.cut_off
+            if not table.cut_off:  # the first refutation after the cut is this one
+                table.refute_loudly = False
             self._broadcast([self.self_id, Status.ALIVE.value, incarnation, proof, None])
         log.warning("refuting a suspicion of this node (incarnation %d)", incarnation)
 

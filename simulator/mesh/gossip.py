@@ -110,11 +110,12 @@ class GossipNode:
     recent: list[tuple[float, Message]] = field(default_factory=list)
     beating: bool = False
     dont_send: dict[int, set[int]] = field(default_factory=dict)  # peer -> ids (IDONTWANT)
-    lazy: set[int] = field(default_factory=set)  # mesh peers pruned from the tree (tree push)
+    # Mesh peers this node sends ids to instead of messages: links pruned from the tree
+    # (tree push, both ends), or peers that choked this node (choke push).
+    lazy: set[int] = field(default_factory=set)
     unadvertised: list[Message] = field(default_factory=list)  # lazy push: ids not yet sent
     flushed: list[Message] = field(default_factory=list)  # ... sent to lazy mesh peers only
     choked: set[int] = field(default_factory=set)  # choke push: mesh peers sending us ids
-    choking_me: set[int] = field(default_factory=set)  # ... and those we send ids only
     firsts: dict[int, float] = field(default_factory=dict)  # peer -> decayed first deliveries
 
 
@@ -149,7 +150,7 @@ class Gossip:
         self.firsts = 0
         self.payload_bytes = 0
         self.envelope_bytes = 0
-        self.prunes = self.grafts = 0  # tree push's repairs and thinnings (choke: chokes)
+        self.prunes = self.grafts = 0  # tree push's thinnings and repairs
 
     def reset_counts(self) -> None:
         self.duplicates = self.firsts = self.payload_bytes = self.envelope_bytes = 0
@@ -178,7 +179,6 @@ class Gossip:
                 state.mesh.discard(y)
                 state.lazy.discard(y)
                 state.choked.discard(y)
-                state.choking_me.discard(y)
                 state.firsts.pop(y, None)
                 if len(state.mesh) < self.d_lo:
                     self._top_up(x)
@@ -215,9 +215,7 @@ class Gossip:
             for peer in sorted(state.mesh):
                 self.net.send(index, peer, self.wire.rpc + IWANT_BYTES + MID_BYTES,
                               "idontwant", self._idontwant, peer, index, message.mid)
-        eager = (state.mesh - state.lazy if self.tree else
-                 state.mesh - state.choking_me if self.choke else state.mesh)
-        for peer in sorted(eager):
+        for peer in sorted(state.mesh - state.lazy):
             if (peer != sender and peer != message.origin
                     and message.mid not in state.dont_send.get(peer, ())):
                 self._send_message(index, peer, message)
@@ -295,8 +293,7 @@ class Gossip:
         mids = [m for _, m in state.recent]
         targets = others[:self.d_lazy]
         if self.lazy_ids:  # each id once; to the lazy mesh peers too: the repair path
-            self._advertise(index, sorted(state.lazy if self.tree else state.choking_me),
-                            state.unadvertised)  # (those not flushed already)
+            self._advertise(index, sorted(state.lazy), state.unadvertised)  # (not flushed)
             mids = state.flushed + state.unadvertised
             state.flushed, state.unadvertised = [], []
         self._advertise(index, targets, mids)
@@ -315,8 +312,7 @@ class Gossip:
         state = self.nodes.get(index)
         if state is None or not self.alive(index) or not state.unadvertised:
             return
-        lazy = state.lazy if self.tree else state.choking_me
-        self._advertise(index, sorted(lazy), state.unadvertised)
+        self._advertise(index, sorted(state.lazy), state.unadvertised)
         state.flushed.extend(state.unadvertised)
         state.unadvertised = []
 
@@ -338,8 +334,6 @@ class Gossip:
             choke = peer not in keep
             if choke != (peer in state.choked):
                 (state.choked.add if choke else state.choked.discard)(peer)
-                self.prunes += choke
-                self.grafts += not choke
                 self.net.send(index, peer, self.wire.rpc + CONTROL_BYTES,
                               "choke" if choke else "unchoke", self._choked_by,
                               peer, index, choke)
@@ -349,7 +343,7 @@ class Gossip:
     def _choked_by(self, index: int, peer: int, choke: bool) -> None:
         state = self.nodes.get(index)
         if state is not None and peer in state.mesh:
-            (state.choking_me.add if choke else state.choking_me.discard)(peer)
+            (state.lazy.add if choke else state.lazy.discard)(peer)
 
     def _ihave(self, index: int, sender: int, messages: list[Message]) -> None:
         if not self.alive(index):
