@@ -13,18 +13,27 @@ no node suspected more than a tenth of the federation.
 
 A connect to a member picked at random does tell them apart: from the larger side most
 are answered, from the smaller side most are not. So while this node holds suspects (a
-decision may come), each probe period it connects to members picked at random (any
-status, any connection: an unbiased sample of the federation; ``BATCH`` at once while the
-sample is short, else one) and keeps the answers. An answer of any kind, the connection
-accepted or refused (nothing listens, but the host and the network are there), counts as
-reached; no answer in time counts as not reached; a member with no plain TCP address
-(behind NAT) is not counted. When more than half of the last
-``SAMPLE`` answers within ``WINDOW_S`` (and at least ``MIN_ANSWERS``) went unanswered, by
-more than ``SILENT_FLOOR`` distinct members (one host down, picked again and again in a
-small federation, is not a partition), the node is *cut off*
-(``LivenessTable.observe_reach``): it confirms no one and signs no eviction, and the
-suspicions it raised meanwhile are dropped once it reaches most members again, since they
-are what the cut produced.
+decision may come), each probe period it connects to members it has not asked recently
+(any status, any connection: an unbiased sample of the federation; all it lacks at once
+while the sample is short, else one) and keeps each one's latest answer, for the last
+``SAMPLE`` members asked (a federation that small is asked in full: a census). An answer
+of any kind, the connection accepted or refused (nothing listens, but the host and the
+network are there), counts as reached; no answer in time counts as not reached; a member
+with no plain TCP address (behind NAT) is asked but not counted. When more than half of
+the members answering within ``WINDOW_S`` (and at least ``MIN_ANSWERS``) did not, and
+more than ``SILENT_FLOOR`` of them (a host or two down in a small federation is not a
+partition), the node is *cut off* (``LivenessTable.observe_reach``): it confirms no one
+and signs no eviction, and the suspicions it raised meanwhile are dropped once it
+reaches most members again, since they are what the cut produced.
+
+The verdict must come before any confirmation, not race it: a suspicion is confirmed only
+once the whole sample was taken after it began (``taken_since``). A race lost showed on 2
+busy cores with seven daemons, two cut off: the two suspected the five, and on the
+cut-off side a probe round takes seconds (every path times out), so by the time their
+samples were full the grace of the first suspicions had run out and they had evicted two
+live members. Counting each member once matters there too: with repeats, two batches of
+four picks from six members could hold the one reachable member twice and only three of
+the five silent ones, no verdict.
 
 The price, the same as Kubernetes' node controller pays when every zone looks unhealthy
 (it stops evicting): when more than half of the federation's hosts go down at once, the
@@ -35,49 +44,97 @@ reached, so only whole hosts lost together hold evictions back.
 
 from __future__ import annotations
 
-from collections import deque
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
 
-SAMPLE = 8  # the most recent answers that count
-MIN_ANSWERS = 4  # fewer than this in the window: no verdict (the state stays)
+SAMPLE = 8  # the most members whose latest answers count
+MIN_ANSWERS = 4  # fewer answers than this in the window: no verdict (the state stays)
 WINDOW_S = 30.0  # answers older than this no longer count
-SILENT_FLOOR = 3  # cut off only when more distinct members than this did not answer
-BATCH = 4  # connects at once while the sample is short
+SILENT_FLOOR = 3  # cut off only when more members than this did not answer
+_ANSWERED = {"accepted": True, "refused": True, "unknown": False}  # ``none``: no address
 
 
 class ReachSample:
-    """The most recent connect answers from random members, and what they say."""
+    """The latest connect answer of each of up to ``SAMPLE`` members asked recently, and
+    what they say."""
 
     def __init__(self) -> None:
-        self._answers: deque[tuple[float, str, bool]] = deque(maxlen=SAMPLE)
+        # member -> (when asked, reached; None: no plain TCP address to try), oldest first
+        self._asked: OrderedDict[str, tuple[float, bool | None]] = OrderedDict()
 
     def note(self, peer: str, answer: str, now: float) -> None:
         """A connect's answer (``otela.mesh.listening.ConnectAnswer``): ``accepted`` or
         ``refused`` reached the member's host, ``unknown`` did not, ``none`` (no address to
-        try) says nothing."""
-        if answer in ("accepted", "refused"):
-            self._answers.append((now, peer, True))
-        elif answer == "unknown":
-            self._answers.append((now, peer, False))
+        try) says nothing but counts as asked."""
+        self._asked.pop(peer, None)
+        self._asked[peer] = (now, _ANSWERED.get(answer))
+        while len(self._asked) > SAMPLE:
+            self._asked.popitem(last=False)
 
-    def wanted(self, now: float) -> int:
-        """How many members to connect to now: up to ``BATCH`` at once while fewer than
-        ``SAMPLE`` answers are recent (a verdict is needed before a grace runs out, and a
-        node on the cut-off side spends seconds per probe round), else one."""
-        recent = sum(1 for at, _, _ in self._answers if now - at <= WINDOW_S)
-        return min(BATCH, max(1, SAMPLE - recent))
+    def _recent(self, now: float, since: float | None = None) -> dict[str, bool | None]:
+        """The answers within ``WINDOW_S``, and no older than ``since`` if given."""
+        oldest = now - WINDOW_S if since is None else max(since, now - WINDOW_S)
+        return {peer: reached for peer, (at, reached) in self._asked.items() if at >= oldest}
+
+    def taken_since(self, now: float, members: int) -> float:
+        """The moment since which the whole sample was taken: when the oldest of the
+        ``SAMPLE`` (or, in a federation that small, every member's) answers came; minus
+        infinity while the sample is short. The caller confirms only suspicions that
+        began before it: a verdict on a short sample came too late (the grace of the
+        suspicions a cut raised ran out first) or said too little (the few members asked
+        may all be on this node's side), and one taken before a suspicion began says
+        nothing of the cut that may have raised it."""
+        needed = min(SAMPLE, members)
+        if needed == 0:
+            return now
+        times = sorted((at for at, _ in self._asked.values() if now - at <= WINDOW_S),
+                       reverse=True)
+        return times[needed - 1] if len(times) >= needed else float("-inf")
+
+    def wanted(self, now: float, members: int, since: float | None = None) -> int:
+        """How many members to connect to now: as many as the sample taken since
+        ``since`` (when the newest suspicion held began) lacks, all at once (the verdict
+        comes in one period, even on the cut-off side, where a probe round takes seconds),
+        else one (the oldest answer is replaced: the sample stays fresh)."""
+        return max(1, min(SAMPLE, members) - len(self._recent(now, since)))
+
+    def targets(self, members: Sequence[str], rng: random.Random, now: float,
+                since: float | None = None) -> list[str]:
+        """The members to connect to now (``wanted`` of them). A federation of at most
+        ``SAMPLE`` members is asked in full, least recently asked first: a census, whose
+        verdict no unlucky pick can turn (up to ``4 * SAMPLE`` members the same order
+        keeps the picks fresh). A larger one is sampled at random among the members not
+        asked since ``since`` (any status, any connection: an unbiased sample)."""
+        want = min(self.wanted(now, len(members), since), len(members))
+        fresh = self._recent(now, since)
+        if len(members) <= 4 * SAMPLE:
+            order = list(members)
+            rng.shuffle(order)
+            order.sort(key=lambda p: self._asked[p][0] if p in fresh else -1.0)
+            return sorted(order[:want])
+        picks: set[str] = set()
+        for _ in range(4 * want):
+            peer = rng.choice(members)
+            if peer not in fresh:
+                picks.add(peer)
+                if len(picks) == want:
+                    break
+        return sorted(picks)
 
     def cut_off(self, now: float) -> bool | None:
-        """True when more than half of the recent answers found nobody, at more than
-        ``SILENT_FLOOR`` members: most of the federation is out of this node's reach. False
-        when most answers reached someone. None, no verdict either way (the caller keeps
-        its state), with fewer than ``MIN_ANSWERS`` recent answers (a cut-off node whose
-        loop stalled must not take silence for the heal) or when the silent ones are too
-        few members to tell a partition from a host or two down (a small federation's
-        cut-off side flapping out of "cut off" would confirm and evict meanwhile)."""
-        recent = [(peer, reached) for at, peer, reached in self._answers if now - at <= WINDOW_S]
-        if len(recent) < MIN_ANSWERS:
+        """True when more than half of the recently asked members found nobody, and more
+        than ``SILENT_FLOOR`` of them: most of the federation is out of this node's
+        reach. False when most answers reached someone. None, no verdict either way (the
+        caller keeps its state), with fewer than ``MIN_ANSWERS`` recent answers (a
+        cut-off node whose loop stalled must not take silence for the heal) or when the
+        silent ones are too few members to tell a partition from a host or two down (a
+        small federation's cut-off side flapping out of "cut off" would confirm and
+        evict meanwhile)."""
+        answers = [reached for reached in self._recent(now).values() if reached is not None]
+        if len(answers) < MIN_ANSWERS:
             return None
-        silent = [peer for peer, reached in recent if not reached]
-        if 2 * len(silent) <= len(recent):
+        silent = answers.count(False)
+        if 2 * silent <= len(answers):
             return False
-        return True if len(set(silent)) > SILENT_FLOOR else None
+        return True if silent > SILENT_FLOOR else None

@@ -164,8 +164,8 @@ class ProbeCore:
         (``otela.liveness.reach``); none while our own loop lags."""
         if not (self.table.unhealthy or self.table.cut_off) or self.health.lagging(now):
             return []
-        picks = {self.table.random_member(self.rng) for _ in range(self.reach.wanted(now))}
-        return sorted(p for p in picks if p is not None)
+        return self.reach.targets(self.table.member_ids(), self.rng, now,
+                                  self.table.newest_unhealthy_at())
 
     def reach_answer(self, target: str, answer: str, now: float) -> None:
         """How a member ``reach_targets`` picked answered the connect."""
@@ -174,6 +174,7 @@ class ProbeCore:
     def _observe_reach(self, now: float) -> None:
         """Tell the table whether we are cut off, and record when that changes: an
         operator asking why nothing was evicted finds it in the events."""
+        self.table.reach_taken_since = self.reach.taken_since(now, len(self.table.members))
         was, verdict = self.table.cut_off, self.reach.cut_off(now)
         if verdict is None:
             return  # too few recent answers: as we were

@@ -50,6 +50,10 @@ others included) and spreads no suspicion (the buddy system still shows a suspec
 own); when it reaches most members again it drops the suspicions it holds, which are
 what the cut produced (a member that really died meanwhile is suspected again by
 those that probe it), and its next refutation is published on the liveness topic.
+Until the caller's sample was all taken after a member was suspected
+(``reach_taken_since``) the node does not know whether that suspicion is its own cut: it
+neither confirms it nor signs its eviction, so that the verdict comes before the grace
+runs out, not after.
 Under the brake alone, the ~90 nodes of a region cut off from 1,000 kept evicting live
 members of the other 910, each eviction signed by two of them: LEFT on every replica at
 the heal, and a rejoin for each.
@@ -66,7 +70,6 @@ import enum
 import hashlib
 import heapq
 import math
-import random
 from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
@@ -92,7 +95,8 @@ class Member:
     peer_id: str
     incarnation: int = 0
     status: Status = Status.ALIVE
-    suspected_at: float | None = None
+    suspected_at: float | None = None  # when suspected, then when confirmed
+    unhealthy_at: float | None = None  # when suspected (not ALIVE since then)
     last_heard: float = 0.0
     suspecters: set[str] = field(default_factory=set)  # who suspected this incarnation
     # Their signed statements (``otela.registry.evidence``, packed): what an eviction of
@@ -140,6 +144,9 @@ class LivenessTable:
     _last_confirmation_at: float | None = None  # ours or one we heard of
     _braked_at: float | None = None  # when the brake was last seen on
     cut_off: bool = False  # most members out of reach (``observe_reach``)
+    # Since when the caller's whole reach sample was taken (``ReachSample.taken_since``):
+    # a member suspected later is neither confirmed nor evicted yet, as while cut off.
+    reach_taken_since: float = math.inf
     # A cut-off ended: the next refutation goes on the liveness topic (``observe_reach``).
     refute_loudly: bool = False
     _member_list: tuple[int, tuple[str, ...]] = (-1, ())  # (membership version, members)
@@ -239,13 +246,32 @@ class LivenessTable:
         unhealthy = len(self._unhealthy)
         return unhealthy > max(self.brake_floor, self.brake_fraction * len(self.members))
 
-    def random_member(self, rng: random.Random) -> str | None:
-        """A member picked uniformly at random (the list is rebuilt only when a member
-        comes or goes: every period asks while suspects are held)."""
+    def member_ids(self) -> tuple[str, ...]:
+        """Every member's peer id (the tuple is rebuilt only when a member comes or goes:
+        the reach sample picks from it every period while suspects are held)."""
         if self._member_list[0] != self._membership_version:
             self._member_list = (self._membership_version, tuple(self.members))
-        members = self._member_list[1]
-        return rng.choice(members) if members else None
+        return self._member_list[1]
+
+    def newest_unhealthy_at(self) -> float | None:
+        """When the newest suspicion held began (the reach sample must be taken after it
+        before it may be confirmed: ``otela.liveness.reach``); None while all are ALIVE."""
+        return max((m.unhealthy_at for p in self._unhealthy
+                    if (m := self.members.get(p)) is not None and m.unhealthy_at is not None),
+                   default=None)
+
+    def _reach_known(self, member: Member) -> bool:
+        """Whether the reach sample was all taken after ``member`` was suspected: only
+        then does it tell whether the suspicion is this node's cut."""
+        return member.unhealthy_at is None or member.unhealthy_at <= self.reach_taken_since
+
+    def _mark_unhealthy(self, member: Member, now: float) -> None:
+        member.unhealthy_at = now
+        self._unhealthy.add(member.peer_id)
+
+    def _mark_healthy(self, member: Member) -> None:
+        member.unhealthy_at = None
+        self._unhealthy.discard(member.peer_id)
 
     def observe_reach(self, cut_off: bool) -> int:
         """Whether this node is cut off now (``otela.liveness.reach``). Ending a cut-off
@@ -267,7 +293,7 @@ class LivenessTable:
         dropped = [self.members[p] for p in self._unhealthy if p in self.members]
         for member in dropped:
             member.status, member.suspected_at, member.evict_at = Status.ALIVE, None, None
-            member.suspecters, member.evidence = set(), {}
+            member.unhealthy_at, member.suspecters, member.evidence = None, set(), {}
             self._outbox.pop(member.peer_id, None)
         self._unhealthy.clear()
         self.published.clear()
@@ -297,7 +323,7 @@ class LivenessTable:
         if member.status is Status.ALIVE:
             member.status, member.suspected_at = Status.SUSPECT, now
             member.suspecters, member.evidence = set(), {}
-            self._unhealthy.add(peer_id)
+            self._mark_unhealthy(member, now)
         member.suspecters.add(self.self_id)
         proof = self.sign_suspicion(peer_id, member.incarnation)
         if proof is not None:
@@ -476,7 +502,7 @@ class LivenessTable:
             member.incarnation, member.status, member.suspected_at = (
                 update.incarnation, Status.ALIVE, None
             )
-            self._unhealthy.discard(member.peer_id)
+            self._mark_healthy(member)
             member.evict_at, member.evidence = None, {}
             member.last_heard = max(member.last_heard, now)
             self._enqueue(update)
@@ -499,7 +525,7 @@ class LivenessTable:
             member.incarnation, member.status, member.suspected_at = (
                 update.incarnation, Status.SUSPECT, now
             )
-            self._unhealthy.add(member.peer_id)
+            self._mark_unhealthy(member, now)
             member.suspecters = {update.by} if update.by else set()
             member.evidence = {}
             self._keep_evidence(member, update)
@@ -536,6 +562,7 @@ class LivenessTable:
             return []
         expired = [m for m in self._unhealthy_members()
                    if m.status is Status.SUSPECT and m.suspected_at is not None
+                   and self._reach_known(m)
                    and now - m.suspected_at >= self.timeout_for(m)]
         recently = self._braked_at is not None and now - self._braked_at < self.suspicion_timeout
         if expired and recently:
@@ -597,13 +624,14 @@ class LivenessTable:
     def due_evictions(self, now: float) -> list[str]:
         """Confirmed peers whose eviction this node should sign now. Each is due again
         after the backup delay in case no eviction (ours or another's) lands. None while
-        cut off: confirmations heard from others wait too."""
+        cut off, or not yet known not to be (``reach_taken_since``): confirmations heard
+        from others wait too."""
         if self.cut_off:
             return []
         due = []
         for member in self._unhealthy_members():
             if (member.status is Status.CONFIRMED and member.evict_at is not None
-                    and now >= member.evict_at):
+                    and now >= member.evict_at and self._reach_known(member)):
                 member.evict_at = now + self.backup_delay()
                 due.append(member.peer_id)
         return due

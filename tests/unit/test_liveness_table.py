@@ -465,14 +465,31 @@ def test_a_node_cut_off_from_most_members_confirms_and_signs_nothing():
     assert t.probe_failed("p0", now=2001.0) and t.suspected() == {"p0"}
 
 
-def test_a_random_member_is_any_member_and_follows_membership():
-    import random
+def test_the_member_ids_follow_membership():
     t = table("a", "b", "c")
-    rng = random.Random(1)
-    assert {t.random_member(rng) for _ in range(200)} == {"a", "b", "c"}
+    assert sorted(t.member_ids()) == ["a", "b", "c"]
     t.sync_members({"me", "d"}, now=1.0)
-    assert {t.random_member(rng) for _ in range(50)} == {"d"}
-    assert table().random_member(rng) is None
+    assert t.member_ids() == ("d",)
+    assert table().member_ids() == ()
+
+
+def test_a_suspicion_waits_for_a_reach_sample_taken_after_it_began():
+    """The caller's sample must be all newer than the suspicion before it may be
+    confirmed or its eviction signed: a verdict taken before says nothing of the cut that
+    may have raised it, and one not taken yet may come after the grace ran out."""
+    t = table("p0", "p1", "p2", "p3")
+    t.reach_taken_since = 5.0  # the sample was taken from t=5 on
+    assert t.probe_failed("p0", now=10.0)
+    assert t.newest_unhealthy_at() == 10.0
+    assert t.expired_suspicions(now=1000.0) == []  # grace long over; the sample predates it
+    t.reach_taken_since = 11.0  # sampled again since
+    assert t.expired_suspicions(now=1000.0) == ["p0"]
+    # A confirmation heard from others waits the same way.
+    assert t.probe_failed("p1", now=1001.0)
+    assert t.apply(Update("p1", Status.CONFIRMED, 0), now=1002.0)
+    assert t.due_evictions(now=5000.0) == ["p0"]
+    t.reach_taken_since = 1001.5
+    assert t.due_evictions(now=5001.0) == ["p1"]
 
 
 def test_a_message_to_a_suspect_carries_our_suspicion_of_it():
