@@ -12,7 +12,7 @@ Every ``UNWATCHED_CHECK_PERIODS`` periods it also checks one member it is not co
 with a plain TCP connect (``watch.next_unwatched``), and probes one that does not accept
 like a lost neighbour: the member's own neighbours watch it, unless a partition put them
 all on the other side. While it holds suspects it also connects to members picked at
-random (several at once while its sample is short, then one a period: ``reach.py``): a
+random (all its sample lacks at once, then one a period: ``reach.py``): a
 node that most members do not answer is cut off (the smaller side of a partition) and
 evicts no one. After the round, and whenever a grace period runs out or an eviction
 falls due between rounds, the loop confirms expired suspicions and signs the evictions
