@@ -161,11 +161,14 @@ class ProbeCore:
     def reach_targets(self, now: float) -> list[str]:
         """While this node holds suspects (a decision may come) or is cut off, members
         picked at random, any status, to connect to this period, all at once
-        (``otela.liveness.reach``); none while our own loop lags."""
+        (``otela.liveness.reach``): all the sample lacks since the newest suspicion began,
+        or a whole sample while cut off; none while our own loop lags."""
         if not (self.table.unhealthy or self.table.cut_off) or self.health.lagging(now):
             return []
-        return self.reach.targets(self.table.member_ids(), self.rng, now,
-                                  self.table.newest_unhealthy_at())
+        # Cut off, a whole sample every period: the heal is noticed in one period (on the
+        # cut-off side a period takes seconds, and one answer a period took four of them).
+        since = now if self.table.cut_off else self.table.newest_unhealthy_at()
+        return self.reach.targets(self.table.member_ids(), self.rng, now, since)
 
     def reach_answer(self, target: str, answer: str, now: float) -> None:
         """How a member ``reach_targets`` picked answered the connect."""

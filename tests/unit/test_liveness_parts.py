@@ -411,6 +411,41 @@ def test_unwatched_members_are_checked_rarely_and_neighbours_never():
     assert full.transport.connects == []  # everyone is a neighbour: nothing to check
 
 
+def test_a_node_cut_off_from_most_members_knows_it_before_any_grace_runs_out():
+    """Five of six members out of reach (a partition; the sixth, f, is on our side): the
+    first suspicion's own period asks every member, so the node is cut off before that
+    grace runs out, however slowly its probe rounds go, and evicts no one; once the five
+    answer again it notices within a period and drops what the cut made it suspect."""
+    d = Detector(["a", "b", "c", "d", "e", "f"])
+    d.transport.alive, d.transport.helpers_mute = {"f"}, {"a", "b", "c", "d", "e"}
+    seen: dict[str, float] = {}
+
+    async def go() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(d.prober.run)
+            while not d.table.suspected():
+                await trio.sleep(0.05)
+            seen["suspected"] = trio.current_time()
+            while not d.table.cut_off:
+                await trio.sleep(0.05)
+            seen["cut off"] = trio.current_time()
+            await trio.sleep(120)
+            seen["suspects at the heal"] = len(d.table.suspected())
+            d.transport.alive, d.transport.helpers_mute = set("abcdef"), set()
+            healed = trio.current_time()
+            while d.table.cut_off:
+                await trio.sleep(0.05)
+            seen["noticed"] = trio.current_time() - healed
+            nursery.cancel_scope.cancel()
+
+    trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert seen["cut off"] - seen["suspected"] < d.table.suspicion_timeout
+    assert d.node.evicted == [] and d.stats["cut_off_entered"] == 1
+    assert seen["suspects at the heal"] >= 3  # suspected, never confirmed
+    assert seen["noticed"] <= 2 * CONFIG.probe_interval + CONFIG.stale_window
+    assert d.table.suspected() == frozenset()
+
+
 def test_a_lagging_node_accuses_nobody_and_evicts_nobody():
     d = Detector(["a"])
 
