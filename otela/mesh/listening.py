@@ -12,7 +12,7 @@ full, which is how a member nobody on our side of a partition watches gets notic
 A plain connect, not a libp2p dial: py-libp2p retries a refused dial with backoff
 (~0.7 s) and then blocks the peer in a negative cache, and a cancelled dial reports
 nothing; a connect answers in one round trip, and a live listener just sees a connection
-that closes before the handshake.
+reset before the handshake.
 """
 
 from __future__ import annotations
