@@ -16,7 +16,6 @@ Run:  .venv/bin/python benchmarks/connect_cost.py [--connects 200]
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import sys
 import tempfile
@@ -29,16 +28,12 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fedbench import cpu_seconds
+
 from otela.mesh.listening import answer_at
 from otela.testing.localfed import LocalFederation
 
 GAP_S = 0.025  # between connects: the daemon's loop is never saturated
-
-
-def cpu_seconds(pid: int) -> float:
-    """The process's user + system CPU so far (Linux: /proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def plain_fin(host: str, port: int) -> None:
