@@ -202,6 +202,10 @@ class ProbeCore:
         self._observe_reach(now)
         if self.health.lagging(now):
             return []
+        for peer_id in self.table.stale_hearsay(now):
+            if self.watch.verify(peer_id, now):
+                self.events.record(peer_id, "verifying",
+                                   "suspected on others' word for long; probing it first-hand")
         for peer_id in self.table.expired_suspicions(now):
             self.events.record(peer_id, "confirmed", "did not refute within the suspicion timeout")
         return self.table.due_evictions(now)

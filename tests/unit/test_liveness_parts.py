@@ -15,7 +15,7 @@ from libp2p.peer.id import ID
 from otela.liveness.events import EventLog
 from otela.liveness.health import LocalHealth, pressure_floor
 from otela.liveness.members import MemberList
-from otela.liveness.news import News, alive_payload, verify_alive
+from otela.liveness.news import STALE_REPUBLISH_S, News, alive_payload, verify_alive
 from otela.liveness.prober import DetectorConfig, Prober
 from otela.liveness.rtt import RoundTrips
 from otela.liveness.table import LivenessTable, Status, Update
@@ -693,6 +693,45 @@ def test_around_a_cut_a_quiet_suspicion_of_us_is_refuted_loudly_too():
     assert refuted_on_the_topic(1)  # the first after the cut: loudly
     assert not table.refute_loudly
     assert not refuted_on_the_topic(2)  # then on probes only, as before the cut
+
+
+def test_a_suspicion_of_us_relayed_by_another_member_is_refuted_loudly():
+    """Heard from a member other than its suspecter, the suspicion has spread already: a
+    refutation riding on probes trails it, so it is published (300 simulated nodes, 112
+    cut off for 60 s: second-hand suspicions of live members came in waves of 100-200
+    holders for 97 s after the heal)."""
+    me, suspecter, relay = Keyed(), Keyed(), Keyed()
+    news, _table, _, _ = news_for(me, [suspecter.peer_id, relay.peer_id])
+
+    async def go() -> list:
+        news.receive([[me.peer_id, "suspect", 0, None, suspecter.peer_id]], 1.0,
+                     relay.peer_id)
+        return news.take_broadcasts()
+
+    assert [u[:3] for u in trio.run(go)] == [[me.peer_id, "alive", 1]]
+
+
+def test_a_suspicion_we_refuted_already_gets_our_refutation_published_again_now_and_then():
+    """An old suspicion still passed on means our refutation missed members, and each
+    that takes it up passes it on: the refutation we made is published again, signed as
+    it was, at most every ``STALE_REPUBLISH_S``."""
+    me, peer = Keyed(), Keyed()
+    news, table, _, _ = news_for(me, [peer.peer_id])
+
+    def told_old_suspicion(at: float) -> list:
+        async def go() -> list:
+            news.receive([[me.peer_id, "suspect", 0, None, peer.peer_id]], at, peer.peer_id)
+            return news.take_broadcasts()
+        return trio.run(go)
+
+    assert told_old_suspicion(1.0) == []  # first heard from its suspecter: on probes
+    assert table.incarnation == 1
+    republished = told_old_suspicion(2.0)
+    assert [u[:3] for u in republished] == [[me.peer_id, "alive", 1]]
+    assert verify_alive(Update(me.peer_id, Status.ALIVE, 1, republished[0][3]))
+    assert told_old_suspicion(2.0 + STALE_REPUBLISH_S / 2) == []
+    assert len(told_old_suspicion(2.0 + STALE_REPUBLISH_S)) == 1
+    assert table.incarnation == 1  # an old suspicion never raises it again
 
 
 def test_a_published_suspicion_is_verified_first_hand():

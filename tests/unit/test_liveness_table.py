@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from otela.liveness.table import LivenessTable, Status, Update
+from otela.liveness.table import HEARSAY_CHECK_TIMEOUTS, LivenessTable, Status, Update
 
 
 def table(*peers: str, timeout: float = 5.0) -> LivenessTable:
@@ -490,6 +490,34 @@ def test_a_suspicion_waits_for_a_reach_sample_taken_after_it_began():
     assert t.due_evictions(now=5000.0) == ["p0"]
     t.reach_taken_since = 1001.5
     assert t.due_evictions(now=5001.0) == ["p1"]
+
+
+def test_a_suspicion_held_on_others_word_for_long_is_probed_first_hand_once():
+    """A second-hand suspicion whose suspecter dropped it may never reach its suspect:
+    after ``HEARSAY_CHECK_TIMEOUTS`` base timeouts we probe the suspect ourselves (our
+    probe carries the suspicion), once per suspicion; never while braking or cut off,
+    where our failed probe would add the second signature an eviction across a cut
+    lacks, and never for a suspicion of our own."""
+    t = table(*[f"p{i}" for i in range(40)], timeout=5.0)
+    age = HEARSAY_CHECK_TIMEOUTS * 5.0
+    assert t.apply(Update("p1", Status.SUSPECT, 0, b"s", by="p2"), now=0.0)
+    assert t.probe_failed("p3", now=0.0)  # ours: we probe it anyway
+    assert t.stale_hearsay(now=age - 0.1) == []
+    assert t.stale_hearsay(now=age) == ["p1"]
+    assert t.stale_hearsay(now=age + 1.0) == []  # once
+    # Refuted, then suspected again: a new suspicion, checked again in its turn.
+    assert t.apply(Update("p1", Status.ALIVE, 1), now=20.0, proof_valid=True)
+    assert t.apply(Update("p1", Status.SUSPECT, 1, b"s", by="p2"), now=21.0)
+    t.observe_reach(True)
+    assert t.stale_hearsay(now=21.0 + age) == []  # cut off
+    t.cut_off = False
+    for i in range(4, 10):  # more suspects than the brake allows
+        t.apply(Update(f"p{i}", Status.SUSPECT, 0, b"s", by="p2"), now=21.0)
+    assert t.braking()
+    assert t.stale_hearsay(now=21.0 + age) == []
+    for i in range(4, 10):
+        t.apply(Update(f"p{i}", Status.ALIVE, 1), now=22.0, proof_valid=True)
+    assert t.stale_hearsay(now=21.0 + age) == ["p1"]
 
 
 def test_a_message_to_a_suspect_carries_our_suspicion_of_it():
