@@ -273,7 +273,8 @@ class FailureDetector:
         self.table.sign_suspicion = suspicion_signer(sign, self.self_id, registry,
                                                      replica.clock)
         self.news = News(self.self_id, self.table, self.watch, self.health, self.events,
-                         sign, self.stats, lambda peer_id: live_session(registry, peer_id))
+                         sign, self.stats, lambda peer_id: live_session(registry, peer_id),
+                         replica.clock)
         self.members = MemberList(self.self_id, self.table, self.round_trips, self.events)
         self.channels = Channels(host, SWIM_PROTOCOL, self._pack, self._unpack)
         membership = _NodeMembership(host, replica, self.table.evidence_of)

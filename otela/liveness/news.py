@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,9 +48,9 @@ ALIVE_DOMAIN = b"otela/liveness/alive/v1\0"
 # probe and ack after it would fail. Suspicions stop one below, so that the refutation of
 # any suspicion we accept is itself accepted.
 MAX_INCARNATION = 2**63 - 1
-# A suspicion of an incarnation we refuted already, still passed on: our refutation is
-# published again, at most this often (``News._suspicion_of_us``).
-STALE_REPUBLISH_S = 5.0
+# A suspicion of us signed this long ago, or one we refuted this long ago and still passed
+# on, gets our refutation published (``News._suspicion_of_us``).
+OLD_SUSPICION_S = 10.0
 MAX_NEWS_ITEMS = 256  # per message: honest piggybacking sends a few dozen at most
 
 Sign = Callable[[bytes], bytes]  # our node key's Ed25519 signature
@@ -92,7 +93,8 @@ class News:
     def __init__(self, self_id: str, table: LivenessTable, watch: NeighbourWatch,
                  health: LocalHealth, events: EventLog, sign: Sign,
                  stats: dict[str, int],
-                 session_of: Callable[[str], str | None] = lambda peer_id: None) -> None:
+                 session_of: Callable[[str], str | None] = lambda peer_id: None,
+                 wall: Callable[[], float] = time.time) -> None:
         self.self_id = self_id
         self.table = table
         self.watch = watch
@@ -101,11 +103,13 @@ class News:
         self.sign = sign
         self.stats = stats
         self.session_of = session_of  # a member's live session, as our registry has it
+        self.wall = wall  # the clock suspicion statements are signed by
         self.pending = trio.Event()  # set when a suspicion or refutation must go out
         self.broadcasts: list[list[Any]] = []  # first-hand news waiting to be published
         # Whether a suspicion of us came on the liveness topic (then so must our refutation).
         self._refute_loudly = False
-        self._stale_published_at = -math.inf  # when we last published a refutation again
+        self._refuted_at = -math.inf  # when a suspicion of us last called for a refutation
+        self._republished_at = -math.inf  # when we last published a refutation again
 
     # -- what we send ------------------------------------------------------------------
 
@@ -193,31 +197,45 @@ class News:
         if self.table.refute_needed:
             self.pending.set()
 
-    def _suspicion_of_us(self, update: Update, now: float, source: str,
-                         published: bool) -> None:
+    def _suspicion_of_us(self, update: Update, now: float, published: bool) -> None:
         """Whether our refutation must be published, not only ride on probes: when the
-        suspicion has spread past its suspecter, a refutation told on probes trails it.
+        suspicion has outlived what a refutation on probes can catch up with.
 
-        - Published, or relayed by a member that is not its suspecter: it has reached
-          others already (everyone heard it: everyone must hear us).
-        - Of an incarnation we refuted already: our refutation missed members that now
-          pass the old suspicion on. Each member that takes it up passes it on, and it
-          outran the refutation on probes: after a 60 s cut of 112 of 300 nodes,
-          suspicions made on the cut side kept striking live members of the larger side
-          in waves of 100-200 holders for 97 s after the heal, each member suspected at an
-          incarnation most members never heard it refute. Published again at most every
-          ``STALE_REPUBLISH_S``.
+        - Published: everyone heard it, so everyone must hear us.
+        - Signed ``OLD_SUSPICION_S`` or more ago (its suspecter's statement says when): it
+          has been passing from member to member all that while. After a 60 s cut of 112
+          of 300 nodes, suspicions made on the cut side struck live members of the larger
+          side in waves of 100-200 holders for 97 s after the heal, each refuted on
+          probes that trailed it. A fresh false alarm (a slow peer) is still refuted on
+          probes only: publishing each of those cost every node a message per alarm on a
+          loaded machine (``LivenessTable.suspicion_to_publish``).
+        - Of an incarnation we refuted ``OLD_SUSPICION_S`` or more ago: our refutation
+          missed members that still pass the suspicion on. Our refutation is published
+          again, at most every ``OLD_SUSPICION_S``.
         """
         if update.incarnation >= self.table.incarnation:
-            if published or (update.by is not None and update.by != source):
+            self._refuted_at = now  # the refutation this suspicion calls for
+            if published or self._age(update) >= OLD_SUSPICION_S:
                 self._refute_loudly = True
             return
         refutation = self.table.current_refutation()
-        if refutation is None or now - self._stale_published_at < STALE_REPUBLISH_S:
+        if (refutation is None or now - self._refuted_at < OLD_SUSPICION_S
+                or now - self._republished_at < OLD_SUSPICION_S):
             return
-        self._stale_published_at = now
+        self._republished_at = now
         self.stats["refutations_republished"] = self.stats.get("refutations_republished", 0) + 1
         self._broadcast(encode_updates([refutation])[0])
+
+    def _age(self, update: Update) -> float:
+        """How long ago the suspicion was signed, by its statement (0 if unreadable)."""
+        if update.by is None:
+            return 0.0
+        try:
+            statement = evidence.from_proof(update.by, update.peer_id, update.incarnation,
+                                            update.proof)
+        except evidence.EvidenceError:
+            return 0.0
+        return self.wall() - statement.at_ms / 1000
 
     def _signed(self, update: Update) -> bool:
         """Whether a suspicion of another member carries its suspecter's valid statement
@@ -255,7 +273,7 @@ class News:
         if published and update.status is Status.SUSPECT:
             self.table.published_elsewhere(update.peer_id, update.incarnation)
         if update.peer_id == self.self_id and update.status is not Status.ALIVE:
-            self._suspicion_of_us(update, now, source, published)
+            self._suspicion_of_us(update, now, published)
         member = self.table.members.get(update.peer_id)
         valid = (update.status is Status.ALIVE and isinstance(update.proof, bytes)
                  and member is not None and update.incarnation > member.incarnation

@@ -87,7 +87,7 @@ class SimNode:
         registry = self.registry
         self.table.sign_suspicion = suspicion_signer(sign, self.peer_id, registry, clock)
         self.news = News(self.peer_id, self.table, self.watch, self.health, self.events, sign,
-                         self.stats, lambda peer_id: live_session(registry, peer_id))
+                         self.stats, lambda peer_id: live_session(registry, peer_id), clock)
         self.members = MemberList(self.peer_id, self.table, self.round_trips, self.events)
         self.probe = ProbeCore(self.peer_id, config, self.table, self.watch, self.health,
                                self.news, self.events, self.members, self.round_trips,
