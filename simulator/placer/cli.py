@@ -10,6 +10,7 @@ import json
 import math
 import tomllib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -27,7 +28,6 @@ from simulator.placer.demand import (
     Demand,
     DemandError,
     Objective,
-    Service,
     demand_from_mapping,
 )
 from simulator.placer.evaluate import Group, evaluate, groups_of_plan
@@ -126,7 +126,7 @@ def _apply_defaults(demand: Demand, ttft: float | None, tpot: float | None,
         slo = SLO(s.slo.ttft_s if s.slo.ttft_s is not None else ttft,
                   s.slo.tpot_s if s.slo.tpot_s is not None else tpot,
                   s.slo.e2e_s if s.slo.e2e_s is not None else e2e, s.slo.percentile)
-        services.append(Service(s.name, s.model, s.rate, s.input, s.output, slo, s.tp))
+        services.append(replace(s, slo=slo))  # every other field as the demand gave it
     return Demand(tuple(services), demand.objective,
                   horizon if horizon is not None else demand.horizon_s)
 

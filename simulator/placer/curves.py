@@ -39,9 +39,11 @@ class ConfigKey:
     tp: int
     input: str
     output: str
+    precision: str = ""  # ``demand.precision_label`` of the checkpoint: "" is BF16
 
     def label(self) -> str:
-        return f"{self.model} on {self.variant} TP{self.tp}"
+        served = f"{self.model} ({self.precision})" if self.precision else self.model
+        return f"{served} on {self.variant} TP{self.tp}"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from simulator.models import get_model
+from simulator.roofline import WEIGHT_FORMATS, Precision
 from traces.distributions import LengthDist, parse_lengths
 
 
@@ -93,6 +94,20 @@ class Service:
     output: Lengths
     slo: SLO = SLO()
     tp: tuple[int, ...] = (1, 2, 4, 8)  # tensor-parallel degrees to consider
+    # The checkpoint it is served from: a quantized one holds weights in fewer bytes, so it
+    # fits on fewer or smaller GPUs and leaves more memory to the KV cache.
+    precision: Precision = field(default_factory=Precision)
+
+
+def precision_label(precision: Precision) -> str:
+    """A precision's short name in plans and cache keys: "" for BF16 (the default), else
+    e.g. "fp8 w8a8" or "int4-g128 w4a16 kv8"."""
+    if precision == Precision():
+        return ""
+    label = (f"{precision.format.name} w{precision.weight_bits:g}a{precision.act_bits:g}")
+    if precision.kv_bits != 16:
+        label += f" kv{precision.kv_bits:g}"
+    return label
 
 
 @dataclass(frozen=True)
@@ -106,8 +121,9 @@ class Demand:
         return sum(s.rate for s in self.services)
 
 
+_PRECISION_KEYS = {"weight_bits", "act_bits", "kv_bits", "weight_format"}
 _MODEL_KEYS = {"model", "name", "rate", "input", "output", "trace", "ttft", "tpot", "e2e",
-               "percentile", "tp"}
+               "percentile", "tp"} | _PRECISION_KEYS
 
 
 def demand_from_mapping(data: Mapping[str, Any], *, base: Path | None = None,
@@ -174,7 +190,28 @@ def _service(raw: Mapping[str, Any], base: Path | None) -> Service:
     tp = tuple(sorted({int(t) for t in raw.get("tp", (1, 2, 4, 8))}))
     if not tp or any(t not in (1, 2, 4, 8, 16) for t in tp):
         raise DemandError(f"tp must list degrees among 1, 2, 4, 8, 16; got {raw.get('tp')}")
-    return Service(name=name, model=spec.name, rate=rate, input=inp, output=out, slo=slo, tp=tp)
+    return Service(name=name, model=spec.name, rate=rate, input=inp, output=out, slo=slo, tp=tp,
+                   precision=_precision(raw))
+
+
+def _precision(raw: Mapping[str, Any]) -> Precision:
+    """The checkpoint's precision from a demand entry, named as `otela sim run` names it:
+    ``weight_bits``, ``act_bits``, ``kv_bits`` (16 unless given) and ``weight_format``
+    (one of the simulator's formats; by default the one checkpoints of those bits ship
+    in: 8 bits fp8, 4 bits int4-g128, or nvfp4 with 4-bit activations)."""
+    bits = {}
+    for key in ("weight_bits", "act_bits", "kv_bits"):
+        value = raw.get(key, 16)
+        try:
+            bits[key] = float(value)
+        except (TypeError, ValueError):
+            raise DemandError(f"{key} must be a number of bits, not {value!r}") from None
+        if bits[key] not in (4.0, 8.0, 16.0):
+            raise DemandError(f"{key} must be 4, 8 or 16, not {value!r}")
+    fmt = str(raw.get("weight_format", ""))
+    if fmt and fmt not in WEIGHT_FORMATS:
+        raise DemandError(f"weight_format {fmt!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+    return Precision(bits["weight_bits"], bits["act_bits"], bits["kv_bits"], weight_format=fmt)
 
 
 def _opt_seconds(value: Any, what: str) -> float | None:

@@ -27,6 +27,7 @@ import numpy as np
 from simulator.api import Deployment, max_throughput, run
 from simulator.placer.demand import SLO, Demand
 from simulator.placer.pool import Variant
+from simulator.roofline import Precision
 from simulator.workload import Workload
 
 
@@ -113,9 +114,10 @@ def _take(wl: Workload, mask: np.ndarray) -> Workload:
     return Workload.from_arrays(wl.arrival[mask], wl.input_len[mask], wl.output_len[mask])
 
 
-def group_capacity_rps(model: str, g: Group, input_mean: float, output_mean: float) -> float:
+def group_capacity_rps(model: str, g: Group, input_mean: float, output_mean: float,
+                       precision: Precision | None = None) -> float:
     """Saturated request rate of a group's replicas at the model's mean lengths."""
-    dep = Deployment(model, g.variant.spec(), tp=g.tp)
+    dep = Deployment(model, g.variant.spec(), tp=g.tp, precision=precision or Precision())
     one = max_throughput(dep, max(1, round(input_mean)), max(1, round(output_mean)))
     return one["requests_per_s"] * g.replicas
 
@@ -143,7 +145,8 @@ def evaluate(demand: Demand, groups: Sequence[Group], duration_s: float = 300.0,
                 part = _take(wl, pick == j)
                 if len(part) == 0:
                     continue
-                dep = Deployment(svc.model, g.variant.spec(), tp=g.tp)
+                dep = Deployment(svc.model, g.variant.spec(), tp=g.tp,
+                                 precision=svc.precision)
                 res = run(dep, part, replicas=g.replicas, timeline_points=0,
                           include_requests=True, seed=seed)
                 if not res.get("fits"):
@@ -160,7 +163,8 @@ def evaluate(demand: Demand, groups: Sequence[Group], duration_s: float = 300.0,
         done_total += len(arr)
         mean_in = float(np.mean(wl.input_len)) if len(wl) else 1.0
         mean_out = float(np.mean(wl.output_len)) if len(wl) else 1.0
-        capacity = sum(group_capacity_rps(svc.model, g, mean_in, mean_out) for g in mine)
+        capacity = sum(group_capacity_rps(svc.model, g, mean_in, mean_out, svc.precision)
+                       for g in mine)
         results.append(ServiceResult(
             svc.name, len(wl), len(arr),
             float(arr.mean()) if len(arr) else float("nan"),

@@ -4,8 +4,9 @@ A model's memory demand is its request rate times its parameter count. Pure and
 deterministic:
 
 1. each model runs at one TP degree: the smallest of its allowed degrees at which its
-   16-bit weights take at most half of the smallest GPU of the pool (the other half is
-   left for the KV cache) — 13B TP1, 34B TP2, 70B TP4 on A100-80GB/GH200, as in upstream;
+   weights (16-bit in the paper; a quantized checkpoint's at the bits it stores) take at
+   most half of the smallest GPU of the pool (the other half is left for the KV cache) —
+   13B TP1, 34B TP2, 70B TP4 on A100-80GB/GH200, as in upstream;
 2. its share of the pool's GPUs is proportional to its memory demand; models in ascending
    demand round their share *up* to a multiple of their TP degree, and the largest model
    takes what is left, rounded down to its TP degree;
@@ -37,8 +38,10 @@ class MemPGroup:
 
 
 def memp_tp(svc: Service, smallest_gpu_bytes: float) -> int:
-    """Smallest allowed TP degree at which the weights fill at most half of a GPU."""
-    weights = get_model(svc.model).total_params * 2.0
+    """Smallest allowed TP degree at which the weights fill at most half of a GPU. The
+    paper's models are all 16-bit; a quantized checkpoint's weights are sized at the bits
+    it stores (its values and block scales), so an FP8 70B needs half the GPUs."""
+    weights = get_model(svc.model).total_params * svc.precision.stored_weight_bits / 8
     for tp in sorted(svc.tp):
         if weights / tp <= 0.5 * smallest_gpu_bytes:
             return tp

@@ -22,7 +22,7 @@ from simulator.placer.cpsat import (
     Solution,
     solve,
 )
-from simulator.placer.demand import Demand, Objective, Service
+from simulator.placer.demand import Demand, Objective, Service, precision_label
 from simulator.placer.packing import assign_groups
 from simulator.placer.pool import Pool
 from simulator.placer.profile import Candidate, Rejected
@@ -76,6 +76,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         sol = self.solution
+        precision = {s.name: precision_label(s.precision) for s in self.demand.services}
         return {
             "objective": self.demand.objective.value,
             "horizon_s": self.demand.horizon_s,
@@ -92,7 +93,8 @@ class Plan:
             },
             "predicted": {"mean_latency_s": self.mean_latency_s, "gpus": self.gpus_used},
             "models": [{
-                "name": f.service, "rate": f.rate, "served": f.served,
+                "name": f.service, "precision": precision.get(f.service) or "bf16",
+                "rate": f.rate, "served": f.served,
                 "latency_s": f.latency_s, "utilization": f.utilization, "gpus": f.gpus,
                 "weights": dict(f.weights),
             } for f in self.forecasts],

@@ -30,7 +30,7 @@ import numpy as np
 
 from simulator.api import Deployment, fits, run
 from simulator.placer.curves import ConfigKey, Curve, Point
-from simulator.placer.demand import Service
+from simulator.placer.demand import Service, precision_label
 from simulator.placer.pool import Variant
 from simulator.workload import Workload
 
@@ -87,7 +87,8 @@ class Profiler:
                 for tp in svc.tp:
                     if tp > max_tp(var):
                         continue
-                    key = ConfigKey(svc.model, var.name, tp, svc.input.label, svc.output.label)
+                    key = ConfigKey(svc.model, var.name, tp, svc.input.label, svc.output.label,
+                                    precision_label(svc.precision))
                     if progress is not None:
                         progress(key.label())
                     res = self.curve(key, svc, var)
@@ -124,12 +125,15 @@ class Profiler:
         if self.cache_dir is None:
             return None
         device = repr(var.spec())  # datasheet figures and calibration profile, as priced
-        blob = json.dumps([PROFILE_VERSION, asdict(key), self.requests, self.seed, device],
+        fields = asdict(key)
+        if not key.precision:  # BF16: the key as before precisions, so caches stay warm
+            del fields["precision"]
+        blob = json.dumps([PROFILE_VERSION, fields, self.requests, self.seed, device],
                           sort_keys=True)
         return self.cache_dir / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
 
     def _simulate(self, key: ConfigKey, svc: Service, var: Variant) -> Curve | str:
-        dep = Deployment(svc.model, var.spec(), tp=key.tp)
+        dep = Deployment(svc.model, var.spec(), tp=key.tp, precision=svc.precision)
         ok, reason = fits(dep)
         if not ok:
             return reason

@@ -201,6 +201,26 @@ def test_pool_file_plan_json_and_sbatch(tmp_path: Path) -> None:
     assert "needs 300 req/s" in result.output
 
 
+def test_a_quantized_model_is_planned_at_its_precision(tmp_path: Path) -> None:
+    """A demand file's FP8 70B on one 80 GB GPU: the plan places it (BF16 would not fit)
+    and says at which precision; the --ttft default keeps the precision too."""
+    pool = tmp_path / "pool.toml"
+    pool.write_text('[[hosts]]\nname = "a"\ngpu = "a100-80g-sxm"\ngpus_per_host = 1\n')
+    demand = tmp_path / "d.toml"
+    demand.write_text('[[models]]\nmodel = "llama-3.3-70b"\nname = "llama-70b-fp8"\n'
+                      'rate = 0.1\ninput = "normal:400,100"\noutput = "normal:100,30"\n'
+                      'weight_bits = 8\nact_bits = 8\ntp = [1]\n')
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(app, [
+        "plan", "--pool", str(pool), "--demand", str(demand), "--cache", str(tmp_path / "c"),
+        "--sim-requests", "100", "--ttft", "30", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(out.read_text())
+    assert [(m["name"], m["precision"]) for m in plan["models"]] == [("llama-70b-fp8",
+                                                                      "fp8 w8a8")]
+    assert [(r["model"], r["tp"]) for r in plan["replicas"]] == [("llama-70b-fp8", 1)]
+
+
 def test_which_idle_nodes_would_take_an_assignment() -> None:
     from simulator.placer.federation import accepts
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from simulator.placer.curves import ConfigKey, Curve, Point, envelope_pieces, envelope_value
-from simulator.placer.demand import SLO, DemandError, demand_from_mapping
+from simulator.placer.demand import SLO, DemandError, demand_from_mapping, precision_label
 from simulator.placer.memp import memp
 from simulator.placer.pool import PoolError, pool_from_mapping, pool_from_records, resolve_gpu
 from simulator.placer.sbatch import ENGINES, Job, TemplateError, engine_command, write_scripts
 from simulator.placer.scenarios import table1_demand, table1_pool
+from simulator.roofline import Precision
 
 
 @pytest.mark.parametrize("name, mem_gb, key", [
@@ -95,6 +97,25 @@ def test_demand_file_and_errors() -> None:
             demand_from_mapping(bad)  # type: ignore[arg-type]
 
 
+def test_a_demand_entry_names_the_checkpoints_precision() -> None:
+    """A model served from a quantized checkpoint says so with the simulator's own names
+    (``weight_bits``, ``act_bits``, ``kv_bits``, ``weight_format``); BF16 by default."""
+    entry = {"model": "llama-3.3-70b", "rate": 1, "input": "512", "output": "128"}
+    bf16, fp8, awq = demand_from_mapping({"models": [
+        {**entry, "name": "a"},
+        {**entry, "name": "b", "weight_bits": 8, "act_bits": 8},
+        {**entry, "name": "c", "weight_bits": 4, "kv_bits": 8, "weight_format": "int4-g128"},
+    ]}).services
+    assert bf16.precision == Precision() and precision_label(bf16.precision) == ""
+    assert fp8.precision == Precision(8, 8, 16)
+    assert precision_label(fp8.precision) == "fp8 w8a8"
+    assert precision_label(awq.precision) == "int4-g128 w4a16 kv8"
+    for bad, msg in [({"weight_bits": 5}, "4, 8 or 16"), ({"kv_bits": "fp8"}, "number of bits"),
+                     ({"weight_format": "gguf"}, "not one of")]:
+        with pytest.raises(DemandError, match=msg):
+            demand_from_mapping({"models": [{**entry, **bad}]})
+
+
 def test_demand_from_a_trace(tmp_path: Path) -> None:
     from otela.tracing.schema import TraceRecord, make_header
     from traces.io import Trace, write_trace
@@ -146,6 +167,16 @@ def test_memp_reproduces_the_papers_table_1_row() -> None:
                    ("Llama-2-13b-hf", "a100-80g-sxm", 1, 4),
                    ("Llama-3.3-70B-Instruct", "a100-80g-sxm", 4, 4),
                    ("Llama-3.3-70B-Instruct", "gh200", 4, 32)]
+
+
+def test_memp_sizes_a_quantized_checkpoint_at_the_bits_it_stores() -> None:
+    """The paper's rule (weights at most half the smallest GPU) on an FP8 70B: half the
+    bytes of BF16, so TP2 where the BF16 row has TP4."""
+    services = [replace(s, precision=Precision(8, 8, 16)) if "70B" in s.name else s
+                for s in table1_demand().services]
+    tps = {(g.service.split("/")[1], g.tp) for g in memp(services, table1_pool())}
+    assert ("Llama-3.3-70B-Instruct", 2) in tps and ("Llama-3.3-70B-Instruct", 4) not in tps
+    assert ("CodeLlama-34b-hf", 2) in tps  # the BF16 models as before
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))

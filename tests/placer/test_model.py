@@ -4,6 +4,7 @@ out by hand, and small real pools whose curves come from the simulator."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from simulator.placer.packing import assign_groups, host_patterns, pack
 from simulator.placer.plan import make_plan
 from simulator.placer.pool import Host, Pool, Variant
 from simulator.placer.profile import Profiler
+from simulator.roofline import Precision
 
 FLAT = ((0.0, 1.0),)  # latency 1 s at any load
 
@@ -141,6 +143,22 @@ def test_goodput_serves_what_fits_within_the_slo(profiler: Profiler) -> None:
     f = plan.forecasts[0]
     cap = plan.problem.options[0].cap
     assert 0 < f.served < 500 and f.served == pytest.approx(cap, rel=1e-3)
+
+
+def test_a_quantized_checkpoint_fits_where_bf16_does_not_and_is_simulated_as_such(
+        profiler: Profiler) -> None:
+    """A 70B on one 80 GB GPU: 140 GB of BF16 weights do not fit, 70 GB of FP8 ones do,
+    with room for the KV cache. Its curve is its own (the key names the precision), and a
+    plan places it there."""
+    pool = Pool((Host("h0", Variant("a100-80g-sxm"), 1),))
+    fp8 = replace(_svc("llama-3.3-70b", 0.1, (1,)), name="fp8", precision=Precision(8, 8, 16))
+    bf16 = _svc("llama-3.3-70b", 0.1, (1,))
+    cands, rejected = profiler.candidates([bf16, fp8], pool.variants(), lambda v: 1)
+    assert [(r.service, r.tp) for r in rejected] == [("llama-3.3-70b", 1)]
+    assert [c.service for c in cands] == ["fp8"]
+    assert cands[0].curve.key.precision == "fp8 w8a8"
+    plan = _plan(profiler, Demand((fp8,), Objective.LATENCY), pool)
+    assert [(r.service, r.tp) for r in plan.replicas] == [("fp8", 1)]
 
 
 def test_a_configuration_is_simulated_once(tmp_path: Path) -> None:
