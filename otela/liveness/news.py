@@ -9,8 +9,10 @@ a crashed node within milliseconds, not after an epidemic of probe rounds; those
 through ``broadcasts`` to the detector's publishing task, woken by ``pending``.
 
 A suspect that hears of its suspicion raises its incarnation and spreads a *signed*
-``alive`` (no one else can refute on its behalf); if the suspicion was published, so is
-the refutation. A suspicion of another member counts only when it carries its
+``alive`` (no one else can refute on its behalf); if the suspicion was published, or
+was signed ``OLD_SUSPICION_S`` before it reached us, so is the refutation, and a
+refutation that old suspicions keep outliving is published again (``_suspicion_of_us``).
+A suspicion of another member counts only when it carries its
 suspecter's signed statement about the suspect's current session
 (``otela.registry.evidence``): those statements are what an eviction must embed, and an
 unsigned "suspect P by Q" could come from anyone, naming anyone as Q. Published
