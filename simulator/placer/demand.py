@@ -120,6 +120,10 @@ class Demand:
     def total_rate(self) -> float:
         return sum(s.rate for s in self.services)
 
+    def precision_labels(self) -> dict[str, str]:
+        """Each model's checkpoint precision (``precision_label``: "" for BF16), by name."""
+        return {s.name: precision_label(s.precision) for s in self.services}
+
 
 _PRECISION_KEYS = {"weight_bits", "act_bits", "kv_bits", "weight_format"}
 _MODEL_KEYS = {"model", "name", "rate", "input", "output", "trace", "ttft", "tpot", "e2e",

@@ -115,9 +115,10 @@ def _take(wl: Workload, mask: np.ndarray) -> Workload:
 
 
 def group_capacity_rps(model: str, g: Group, input_mean: float, output_mean: float,
-                       precision: Precision | None = None) -> float:
-    """Saturated request rate of a group's replicas at the model's mean lengths."""
-    dep = Deployment(model, g.variant.spec(), tp=g.tp, precision=precision or Precision())
+                       precision: Precision) -> float:
+    """Saturated request rate of a group's replicas at the model's mean lengths, served
+    from a checkpoint of ``precision``."""
+    dep = Deployment(model, g.variant.spec(), tp=g.tp, precision=precision)
     one = max_throughput(dep, max(1, round(input_mean)), max(1, round(output_mean)))
     return one["requests_per_s"] * g.replicas
 

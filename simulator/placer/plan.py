@@ -22,7 +22,7 @@ from simulator.placer.cpsat import (
     Solution,
     solve,
 )
-from simulator.placer.demand import Demand, Objective, Service, precision_label
+from simulator.placer.demand import Demand, Objective, Service
 from simulator.placer.packing import assign_groups
 from simulator.placer.pool import Pool
 from simulator.placer.profile import Candidate, Rejected
@@ -76,7 +76,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         sol = self.solution
-        precision = {s.name: precision_label(s.precision) for s in self.demand.services}
+        precision = self.demand.precision_labels()
         return {
             "objective": self.demand.objective.value,
             "horizon_s": self.demand.horizon_s,

@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from simulator.placer.demand import precision_label
 from simulator.placer.federation import Running
 from simulator.placer.plan import Plan
 
@@ -28,7 +27,7 @@ def show(plan: Plan, console: Console) -> None:
                     f"{plan.pool.summary()}")
     for col in ("model", "rate", "served", "GPUs", "predicted e2e", "utilisation"):
         t.add_column(col, justify="left" if col == "model" else "right")
-    precision = {svc.name: precision_label(svc.precision) for svc in plan.demand.services}
+    precision = plan.demand.precision_labels()
     for f in plan.forecasts:
         served = f"{f.service} ({precision[f.service]})" if precision.get(f.service) else f.service
         t.add_row(served, f"{f.rate:g}/s", f"{f.served:.4g}/s", str(f.gpus),
