@@ -68,7 +68,25 @@ trio.run(run)
 
 
 ACCURACY_S = 1e-3  # the replayer's own arrival error allowed, p99
+MEDIAN_S = 0.5e-3  # the median error allowed in any attempt (0.01-0.3 ms measured, loaded or not)
+LOADED_FACTOR = 2.0  # on a loaded host, how many times the control's p99 the replay may reach
 CONTROL_FAIR_S = 10e-3  # an attempt whose control was later than this had the host stalled
+
+
+def _attempt_passes(control_p99: float, p50: float, p99: float) -> bool:
+    """Whether one attempt shows the replayer on time, judged as precisely as the host allows.
+
+    On a quiet host (the control within 1 ms at p99) the claim itself is checked: p99 within
+    1 ms beyond the control's. On a loaded host every process on the core waits out other
+    processes' slices (3.5-7 ms here), and which wake-ups meet one is chance: two identical
+    bare sleepers side by side measured p99s up to 1.8x apart, and the replay (it also reads
+    the responses) up to 1.5x the control's beyond the 1 ms. So the allowance grows with the
+    host's lateness, to twice the control's p99 (the two rules meet at 1 ms); that still fails
+    a replayer late by 4 ms on one request in 20 on a host late by 1.8 ms (measured). The
+    median, which the host's stalls hardly move, must stay within 0.5 ms either way."""
+    if p50 > MEDIAN_S or control_p99 > CONTROL_FAIR_S:
+        return False
+    return p99 <= max(ACCURACY_S + control_p99, LOADED_FACTOR * control_p99)
 
 
 def _start_control(schedule: np.ndarray, tmp_path: Path) -> subprocess.Popen[str]:
@@ -120,9 +138,8 @@ def test_replay_reproduces_recorded_arrivals_through_a_federation(
     want = np.array([r.arrival for r in src.records])
     # This 2-core machine is shared (and with OTELA_TEST_WORKERS, by the suite): another process's
     # burst can delay any wake-up by milliseconds. A control process times the same schedule,
-    # with nothing else to do, during each attempt. The replay must reproduce the arrivals
-    # within 1 ms p99 beyond what the machine made the control late by (p99 <= 1 ms + the
-    # control's p99), in an attempt whose control stayed under 10 ms; up to four attempts.
+    # with nothing else to do, during each attempt, and each attempt is judged as precisely as
+    # the host allowed (`_attempt_passes`); up to four attempts, one must pass.
     results = []
     for _ in range(4):
         control = _start_control(want, tmp_path)
@@ -136,18 +153,17 @@ def test_replay_reproduces_recorded_arrivals_through_a_federation(
         # lateness to every other request)
         offset = (sent - sent[0]) - (want - want[0])
         err = np.abs(offset - np.median(offset))
-        p99 = float(np.percentile(err, 99))
-        results.append((control_p99, p99))
+        p50, p99 = (float(np.percentile(err, q)) for q in (50, 99))
+        results.append((control_p99, p50, p99))
         print(
-            f"control p99 {control_p99 * 1e3:.3f} ms; arrival error p50 "
-            f"{np.percentile(err, 50) * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms"
+            f"control p99 {control_p99 * 1e3:.3f} ms; arrival error p50 {p50 * 1e3:.3f} ms, "
+            f"p99 {p99 * 1e3:.3f} ms"
         )
-        if control_p99 <= CONTROL_FAIR_S and p99 <= ACCURACY_S + control_p99:
+        if _attempt_passes(control_p99, p50, p99):
             break
-    fair = [(c, p) for c, p in results if c <= CONTROL_FAIR_S]
-    if not fair:
-        pytest.skip(f"host stalled every attempt: control p99s {[c for c, _ in results]}")
-    assert any(p <= ACCURACY_S + c for c, p in fair), results
+    if all(c > CONTROL_FAIR_S for c, _, _ in results):
+        pytest.skip(f"host stalled every attempt: control p99s {[c for c, _, _ in results]}")
+    assert any(_attempt_passes(*r) for r in results), results
     r = res.records[0]
     assert r.provider == "lab-replay" and r.node and r.ttft is not None and r.status == 200
     assert all(0 < x.ttft <= x.e2e for x in res.records if x.ttft is not None)
