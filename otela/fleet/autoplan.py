@@ -2,15 +2,17 @@
 
 The clusters the deployment may use become the placer's pool (one host class per
 cluster: its GPU type, GPUs per node and the ``nodes`` it may give), the deployment its
-demand (``rate``, default lengths, the autoscaler's ``ttft`` as an SLO); the placer
-simulates each configuration that fits (cached on disk, ``~/.cache/otela/placer``) and
-solves its CP-SAT model, exactly as ``otela plan`` does. The replica shape the plan uses
-most becomes the deployment's shape, and the clusters of that GPU type its hosts.
+demand (``rate``, default lengths, the autoscaler's ``ttft`` as an SLO, the checkpoint's
+precision); the placer simulates each configuration that fits (cached on disk,
+``~/.cache/otela/placer``) and solves its CP-SAT model, exactly as ``otela plan`` does.
+The replica shape the plan uses most becomes the deployment's shape, and the clusters of
+that GPU type its hosts.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict
 
 from otela.fleet.errors import FleetError
 from otela.fleet.identity import Shape
@@ -31,6 +33,7 @@ def plan_shape(fleet: Fleet, deployment: Deployment) -> tuple[Shape, tuple[str, 
     from simulator.placer.plan import make_plan
     from simulator.placer.pool import Host, Pool, Variant
     from simulator.placer.profile import Profiler, default_cache_dir
+    from simulator.roofline import Precision
 
     try:
         model = get_model(deployment.model)
@@ -52,7 +55,7 @@ def plan_shape(fleet: Fleet, deployment: Deployment) -> tuple[Shape, tuple[str, 
     rate = deployment.rate or DEFAULT_RATE
     service = Service(name=deployment.model, model=model.name, rate=rate,
                       input=Lengths.parse(DEFAULT_INPUT), output=Lengths.parse(DEFAULT_OUTPUT),
-                      slo=SLO(ttft_s=ttft))
+                      slo=SLO(ttft_s=ttft), precision=Precision(**asdict(deployment.precision)))
     pool = Pool(tuple(hosts))
     profiler = Profiler(default_cache_dir(), requests=SIM_REQUESTS)
     sizes = {h.variant.name: h.gpus for h in hosts}

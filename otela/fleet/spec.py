@@ -15,11 +15,12 @@ import math
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from otela.durations import parse_duration
+from otela.engine.command import option_value
 from otela.fleet.errors import FleetFileError
 from otela.fleet.tomlpos import key_lines, line_of
 
@@ -46,6 +47,17 @@ class Autoscale:
 
 
 @dataclass(frozen=True)
+class CheckpointPrecision:
+    """The bits the served checkpoint stores, named as ``otela sim run`` and a placer demand
+    name them; the placer and the memory check size the model by it (BF16 unless said)."""
+
+    weight_bits: float = 16
+    act_bits: float = 16
+    kv_bits: float = 16
+    weight_format: str = ""  # one of the simulator's formats; "" for the usual one
+
+
+@dataclass(frozen=True)
 class Deployment:
     name: str
     model: str
@@ -60,6 +72,7 @@ class Deployment:
     otela: Mapping[str, str] = field(default_factory=dict)  # OTELA_* for its nodes
     env: Mapping[str, str] = field(default_factory=dict)
     rate: float | None = None  # expected requests per second (placement with gpus="auto")
+    precision: CheckpointPrecision = field(default_factory=CheckpointPrecision)
     line: int | None = None
 
     @property
@@ -528,10 +541,51 @@ def _deployment(t: _Reader, clusters: Mapping[str, Cluster]) -> Deployment:
         gpu_types=gpu_types, replicas=replicas, min=low, max=high, autoscale=autoscale,
         otela=_otela_options(options) if options is not None else {},
         env=t.get("env", _env, {}), rate=t.get("rate", _number),
-        line=line_of(t.lines, t.path))
+        precision=_precision(t, command), line=line_of(t.lines, t.path))
     t.done()
     _check_shape(t, deployment, clusters)
     return deployment
+
+
+_BITS_KEYS = ("weight_bits", "act_bits", "kv_bits")
+
+
+def _bits(value: Any) -> float:
+    bits = _number(value)
+    if bits not in (4, 8, 16):
+        raise ValueError(f"must be 4, 8 or 16 bits, not {value!r}")
+    return float(bits)
+
+
+def _precision(t: _Reader, command: str) -> CheckpointPrecision:
+    """The checkpoint's precision. An engine command that quantizes while the deployment
+    says nothing is refused: the memory check and the placer would size the model as BF16,
+    refusing a quantized model that fits or giving it twice the GPUs it needs."""
+    bits = {key: t.get(key, _bits) for key in _BITS_KEYS}
+    weight_format = t.get("weight_format", _text, "")
+    if weight_format:
+        _check_weight_format(t, weight_format)
+    argv = command.split()
+    quantization = option_value(argv, ("--quantization", "-q"))
+    if quantization and bits["weight_bits"] is None:
+        raise t.error("command", f"quantizes the weights (--quantization {quantization}): "
+                      "say what the checkpoint stores (weight_bits, act_bits, weight_format), "
+                      "or the placer and the memory check size it as BF16")
+    kv_dtype = option_value(argv, ("--kv-cache-dtype",)) or ""
+    if kv_dtype.startswith("fp8") and bits["kv_bits"] is None:
+        raise t.error("command", f"stores the KV cache in 8 bits (--kv-cache-dtype "
+                      f"{kv_dtype}): say kv_bits = 8, or the placer sizes the cache as BF16")
+    given = {key: value for key, value in bits.items() if value is not None}
+    return CheckpointPrecision(**given, weight_format=weight_format)
+
+
+def _check_weight_format(t: _Reader, name: str) -> None:
+    try:
+        from simulator.roofline import WEIGHT_FORMATS
+    except ImportError:  # the simulator's extra is not installed: nothing reads the format
+        return
+    if name not in WEIGHT_FORMATS:
+        raise t.error("weight_format", f"{name!r} is not one of {', '.join(WEIGHT_FORMATS)}")
 
 
 def _check_shape(t: _Reader, d: Deployment, clusters: Mapping[str, Cluster]) -> None:
@@ -568,6 +622,7 @@ def _fits_nowhere(d: Deployment, hosts: list[Cluster]) -> str | None:
         from simulator.api import Deployment as SimDeployment
         from simulator.api import fits
         from simulator.models import get_model
+        from simulator.roofline import Precision
     except ImportError:  # the simulator's extra is not installed: nothing to check with
         return None
 
@@ -581,7 +636,8 @@ def _fits_nowhere(d: Deployment, hosts: list[Cluster]) -> str | None:
         sizes = [d.gpus] if d.gpus is not None else \
             [tp for tp in (1, 2, 4, 8) if tp <= cluster.gpus_per_node]
         for tp in sizes:
-            ok, why = fits(SimDeployment(model=d.model, gpu=cluster.gpu_type, tp=tp))
+            ok, why = fits(SimDeployment(model=d.model, gpu=cluster.gpu_type, tp=tp,
+                                         precision=Precision(**asdict(d.precision))))
             if ok:
                 return None
             reasons.append(f"{cluster.name} ({cluster.gpu_type} x{tp}): {why}")

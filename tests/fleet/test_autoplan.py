@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from otela.fleet import autoplan
-from otela.fleet.errors import FleetError
+from otela.fleet.errors import FleetError, FleetFileError
 from otela.fleet.identity import spec_hash
 from otela.fleet.placement import Placement
 from otela.fleet.spec import parse
@@ -58,3 +58,15 @@ def test_auto_needs_a_model_the_simulator_knows():
     fleet = parse(FILE.replace("MODEL", "my-own-model"))
     with pytest.raises(FleetError, match="needs a model the simulator knows"):
         Placement(fleet).shape(fleet.deployments[0])
+
+
+def test_auto_plans_a_quantized_checkpoint_at_its_precision():
+    only_l4 = FILE.replace("MODEL", "llama-3.3-70b").replace(
+        "replicas = 1", 'replicas = 1\nclusters = ["small"]')
+    # in BF16 no L4 pool of four holds a 70B: refused when the file is read
+    with pytest.raises(FleetFileError, match="fits no allowed GPU"):
+        parse(only_l4)
+    fleet = parse(only_l4 + "weight_bits = 8\nact_bits = 8\n")
+    shape, clusters = Placement(fleet).shape(fleet.deployments[0])
+    # FP8 weights (~66 GiB) over four L4s (24 GB each) leave room for the KV cache
+    assert (shape.gpus, shape.gpu_type, clusters) == (4, "l4", ("small",))

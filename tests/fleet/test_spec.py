@@ -98,6 +98,14 @@ def test_a_valid_file():
      "deployments[0].clusters", "unknown cluster 'c'"),
     (('gpu_type = "h100"', 'gpu_type = "h1000"'), "gpu_type", 1, "clusters.a.gpu_type",
      "unknown GPU 'h1000'"),
+    (("--port {port}\"", "--port {port} --quantization fp8\""), "command", 1,
+     "deployments[0].command", "quantizes the weights (--quantization fp8): say what"),
+    (("--port {port}\"", "--port {port} --kv-cache-dtype=fp8_e4m3\"\nweight_bits = 8"),
+     "command", 1, "deployments[0].command", "say kv_bits = 8"),
+    (("replicas = 1", "replicas = 1\nweight_bits = 6"), "weight_bits", 1,
+     "deployments[0].weight_bits", "must be 4, 8 or 16 bits, not 6"),
+    (("replicas = 1", "replicas = 1\nweight_format = \"fp9\""), "weight_format", 1,
+     "deployments[0].weight_format", "'fp9' is not one of bf16, fp8"),
 ])
 def test_errors_name_file_line_and_field(change, needle, nth, field, message):
     text = BASE.replace(*change, 1)
@@ -106,6 +114,20 @@ def test_errors_name_file_line_and_field(change, needle, nth, field, message):
     assert error.line == line_of(text, needle, nth), str(error)
     assert message in error.message, str(error)
     assert str(error).startswith(f"f.toml:{error.line}: {field}: ")
+
+
+def test_the_memory_check_sizes_the_checkpoint_at_the_precision_it_stores():
+    one_gpu_70b = BASE.replace('model = "Qwen/Qwen3-8B"',
+                               'model = "llama-3.3-70b"\ngpus = 1\nclusters = ["a"]')
+    # 70B in BF16 is ~131 GiB: no single H100 holds it
+    assert "llama-3.3-70b fits no allowed GPU" in error_of(one_gpu_70b).message
+    fp8 = one_gpu_70b.replace("gpus = 1", "gpus = 1\nweight_bits = 8\nact_bits = 8")
+    deployment = parse(fp8).deployments[0]  # ~66 GiB in FP8: one H100 holds it
+    assert (deployment.precision.weight_bits, deployment.precision.act_bits,
+            deployment.precision.kv_bits) == (8, 8, 16)
+    assert parse(BASE).deployments[0].precision.weight_bits == 16  # BF16 unless said
+    quantized = fp8.replace("--port {port}\"", "--port {port} --quantization fp8\"", 1)
+    assert parse(quantized).deployments[0].precision.weight_bits == 8
 
 
 def test_toml_syntax_errors_name_the_line():
