@@ -260,7 +260,7 @@ class FailureDetector:
         self.stats: dict[str, int] = {
             "probes": 0, "suspected": 0, "withheld": 0, "evicted": 0, "refuted": 0,
             "brake_engaged": 0, "cut_off_entered": 0, "malformed_news": 0, "unwatched_checks": 0,
-            "unwatched_unreachable": 0}
+            "unwatched_unreachable": 0, "refutations_republished": 0, "unsigned_suspicions": 0}
         self.table = LivenessTable(self.self_id, config.suspicion_timeout,
                                    eviction_stagger=config.probe_interval)
         self.watch = NeighbourWatch()
