@@ -59,20 +59,34 @@ def main() -> None:
             with open(a.json, "w") as fh:
                 json.dump(out, fh, indent=2)
         return
-    res = run_day(a.rate, a.hours, a.start_h, seeds[0], max_instances=a.max_instances)
-    print(f"{res['requests']} requests over {a.hours:g} h from {a.start_h:g}:00")
-    print(f"{'mode':10s}{'inst-h':>9s}{'saving':>9s}{'launched':>10s}{'IW TTFT p95':>13s}"
-          f"{'(worst)':>9s}{'NIW e2e p95':>13s}{'wall s':>8s}")
-    for mode, r in res["modes"].items():
-        print(f"{mode:10s}{r['instance_hours']:9.1f}{100 * r.get('saving_vs_reactive', 0):8.1f}%"
-              f"{r['launched']:10d}{r['iw_ttft_p95_mean']:13.2f}{r['iw_ttft_p95_max']:9.2f}"
-              f"{r['niw_e2e_p95']:13.0f}{r['wall_s']:8.1f}")
+    runs = []
+    for seed in seeds:
+        res = run_day(a.rate, a.hours, a.start_h, seed, max_instances=a.max_instances)
+        runs.append(res)
+        print(f"seed {seed}: {res['requests']} requests over {a.hours:g} h from "
+              f"{a.start_h:g}:00")
+        print(f"{'mode':10s}{'inst-h':>9s}{'saving':>9s}{'launched':>10s}{'util':>7s}"
+              f"{'busy':>7s}{'IW TTFT p95':>13s}{'(worst)':>9s}{'NIW e2e p95':>13s}"
+              f"{'wall s':>8s}")
+        for mode, r in res["modes"].items():
+            print(f"{mode:10s}{r['instance_hours']:9.1f}"
+                  f"{100 * r.get('saving_vs_reactive', 0):8.1f}%{r['launched']:10d}"
+                  f"{100 * r['utilisation']:6.0f}%{100 * r['gpu_busy']:6.0f}%"
+                  f"{r['iw_ttft_p95_mean']:13.2f}{r['iw_ttft_p95_max']:9.2f}"
+                  f"{r['niw_e2e_p95']:13.0f}{r['wall_s']:8.1f}")
+    if len(runs) > 1:
+        print("savings vs reactive per seed " + "/".join(str(s) for s in seeds) + ":")
+        for mode in runs[0]["modes"]:
+            if mode != "reactive":
+                print(f"  {mode:8s}" + " / ".join(
+                    f"{100 * r['modes'][mode]['saving_vs_reactive']:.1f} %" for r in runs))
     print("paper: 24.2 % (LT-I), 19.7 % (LT-U), 23.4 % (LT-UA) fewer instance-hours")
+    print("util: prompt tokens served over what the charged instance-hours take at "
+          "saturation; busy: GPU time in engine steps over GPU time held")
     print(f"total wall {time.perf_counter() - t0:.0f} s")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump(res, fh, indent=2)
-
+            json.dump({"seeds": seeds, "runs": runs}, fh, indent=2)
 
 if __name__ == "__main__":
     main()

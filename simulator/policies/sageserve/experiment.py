@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from simulator.engine import DONE
 from simulator.policies.cluster import Pool, run_cluster
-from simulator.policies.metrics import Slo, summarize
+from simulator.policies.metrics import Slo, gpu_busy_fraction, summarize
 from simulator.policies.sageserve import scenario
 from simulator.policies.sageserve.policy import SageServePolicy
 from simulator.policies.sageserve.rules import MODES, Thresholds
@@ -55,6 +56,8 @@ def run_day(
         niw = [v for k, v in s["by_tier"].items() if k.startswith("NIW")]
         in_burst = _in_windows(run, bursts, start)
         rows[mode] = {
+            "utilisation": _utilisation(run, pol),
+            "gpu_busy": gpu_busy_fraction(run),
             "iw_ttft_p95_in_bursts": _iw_ttft_p95(run, in_burst),
             "instance_hours": s["instance_hours"],
             "gpu_hours": s["gpu_hours"],
@@ -71,6 +74,18 @@ def run_day(
             r["saving_vs_reactive"] = 1 - r["instance_hours"] / base
     return {"rate": rate, "hours": hours, "start_h": start_h, "requests": len(wl),
             "modes": rows}
+
+
+def _utilisation(run: Any, pol: SageServePolicy) -> float:
+    """The load the charged instances carried: prompt tokens served over what the charged
+    instance-seconds could take at saturation (the policy's per-instance capacity at the
+    workload's mean lengths). Provisioning time counts as capacity paid for and unused."""
+    c = run.cluster
+    done = c.req.status == DONE
+    seconds = c.instance_seconds(run.horizon)
+    work = sum(float(c.req.input_len[done & c.wl.model_mask(m)].sum()) / pol.capacity[m]
+               for m in c.wl.models)  # instance-seconds of saturated work
+    return work / seconds if seconds else float("nan")
 
 
 def _in_windows(run: Any, windows: Sequence[tuple[float, float, float]], start: float) -> Any:
