@@ -566,7 +566,9 @@ def _precision(t: _Reader, command: str) -> CheckpointPrecision:
     if weight_format:
         _check_weight_format(t, weight_format)
     argv = command.split()
-    quantization = option_value(argv, ("--quantization", "-q"))
+    quantization = option_value(argv, ("--quantization", "-q")) or ""
+    if quantization.startswith("-") or quantization.lower() in ("none", "auto"):
+        quantization = ""  # a flag of another engine's (-q for quiet), or no quantization
     if quantization and bits["weight_bits"] is None:
         raise t.error("command", f"quantizes the weights (--quantization {quantization}): "
                       "say what the checkpoint stores (weight_bits, act_bits, weight_format), "

@@ -128,6 +128,10 @@ def test_the_memory_check_sizes_the_checkpoint_at_the_precision_it_stores():
     assert parse(BASE).deployments[0].precision.weight_bits == 16  # BF16 unless said
     quantized = fp8.replace("--port {port}\"", "--port {port} --quantization fp8\"", 1)
     assert parse(quantized).deployments[0].precision.weight_bits == 8
+    # another engine's -q (quiet), or --quantization none, quantizes nothing
+    for flags in ("-q --port {port}", "--port {port} --quantization none"):
+        quiet = BASE.replace("--port {port}\"", flags + "\"", 1)
+        assert parse(quiet).deployments[0].precision.weight_bits == 16
 
 
 def test_toml_syntax_errors_name_the_line():
