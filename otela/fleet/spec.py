@@ -23,6 +23,7 @@ from otela.durations import parse_duration
 from otela.engine.command import option_value
 from otela.fleet.errors import FleetFileError
 from otela.fleet.tomlpos import key_lines, line_of
+from otela.hardware.precision import BITS_KEYS, stored_bits
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 COMMAND_FIELDS = ("model", "port", "gpus", "tp")
@@ -547,21 +548,11 @@ def _deployment(t: _Reader, clusters: Mapping[str, Cluster]) -> Deployment:
     return deployment
 
 
-_BITS_KEYS = ("weight_bits", "act_bits", "kv_bits")
-
-
-def _bits(value: Any) -> float:
-    bits = _number(value)
-    if bits not in (4, 8, 16):
-        raise ValueError(f"must be 4, 8 or 16 bits, not {value!r}")
-    return float(bits)
-
-
 def _precision(t: _Reader, command: str) -> CheckpointPrecision:
     """The checkpoint's precision. An engine command that quantizes while the deployment
     says nothing is refused: the memory check and the placer would size the model as BF16,
     refusing a quantized model that fits or giving it twice the GPUs it needs."""
-    bits = {key: t.get(key, _bits) for key in _BITS_KEYS}
+    bits = {key: t.get(key, stored_bits) for key in BITS_KEYS}
     weight_format = t.get("weight_format", _text, "")
     if weight_format:
         _check_weight_format(t, weight_format)

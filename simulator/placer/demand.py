@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from otela.hardware.precision import BITS_KEYS, stored_bits
 from simulator.models import get_model
 from simulator.roofline import WEIGHT_FORMATS, Precision
 from traces.distributions import LengthDist, parse_lengths
@@ -204,14 +205,11 @@ def _precision(raw: Mapping[str, Any]) -> Precision:
     (one of the simulator's formats; by default the one checkpoints of those bits ship
     in: 8 bits fp8, 4 bits int4-g128, or nvfp4 with 4-bit activations)."""
     bits = {}
-    for key in ("weight_bits", "act_bits", "kv_bits"):
-        value = raw.get(key, 16)
+    for key in BITS_KEYS:
         try:
-            bits[key] = float(value)
-        except (TypeError, ValueError):
-            raise DemandError(f"{key} must be a number of bits, not {value!r}") from None
-        if bits[key] not in (4.0, 8.0, 16.0):
-            raise DemandError(f"{key} must be 4, 8 or 16, not {value!r}")
+            bits[key] = stored_bits(raw.get(key, 16))
+        except ValueError as exc:
+            raise DemandError(f"{key} {exc}") from None
     fmt = str(raw.get("weight_format", ""))
     if fmt and fmt not in WEIGHT_FORMATS:
         raise DemandError(f"weight_format {fmt!r} is not one of {', '.join(WEIGHT_FORMATS)}")
